@@ -1,0 +1,50 @@
+"""Optimizer and scheduler configs; a policy supplies presets, flags override single fields."""
+
+from __future__ import annotations
+
+from attrs import define, field
+
+OPTIMIZER_TYPES = ("adamw", "adam", "sgd")
+SCHEDULER_TYPES = ("cosine_decay_with_warmup", "constant_with_warmup")
+
+
+def _choice(flag: str, choices: tuple[str, ...]):
+    def check(inst, attribute, value) -> None:
+        if value not in choices:
+            raise ValueError(f"{flag}: invalid choice {value!r} (choose from {', '.join(choices)})")
+
+    return check
+
+
+def _non_negative(flag: str):
+    def check(inst, attribute, value) -> None:
+        if value is not None and value < 0:
+            raise ValueError(f"{flag} must be ≥ 0, got {value!r}")
+
+    return check
+
+
+@define(frozen=True)
+class OptimizerConfig:
+    type: str = field(default="adamw", validator=_choice("--optimizer.type", OPTIMIZER_TYPES))
+    lr: float = field(default=1e-4, validator=_non_negative("--optimizer.lr"))
+    weight_decay: float = field(default=0.0, validator=_non_negative("--optimizer.weight_decay"))
+    betas: tuple[float, float] = field(default=(0.9, 0.999), converter=tuple)
+    eps: float = 1e-8
+    momentum: float = 0.0
+    grad_clip_norm: float | None = field(default=None, validator=_non_negative("--optimizer.grad_clip_norm"))
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.betas) != 2:
+            raise ValueError(f"--optimizer.betas must be a JSON list of two numbers, got {list(self.betas)!r}")
+
+
+@define(frozen=True)
+class SchedulerConfig:
+    """LR schedule stepped once per loop step; ``peak_lr`` defaults to the optimizer's lr."""
+
+    type: str = field(default="cosine_decay_with_warmup", validator=_choice("--scheduler.type", SCHEDULER_TYPES))
+    num_warmup_steps: int = field(default=0, validator=_non_negative("--scheduler.num_warmup_steps"))
+    num_decay_steps: int | None = field(default=None, validator=_non_negative("--scheduler.num_decay_steps"))
+    peak_lr: float | None = field(default=None, validator=_non_negative("--scheduler.peak_lr"))
+    decay_lr: float = field(default=0.0, validator=_non_negative("--scheduler.decay_lr"))

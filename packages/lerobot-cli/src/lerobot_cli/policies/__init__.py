@@ -1,0 +1,16 @@
+"""Policies: torch-free configs + registry here; model classes are imported lazily."""
+
+from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_cli.policies.registry import available, config_class, policy_class, register
+
+__all__ = [
+    "FeatureType",
+    "NormalizationMode",
+    "PolicyConfig",
+    "PolicyFeature",
+    "available",
+    "config_class",
+    "policy_class",
+    "register",
+]

@@ -1,0 +1,86 @@
+"""Base class of every policy config: the fields LeRobot's ``config.json`` carries for all policies.
+
+Kept torch-free: the CLI parses and validates configs (and prints ``--help``) before torch loads.
+A concrete policy subclasses this with ``@define(frozen=True, kw_only=True)``, sets the class
+variables ``type`` (its registry name) and ``policy_class`` ("module:Class", imported lazily),
+and may override the presets and delta-index hooks.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from attrs import define, field
+
+from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+
+
+def _default_normalization() -> dict[str, NormalizationMode]:
+    return {
+        "VISUAL": NormalizationMode.MEAN_STD,
+        "STATE": NormalizationMode.MEAN_STD,
+        "ACTION": NormalizationMode.MEAN_STD,
+    }
+
+
+@define(frozen=True, kw_only=True)
+class PolicyConfig:
+    type: ClassVar[str] = ""
+    policy_class: ClassVar[str] = ""
+
+    n_obs_steps: int = 1
+    normalization_mapping: dict[str, NormalizationMode] = field(factory=_default_normalization)
+    input_features: dict[str, PolicyFeature] = field(factory=dict)
+    output_features: dict[str, PolicyFeature] = field(factory=dict)
+    device: str | None = None
+    use_amp: bool = False
+    push_to_hub: bool = True
+    repo_id: str | None = None
+    private: bool | None = None
+    tags: list[str] | None = None
+    license: str | None = None
+    pretrained_path: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_obs_steps < 1:
+            raise ValueError(f"--policy.n_obs_steps must be ≥ 1, got {self.n_obs_steps}")
+
+    # Presets: what a run uses unless --optimizer.* / --scheduler.* say otherwise.
+    def optimizer_preset(self) -> OptimizerConfig:
+        return OptimizerConfig()
+
+    def scheduler_preset(self) -> SchedulerConfig | None:
+        return None
+
+    # Which frames around the current one each batch needs (LeRobot's delta-index protocol).
+    @property
+    def observation_delta_indices(self) -> list[int] | None:
+        return None
+
+    @property
+    def action_delta_indices(self) -> list[int] | None:
+        return None
+
+    @property
+    def reward_delta_indices(self) -> list[int] | None:
+        return None
+
+    def features_of(self, kind: FeatureType) -> dict[str, PolicyFeature]:
+        return {k: f for k, f in {**self.input_features, **self.output_features}.items() if f.type == kind}
+
+    @property
+    def image_features(self) -> dict[str, PolicyFeature]:
+        return {k: f for k, f in self.input_features.items() if f.type == FeatureType.VISUAL}
+
+    @property
+    def robot_state_feature(self) -> PolicyFeature | None:
+        return next((f for f in self.input_features.values() if f.type == FeatureType.STATE), None)
+
+    @property
+    def env_state_feature(self) -> PolicyFeature | None:
+        return next((f for f in self.input_features.values() if f.type == FeatureType.ENV), None)
+
+    @property
+    def action_feature(self) -> PolicyFeature | None:
+        return next((f for f in self.output_features.values() if f.type == FeatureType.ACTION), None)

@@ -1,0 +1,34 @@
+"""Feature and normalization vocabulary shared with LeRobot's ``config.json`` (torch-free)."""
+
+from __future__ import annotations
+
+import enum
+
+from attrs import define, field
+
+
+class FeatureType(str, enum.Enum):
+    STATE = "STATE"
+    VISUAL = "VISUAL"
+    ENV = "ENV"
+    ACTION = "ACTION"
+    REWARD = "REWARD"
+    LANGUAGE = "LANGUAGE"
+
+
+class NormalizationMode(str, enum.Enum):
+    MIN_MAX = "MIN_MAX"
+    MEAN_STD = "MEAN_STD"
+    IDENTITY = "IDENTITY"
+
+
+def _shape(value) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+@define(frozen=True)
+class PolicyFeature:
+    """One input or output of a policy: its role and its per-frame shape."""
+
+    type: FeatureType = field(converter=FeatureType)
+    shape: tuple[int, ...] = field(converter=_shape)

@@ -1,0 +1,71 @@
+"""Policy registry: built-in names, entry-point plugins, and in-process registration.
+
+Only config classes are imported to list or parse policies (no torch); the model class named by
+``PolicyConfig.policy_class`` is imported when a run builds the policy. Third-party packages
+register with an entry point in the group ``lerobot_cli.policies`` whose value is the config class:
+
+    [project.entry-points."lerobot_cli.policies"]
+    my_policy = "my_pkg.config:MyPolicyConfig"
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from lerobot_cli.policies.config import PolicyConfig
+
+ENTRY_POINT_GROUP = "lerobot_cli.policies"
+
+_BUILTIN: dict[str, str] = {
+    "act": "lerobot_cli.policies.act.config:ACTConfig",
+    "mlp": "lerobot_cli.policies.mlp.config:MLPConfig",
+}
+_REGISTERED: dict[str, type[PolicyConfig]] = {}
+
+
+class UnknownPolicyError(ValueError):
+    pass
+
+
+def _import(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _plugin_targets() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def register(cls: type[PolicyConfig]) -> type[PolicyConfig]:
+    """Class decorator registering a config class under its ``type`` in this process."""
+    if not cls.type:
+        raise ValueError(f"{cls.__name__} must set the class variable `type` to register")
+    _REGISTERED[cls.type] = cls
+    return cls
+
+
+def available() -> list[str]:
+    names = set(_REGISTERED) | set(_plugin_targets())
+    names |= {name for name, target in _BUILTIN.items() if importlib.util.find_spec(target.partition(":")[0])}
+    return sorted(names)
+
+
+def config_class(name: str) -> type[PolicyConfig]:
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    target = _BUILTIN.get(name) or _plugin_targets().get(name)
+    if target is None:
+        raise UnknownPolicyError(f"--policy.type: invalid choice {name!r} (choose from {', '.join(available())})")
+    try:
+        cls = _import(target)
+    except ModuleNotFoundError as exc:
+        raise UnknownPolicyError(f"--policy.type={name}: its config {target} cannot be imported ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, PolicyConfig)) or cls.type != name:
+        raise UnknownPolicyError(f"--policy.type={name}: {target} is not a PolicyConfig with type={name!r}")
+    return cls
+
+
+def policy_class(config: PolicyConfig) -> type:
+    """The ``torch.nn.Module`` class that implements ``config`` (imports torch)."""
+    return _import(type(config).policy_class)

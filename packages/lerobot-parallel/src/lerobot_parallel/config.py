@@ -1,0 +1,218 @@
+"""Topology and precision settings, validated before torch is imported.
+
+These classes are the single description of *how* a run is parallelised. They are
+plain attrs data so that a CLI can build them from flags and a foreign trainer can
+build them in code; nothing here touches torch, which keeps ``--help`` fast.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from attrs import define, field
+
+MixedPrecision = Literal["no", "bf16", "fp16"]
+DType = Literal["float32", "bfloat16", "float16"]
+MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "bf16", "fp16")
+DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+class ParallelismError(ValueError):
+    """A topology that cannot be built from the launched processes (a usage error)."""
+
+
+def _degree(minimum_message: str, allow_all: bool):
+    def check(inst, attribute, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"--parallelism.{attribute.name} must be an integer, got {value!r}")
+        if value >= 1 or (allow_all and value == -1):
+            return
+        raise ParallelismError(f"--parallelism.{attribute.name} must be {minimum_message}, got {value}")
+
+    return check
+
+
+@define(frozen=True)
+class ParallelismConfig:
+    """Data-parallel degrees: ``dp_replicate`` copies of a model sharded over ``dp_shard`` ranks.
+
+    ``dp_shard=-1`` means "every launched process not used by dp_replicate"; it is only
+    made concrete by :meth:`resolve`, because the world size is a launch-time fact.
+    """
+
+    dp_replicate: int = field(default=1, validator=_degree("≥ 1", allow_all=False))
+    dp_shard: int = field(default=1, validator=_degree("≥ 1, or -1 for all launched processes", allow_all=True))
+
+    @property
+    def dp_world_size(self) -> int:
+        if self.dp_shard == -1:
+            raise ParallelismError("dp_world_size is unknown until resolve(world_size) fills dp_shard=-1")
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.dp_shard != 1
+
+    @property
+    def mode(self) -> str:
+        """One word for banners and records: single, ddp, fsdp or hsdp."""
+        if self.dp_shard == 1:
+            return "ddp" if self.dp_replicate > 1 else "single"
+        return "hsdp" if self.dp_replicate > 1 else "fsdp"
+
+    def resolve(self, world_size: int) -> ParallelismConfig:
+        """Concrete degrees for ``world_size`` launched processes.
+
+        An untouched config on a multi-process launch means plain DDP; ``-1`` takes what is
+        left after ``dp_replicate``; the product must be the world size.
+        """
+        if world_size < 1:
+            raise ParallelismError(f"world size must be ≥ 1, got {world_size}")
+        shown = f"--parallelism.dp_replicate={self.dp_replicate} --parallelism.dp_shard={self.dp_shard}"
+        if (self.dp_replicate, self.dp_shard) == (1, 1):
+            return ParallelismConfig(dp_replicate=world_size, dp_shard=1)
+        if self.dp_shard == -1:
+            if world_size % self.dp_replicate:
+                raise ParallelismError(
+                    f"{shown}: world size {world_size} is not divisible by dp_replicate={self.dp_replicate}, "
+                    f"so dp_shard=-1 cannot be filled; launch a multiple of {self.dp_replicate} processes"
+                )
+            return ParallelismConfig(dp_replicate=self.dp_replicate, dp_shard=world_size // self.dp_replicate)
+        if self.dp_replicate * self.dp_shard != world_size:
+            raise ParallelismError(
+                f"{shown}: dp_replicate × dp_shard = {self.dp_replicate} × {self.dp_shard} = "
+                f"{self.dp_replicate * self.dp_shard}, but {world_size} process(es) were launched; "
+                f"the product must equal the world size"
+            )
+        return self
+
+
+def _choice(flag: str, choices: tuple[str, ...], optional: bool = False):
+    def check(inst, attribute, value) -> None:
+        if value is None and optional:
+            return
+        if value not in choices:
+            raise ValueError(f"{flag}: invalid choice {value!r} (choose from {', '.join(choices)})")
+
+    return check
+
+
+def _tuple_or_none(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+@define(frozen=True)
+class GradientAccumulationConfig:
+    steps: int = field(default=1)
+
+    @steps.validator
+    def _check(self, attribute, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--accelerator.gradient_accumulation.steps must be an integer ≥ 1, got {value!r}")
+
+
+@define(frozen=True)
+class MixedPrecisionPolicyConfig:
+    """Fields of torch's ``MixedPrecisionPolicy``; when any is set they replace the derived policy."""
+
+    param_dtype: str | None = field(
+        default=None,
+        validator=_choice("--accelerator.fsdp.mixed_precision_policy.param_dtype", DTYPE_CHOICES, True),
+    )
+    reduce_dtype: str | None = field(
+        default=None,
+        validator=_choice("--accelerator.fsdp.mixed_precision_policy.reduce_dtype", DTYPE_CHOICES, True),
+    )
+    output_dtype: str | None = field(
+        default=None,
+        validator=_choice("--accelerator.fsdp.mixed_precision_policy.output_dtype", DTYPE_CHOICES, True),
+    )
+    cast_forward_inputs: bool | None = None
+
+    @property
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.param_dtype, self.reduce_dtype, self.output_dtype,
+                                           self.cast_forward_inputs))
+
+    def __attrs_post_init__(self) -> None:
+        if self.is_set and self.param_dtype is None:
+            raise ValueError(
+                "--accelerator.fsdp.mixed_precision_policy.param_dtype must be set when any other "
+                "mixed_precision_policy field is set (the explicit policy replaces the derived one)"
+            )
+
+
+@define(frozen=True)
+class FSDPConfig:
+    wrap_modules: tuple[str, ...] | None = field(default=None, converter=_tuple_or_none)
+    min_num_params: int | None = None
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    ignored_modules: str | None = None
+    mixed_precision_policy: MixedPrecisionPolicyConfig = field(factory=MixedPrecisionPolicyConfig)
+
+    def __attrs_post_init__(self) -> None:
+        if self.wrap_modules is not None:
+            if not self.wrap_modules or not all(isinstance(n, str) and n for n in self.wrap_modules):
+                raise ValueError(
+                    "--accelerator.fsdp.wrap_modules must be a non-empty JSON list of class names, "
+                    f"e.g. '[\"ACTEncoderLayer\"]', got {list(self.wrap_modules)!r}"
+                )
+        if self.min_num_params is not None and (
+            isinstance(self.min_num_params, bool) or not isinstance(self.min_num_params, int)
+            or self.min_num_params < 1
+        ):
+            raise ValueError(f"--accelerator.fsdp.min_num_params must be an integer ≥ 1, got {self.min_num_params!r}")
+        if self.wrap_modules is not None and self.min_num_params is not None:
+            raise ValueError(
+                "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are two ways to choose "
+                "wrap units; pass only one of them"
+            )
+        if self.ignored_modules is not None:
+            try:
+                re.compile(self.ignored_modules)
+            except re.error as exc:
+                raise ValueError(
+                    f"--accelerator.fsdp.ignored_modules is not a valid regular expression "
+                    f"({self.ignored_modules!r}: {exc})"
+                ) from None
+
+    @property
+    def ignored_modules_pattern(self) -> re.Pattern[str] | None:
+        return None if self.ignored_modules is None else re.compile(self.ignored_modules)
+
+
+@define(frozen=True)
+class DDPConfig:
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    gradient_as_bucket_view: bool = True
+    bucket_cap_mb: int = 25
+
+
+@define(frozen=True)
+class AcceleratorConfig:
+    """Precision, accumulation and wrapper settings, independent of the topology degrees."""
+
+    mixed_precision: str = field(
+        default="no", validator=_choice("--accelerator.mixed_precision", MIXED_PRECISION_CHOICES)
+    )
+    gradient_accumulation: GradientAccumulationConfig = field(factory=GradientAccumulationConfig)
+    fsdp: FSDPConfig = field(factory=FSDPConfig)
+    ddp: DDPConfig = field(factory=DDPConfig)
+    timeout_s: float = 1800.0
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
+            raise ValueError(f"--accelerator.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        mpp = self.fsdp.mixed_precision_policy
+        if "float16" in (mpp.param_dtype, mpp.reduce_dtype, mpp.output_dtype) and self.mixed_precision != "fp16":
+            raise ValueError(
+                "--accelerator.fsdp.mixed_precision_policy uses float16, which needs "
+                "--accelerator.mixed_precision=fp16 (that builds the loss scaler)"
+            )
