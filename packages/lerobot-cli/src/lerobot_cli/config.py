@@ -1,14 +1,14 @@
 """The whole training config: one tree of frozen attrs sections, each owned by the package using it.
 
 It is written to ``train_config.json`` with cattrs and read back to an equal object, so a
-checkpoint always says exactly how it was produced.
+checkpoint always says exactly how it was produced. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 
-from attrs import define, field, evolve
+from attrs import define, evolve, field
 
 from lerobot_ckpt.formats import CheckpointFormat
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
@@ -21,45 +21,71 @@ from lerobot_cli.policies.config import PolicyConfig
 
 @define(frozen=True)
 class TrackioConfig:
-    enable: bool = False
-    project: str | None = None
+    enable: bool = field(default=False, metadata={"help": "Log metrics and config to trackio (local-first)."})
+    project: str | None = field(default=None, metadata={"help": "trackio project name (default: the job name)."})
 
 
-def _positive(flag: str, allow_zero: bool = False):
+def _count(flag: str, minimum: int):
     def check(inst, attribute, value) -> None:
-        low = 0 if allow_zero else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{flag} must be an integer ≥ {low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{flag} must be an integer ≥ {minimum}, got {value!r}")
 
     return check
+
+
+def _h(text: str, **extra) -> dict:
+    return {"help": text, **extra}
 
 
 @define(frozen=True)
 class TrainConfig:
     dataset: DatasetConfig = field(factory=DatasetConfig)
-    policy: PolicyConfig | None = None
-    output_dir: str | None = None
-    job_name: str | None = None
-    resume: bool = False
-    seed: int = 1000
-    steps: int = field(default=100_000, validator=_positive("--steps"))
-    batch_size: int = field(default=8, validator=_positive("--batch_size"))
-    num_workers: int = field(default=4, validator=_positive("--num_workers", allow_zero=True))
-    log_freq: int = field(default=200, validator=_positive("--log_freq", allow_zero=True))
-    save_freq: int = field(default=20_000, validator=_positive("--save_freq", allow_zero=True))
-    save_checkpoint: bool = True
-    checkpoint_format: CheckpointFormat = field(default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat)
-    optimizer: OptimizerConfig | None = None
-    scheduler: SchedulerConfig | None = None
-    peft: PeftConfig | None = None
+    policy: PolicyConfig | None = field(default=None, metadata=_h("The policy (choose with --policy.type or --policy.path)."))
+    output_dir: str | None = field(
+        default=None, metadata=_h("Run directory (default outputs/train/<date>/<time>_<job_name>).")
+    )
+    job_name: str | None = field(default=None, metadata=_h("Run name (default <dataset>_<policy type>)."))
+    resume: bool = field(default=False, metadata=_h("Continue the checkpoint named by --config_path."))
+    seed: int = field(default=1000, metadata=_h("Seed of model init, data order and dropout."))
+    steps: int = field(
+        default=100_000, validator=_count("--steps", 1),
+        metadata=_h("Loop steps (micro-batches per worker), not optimizer updates."),
+    )
+    batch_size: int = field(
+        default=8, validator=_count("--batch_size", 1), metadata=_h("Micro-batch per data-parallel worker.")
+    )
+    num_workers: int = field(
+        default=4, validator=_count("--num_workers", 0), metadata=_h("DataLoader worker processes per rank.")
+    )
+    log_freq: int = field(
+        default=200, validator=_count("--log_freq", 0), metadata=_h("Log reduced metrics every N steps (0: never).")
+    )
+    save_freq: int = field(
+        default=20_000, validator=_count("--save_freq", 0),
+        metadata=_h("Checkpoint every N steps (0: only at the end)."),
+    )
+    save_checkpoint: bool = field(default=True, metadata=_h("Write checkpoints at all."))
+    checkpoint_format: CheckpointFormat = field(
+        default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat,
+        metadata=_h("Model artifact of sharded runs.", choices=tuple(f.value for f in CheckpointFormat)),
+    )
+    optimizer: OptimizerConfig | None = field(
+        default=None, metadata=_h("Optimizer (default: the policy's preset; flags override fields).")
+    )
+    scheduler: SchedulerConfig | None = field(
+        default=None, metadata=_h("LR schedule (default: the policy's preset, often none).")
+    )
+    peft: PeftConfig | None = field(default=None, metadata=_h("Adapter fine-tuning (any --peft.* flag enables it)."))
     trackio: TrackioConfig = field(factory=TrackioConfig)
     parallelism: ParallelismConfig = field(factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(factory=AcceleratorConfig)
-    allow_nonfinite_loss: bool = False
-    dry_run: bool = False
+    allow_nonfinite_loss: bool = field(
+        default=False, metadata=_h("Keep training when the loss is NaN/inf instead of stopping.")
+    )
+    dry_run: bool = field(default=False, metadata=_h("Validate the config, print it and exit without training."))
 
     def finalized(self, now: _dt.datetime | None = None) -> TrainConfig:
-        """Fill what defaults from other fields: job name, output dir, optimizer/scheduler presets."""
+        """Fill the names that default from other fields (job name, output dir)."""
         cfg = self
         if cfg.job_name is None:
             ds = (cfg.dataset.repo_id or "dataset").replace("/", "_")

@@ -41,8 +41,14 @@ class ParallelismConfig:
     made concrete by :meth:`resolve`, because the world size is a launch-time fact.
     """
 
-    dp_replicate: int = field(default=1, validator=_degree("≥ 1", allow_all=False))
-    dp_shard: int = field(default=1, validator=_degree("≥ 1, or -1 for all launched processes", allow_all=True))
+    dp_replicate: int = field(
+        default=1, validator=_degree("≥ 1", allow_all=False),
+        metadata={"help": "Number of model replicas (all-reduce between them); DDP when dp_shard=1."},
+    )
+    dp_shard: int = field(
+        default=1, validator=_degree("≥ 1, or -1 for all launched processes", allow_all=True),
+        metadata={"help": "Ranks each replica is sharded over (FSDP2); -1 = all launched processes."},
+    )
 
     @property
     def dp_world_size(self) -> int:
@@ -108,7 +114,7 @@ def _tuple_or_none(value):
 
 @define(frozen=True)
 class GradientAccumulationConfig:
-    steps: int = field(default=1)
+    steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer update (loss divided by it)."})
 
     @steps.validator
     def _check(self, attribute, value) -> None:
@@ -123,16 +129,23 @@ class MixedPrecisionPolicyConfig:
     param_dtype: str | None = field(
         default=None,
         validator=_choice("--accelerator.fsdp.mixed_precision_policy.param_dtype", DTYPE_CHOICES, True),
+        metadata={"help": "Dtype of unsharded parameters in forward/backward (required once any field is set).",
+                  "choices": DTYPE_CHOICES},
     )
     reduce_dtype: str | None = field(
         default=None,
         validator=_choice("--accelerator.fsdp.mixed_precision_policy.reduce_dtype", DTYPE_CHOICES, True),
+        metadata={"help": "Dtype of gradient reduction; unset follows torch's default for this version.",
+                  "choices": DTYPE_CHOICES},
     )
     output_dtype: str | None = field(
         default=None,
         validator=_choice("--accelerator.fsdp.mixed_precision_policy.output_dtype", DTYPE_CHOICES, True),
+        metadata={"help": "Dtype the wrapped modules' outputs are cast to.", "choices": DTYPE_CHOICES},
     )
-    cast_forward_inputs: bool | None = None
+    cast_forward_inputs: bool | None = field(
+        default=None, metadata={"help": "Cast floating-point forward inputs to param_dtype."}
+    )
 
     @property
     def is_set(self) -> bool:
@@ -149,11 +162,22 @@ class MixedPrecisionPolicyConfig:
 
 @define(frozen=True)
 class FSDPConfig:
-    wrap_modules: tuple[str, ...] | None = field(default=None, converter=_tuple_or_none)
-    min_num_params: int | None = None
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-    ignored_modules: str | None = None
+    wrap_modules: tuple[str, ...] | None = field(
+        default=None, converter=_tuple_or_none,
+        metadata={"help": "Module class names that become FSDP units (overrides the policy's _fsdp_wrap_modules)."},
+    )
+    min_num_params: int | None = field(
+        default=None, metadata={"help": "Instead of names: wrap every submodule above this many parameters."}
+    )
+    reshard_after_forward: bool = field(
+        default=True, metadata={"help": "Free each unit's gathered parameters after forward (saves memory)."}
+    )
+    cpu_offload: bool = field(
+        default=False, metadata={"help": "Keep parameters, gradients and optimizer state on the CPU."}
+    )
+    ignored_modules: str | None = field(
+        default=None, metadata={"help": "Regex over module paths to keep unsharded (PEFT paths start with base_model.model.)."}
+    )
     mixed_precision_policy: MixedPrecisionPolicyConfig = field(factory=MixedPrecisionPolicyConfig)
 
     def __attrs_post_init__(self) -> None:
@@ -189,10 +213,12 @@ class FSDPConfig:
 
 @define(frozen=True)
 class DDPConfig:
-    find_unused_parameters: bool = False
-    broadcast_buffers: bool = True
-    gradient_as_bucket_view: bool = True
-    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = field(
+        default=False, metadata={"help": "Let DDP tolerate parameters that get no gradient in a step (slower)."}
+    )
+    broadcast_buffers: bool = field(default=True, metadata={"help": "Broadcast module buffers from rank 0 each forward."})
+    gradient_as_bucket_view: bool = field(default=True, metadata={"help": "Gradients as views into DDP buckets (saves memory)."})
+    bucket_cap_mb: int = field(default=25, metadata={"help": "DDP all-reduce bucket size in MiB."})
 
 
 @define(frozen=True)
@@ -200,12 +226,16 @@ class AcceleratorConfig:
     """Precision, accumulation and wrapper settings, independent of the topology degrees."""
 
     mixed_precision: str = field(
-        default="no", validator=_choice("--accelerator.mixed_precision", MIXED_PRECISION_CHOICES)
+        default="no", validator=_choice("--accelerator.mixed_precision", MIXED_PRECISION_CHOICES),
+        metadata={"help": "Autocast precision; fp16 adds a loss scaler, fp32 master weights are kept.",
+                  "choices": MIXED_PRECISION_CHOICES},
     )
     gradient_accumulation: GradientAccumulationConfig = field(factory=GradientAccumulationConfig)
     fsdp: FSDPConfig = field(factory=FSDPConfig)
     ddp: DDPConfig = field(factory=DDPConfig)
-    timeout_s: float = 1800.0
+    timeout_s: float = field(
+        default=1800.0, metadata={"help": "Collective timeout in seconds; a stuck rank ends the job after it."}
+    )
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:

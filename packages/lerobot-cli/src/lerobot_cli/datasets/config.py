@@ -15,11 +15,17 @@ def _episodes(value):
 class DatasetConfig:
     """``repo_id`` names the dataset; ``root`` (used as is) overrides ``$HF_LEROBOT_HOME/<repo_id>``."""
 
-    repo_id: str | None = None
-    root: str | None = None
-    episodes: tuple[int, ...] | None = field(default=None, converter=_episodes)
-    revision: str | None = None
-    video_backend: str = "pyav"
+    repo_id: str | None = field(default=None, metadata={"help": "Dataset name, e.g. lerobot/demo_reach."})
+    root: str | None = field(
+        default=None, metadata={"help": "Local dataset directory, used as is (default $HF_LEROBOT_HOME/<repo_id>)."}
+    )
+    episodes: tuple[int, ...] | None = field(
+        default=None, converter=_episodes, metadata={"help": "Episode indices to train on, e.g. '[0,3,5]'."}
+    )
+    revision: str | None = field(default=None, metadata={"help": "Hub revision to download when not cached."})
+    video_backend: str = field(
+        default="pyav", metadata={"help": "Video decoder.", "choices": ("pyav",)}
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.episodes is not None:

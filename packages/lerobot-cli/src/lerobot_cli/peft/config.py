@@ -15,17 +15,28 @@ def _tuple_or_none(value):
     return tuple(value)
 
 
+def _upper(value):
+    return value.upper() if isinstance(value, str) else value
+
+
 @define(frozen=True)
 class PeftConfig:
     """``target_modules=None`` means the policy's own default (ACT: transformer projections)."""
 
-    method_type: str = field(default="LORA", converter=lambda v: v.upper() if isinstance(v, str) else v)
-    r: int = 16
-    lora_alpha: int | None = None
-    lora_dropout: float = 0.0
-    target_modules: tuple[str, ...] | None = field(default=None, converter=_tuple_or_none)
-    full_training_modules: tuple[str, ...] | None = field(default=None, converter=_tuple_or_none)
-    init_type: str | None = None
+    method_type: str = field(
+        default="LORA", converter=_upper, metadata={"help": "PEFT method.", "choices": PEFT_METHODS}
+    )
+    r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int | None = field(default=None, metadata={"help": "LoRA scaling alpha (default: r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA path."})
+    target_modules: tuple[str, ...] | None = field(
+        default=None, converter=_tuple_or_none,
+        metadata={"help": "Module names/regex to adapt (default: the policy's, ACT: transformer projections)."},
+    )
+    full_training_modules: tuple[str, ...] | None = field(
+        default=None, converter=_tuple_or_none, metadata={"help": "Modules trained fully beside the adapters."}
+    )
+    init_type: str | None = field(default=None, metadata={"help": "peft init_lora_weights value (default: peft's)."})
 
     def __attrs_post_init__(self) -> None:
         if self.method_type not in PEFT_METHODS:

@@ -29,18 +29,24 @@ class PolicyConfig:
     type: ClassVar[str] = ""
     policy_class: ClassVar[str] = ""
 
-    n_obs_steps: int = 1
-    normalization_mapping: dict[str, NormalizationMode] = field(factory=_default_normalization)
-    input_features: dict[str, PolicyFeature] = field(factory=dict)
-    output_features: dict[str, PolicyFeature] = field(factory=dict)
-    device: str | None = None
-    use_amp: bool = False
-    push_to_hub: bool = True
-    repo_id: str | None = None
-    private: bool | None = None
-    tags: list[str] | None = None
-    license: str | None = None
-    pretrained_path: str | None = None
+    n_obs_steps: int = field(default=1, metadata={"help": "Observation frames the policy sees per step."})
+    normalization_mapping: dict[str, NormalizationMode] = field(
+        factory=_default_normalization, metadata={"help": "Normalization per feature type, as JSON."}
+    )
+    input_features: dict[str, PolicyFeature] = field(
+        factory=dict, metadata={"help": "Inputs (default: taken from the dataset)."}
+    )
+    output_features: dict[str, PolicyFeature] = field(
+        factory=dict, metadata={"help": "Outputs (default: taken from the dataset)."}
+    )
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, … (default: cuda:LOCAL_RANK if present, else cpu)."})
+    use_amp: bool = field(default=False, metadata={"help": "LeRobot field kept for compatibility; use --accelerator.mixed_precision."})
+    push_to_hub: bool = field(default=True, metadata={"help": "Publish the final policy when --policy.repo_id is set."})
+    repo_id: str | None = field(default=None, metadata={"help": "Hub model repo the final policy is published to."})
+    private: bool | None = field(default=None, metadata={"help": "Create the Hub repo private."})
+    tags: list[str] | None = field(default=None, metadata={"help": "Hub model card tags."})
+    license: str | None = field(default=None, metadata={"help": "Hub model card license."})
+    pretrained_path: str | None = field(default=None, metadata={"help": "Set by --policy.path: where weights load from."})
 
     def __attrs_post_init__(self) -> None:
         if self.n_obs_steps < 1:

@@ -11,6 +11,7 @@ register with an entry point in the group ``lerobot_cli.policies`` whose value i
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from importlib.metadata import entry_points
 
 from lerobot_cli.policies.config import PolicyConfig
@@ -47,8 +48,15 @@ def register(cls: type[PolicyConfig]) -> type[PolicyConfig]:
 
 def available() -> list[str]:
     names = set(_REGISTERED) | set(_plugin_targets())
-    names |= {name for name, target in _BUILTIN.items() if importlib.util.find_spec(target.partition(":")[0])}
+    names |= {name for name, target in _BUILTIN.items() if _importable(target.partition(":")[0])}
     return sorted(names)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def config_class(name: str) -> type[PolicyConfig]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from attrs import define
+from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.config import PolicyConfig
@@ -15,12 +15,12 @@ class MLPConfig(PolicyConfig):
     type: ClassVar[str] = "mlp"
     policy_class: ClassVar[str] = "lerobot_cli.policies.mlp.modeling:MLPPolicy"
 
-    hidden_dim: int = 64
-    n_blocks: int = 2
-    dropout: float = 0.0
-    optimizer_lr: float = 1e-3
-    optimizer_weight_decay: float = 0.0
-    grad_clip_norm: float = 10.0
+    hidden_dim: int = field(default=64, metadata={"help": "Width of each hidden block."})
+    n_blocks: int = field(default=2, metadata={"help": "Number of MLPBlock layers (FSDP wrap units)."})
+    dropout: float = field(default=0.0, metadata={"help": "Dropout inside blocks."})
+    optimizer_lr: float = field(default=1e-3, metadata={"help": "Preset learning rate."})
+    optimizer_weight_decay: float = field(default=0.0, metadata={"help": "Preset weight decay."})
+    grad_clip_norm: float = field(default=10.0, metadata={"help": "Preset gradient clipping norm."})
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()

@@ -1,0 +1,143 @@
+"""Flags (+ an optional ``--config_path`` file) → one validated ``TrainConfig``.
+
+Order matters and is the one a user expects: the file (or defaults) is the base, the policy is
+chosen by ``--policy.type``/``--policy.path``, ``--policy.*`` fields override it, the policy's
+optimizer/scheduler presets fill what the file did not say, and the remaining flags override last.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from lerobot_cli import configio
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.cli.paths import resolve_config_path, resolve_policy_dir
+from lerobot_cli.cli.schema import FlagSpec, convert, field_specs, section_class
+from lerobot_cli.config import TrainConfig
+from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+from lerobot_cli.peft.config import PeftConfig
+from lerobot_cli.policies import registry
+from lerobot_cli.policies.config import PolicyConfig
+
+log = logging.getLogger(__name__)
+
+SPECIAL_FLAGS = ("config_path", "policy.type", "policy.path")
+_OPTIONAL_SECTIONS: dict[str, type] = {"optimizer": OptimizerConfig, "scheduler": SchedulerConfig, "peft": PeftConfig}
+
+
+@attrs.define(frozen=True)
+class BuildResult:
+    config: TrainConfig
+    config_path: Path | None
+    warnings: tuple[str, ...] = ()
+
+
+def known_flags(policy_cls: type[PolicyConfig] | None) -> dict[str, FlagSpec]:
+    specs = {s.path: s for s in field_specs(TrainConfig)}
+    # Optional sections can also be set whole (--peft=null, --scheduler='{...}').
+    for a in attrs.fields(TrainConfig):
+        if a.name in _OPTIONAL_SECTIONS:
+            specs.setdefault(a.name, FlagSpec(a.name, a.type, None, a.metadata.get("help", ""), None))
+    specs.pop("policy", None)
+    if policy_cls is not None:
+        specs.update({s.path: s for s in field_specs(policy_cls, "policy.")})
+    return specs
+
+
+def _unknown_flag(name: str, specs: dict[str, FlagSpec], policy_cls: type[PolicyConfig] | None) -> UsageError:
+    if name.startswith("policy.") and policy_cls is None:
+        return UsageError(
+            f"--{name} needs a policy: pass --policy.type=NAME ({', '.join(registry.available())}) "
+            f"or --policy.path=DIR before its fields can be set"
+        )
+    candidates = list(specs) + list(SPECIAL_FLAGS)
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
+    return UsageError(f"unknown flag --{name}{hint}")
+
+
+def _set(tree: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            section = ".".join(parts[: i + 1])
+            default_cls = _OPTIONAL_SECTIONS.get(section)
+            node[part] = configio.converter.unstructure(default_cls()) if default_cls else {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _load_policy(path_flag: str, warnings: list[str]) -> dict[str, Any]:
+    directory = resolve_policy_dir(path_flag)
+    source = f"--policy.path {directory / configio.POLICY_CONFIG_NAME}"
+    data = configio.read_json(directory / configio.POLICY_CONFIG_NAME, "--policy.path config")
+    kept, unknown = configio.split_policy_dict(data, source)
+    if unknown:
+        warnings.append(f"{source}: ignoring keys this version does not know: {', '.join(unknown)}")
+    kept["pretrained_path"] = str(directory)
+    return kept
+
+
+def _structure(tree: dict[str, Any], source: str) -> TrainConfig:
+    try:
+        return configio.structure_train_config(tree, source)
+    except (configio.ConfigFileError, registry.UnknownPolicyError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_train_config(flags: dict[str, str]) -> BuildResult:
+    flags = dict(flags)
+    warnings: list[str] = []
+    config_path = None
+    if "config_path" in flags:
+        config_path = resolve_config_path(flags.pop("config_path"))
+        tree = configio.read_json(config_path, "--config_path") if config_path else {}
+        source = f"--config_path {config_path}"
+        _structure(tree, f"--config_path {config_path}")  # file problems named as such, before flags mix in
+    else:
+        tree = configio.unstructure_train_config(TrainConfig())
+    source = ""
+    from_file = config_path is not None
+
+    ptype, ppath = flags.pop("policy.type", None), flags.pop("policy.path", None)
+    if ptype is not None and ppath is not None:
+        raise UsageError("--policy.type and --policy.path both given: use --policy.path alone to start "
+                         "from a pretrained policy, or --policy.type alone to start from scratch")
+    try:
+        if ppath is not None:
+            tree["policy"] = _load_policy(ppath, warnings)
+        elif ptype is not None:
+            registry.config_class(ptype)
+            if not (tree.get("policy") and tree["policy"].get("type") == ptype):
+                tree["policy"] = {"type": ptype}
+        policy_cls = registry.config_class(tree["policy"]["type"]) if tree.get("policy") else None
+    except registry.UnknownPolicyError as exc:
+        raise UsageError(str(exc)) from None
+
+    specs = known_flags(policy_cls)
+    values: dict[str, Any] = {}
+    for name, raw in flags.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise _unknown_flag(name, specs, policy_cls)
+        values[name] = convert(spec, raw)
+
+    for name, value in values.items():
+        if name.startswith("policy."):
+            _set(tree, name, value)
+    if not from_file and tree.get("policy") is not None:
+        policy = _structure(tree, source).policy
+        if tree.get("optimizer") is None:
+            tree["optimizer"] = configio.converter.unstructure(policy.optimizer_preset())
+        if tree.get("scheduler") is None and (preset := policy.scheduler_preset()) is not None:
+            tree["scheduler"] = configio.converter.unstructure(preset)
+    for name, value in values.items():
+        if not name.startswith("policy."):
+            _set(tree, name, value)
+    return BuildResult(_structure(tree, source), config_path, tuple(warnings))

@@ -1,0 +1,26 @@
+"""Run-level checks that need the whole config and the file system (still before torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.config import TrainConfig
+
+
+def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
+    if cfg.policy is None:
+        raise UsageError("no policy: pass --policy.type=NAME to train from scratch or --policy.path=DIR to fine-tune")
+    if cfg.dataset.repo_id is None and cfg.dataset.root is None:
+        raise UsageError("no dataset: pass --dataset.repo_id=OWNER/NAME (and --dataset.root=DIR for a local copy)")
+    if cfg.resume and config_path is None:
+        raise UsageError(
+            "--resume=true has nothing to resume: pass --config_path=<output_dir>/checkpoints/last/"
+            "pretrained_model/train_config.json (or that checkpoint directory)"
+        )
+    out = Path(cfg.output_dir) if cfg.output_dir else None
+    if out is not None and not cfg.resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(
+            f"--output_dir={cfg.output_dir} already exists and is not empty; pass --resume=true "
+            f"--config_path=… to continue that run, or choose another --output_dir (nothing was changed)"
+        )

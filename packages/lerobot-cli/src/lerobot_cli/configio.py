@@ -1,0 +1,174 @@
+"""cattrs at the JSON edge: ``train_config.json`` and policy ``config.json`` (torch-free).
+
+One converter knows every section; policies are polymorphic by their ``type`` key, looked up
+in the registry. Train configs are strict (unknown keys are errors: a typo must not silently
+become a default); policy configs written by other LeRobot versions are read leniently, the
+keys we do not know are reported to the caller instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn
+
+from lerobot_cli.config import TrainConfig
+from lerobot_cli.policies import registry
+from lerobot_cli.policies.config import PolicyConfig
+
+TRAIN_CONFIG_NAME = "train_config.json"
+POLICY_CONFIG_NAME = "config.json"
+
+
+class ConfigFileError(ValueError):
+    """A config file (or dict) that cannot become a config; the message names the file and key."""
+
+
+def _is_policy_config(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, PolicyConfig)
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    structure_fns: dict[type, Any] = {}
+
+    def unstructure_policy(obj: PolicyConfig) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": type(obj).type}
+        for a in attrs.fields(resolve_all_types(type(obj))):
+            out[a.name] = conv.unstructure(getattr(obj, a.name), unstructure_as=a.type)
+        return out
+
+    def structure_policy(data: Any, _: type) -> PolicyConfig:
+        if not isinstance(data, dict) or "type" not in data:
+            raise ConfigFileError("policy: expected a JSON object with a 'type' key")
+        cls = resolve_all_types(registry.config_class(data["type"]))
+        fields = {k: v for k, v in data.items() if k != "type"}
+        if cls not in structure_fns:
+            structure_fns[cls] = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)
+        return structure_fns[cls](fields, cls)
+
+    conv.register_unstructure_hook_func(_is_policy_config, unstructure_policy)
+    conv.register_structure_hook_func(_is_policy_config, structure_policy)
+    return conv
+
+
+def resolve_all_types(cls: type) -> type:
+    """Turn string annotations (``from __future__ import annotations``) into types, recursively."""
+    if getattr(cls, "__lerobot_types_resolved__", None) is cls:
+        return cls
+    attrs.resolve_types(cls)
+    cls.__lerobot_types_resolved__ = cls
+    for a in attrs.fields(cls):
+        for t in (a.type, *getattr(a.type, "__args__", ())):
+            for inner in (t, *getattr(t, "__args__", ())):
+                if isinstance(inner, type) and attrs.has(inner):
+                    resolve_all_types(inner)
+    return cls
+
+
+converter = _make_converter()
+resolve_all_types(TrainConfig)
+
+
+def _flatten_errors(exc: BaseException, path: str) -> list[str]:
+    if isinstance(exc, ClassValidationError | cattrs.errors.IterableValidationError):
+        out: list[str] = []
+        with_notes, without = exc.group_exceptions()
+        for sub, note in with_notes:
+            name = getattr(note, "name", None)
+            index = getattr(note, "index", None)
+            sub_path = f"{path}.{name}" if name is not None else f"{path}[{index!r}]" if index is not None else path
+            expected = getattr(note, "type", None)
+            if isinstance(sub, TypeError | ValueError) and not str(sub).startswith("--") and expected is not None:
+                shown = getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
+                out.append(f"{sub_path.lstrip('.')}: expected {shown} ({sub})")
+                continue
+            out += _flatten_errors(sub, sub_path)
+        for sub in without:
+            out += _flatten_errors(sub, path)
+        return out
+    if isinstance(exc, ForbiddenExtraKeysError):
+        keys = ", ".join(f"{path}.{k}".lstrip(".") for k in sorted(exc.extra_fields))
+        return [f"unknown key(s) {keys}"]
+    if isinstance(exc, KeyError):
+        return [f"missing required key {path.lstrip('.')}.{exc.args[0]}"]
+    msg = str(exc)
+    if isinstance(exc, TypeError | ValueError) and not msg.startswith("--"):
+        where = path.lstrip(".")
+        return [f"{where}: {msg}" if where else msg]
+    return [msg]
+
+
+def structure_train_config(data: dict[str, Any], source: str) -> TrainConfig:
+    """Build a TrainConfig from JSON data; every failure becomes one ConfigFileError naming ``source``."""
+    try:
+        return converter.structure(data, TrainConfig)
+    except registry.UnknownPolicyError:
+        raise
+    except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, ConfigFileError):
+            raise
+        problems = "; ".join(_flatten_errors(exc, ""))
+        raise ConfigFileError(f"{source}: {problems}" if source else problems) from None
+
+
+def unstructure_train_config(cfg: TrainConfig) -> dict[str, Any]:
+    return converter.unstructure(cfg)
+
+
+def save_train_config(cfg: TrainConfig, directory: Path) -> Path:
+    path = Path(directory) / TRAIN_CONFIG_NAME
+    path.write_text(json.dumps(unstructure_train_config(cfg), indent=4) + "\n")
+    return path
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigFileError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigFileError(f"{what} {path} cannot be read ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigFileError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def load_train_config(path: Path) -> TrainConfig:
+    return structure_train_config(read_json(path, "--config_path"), f"--config_path {path}")
+
+
+def split_policy_dict(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
+    """Keep the keys the policy's config class knows; return the others so the caller can warn.
+
+    LeRobot adds fields between versions; a config.json from a newer LeRobot must still load.
+    """
+    if "type" not in data:
+        raise ConfigFileError(f"{source}: no 'type' key, so the policy class is unknown")
+    cls = resolve_all_types(registry.config_class(data["type"]))
+    known = {a.name for a in attrs.fields(cls)} | {"type"}
+    return {k: v for k, v in data.items() if k in known}, sorted(k for k in data if k not in known)
+
+
+def structure_policy_config(data: dict[str, Any], source: str) -> PolicyConfig:
+    try:
+        return converter.structure(data, PolicyConfig)
+    except registry.UnknownPolicyError:
+        raise
+    except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, ConfigFileError):
+            raise
+        raise ConfigFileError(f"{source}: {'; '.join(_flatten_errors(exc, 'policy'))}") from None
+
+
+def unstructure_policy_config(cfg: PolicyConfig) -> dict[str, Any]:
+    return converter.unstructure(cfg, unstructure_as=PolicyConfig)

@@ -1,0 +1,61 @@
+"""``lerobot-train``: parse and check everything torch-free, then hand the config to the runner."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from lerobot_cli.cli.errors import UsageError, exit_usage
+
+PROG = "lerobot-train"
+
+
+def _policy_class_for_help(flags: dict[str, str]):
+    from lerobot_cli.cli.build import build_train_config
+    from lerobot_cli.policies import registry
+
+    if "policy.type" in flags:
+        return registry.config_class(flags["policy.type"])
+    if "policy.path" in flags or "config_path" in flags:
+        keep = {k: v for k, v in flags.items() if k in ("policy.path", "config_path")}
+        policy = build_train_config(keep).config.policy
+        return type(policy) if policy is not None else None
+    return None
+
+
+def warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        from lerobot_cli.cli.argv import split_argv
+        from lerobot_cli.cli.build import build_train_config
+        from lerobot_cli.cli.checks import check_runnable
+
+        parsed = split_argv(argv)
+        if parsed.help:
+            from lerobot_cli.cli.help import render_help
+
+            sys.stdout.write(render_help(_policy_class_for_help(parsed.flags)))
+            return 0
+        result = build_train_config(parsed.flags)
+        for message in result.warnings:
+            warn(message)
+        cfg = result.config.finalized()
+        check_runnable(cfg, result.config_path)
+    except (UsageError, ValueError) as exc:
+        exit_usage(PROG, str(exc))
+    if cfg.dry_run:
+        from lerobot_cli.configio import unstructure_train_config
+
+        print(json.dumps(unstructure_train_config(cfg), indent=2))
+        return 0
+    from lerobot_cli.runner import run
+
+    return run(cfg, config_path=result.config_path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""The flag parser and config tree in-process: precedence, types, presets, round trip."""
+
+import json
+
+import pytest
+
+from lerobot_ckpt import CheckpointFormat
+from lerobot_cli import configio
+from lerobot_cli.cli.argv import split_argv
+from lerobot_cli.cli.build import build_train_config
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.config import TrainConfig, TrackioConfig
+from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+from lerobot_cli.peft.config import PeftConfig
+from lerobot_cli.policies import config_class
+from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_parallel.config import (
+    AcceleratorConfig,
+    DDPConfig,
+    FSDPConfig,
+    GradientAccumulationConfig,
+    MixedPrecisionPolicyConfig,
+    ParallelismConfig,
+)
+
+
+def build(*argv: str) -> TrainConfig:
+    return build_train_config(split_argv(list(argv)).flags).config
+
+
+def test_equals_and_space_forms():
+    a = build("--steps=5", "--batch_size", "3", "--dataset.repo_id", "a/b")
+    assert (a.steps, a.batch_size, a.dataset.repo_id) == (5, 3, "a/b")
+
+
+def test_negative_value_after_space():
+    assert build("--parallelism.dp_shard", "-1").parallelism.dp_shard == -1
+
+
+@pytest.mark.parametrize(("raw", "value"), [("true", True), ("1", True), ("false", False), ("0", False), ("True", True)])
+def test_booleans(raw, value):
+    assert build(f"--save_checkpoint={raw}").save_checkpoint is value
+
+
+def test_bare_boolean_flag():
+    assert build("--dry_run").dry_run is True
+
+
+def test_json_list_and_null():
+    cfg = build('--accelerator.fsdp.wrap_modules=["ACTEncoderLayer", "ACTDecoderLayer"]', "--dataset.episodes=[0,3,5]")
+    assert cfg.accelerator.fsdp.wrap_modules == ("ACTEncoderLayer", "ACTDecoderLayer")
+    assert cfg.dataset.episodes == (0, 3, 5)
+    assert build("--dataset.episodes=null").dataset.episodes is None
+    assert build("--dataset.root=None").dataset.root is None
+
+
+def test_enum_flag():
+    assert build("--checkpoint_format=dcp").checkpoint_format is CheckpointFormat.DCP
+
+
+def test_policy_type_then_fields():
+    cfg = build("--policy.type=mlp", "--policy.hidden_dim=7")
+    assert cfg.policy.type == "mlp" and cfg.policy.hidden_dim == 7
+
+
+def test_policy_fields_before_type_are_order_independent():
+    assert build("--policy.hidden_dim=7", "--policy.type=mlp").policy.hidden_dim == 7
+
+
+def test_policy_preset_fills_optimizer_and_flags_override():
+    cfg = build("--policy.type=mlp", "--policy.optimizer_lr=0.5", "--optimizer.weight_decay=0.25")
+    assert cfg.optimizer == OptimizerConfig(type="adamw", lr=0.5, weight_decay=0.25, grad_clip_norm=10.0)
+    assert cfg.scheduler is None
+
+
+def test_optional_section_enabled_by_a_field():
+    cfg = build("--peft.r=4", "--scheduler.num_warmup_steps=3")
+    assert cfg.peft == PeftConfig(r=4)
+    assert cfg.scheduler == SchedulerConfig(num_warmup_steps=3)
+
+
+def test_whole_optional_section_as_json_or_null():
+    assert build('--peft={"r": 8}').peft == PeftConfig(r=8)
+    assert build("--policy.type=mlp", "--optimizer=null").optimizer is None
+
+
+def test_policy_path_loads_config_and_overrides(tmp_path):
+    pretrained = tmp_path / "pretrained_model"
+    pretrained.mkdir()
+    policy = config_class("mlp")(hidden_dim=11, n_blocks=3)
+    data = configio.unstructure_policy_config(policy)
+    data["some_future_lerobot_field"] = 1
+    (pretrained / "config.json").write_text(json.dumps(data))
+    result = build_train_config(split_argv([f"--policy.path={tmp_path}", "--policy.n_blocks=5"]).flags)
+    cfg = result.config
+    assert cfg.policy.hidden_dim == 11 and cfg.policy.n_blocks == 5
+    assert cfg.policy.pretrained_path == str(pretrained)
+    assert any("some_future_lerobot_field" in w for w in result.warnings)
+
+
+def test_config_path_is_base_and_flags_override(tmp_path):
+    base = build("--policy.type=mlp", "--steps=77", "--batch_size=5", "--optimizer.lr=0.125")
+    configio.save_train_config(base, tmp_path)
+    cfg = build(f"--config_path={tmp_path / 'train_config.json'}", "--batch_size=9")
+    assert (cfg.steps, cfg.batch_size, cfg.optimizer.lr) == (77, 9, 0.125)
+    # a directory holding pretrained_model/train_config.json is accepted too
+    step = tmp_path / "005000" / "pretrained_model"
+    step.mkdir(parents=True)
+    configio.save_train_config(base, step)
+    assert build(f"--config_path={tmp_path / '005000'}").steps == 77
+
+
+def test_config_path_with_another_policy_type_replaces_the_policy(tmp_path):
+    configio.save_train_config(build("--policy.type=mlp", "--policy.hidden_dim=3"), tmp_path)
+    cfg = build(f"--config_path={tmp_path}", "--policy.type=mlp")
+    assert cfg.policy.hidden_dim == 3  # same type keeps the saved fields
+
+
+def every_section_non_default() -> TrainConfig:
+    mlp = config_class("mlp")
+    return TrainConfig(
+        dataset=DatasetConfig(repo_id="me/data", root="/data/x", episodes=(0, 3, 5), revision="v3.0"),
+        policy=mlp(
+            hidden_dim=32, n_blocks=3, dropout=0.1, device="cpu", repo_id="me/policy", push_to_hub=False,
+            tags=["a"], input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,))},
+            output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))},
+            normalization_mapping={"STATE": NormalizationMode.MIN_MAX, "ACTION": NormalizationMode.IDENTITY},
+        ),
+        output_dir="outputs/x", job_name="job", resume=True, seed=7, steps=123, batch_size=4, num_workers=0,
+        log_freq=3, save_freq=50, save_checkpoint=False, checkpoint_format=CheckpointFormat.SAFETENSORS_DCP,
+        optimizer=OptimizerConfig(type="adam", lr=0.1, weight_decay=0.2, betas=(0.8, 0.9), eps=1e-6,
+                                  grad_clip_norm=1.0),
+        scheduler=SchedulerConfig(type="constant_with_warmup", num_warmup_steps=5, num_decay_steps=10,
+                                  peak_lr=0.2, decay_lr=0.01),
+        peft=PeftConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=("q",), full_training_modules=("head",)),
+        trackio=TrackioConfig(enable=True, project="p"),
+        parallelism=ParallelismConfig(dp_replicate=2, dp_shard=-1),
+        accelerator=AcceleratorConfig(
+            mixed_precision="fp16", gradient_accumulation=GradientAccumulationConfig(steps=3),
+            fsdp=FSDPConfig(min_num_params=1000, reshard_after_forward=False, cpu_offload=True,
+                            ignored_modules=".*backbone",
+                            mixed_precision_policy=MixedPrecisionPolicyConfig("float16", "float32", "float32", True)),
+            ddp=DDPConfig(find_unused_parameters=True, broadcast_buffers=False, gradient_as_bucket_view=False,
+                          bucket_cap_mb=5),
+            timeout_s=30.0,
+        ),
+        allow_nonfinite_loss=True, dry_run=True,
+    )
+
+
+def test_round_trip_every_section_non_default(tmp_path):
+    cfg = every_section_non_default()
+    default_json = configio.unstructure_train_config(TrainConfig())
+    data = configio.unstructure_train_config(cfg)
+    for key in default_json:  # the fixture really differs from the defaults everywhere
+        assert data[key] != default_json[key], key
+    path = configio.save_train_config(cfg, tmp_path)
+    again = configio.load_train_config(path)
+    assert again == cfg
+    assert configio.unstructure_train_config(again) == data
+
+
+def test_unknown_key_in_file_is_an_error(tmp_path):
+    data = configio.unstructure_train_config(TrainConfig())
+    data["accelerator"]["fsdp"]["wrap_modulez"] = ["A"]
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"unknown key\(s\) accelerator.fsdp.wrap_modulez"):
+        build(f"--config_path={path}")
+
+
+def test_flag_value_error_is_not_blamed_on_the_file(tmp_path):
+    configio.save_train_config(TrainConfig(), tmp_path)
+    with pytest.raises(UsageError) as exc:
+        build(f"--config_path={tmp_path}", "--batch_size=0")
+    assert str(exc.value) == "--batch_size must be an integer ≥ 1, got 0"
+
+
+def test_finalized_defaults():
+    import datetime as dt
+
+    cfg = build("--policy.type=mlp", "--dataset.repo_id=lerobot/demo").finalized(dt.datetime(2026, 1, 2, 3, 4, 5))
+    assert cfg.job_name == "lerobot_demo_mlp"
+    assert cfg.output_dir == "outputs/train/2026-01-02/03-04-05_lerobot_demo_mlp"
