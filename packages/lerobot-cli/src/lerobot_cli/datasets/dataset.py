@@ -1,0 +1,209 @@
+"""``LeRobotDataset``: a torch Dataset over a LeRobot v3.0 dataset directory.
+
+Items are what LeRobot's own ``LeRobotDataset.__getitem__`` returns, so policies and processors written
+against LeRobot see the same keys, shapes and dtypes: every feature as a tensor (cameras float32 CHW in
+[0, 1]), ``timestamp``/``frame_index``/``episode_index``/``index``/``task_index``, the ``task`` string, and
+for each delta_timestamps key a stacked window plus a ``<key>_is_pad`` mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lerobot_cli.datasets import layout as L
+from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.datasets.errors import DatasetError
+from lerobot_cli.datasets.hub import resolve_dataset_root
+from lerobot_cli.datasets.images import decode_image
+from lerobot_cli.datasets.metadata import DatasetMeta, load_meta, visual_chw
+from lerobot_cli.datasets.tabular import load_frames
+from lerobot_cli.datasets.video import decode_frames, probe_video
+
+DEFAULT_TOLERANCE_S = 1e-4  # LeRobot's default for both delta_timestamps and decoded frame times
+
+
+def _delta_indices(
+    meta: DatasetMeta, delta_timestamps: Mapping[str, Sequence[float]] | None, tolerance_s: float
+) -> dict[str, np.ndarray]:
+    """Frame offsets per key; each delta must be a multiple of 1/fps, as LeRobot checks."""
+    out: dict[str, np.ndarray] = {}
+    info = meta.root / L.INFO_PATH
+    for key, deltas in (delta_timestamps or {}).items():
+        if key not in meta.features:
+            raise DatasetError(
+                f"delta_timestamps key {key!r} is not a feature of {info} (features: {list(meta.features)})"
+            )
+        seconds = np.asarray(list(deltas), dtype=np.float64)
+        if seconds.ndim != 1 or len(seconds) == 0:
+            raise DatasetError(
+                f"delta_timestamps[{key!r}] must be a non-empty list of seconds, got {deltas!r}"
+            )
+        frames = np.round(seconds * meta.fps)
+        off = np.abs(seconds - frames / meta.fps) > tolerance_s
+        if off.any():
+            raise DatasetError(
+                f"delta_timestamps[{key!r}] has {seconds[off].tolist()}, not multiples of 1/fps = 1/{meta.fps} "
+                f"({info}) within {tolerance_s} s"
+            )
+        out[key] = frames.astype(np.int64)
+    return out
+
+
+class LeRobotDataset(torch.utils.data.Dataset):
+    """Frames of the selected ``episodes`` of the dataset at ``root`` (all episodes when None).
+
+    Tabular data is loaded once into contiguous tensors; videos are decoded per item from files kept open
+    per process, so DataLoader workers (fork or spawn) each decode independently.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        episodes: Sequence[int] | None = None,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root)
+        self.meta: DatasetMeta = load_meta(self.root).select(None if episodes is None else list(episodes))
+        self.tolerance_s = tolerance_s
+        self.delta_timestamps = dict(delta_timestamps) if delta_timestamps else None
+        self.delta_indices = _delta_indices(self.meta, delta_timestamps, tolerance_s)
+        table = load_frames(self.meta)
+        self._columns = {k: torch.from_numpy(v) for k, v in table.columns.items()}
+        self._index = table.columns["index"].astype(np.int64)
+        self._timestamp = table.columns["timestamp"].astype(np.float64)
+        self._task_index = table.columns["task_index"].astype(np.int64)
+        self._image_bytes = table.image_bytes
+        self._image_paths = table.image_paths
+        self._ep_pos = table.ep_pos
+        self._ep_start = table.ep_start
+        self._ep_from = self.meta.episodes[L.EP_FROM].astype(np.int64)
+        self._ep_to = self.meta.episodes[L.EP_TO].astype(np.int64)
+        self._chw = {k: visual_chw(k, self.meta.features[k]) for k in self.meta.camera_keys}
+        self._video_files: dict[str, list[str]] = {}
+        self._video_from: dict[str, np.ndarray] = {}
+        for key in self.meta.video_keys:
+            self._video_files[key] = [
+                str(self.meta.video_file(p, key)) for p in range(self.meta.num_episodes)
+            ]
+            self._video_from[key] = self.meta.episodes[L.video_column(key, "from_timestamp")].astype(
+                np.float64
+            )
+            self._check_videos(key)
+
+    def _check_videos(self, key: str) -> None:
+        """Every video file exists and has the frame size info.json declares (before any worker forks)."""
+        channels, height, width = self._chw[key]
+        if channels != 3:
+            raise DatasetError(
+                f"{self.root / L.INFO_PATH}: video {key!r} has {channels} channels; only RGB (3) is supported"
+            )
+        for path in dict.fromkeys(self._video_files[key]):
+            if not Path(path).is_file():
+                raise DatasetError(f"missing file {path}: meta/episodes points episodes of {key!r} at it")
+            size = probe_video(path)
+            if size != (height, width):
+                raise DatasetError(
+                    f"video file {path} has frames of {size[0]}x{size[1]} (HxW), but meta/info.json declares "
+                    f"{key!r} as {height}x{width} (shape mismatch)"
+                )
+
+    @property
+    def fps(self) -> float:
+        return self.meta.fps
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self.meta.features
+
+    @property
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        return self.meta.stats
+
+    @property
+    def num_frames(self) -> int:
+        return len(self._ep_pos)
+
+    @property
+    def num_episodes(self) -> int:
+        return self.meta.num_episodes
+
+    def __len__(self) -> int:
+        return len(self._ep_pos)
+
+    def __repr__(self) -> str:
+        return (
+            f"LeRobotDataset(root={str(self.root)!r}, episodes={self.num_episodes}, frames={self.num_frames}, "
+            f"features={list(self.features)})"
+        )
+
+    def _to_chw(self, key: str, frames: np.ndarray, single: bool) -> torch.Tensor:
+        """uint8 (T, H, W, C) -> float32 (T, C, H, W) in [0, 1] (without T when ``single``)."""
+        tensor = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
+        return tensor[0] if single else tensor
+
+    def _image(self, key: str, row: int) -> np.ndarray:
+        data = self._image_bytes[key][row].as_py()
+        if data is None and self._image_paths[key] is not None:
+            rel = self._image_paths[key][row].as_py()
+            data = (self.root / rel).read_bytes() if rel and (self.root / rel).is_file() else None
+        pos = int(self._ep_pos[row])
+        where = f"{self.meta.data_file(pos)} ({key!r}, row index {int(self._index[row])})"
+        if data is None:
+            raise DatasetError(f"{where}: image has neither bytes nor a readable path")
+        try:
+            image = decode_image(data)
+        except ValueError as err:
+            raise DatasetError(f"{where}: {err}") from err
+        c, h, w = self._chw[key]
+        if image.shape != (h, w, c):
+            raise DatasetError(
+                f"{where}: image is {image.shape} (HWC), but meta/info.json declares {(h, w, c)} (shape mismatch)"
+            )
+        return image
+
+    def __getitem__(self, idx: int) -> dict:
+        row = int(idx)
+        if not 0 <= row < len(self._ep_pos):
+            raise IndexError(f"index {idx} out of range for a dataset of {len(self._ep_pos)} frames")
+        pos = int(self._ep_pos[row])
+        first, end, start = int(self._ep_from[pos]), int(self._ep_to[pos]), int(self._ep_start[pos])
+        absolute = int(self._index[row])
+        item: dict = {key: col[row].clone() for key, col in self._columns.items()}
+        rows: dict[str, np.ndarray] = {}
+        for key, deltas in self.delta_indices.items():
+            wanted = absolute + deltas
+            rows[key] = start + (np.clip(wanted, first, end - 1) - first)
+            item[f"{key}_is_pad"] = torch.from_numpy((wanted < first) | (wanted >= end))
+            if key in self._columns:
+                item[key] = self._columns[key][torch.from_numpy(rows[key])]
+        for key in self.meta.image_keys:
+            picks = rows.get(key, np.asarray([row]))
+            item[key] = self._to_chw(
+                key, np.stack([self._image(key, int(r)) for r in picks]), key not in rows
+            )
+        for key in self.meta.video_keys:
+            picks = rows.get(key, np.asarray([row]))
+            times = self._timestamp[picks] + self._video_from[key][pos]
+            what = f" ({key!r}, episode {int(self.meta.episodes[L.EP_INDEX][pos])})"
+            frames = decode_frames(self._video_files[key][pos], times.tolist(), self.tolerance_s, what)
+            item[key] = self._to_chw(key, frames, key not in rows)
+        task_index = int(self._task_index[row])
+        if task_index not in self.meta.tasks:
+            raise DatasetError(
+                f"{self.root / L.TASKS_PATH} has no task_index {task_index} (used by row index {absolute})"
+            )
+        item["task"] = self.meta.tasks[task_index]
+        return item
+
+
+def make_dataset(
+    cfg: DatasetConfig, delta_timestamps: Mapping[str, Sequence[float]] | None = None
+) -> LeRobotDataset:
+    """The dataset ``--dataset.*`` names: resolved locally or downloaded, then ``--dataset.episodes`` applied."""
+    return LeRobotDataset(resolve_dataset_root(cfg), episodes=cfg.episodes, delta_timestamps=delta_timestamps)

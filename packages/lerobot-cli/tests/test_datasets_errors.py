@@ -1,0 +1,120 @@
+"""Bad data fails at once with one DatasetError line that names the file and what would be valid."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from lerobot_cli.datasets import DatasetError, LeRobotDataset
+
+DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
+CAMERA = "observation.images.top"
+FIRST_DATA = "data/chunk-000/file-000.parquet"
+FIRST_VIDEO = f"videos/{CAMERA}/chunk-000/file-000.mp4"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(DEMO, tmp_path / "demo_reach"))
+
+
+def _edit_json(path: Path, edit: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=4))
+
+
+def _error(root: Path, **kwargs) -> str:
+    with pytest.raises(DatasetError) as caught:
+        LeRobotDataset(root, **kwargs)
+    message = str(caught.value)
+    assert isinstance(caught.value, ValueError) and "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "relative", ["meta/info.json", "meta/stats.json", "meta/tasks.parquet", FIRST_DATA, FIRST_VIDEO]
+)
+def test_missing_file_is_named(root: Path, relative: str) -> None:
+    (root / relative).unlink()
+    message = _error(root)
+    assert "missing file" in message and str(root / relative) in message
+
+
+def test_missing_episode_metadata(root: Path) -> None:
+    shutil.rmtree(root / "meta/episodes")
+    assert "meta/episodes" in _error(root)
+
+
+def test_feature_absent_from_parquet_names_file_and_column(root: Path) -> None:
+    path = root / FIRST_DATA
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["action"]), path)
+    message = _error(root)
+    assert str(path) in message and "'action'" in message and "meta/info.json" in message
+
+
+def test_vector_shape_mismatch(root: Path) -> None:
+    _edit_json(root / "meta/info.json", lambda info: info["features"]["action"].update(shape=[3]))
+    message = _error(root)
+    assert (
+        "shape mismatch" in message and "'action'" in message and "data/chunk-000/file-000.parquet" in message
+    )
+
+
+def test_video_shape_mismatch(root: Path) -> None:
+    _edit_json(root / "meta/info.json", lambda info: info["features"][CAMERA].update(shape=[48, 64, 3]))
+    message = _error(root)
+    assert "shape mismatch" in message and FIRST_VIDEO in message and "64x64" in message
+
+
+@pytest.mark.parametrize("version", ["v2.1", "v4.0", None])
+def test_unsupported_codebase_version_says_which_are_supported(root: Path, version: str | None) -> None:
+    _edit_json(root / "meta/info.json", lambda info: info.update(codebase_version=version))
+    message = _error(root)
+    assert "meta/info.json" in message and repr(version) in message and "supported versions: v3.0" in message
+    if version == "v2.1":
+        assert "convert_dataset_v21_to_v30" in message
+
+
+def test_timestamp_drift_names_the_video(root: Path) -> None:
+    path = next((root / "meta/episodes").glob("*/*.parquet"))
+    table = pq.read_table(path)
+    column = f"videos/{CAMERA}/from_timestamp"
+    shifted = pa.array([t + 0.04 for t in table[column].to_pylist()])  # 0.4 frame at 10 fps
+    pq.write_table(table.set_column(table.schema.get_field_index(column), column, shifted), path)
+    dataset = LeRobotDataset(root)  # metadata itself is consistent; the frames are not where it says
+    with pytest.raises(DatasetError, match=r"no frame within 0.0001 s") as caught:
+        dataset[3]
+    assert FIRST_VIDEO in str(caught.value) and "from_timestamp" in str(caught.value)
+
+
+def test_rows_that_disagree_with_episode_ranges(root: Path) -> None:
+    path = next((root / "meta/episodes").glob("*/*.parquet"))
+    table = pq.read_table(path)
+    lengths = table["length"].to_pylist()
+    lengths[0] -= 1
+    ends = table["dataset_to_index"].to_pylist()
+    ends[0] -= 1
+    table = table.set_column(table.schema.get_field_index("length"), "length", pa.array(lengths))
+    table = table.set_column(
+        table.schema.get_field_index("dataset_to_index"), "dataset_to_index", pa.array(ends)
+    )
+    pq.write_table(table, path)
+    message = _error(root)
+    assert str(root / FIRST_DATA) in message and "do not match meta/episodes" in message
+
+
+def test_delta_timestamps_must_fit_fps_and_features(root: Path) -> None:
+    assert "multiples of 1/fps" in _error(root, delta_timestamps={"action": [0.0, 0.05]})
+    assert "'nope' is not a feature" in _error(root, delta_timestamps={"nope": [0.0]})
+
+
+def test_corrupt_parquet_is_named(root: Path) -> None:
+    (root / FIRST_DATA).write_bytes(b"not parquet")
+    assert str(root / FIRST_DATA) in _error(root)
