@@ -1,0 +1,144 @@
+"""Policy configs to and from LeRobot's ``config.json`` shape, with cattrs (torch-free).
+
+A policy config unstructures to a flat dict whose first key is ``"type"`` (the registry name), followed
+by every attrs field; features become ``{"type": "STATE", "shape": [..]}`` and enums their values — the
+shape LeRobot's draccus writes, so files cross between the two projects. Structuring against the base
+``PolicyConfig`` picks the concrete class from ``"type"`` through the registry. Keys the class does not
+have (LeRobot grows fields such as ``use_peft``) are dropped with an ``UnknownConfigKeysWarning``
+instead of failing, since refusing a LeRobot checkpoint over a flag we do not use helps nobody.
+
+``configure_converter`` installs these hooks on any converter, so the CLI's ``train_config.json``
+converter handles ``policy: PolicyConfig | None`` the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+
+from lerobot_cli.policies import registry
+from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.features import PolicyFeature
+
+CONFIG_NAME = "config.json"
+
+
+class UnknownConfigKeysWarning(UserWarning):
+    """A config file carried keys that the config class does not define; they were ignored."""
+
+
+def _is_policy_config(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, PolicyConfig)
+
+
+def _unstructure_feature(feature: PolicyFeature) -> dict[str, Any]:
+    return {"type": feature.type.value, "shape": list(feature.shape)}
+
+
+def _structure_feature(data: Any, _: type) -> PolicyFeature:
+    if isinstance(data, PolicyFeature):
+        return data
+    if not isinstance(data, Mapping) or "type" not in data or "shape" not in data:
+        raise ValueError(f"a policy feature must look like {{'type': 'STATE', 'shape': [6]}}, got {data!r}")
+    return PolicyFeature(type=data["type"], shape=data["shape"])
+
+
+def _policy_unstructurer(converter: cattrs.Converter) -> Callable[[PolicyConfig], dict[str, Any]]:
+    per_class: dict[type, Callable[[Any], dict[str, Any]]] = {}
+
+    def unstructure(config: PolicyConfig) -> dict[str, Any]:
+        # Dispatch on the runtime class: a field typed PolicyConfig holds a subclass.
+        cls = type(config)
+        if cls not in per_class:
+            per_class[cls] = make_dict_unstructure_fn(cls, converter)
+        return {"type": cls.type, **per_class[cls](config)}
+
+    return unstructure
+
+
+def _policy_structurer(converter: cattrs.Converter) -> Callable[[Any, type], PolicyConfig]:
+    per_class: dict[type, Callable[[Mapping[str, Any], type], Any]] = {}
+
+    def structure(data: Any, cls: type) -> PolicyConfig:
+        if isinstance(data, PolicyConfig):
+            return data
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a policy config must be a JSON object, got {type(data).__name__}")
+        name = data.get("type")
+        if cls is PolicyConfig or not cls.type:
+            if not name:
+                raise ValueError("a policy config needs a 'type' key naming the policy (e.g. \"act\")")
+            cls = registry.config_class(name)
+        elif name is not None and name != cls.type:
+            raise ValueError(f"config has type {name!r} but {cls.__name__} expects {cls.type!r}")
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = sorted(set(data) - known - {"type"})
+        if unknown:
+            warnings.warn(
+                f"{cls.type} policy config: ignoring keys it does not define: {', '.join(unknown)}",
+                UnknownConfigKeysWarning,
+                stacklevel=3,
+            )
+        if cls not in per_class:
+            per_class[cls] = make_dict_structure_fn(cls, converter)
+        return per_class[cls]({k: v for k, v in data.items() if k in known}, cls)
+
+    return structure
+
+
+def configure_converter(converter: cattrs.Converter) -> cattrs.Converter:
+    """Install the PolicyFeature and polymorphic PolicyConfig hooks on ``converter`` and return it."""
+    converter.register_unstructure_hook(PolicyFeature, _unstructure_feature)
+    converter.register_structure_hook(PolicyFeature, _structure_feature)
+    unstructure = _policy_unstructurer(converter)
+    structure = _policy_structurer(converter)
+    converter.register_unstructure_hook_factory(_is_policy_config, lambda _cls: unstructure)
+    converter.register_structure_hook_factory(_is_policy_config, lambda _cls: structure)
+    return converter
+
+
+# detailed_validation=False: a config's own ValueError (naming the --policy.* flag) reaches the user as is.
+converter: cattrs.Converter = configure_converter(cattrs.Converter(detailed_validation=False))
+
+
+def policy_config_to_dict(config: PolicyConfig) -> dict[str, Any]:
+    """The JSON-ready dict of ``config``: ``"type"`` first, then every field."""
+    return converter.unstructure(config, unstructure_as=PolicyConfig)
+
+
+def policy_config_from_dict(data: Mapping[str, Any], cls: type[PolicyConfig] = PolicyConfig) -> PolicyConfig:
+    """Build a validated config; ``cls`` defaults to the base, so ``data["type"]`` decides the class."""
+    return converter.structure(data, cls)
+
+
+def _config_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path / CONFIG_NAME if path.is_dir() else path
+
+
+def save_policy_config(config: PolicyConfig, path: str | Path) -> Path:
+    """Write ``config.json`` (``path`` is a directory or the file itself); returns the file written."""
+    path = Path(path)
+    file = path / CONFIG_NAME if path.suffix != ".json" else path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(policy_config_to_dict(config), indent=4) + "\n")
+    return file
+
+
+def load_policy_config(path: str | Path) -> PolicyConfig:
+    """Read a policy ``config.json`` (ours or LeRobot's) from a directory or the file itself."""
+    file = _config_file(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no policy config at {file}")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{file} is not valid JSON: {exc}") from None
+    return policy_config_from_dict(data)

@@ -1,0 +1,111 @@
+"""An ordered list of processor steps, saved as ``<name>.json`` + one safetensors file per stateful step.
+
+File format (LeRobot's): ``{"name": ..., "steps": [{"registry_name": ..., "config": {...},
+"state_file": "<name>_step_<i>_<registry_name>.safetensors"}, ...]}``; ``state_file`` only for steps
+with state. Loading resolves ``registry_name`` through ``STEP_REGISTRY`` and fails on names it does not
+know, since silently skipping a step (say, a normaliser) would feed a policy garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from lerobot_cli.processors.steps import STEP_REGISTRY, Batch, ProcessorStep
+
+
+class ProcessorPipeline:
+    def __init__(self, steps: Sequence[ProcessorStep], name: str) -> None:
+        self.steps = list(steps)
+        self.name = name
+
+    def __call__(self, data: Batch | Tensor) -> Batch | Tensor:
+        """Run the steps on a batch dict; a bare tensor is treated as the ``action`` and returned as one."""
+        if isinstance(data, Tensor):
+            return self({"action": data})["action"]
+        batch = dict(data)
+        for step in self.steps:
+            batch = step(batch)
+        return batch
+
+    def __repr__(self) -> str:
+        return f"ProcessorPipeline(name={self.name!r}, steps=[{', '.join(s.registry_name for s in self.steps)}])"
+
+    def step(self, registry_name: str) -> ProcessorStep:
+        """The first step with this registry name (e.g. to swap a normaliser's statistics)."""
+        for s in self.steps:
+            if s.registry_name == registry_name:
+                return s
+        raise KeyError(f"{self.name} has no {registry_name!r} step ({self!r})")
+
+    def to(self, device: str | torch.device) -> ProcessorPipeline:
+        for s in self.steps:
+            s.to(device)
+        return self
+
+    @property
+    def config_filename(self) -> str:
+        return f"{self._file_stem()}.json"
+
+    def _file_stem(self) -> str:
+        return re.sub(r"[^a-zA-Z0-9_]", "_", self.name.lower())
+
+    def state_filename(self, index: int) -> str:
+        return f"{self._file_stem()}_step_{index}_{self.steps[index].registry_name}.safetensors"
+
+    def get_config(self) -> dict[str, Any]:
+        entries = []
+        for i, s in enumerate(self.steps):
+            entry: dict[str, Any] = {"registry_name": s.registry_name, "config": s.get_config()}
+            if s.state_dict():
+                entry["state_file"] = self.state_filename(i)
+            entries.append(entry)
+        return {"name": self.name, "steps": entries}
+
+    def save_pretrained(self, directory: str | Path) -> list[Path]:
+        """Write the JSON and the state files into ``directory``; returns the paths written."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = self.get_config()
+        written = []
+        for i, s in enumerate(self.steps):
+            state = s.state_dict()
+            if state:
+                path = directory / config["steps"][i]["state_file"]
+                save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+                written.append(path)
+        path = directory / self.config_filename
+        path.write_text(json.dumps(config, indent=2))  # byte-equal to LeRobot's file
+        return [path, *written]
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, config_filename: str) -> ProcessorPipeline:
+        """Load ``directory/config_filename`` and the state files it names."""
+        directory = Path(directory)
+        path = directory / config_filename
+        if not path.is_file():
+            raise FileNotFoundError(f"no processor pipeline at {path}")
+        config = json.loads(path.read_text())
+        steps = []
+        for i, entry in enumerate(config.get("steps", [])):
+            name = entry.get("registry_name")
+            if name not in STEP_REGISTRY:
+                raise ValueError(
+                    f"{path}: step {i} is {name or entry.get('class')!r}, which this trainer does not implement "
+                    f"(known: {', '.join(sorted(STEP_REGISTRY))})"
+                )
+            step = STEP_REGISTRY[name].from_config(entry.get("config", {}))
+            if entry.get("state_file"):
+                state_path = directory / entry["state_file"]
+                if not state_path.is_file():
+                    raise FileNotFoundError(f"{path}: step {i} ({name}) needs {state_path}, which is missing")
+                step.load_state_dict(load_file(str(state_path)))
+            steps.append(step)
+        return cls(steps, name=config.get("name", path.stem))
