@@ -183,3 +183,12 @@ def test_finalized_defaults():
     cfg = build("--policy.type=mlp", "--dataset.repo_id=lerobot/demo").finalized(dt.datetime(2026, 1, 2, 3, 4, 5))
     assert cfg.job_name == "lerobot_demo_mlp"
     assert cfg.output_dir == "outputs/train/2026-01-02/03-04-05_lerobot_demo_mlp"
+
+
+def test_unknown_policy_key_in_train_config_is_an_error(tmp_path):
+    data = configio.unstructure_train_config(build("--policy.type=mlp"))
+    data["policy"]["hiden_dim"] = 3
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"unknown key\(s\) policy.hiden_dim"):
+        build(f"--config_path={path}")

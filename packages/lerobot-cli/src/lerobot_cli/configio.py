@@ -1,9 +1,9 @@
 """cattrs at the JSON edge: ``train_config.json`` and policy ``config.json`` (torch-free).
 
-One converter knows every section; policies are polymorphic by their ``type`` key, looked up
-in the registry. Train configs are strict (unknown keys are errors: a typo must not silently
-become a default); policy configs written by other LeRobot versions are read leniently, the
-keys we do not know are reported to the caller instead.
+One converter knows every section; policies are polymorphic by their ``type`` key (the hooks of
+``policies.serialization``). Train configs are strict: unknown keys are errors, since a typo must not
+silently become a default. Policy ``config.json`` files from other LeRobot versions are read leniently
+by ``policies.serialization.load_policy_config``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
-from cattrs.gen import make_dict_structure_fn
 
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.serialization import configure_converter
 
 TRAIN_CONFIG_NAME = "train_config.json"
 POLICY_CONFIG_NAME = "config.json"
@@ -27,34 +27,6 @@ POLICY_CONFIG_NAME = "config.json"
 
 class ConfigFileError(ValueError):
     """A config file (or dict) that cannot become a config; the message names the file and key."""
-
-
-def _is_policy_config(t: Any) -> bool:
-    return isinstance(t, type) and issubclass(t, PolicyConfig)
-
-
-def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-    structure_fns: dict[type, Any] = {}
-
-    def unstructure_policy(obj: PolicyConfig) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": type(obj).type}
-        for a in attrs.fields(resolve_all_types(type(obj))):
-            out[a.name] = conv.unstructure(getattr(obj, a.name), unstructure_as=a.type)
-        return out
-
-    def structure_policy(data: Any, _: type) -> PolicyConfig:
-        if not isinstance(data, dict) or "type" not in data:
-            raise ConfigFileError("policy: expected a JSON object with a 'type' key")
-        cls = resolve_all_types(registry.config_class(data["type"]))
-        fields = {k: v for k, v in data.items() if k != "type"}
-        if cls not in structure_fns:
-            structure_fns[cls] = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)
-        return structure_fns[cls](fields, cls)
-
-    conv.register_unstructure_hook_func(_is_policy_config, unstructure_policy)
-    conv.register_structure_hook_func(_is_policy_config, structure_policy)
-    return conv
 
 
 def resolve_all_types(cls: type) -> type:
@@ -71,7 +43,7 @@ def resolve_all_types(cls: type) -> type:
     return cls
 
 
-converter = _make_converter()
+converter = configure_converter(cattrs.Converter(forbid_extra_keys=True), strict=True)
 resolve_all_types(TrainConfig)
 
 
@@ -145,18 +117,6 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 def load_train_config(path: Path) -> TrainConfig:
     return structure_train_config(read_json(path, "--config_path"), f"--config_path {path}")
-
-
-def split_policy_dict(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
-    """Keep the keys the policy's config class knows; return the others so the caller can warn.
-
-    LeRobot adds fields between versions; a config.json from a newer LeRobot must still load.
-    """
-    if "type" not in data:
-        raise ConfigFileError(f"{source}: no 'type' key, so the policy class is unknown")
-    cls = resolve_all_types(registry.config_class(data["type"]))
-    known = {a.name for a in attrs.fields(cls)} | {"type"}
-    return {k: v for k, v in data.items() if k in known}, sorted(k for k in data if k not in known)
 
 
 def structure_policy_config(data: dict[str, Any], source: str) -> PolicyConfig:

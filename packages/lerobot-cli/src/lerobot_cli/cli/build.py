@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import difflib
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 
 from lerobot_cli import configio
 from lerobot_cli.cli.errors import UsageError
@@ -23,6 +25,7 @@ from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.serialization import UnknownConfigKeysWarning, load_policy_config
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +76,20 @@ def _set(tree: dict[str, Any], path: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _load_policy(path_flag: str, warnings: list[str]) -> dict[str, Any]:
+def _load_policy(path_flag: str, messages: list[str]) -> dict[str, Any]:
     directory = resolve_policy_dir(path_flag)
-    source = f"--policy.path {directory / configio.POLICY_CONFIG_NAME}"
-    data = configio.read_json(directory / configio.POLICY_CONFIG_NAME, "--policy.path config")
-    kept, unknown = configio.split_policy_dict(data, source)
-    if unknown:
-        warnings.append(f"{source}: ignoring keys this version does not know: {', '.join(unknown)}")
-    kept["pretrained_path"] = str(directory)
-    return kept
+    file = directory / configio.POLICY_CONFIG_NAME
+    configio.read_json(file, "--policy.path config")  # missing / not JSON → one sentence naming the file
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownConfigKeysWarning)
+        try:
+            policy = load_policy_config(file)
+        except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
+            raise UsageError(f"--policy.path {file}: {exc}") from None
+    messages += [f"--policy.path {file}: {w.message}" for w in caught if issubclass(w.category, UnknownConfigKeysWarning)]
+    data = configio.unstructure_policy_config(policy)
+    data["pretrained_path"] = str(directory)
+    return data
 
 
 def _structure(tree: dict[str, Any], source: str) -> TrainConfig:
@@ -93,7 +101,7 @@ def _structure(tree: dict[str, Any], source: str) -> TrainConfig:
 
 def build_train_config(flags: dict[str, str]) -> BuildResult:
     flags = dict(flags)
-    warnings: list[str] = []
+    messages: list[str] = []
     config_path = None
     if "config_path" in flags:
         config_path = resolve_config_path(flags.pop("config_path"))
@@ -111,7 +119,7 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
                          "from a pretrained policy, or --policy.type alone to start from scratch")
     try:
         if ppath is not None:
-            tree["policy"] = _load_policy(ppath, warnings)
+            tree["policy"] = _load_policy(ppath, messages)
         elif ptype is not None:
             registry.config_class(ptype)
             if not (tree.get("policy") and tree["policy"].get("type") == ptype):
@@ -140,4 +148,4 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
     for name, value in values.items():
         if not name.startswith("policy."):
             _set(tree, name, value)
-    return BuildResult(_structure(tree, source), config_path, tuple(warnings))
+    return BuildResult(_structure(tree, source), config_path, tuple(messages))

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
 from lerobot_cli.policies import registry
@@ -63,7 +64,7 @@ def _policy_unstructurer(converter: cattrs.Converter) -> Callable[[PolicyConfig]
     return unstructure
 
 
-def _policy_structurer(converter: cattrs.Converter) -> Callable[[Any, type], PolicyConfig]:
+def _policy_structurer(converter: cattrs.Converter, strict: bool) -> Callable[[Any, type], PolicyConfig]:
     per_class: dict[type, Callable[[Mapping[str, Any], type], Any]] = {}
 
     def structure(data: Any, cls: type) -> PolicyConfig:
@@ -80,6 +81,8 @@ def _policy_structurer(converter: cattrs.Converter) -> Callable[[Any, type], Pol
             raise ValueError(f"config has type {name!r} but {cls.__name__} expects {cls.type!r}")
         known = {a.name for a in attrs.fields(cls)}
         unknown = sorted(set(data) - known - {"type"})
+        if unknown and strict:
+            raise ForbiddenExtraKeysError("", cls, set(unknown))
         if unknown:
             warnings.warn(
                 f"{cls.type} policy config: ignoring keys it does not define: {', '.join(unknown)}",
@@ -93,12 +96,16 @@ def _policy_structurer(converter: cattrs.Converter) -> Callable[[Any, type], Pol
     return structure
 
 
-def configure_converter(converter: cattrs.Converter) -> cattrs.Converter:
-    """Install the PolicyFeature and polymorphic PolicyConfig hooks on ``converter`` and return it."""
+def configure_converter(converter: cattrs.Converter, *, strict: bool = False) -> cattrs.Converter:
+    """Install the PolicyFeature and polymorphic PolicyConfig hooks on ``converter`` and return it.
+
+    ``strict=True`` makes unknown policy keys an error (our own ``train_config.json``: a typo must not
+    become a silent default) instead of the warning used for ``config.json`` files from other versions.
+    """
     converter.register_unstructure_hook(PolicyFeature, _unstructure_feature)
     converter.register_structure_hook(PolicyFeature, _structure_feature)
     unstructure = _policy_unstructurer(converter)
-    structure = _policy_structurer(converter)
+    structure = _policy_structurer(converter, strict)
     converter.register_unstructure_hook_factory(_is_policy_config, lambda _cls: unstructure)
     converter.register_structure_hook_factory(_is_policy_config, lambda _cls: structure)
     return converter

@@ -1,0 +1,53 @@
+"""torch optimizer and LR scheduler from their configs.
+
+The scheduler is a ``LambdaLR`` stepped once per loop step (never per optimizer update and never
+scaled by the number of processes), so its ``state_dict`` is a plain step counter that resumes anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+
+
+def build_optimizer(cfg: OptimizerConfig, params: Iterable[Any]) -> torch.optim.Optimizer:
+    params = list(params)
+    if cfg.type == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.type == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.type == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    raise ValueError(f"--optimizer.type: invalid choice {cfg.type!r}")
+
+
+def lr_factor(cfg: SchedulerConfig, base_lr: float, total_steps: int):
+    """Multiplier of ``base_lr`` at a step: linear warm-up to peak, then constant or cosine to decay_lr."""
+    peak = cfg.peak_lr if cfg.peak_lr is not None else base_lr
+    decay_steps = cfg.num_decay_steps if cfg.num_decay_steps is not None else total_steps
+    scale = peak / base_lr if base_lr > 0 else 0.0
+    floor = cfg.decay_lr / base_lr if base_lr > 0 else 0.0
+
+    def factor(step: int) -> float:
+        if cfg.num_warmup_steps and step < cfg.num_warmup_steps:
+            return scale * (step + 1) / cfg.num_warmup_steps
+        if cfg.type == "constant_with_warmup":
+            return scale
+        progress = min(1.0, (step - cfg.num_warmup_steps) / max(1, decay_steps - cfg.num_warmup_steps))
+        return floor + (scale - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_scheduler(
+    cfg: SchedulerConfig | None, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    if cfg is None:
+        return None
+    factors = [lr_factor(cfg, group["lr"], total_steps) for group in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factors)
