@@ -1,0 +1,97 @@
+"""The few collectives a save needs, and the rule that keeps ranks from waiting on a dead peer.
+
+Every rank calls the same collectives in the same order whatever happened locally: a rank that
+failed still joins the next collective carrying an error flag, instead of raising and leaving the
+others blocked until the process-group timeout. Works without a process group too (one process),
+so a trainer that never initialises ``torch.distributed`` uses the same code path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from attrs import define
+
+from lerobot_ckpt.errors import CheckpointError, CheckpointSaveError, CheckpointWriteError
+
+_ERROR_CLASSES: dict[str, type[CheckpointSaveError]] = {
+    "write": CheckpointWriteError,
+    "save": CheckpointSaveError,
+}
+
+
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _flag_device() -> torch.device:
+    """NCCL only moves CUDA tensors; every other backend takes CPU ones."""
+    backend = str(dist.get_backend()).lower()
+    if "nccl" in backend and "gloo" not in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def describe(error: BaseException) -> str:
+    """One line for any exception: ours already read well, others get their type name prefixed."""
+    if isinstance(error, CheckpointError):
+        return str(error)
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+@define(frozen=True)
+class Collective:
+    """The default process group as seen by one rank (or a lone process when none is initialised)."""
+
+    rank: int
+    world_size: int
+    distributed: bool
+
+    @classmethod
+    def current(cls) -> Collective:
+        if _initialized():
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True)
+        return cls(rank=0, world_size=1, distributed=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def agree(self, error: CheckpointSaveError | None) -> None:
+        """Raise the same error on every rank if any rank failed; also a barrier when none did.
+
+        One tiny all-reduce carries "the lowest failing rank" (encoded so that MAX finds it); only
+        on failure does that rank broadcast its message. A rank whose own error is not the one
+        chosen still raises the agreed error, chained to its own.
+        """
+        if not self.distributed:
+            if error is not None:
+                raise error
+            return
+        flag = torch.tensor([self.world_size - self.rank if error is not None else 0], dtype=torch.int64)
+        flag = flag.to(_flag_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        value = int(flag.item())
+        if value == 0:
+            return
+        failed = self.world_size - value
+        payload: list[Any] = [None]
+        if self.rank == failed:
+            kind = "write" if isinstance(error, CheckpointWriteError) else "save"
+            payload = [(kind, str(error))]
+        dist.broadcast_object_list(payload, src=failed)
+        kind, message = payload[0]
+        if self.rank == failed and error is not None:
+            raise error
+        agreed = _ERROR_CLASSES[kind](message)
+        raise agreed from error

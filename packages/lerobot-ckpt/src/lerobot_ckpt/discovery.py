@@ -1,0 +1,121 @@
+"""Finding checkpoints on disk: step directories, the ``last`` pointer, and user-given resume paths.
+
+Readers trust only names: a directory called like a step (``005000``) appears in ``checkpoints/``
+solely through the atomic rename at the end of a save, so it is complete. Dot-prefixed leftovers
+of an interrupted save are never returned. ``last`` is authoritative over "highest step number":
+a run resumed from an older checkpoint may leave newer, abandoned step directories behind.
+Torch-free, so a CLI can resolve ``--config_path`` before importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lerobot_ckpt.errors import CheckpointNotFoundError
+from lerobot_ckpt.layout import (
+    CHECKPOINTS_DIR,
+    LAST_LINK,
+    PRETRAINED_MODEL_DIR,
+    TRAINING_STATE_DIR,
+    checkpoints_dir,
+    parse_step_dir_name,
+)
+
+
+def list_checkpoints(checkpoints: Path | str) -> list[Path]:
+    """Step directories in ``checkpoints/``, oldest step first (numeric order, not name order)."""
+    root = Path(checkpoints)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        step = parse_step_dir_name(entry.name)
+        if step is not None and not entry.is_symlink() and entry.is_dir():
+            found.append((step, entry))
+    return [path for _, path in sorted(found)]
+
+
+def read_last(checkpoints: Path | str) -> Path | None:
+    """Where ``checkpoints/last`` points, or None when there is no usable pointer.
+
+    A dangling pointer only occurs on file systems without atomic directory exchange (see
+    :mod:`lerobot_ckpt.fsio`) when a save replacing that very step was killed; callers fall back to
+    the newest step directory.
+    """
+    link = Path(checkpoints) / LAST_LINK
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        resolved = target if target.is_absolute() else link.parent / target
+        return resolved if resolved.is_dir() else None
+    # A real directory named `last` (a copy made with `cp -L`) is still a checkpoint.
+    return link if link.is_dir() else None
+
+
+def resolve_last(checkpoints: Path | str) -> Path:
+    """``checkpoints/last`` as a step directory, with an error that says what to do otherwise."""
+    root = Path(checkpoints)
+    target = read_last(root)
+    if target is not None:
+        return target
+    steps = list_checkpoints(root)
+    hint = f"; the newest step directory is {steps[-1]}" if steps else ""
+    link = root / LAST_LINK
+    if link.is_symlink():
+        raise CheckpointNotFoundError(
+            f"{link} points to {os.readlink(link)}, which does not exist (a save was interrupted){hint}"
+        )
+    raise CheckpointNotFoundError(f"{link} does not exist: no checkpoint has been committed in {root}{hint}")
+
+
+def latest_checkpoint(output_dir: Path | str) -> Path | None:
+    """The checkpoint a resumed run should continue from: ``last``, else the highest step, else None."""
+    root = checkpoints_dir(output_dir)
+    target = read_last(root)
+    if target is not None:
+        return target
+    steps = list_checkpoints(root)
+    return steps[-1] if steps else None
+
+
+def _is_step_dir(path: Path) -> bool:
+    return (path / TRAINING_STATE_DIR).is_dir() or (path / PRETRAINED_MODEL_DIR).is_dir()
+
+
+def resolve_checkpoint_dir(path: Path | str) -> Path:
+    """The step directory meant by a user-given path.
+
+    Accepts ``…/pretrained_model/train_config.json`` (what ``--config_path`` names), any file in
+    ``pretrained_model/``, ``pretrained_model/`` itself, the step directory, ``checkpoints/last``,
+    ``checkpoints/`` or the run's output directory (both meaning "the latest"). Symlinks are
+    resolved, so the result names the real step directory, never ``last``. It does not check that
+    the checkpoint is resumable: loading does that and says what is missing.
+    """
+    given = Path(path).expanduser()
+    if not given.exists() and not given.is_symlink():
+        raise CheckpointNotFoundError(f"{given} does not exist")
+    if given.is_symlink() and not given.exists():
+        raise CheckpointNotFoundError(f"{given} is a symlink to {os.readlink(given)}, which does not exist")
+    real = given.resolve()
+    if real.is_file():
+        if real.parent.name == PRETRAINED_MODEL_DIR:
+            return real.parent.parent
+        raise CheckpointNotFoundError(
+            f"{given} is a file outside a checkpoint's {PRETRAINED_MODEL_DIR}/: pass the step directory, "
+            f"{PRETRAINED_MODEL_DIR}/train_config.json or checkpoints/last"
+        )
+    if real.name == PRETRAINED_MODEL_DIR and not (real / TRAINING_STATE_DIR).is_dir():
+        return real.parent
+    if _is_step_dir(real):
+        return real
+    for checkpoints in (real / CHECKPOINTS_DIR, real):
+        named = checkpoints.name == CHECKPOINTS_DIR or (checkpoints / LAST_LINK).is_symlink()
+        if named and checkpoints.is_dir():
+            latest = read_last(checkpoints) or next(reversed(list_checkpoints(checkpoints)), None)
+            if latest is None:
+                resolve_last(checkpoints)  # raises with the reason (no pointer, or a dangling one)
+            return latest.resolve()
+    raise CheckpointNotFoundError(
+        f"{given} is not a checkpoint: expected a step directory (with {TRAINING_STATE_DIR}/ and "
+        f"{PRETRAINED_MODEL_DIR}/), its {PRETRAINED_MODEL_DIR}/train_config.json, or checkpoints/last"
+    )

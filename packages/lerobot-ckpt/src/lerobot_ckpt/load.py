@@ -1,0 +1,177 @@
+"""Resume: read a checkpoint completely, check it against the live objects, then apply it.
+
+All-or-nothing by construction: every file is located, read and validated (weights against the
+model, optimizer state against its param groups, JSON states against their objects) before the
+first ``load_state_dict``. So any :class:`CheckpointError` leaves the model, optimizer, scheduler,
+scaler and RNGs exactly as they were. Loading needs no collective in non-sharded runs: each rank
+reads the same files and restores its own RNG state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from attrs import define
+from torch import nn
+
+from lerobot_ckpt import jsonstate, rng_state
+from lerobot_ckpt.collective import Collective
+from lerobot_ckpt.discovery import resolve_checkpoint_dir
+from lerobot_ckpt.errors import (
+    CheckpointConfigError,
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    StateMismatchError,
+    UnsupportedCheckpointError,
+)
+from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.model_state import apply_weights, few, read_checked_weights
+from lerobot_ckpt.optimizer_state import apply_optimizer, read_optimizer
+from lerobot_ckpt.record import TrainingStepRecord, read_record
+from lerobot_ckpt.tensorfile import read_tensors
+
+ApplyAdapter = Callable[[dict[str, torch.Tensor]], None]
+
+
+@define(frozen=True)
+class ResumeState:
+    """What a resumed trainer needs besides the restored objects."""
+
+    checkpoint_dir: Path
+    record: TrainingStepRecord
+    rng_restored: bool  # False when the checkpoint has no state for this rank (it ran on fewer ranks)
+    scaler_restored: bool  # False when the saved run was not fp16 (the scaler starts fresh)
+
+    @property
+    def step(self) -> int:
+        return self.record.step
+
+    @property
+    def sampler_state(self) -> dict[str, Any]:
+        return self.record.sampler
+
+
+def read_training_step(checkpoint: Path | str) -> TrainingStepRecord:
+    """The record of the checkpoint a user path names (see ``resolve_checkpoint_dir``); torch-free."""
+    return read_record(CheckpointPaths(resolve_checkpoint_dir(checkpoint)))
+
+
+def _enabled(scaler: Any) -> bool:
+    return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
+
+
+def _required_files(paths: CheckpointPaths, record: TrainingStepRecord, *, model, apply_adapter, optimizer,
+                    scheduler, scaler, restore_rng) -> list[Path]:
+    art, files = record.artifacts, []
+    dcp_only = (
+        f"{paths.root} holds its {{}} as DCP shards only, which this version of lerobot-ckpt cannot resume "
+        "into a non-sharded run; convert them first with `lerobot-convert-dcp`"
+    )
+    if art.peft_adapter:
+        if model is not None and apply_adapter is None:
+            raise CheckpointConfigError(
+                f"{paths.root} holds a PEFT adapter, not full weights: pass apply_adapter= to load it"
+            )
+        if apply_adapter is not None:
+            files.append(paths.adapter_weights)
+    elif apply_adapter is not None:
+        raise CheckpointConfigError(f"apply_adapter was given but {paths.root} holds no PEFT adapter")
+    elif model is not None:
+        if art.model_safetensors:
+            files.append(paths.model_weights)
+        elif art.model_dcp:
+            raise UnsupportedCheckpointError(dcp_only.format("weights"))
+        else:
+            raise CorruptCheckpointError(paths.training_step, "it records no model weights")
+    if optimizer is not None:
+        if art.optimizer_single_file:
+            files += [paths.optimizer_state, paths.optimizer_param_groups]
+        elif art.optimizer_dcp:
+            raise UnsupportedCheckpointError(dcp_only.format("optimizer state"))
+        else:
+            raise MissingCheckpointFileError(paths.optimizer_state, "the run was saved without optimizer state")
+    if scheduler is not None:
+        if not art.scheduler:
+            raise MissingCheckpointFileError(paths.scheduler_state, "the run was saved without a scheduler")
+        files.append(paths.scheduler_state)
+    if _enabled(scaler) and (art.scaler or record.mixed_precision == "fp16"):
+        files.append(paths.scaler_state)
+    if restore_rng:
+        files.append(paths.rng_state)
+    return files
+
+
+def _json_state(path: Path, obj: Any, what: str) -> dict[str, Any]:
+    """A saved ``state_dict`` typed like ``obj``'s, refused when its public keys differ (another class)."""
+    saved = jsonstate.read(path)
+    if not isinstance(saved, dict) or not saved:
+        raise CorruptCheckpointError(path, f"expected a non-empty JSON object of {what} state")
+    current = obj.state_dict()
+    def public(keys) -> set[str]:
+        return {k for k in keys if not str(k).startswith("_")}
+
+    missing, extra = public(current) - public(saved), public(saved) - public(current)
+    if missing or extra:
+        raise StateMismatchError(
+            f"{path} does not match this {type(obj).__name__}: "
+            + "; ".join(p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p)
+        )
+    return jsonstate.like(saved, current)
+
+
+def load_checkpoint(
+    checkpoint: Path | str,
+    *,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    scaler: Any | None = None,
+    apply_adapter: ApplyAdapter | None = None,
+    restore_rng: bool = True,
+    rank: int | None = None,
+) -> ResumeState:
+    """Restore what is passed from ``checkpoint`` (any path ``resolve_checkpoint_dir`` accepts).
+
+    Call it after building model, optimizer, scheduler and data pipeline: RNG states are restored
+    last, so construction does not consume the resumed random streams. ``rank`` defaults to this
+    process's rank in ``torch.distributed`` (0 without a process group).
+    """
+    paths = CheckpointPaths(resolve_checkpoint_dir(checkpoint))
+    record = read_record(paths)
+    files = _required_files(paths, record, model=model, apply_adapter=apply_adapter, optimizer=optimizer,
+                            scheduler=scheduler, scaler=scaler, restore_rng=restore_rng)
+    missing = [p for p in files if not p.is_file()]
+    if missing:
+        others = f"also missing: {', '.join(p.name for p in missing[1:])}" if len(missing) > 1 else ""
+        raise MissingCheckpointFileError(missing[0], others)
+
+    rank = Collective.current().rank if rank is None else rank
+    weights = read_checked_weights(paths.model_weights, model) if paths.model_weights in files else None
+    adapter = read_tensors(paths.adapter_weights)[0] if paths.adapter_weights in files else None
+    optim_sd = read_optimizer(paths, optimizer) if optimizer is not None else None
+    sched_sd = _json_state(paths.scheduler_state, scheduler, "scheduler") if scheduler is not None else None
+    scaler_sd = _json_state(paths.scaler_state, scaler, "scaler") if paths.scaler_state in files else None
+    rng = None
+    if restore_rng:
+        flat = read_tensors(paths.rng_state)[0]
+        rng = rng_state.unpack(flat, rank)
+        if rng is None and rank == 0:
+            raise CorruptCheckpointError(paths.rng_state, f"missing entries among {', '.join(rng_state.REQUIRED)}")
+
+    if adapter is not None:  # first: the caller's code is the one step that may still refuse
+        apply_adapter(adapter)
+    if weights is not None:
+        apply_weights(model, weights)
+    if optim_sd is not None:
+        apply_optimizer(optimizer, optim_sd)
+    if sched_sd is not None:
+        scheduler.load_state_dict(sched_sd)
+    if scaler_sd is not None:
+        scaler.load_state_dict(scaler_sd)
+    if rng is not None:
+        rng_state.restore(rng)
+    return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=rng is not None,
+                       scaler_restored=scaler_sd is not None)

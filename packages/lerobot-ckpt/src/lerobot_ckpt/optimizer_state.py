@@ -1,0 +1,121 @@
+"""A whole (non-sharded) optimizer ``state_dict`` as one safetensors file plus a JSON file.
+
+Key layout is LeRobot's, so either tool reads the other's files: tensors of ``state`` are
+``state/<param index>/<name>`` in ``optimizer_state.safetensors`` and ``param_groups`` is a JSON list
+in ``optimizer_param_groups.json``. Two additions LeRobot lacks, both invisible to its reader:
+non-tensor per-parameter entries (LBFGS' counters and lists of tensors, a ``None`` momentum buffer)
+go into the safetensors header as JSON under :data:`NON_TENSOR_KEY`, and any tensor found inside
+such an entry or a param group (a tensor ``lr``) is stored as ``nested/<n>`` and referenced from the
+JSON. With those the round trip is exact.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from lerobot_ckpt import jsonstate
+from lerobot_ckpt.errors import CheckpointConfigError, CorruptCheckpointError, OptimizerMismatchError
+from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.model_state import few
+from lerobot_ckpt.tensorfile import read_tensors, write_tensors
+
+NON_TENSOR_KEY = "lerobot_ckpt.non_tensor_state"
+NESTED_PREFIX = "nested/"
+# States that live alongside each parameter with its shape: a shape change means another model.
+PARAM_SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta",
+                "sum", "grad_avg", "exp_inf", "ax", "prev", "mu_product_buffer"}
+
+
+def save_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> None:
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+
+    def store(_where: str, tensor: torch.Tensor) -> str:
+        key = f"{NESTED_PREFIX}{sum(k.startswith(NESTED_PREFIX) for k in tensors)}"
+        tensors[key] = tensor
+        return key
+
+    non_tensor: dict[str, dict[str, Any]] = {}
+    for index, entries in sd["state"].items():
+        for name, value in entries.items():
+            if "/" in str(name):
+                raise CheckpointConfigError(f"optimizer state name {name!r} contains '/'")
+            if isinstance(value, torch.Tensor):
+                tensors[f"state/{index}/{name}"] = value
+            else:
+                non_tensor.setdefault(str(index), {})[name] = jsonstate.to_json(
+                    value, f"optimizer.state.{index}.{name}", store)
+    groups = [jsonstate.to_json(group, f"optimizer.param_groups[{g}]", store)
+              for g, group in enumerate(sd["param_groups"])]
+    metadata = {NON_TENSOR_KEY: json.dumps(non_tensor)} if non_tensor else {}
+    write_tensors(paths.optimizer_state, tensors, metadata)
+    jsonstate.write(paths.optimizer_param_groups, groups, "optimizer.param_groups")
+
+
+def read_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The saved ``state_dict``, typed like ``optimizer``'s own and checked to fit it."""
+    tensors, metadata = read_tensors(paths.optimizer_state)
+    state: dict[int, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "state" and parts[1].isdigit():
+            state.setdefault(int(parts[1]), {})[parts[2]] = tensor
+        elif not key.startswith(NESTED_PREFIX):
+            raise CorruptCheckpointError(paths.optimizer_state, f"unexpected tensor name {key!r}")
+
+    def fetch(ref: Any) -> torch.Tensor:
+        if ref not in tensors:
+            raise CorruptCheckpointError(paths.optimizer_state, f"missing tensor {ref!r}")
+        return tensors[ref]
+
+    try:
+        non_tensor = json.loads(metadata.get(NON_TENSOR_KEY, "{}"))
+        for index, entries in non_tensor.items():
+            state.setdefault(int(index), {}).update(jsonstate.like(entries, None, fetch))
+    except (ValueError, AttributeError) as exc:
+        raise CorruptCheckpointError(paths.optimizer_state, f"bad {NON_TENSOR_KEY} header entry: {exc}") from None
+    raw_groups = jsonstate.read(paths.optimizer_param_groups)
+    if not isinstance(raw_groups, list) or not all(isinstance(g, dict) and "params" in g for g in raw_groups):
+        raise CorruptCheckpointError(paths.optimizer_param_groups, "expected a list of param groups with 'params'")
+    _check_fits(paths, raw_groups, state, optimizer)
+    current = optimizer.state_dict()["param_groups"]
+    groups = [jsonstate.like(group, current[g], fetch) for g, group in enumerate(raw_groups)]
+    return {"state": {i: state[i] for i in sorted(state)}, "param_groups": groups}
+
+
+def _check_fits(paths: CheckpointPaths, groups: list[dict], state: dict[int, dict], optimizer) -> None:
+    """Structure first (groups, params per group), then per-parameter shapes, before any change."""
+    saved_sizes = [len(g["params"]) for g in groups]
+    live_sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if saved_sizes != live_sizes:
+        raise OptimizerMismatchError(
+            f"{paths.optimizer_param_groups} does not match the optimizer: the checkpoint has "
+            f"{len(saved_sizes)} param group(s) of {saved_sizes} parameters, the optimizer "
+            f"{len(live_sizes)} of {live_sizes}"
+        )
+    params = {}
+    for saved, live in zip(groups, optimizer.param_groups, strict=True):
+        params.update(zip(saved["params"], live["params"], strict=True))
+    unknown = set(state) - set(params)
+    if unknown:
+        raise OptimizerMismatchError(
+            f"{paths.optimizer_state} holds state for parameter indices {few(map(str, unknown))} that "
+            "no param group lists"
+        )
+    wrong = [
+        f"param {i} {name} (checkpoint {tuple(v.shape)}, parameter {tuple(params[i].shape)})"
+        for i in sorted(state) for name, v in state[i].items()
+        if name in PARAM_SHAPED and isinstance(v, torch.Tensor) and v.shape != params[i].shape
+    ]
+    if wrong:
+        raise OptimizerMismatchError(
+            f"{paths.optimizer_state} does not match the optimizer's parameters: {len(wrong)} "
+            f"state tensor(s) with another shape: {few(wrong)}"
+        )
+
+
+def apply_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    optimizer.load_state_dict(state_dict)
