@@ -1,5 +1,11 @@
-"""Topology, device mesh and model wrapping for data-parallel training (DDP, FSDP2, HSDP)."""
+"""Topology, device mesh and model wrapping for data-parallel training (DDP, FSDP2, HSDP).
 
+Importing the package does not import torch (a CLI's ``--help`` must stay fast): configs,
+the env guard, launch-env parsing and batch arithmetic are eager; the torch-using names
+(runtime, teardown, wrapping, precision) load on first attribute access.
+"""
+
+from lerobot_parallel.batching import effective_batch_line, effective_batch_size, samples_per_loop_step
 from lerobot_parallel.config import (
     AcceleratorConfig,
     DDPConfig,
@@ -9,15 +15,79 @@ from lerobot_parallel.config import (
     ParallelismConfig,
     ParallelismError,
 )
+from lerobot_parallel.env_guard import (
+    ALLOW_ENV_VAR,
+    AccelerateEnvError,
+    EnvGuardResult,
+    check_accelerate_env,
+    enforce_accelerate_env_guard,
+    guard_message,
+)
+from lerobot_parallel.launch_env import LaunchEnv
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "ParallelRuntime": "lerobot_parallel.runtime",
+    "init_runtime": "lerobot_parallel.runtime",
+    "resolve_device": "lerobot_parallel.runtime",
+    "backend_for": "lerobot_parallel.runtime",
+    "build_mesh": "lerobot_parallel.runtime",
+    "parallel_session": "lerobot_parallel.teardown",
+    "shutdown_process_group": "lerobot_parallel.teardown",
+    "report_rank_failure": "lerobot_parallel.teardown",
+    "wrap_model": "lerobot_parallel.wrap",
+    "unwrap_model": "lerobot_parallel.wrap",
+    "gradient_sync": "lerobot_parallel.wrap",
+    "Precision": "lerobot_parallel.precision",
+    "build_precision": "lerobot_parallel.precision",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lerobot_parallel' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "ALLOW_ENV_VAR",
+    "AccelerateEnvError",
     "AcceleratorConfig",
     "DDPConfig",
+    "EnvGuardResult",
     "FSDPConfig",
     "GradientAccumulationConfig",
+    "LaunchEnv",
     "MixedPrecisionPolicyConfig",
+    "ParallelRuntime",
     "ParallelismConfig",
     "ParallelismError",
+    "Precision",
+    "backend_for",
+    "build_mesh",
+    "build_precision",
+    "check_accelerate_env",
+    "effective_batch_line",
+    "effective_batch_size",
+    "enforce_accelerate_env_guard",
+    "gradient_sync",
+    "guard_message",
+    "init_runtime",
+    "parallel_session",
+    "report_rank_failure",
+    "resolve_device",
+    "samples_per_loop_step",
+    "shutdown_process_group",
+    "unwrap_model",
+    "wrap_model",
 ]

@@ -1,0 +1,89 @@
+"""Clean process-group shutdown on every exit path.
+
+Two failure modes motivate this module:
+
+* A process that leaves without ``destroy_process_group()`` (or right after it) can die with
+  SIGABRT during interpreter finalisation: gloo worker threads still hold work objects whose
+  destruction needs the GIL (pytorch#190489). A successful run then *looks* failed. Destroying
+  the group and sleeping briefly so those threads drain was measured to avoid it.
+* A rank that raises must end the whole job quickly and say which rank failed. The launcher
+  (torchrun's agent) kills the surviving ranks when one exits non-zero, so the failing rank
+  must exit rather than hang in teardown: no barrier here, ever, and ``destroy`` on gloo and
+  nccl is local.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.launch_env import LaunchEnv
+from lerobot_parallel.runtime import ParallelRuntime, init_runtime
+
+DEFAULT_SETTLE_S = 0.5
+
+
+def shutdown_process_group(runtime: ParallelRuntime | None = None, settle_s: float = DEFAULT_SETTLE_S) -> bool:
+    """Destroy the default process group if we own it, then let backend threads settle.
+
+    Returns whether a group was destroyed. A group adopted from a foreign trainer
+    (``runtime.owns_process_group`` False) is left alone.
+    """
+    if runtime is not None and not runtime.owns_process_group:
+        return False
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.destroy_process_group()
+    if settle_s > 0:
+        time.sleep(settle_s)
+    return True
+
+
+def report_rank_failure(rank: int, world_size: int, exc: BaseException, stream=None) -> None:
+    """Print the failing rank and its error to stderr, where torchrun's summary does not reach."""
+    stream = stream or sys.stderr
+    body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    stream.write(f"[rank {rank}/{world_size}] failed with {type(exc).__name__}: {exc}\n{body}")
+    stream.flush()
+
+
+@contextmanager
+def parallel_session(
+    parallelism: ParallelismConfig | None = None,
+    accelerator: AcceleratorConfig | None = None,
+    *,
+    device: str | torch.device | None = None,
+    launch: LaunchEnv | None = None,
+    settle_s: float = DEFAULT_SETTLE_S,
+) -> Iterator[ParallelRuntime]:
+    """``with parallel_session(...) as rt:`` — init, yield the runtime, always tear down.
+
+    On an exception the rank and error are printed before re-raising, so the job log names
+    the rank even when the launcher's own summary is terse; ``KeyboardInterrupt`` and
+    ``SystemExit`` are passed through quietly.
+    """
+    launch = launch or LaunchEnv.from_environ()
+    runtime = None
+    foreign_group = dist.is_available() and dist.is_initialized()
+    try:
+        runtime = init_runtime(parallelism, accelerator, device=device, launch=launch)
+        yield runtime
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        if launch.world_size > 1:
+            report_rank_failure(launch.rank, launch.world_size, exc)
+        raise
+    finally:
+        if runtime is not None:
+            shutdown_process_group(runtime, settle_s)
+        elif not foreign_group:
+            # init_runtime failed after creating the group (e.g. in mesh construction)
+            shutdown_process_group(None, settle_s)

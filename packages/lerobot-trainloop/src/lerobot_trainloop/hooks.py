@@ -1,0 +1,54 @@
+"""Step hooks: callbacks the loop runs after given loop steps (logging, saving, evaluation).
+
+Hooks are scheduled by loop-step number only, so every rank runs the same hooks at the same
+steps. That matters: a hook that asks for reduced metrics triggers a collective, and saving
+is collective too; a schedule that differed between ranks would deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from attrs import define, field
+
+if TYPE_CHECKING:
+    from lerobot_trainloop.loop import StepOutput, TrainLoop
+
+
+@define(frozen=True)
+class StepEvent:
+    """What a hook receives. ``metrics`` is the window reduced over ranks (same on every rank),
+    present when any hook due at this step asked for it."""
+
+    loop: TrainLoop
+    output: StepOutput
+    metrics: dict[str, float] | None = None
+
+    @property
+    def step(self) -> int:
+        return self.output.step
+
+
+Hook = Callable[[StepEvent], Any]
+
+
+@define(frozen=True)
+class ScheduledHook:
+    fn: Hook
+    every: int | None = None
+    at: frozenset[int] = field(factory=frozenset, converter=frozenset)
+    metrics: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.every is not None and (isinstance(self.every, bool) or self.every < 1):
+            raise ValueError(f"hook 'every' must be ≥ 1 or None, got {self.every!r}")
+        if self.every is None and not self.at:
+            raise ValueError("a hook needs a schedule: every=N and/or at=[steps]")
+
+    def due(self, step: int) -> bool:
+        return (self.every is not None and step % self.every == 0) or step in self.at
+
+
+def schedule(fn: Hook, every: int | None = None, at: Iterable[int] = (), metrics: bool = False) -> ScheduledHook:
+    return ScheduledHook(fn=fn, every=every, at=frozenset(at), metrics=metrics)

@@ -1,0 +1,93 @@
+"""Launch real multi-process jobs from tests, with a hard timeout and a watchdog.
+
+Every launch runs in its own session (process group) so a timeout kills the launcher *and*
+its workers; a test can never leave orphaned ranks holding a port or a core. The scripts
+launched also arm ``faulthandler`` (see ``multiproc/_common.py``) so a hung rank dumps its
+stack before the outer timeout fires.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from attrs import define
+
+REPO = Path(__file__).resolve().parents[1]
+MULTIPROC = Path(__file__).resolve().parent / "multiproc"
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@define(frozen=True)
+class Launched:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+    timed_out: bool
+    ended_at: float  # time.time() when the launcher had exited
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def describe(self) -> str:
+        return (f"rc={self.returncode} timed_out={self.timed_out} in {self.elapsed_s:.1f}s\n"
+                f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}")
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The test process's environment minus anything that would configure the launched job."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "LEROBOT_ALLOW"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = None,
+                cwd: Path = REPO) -> Launched:
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        try:  # workers that outlived a crashed launcher
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return Launched(proc.returncode, out, err, time.monotonic() - t0, timed_out, time.time())
+
+
+def torchrun(script: Path | str, *args: str, nproc: int = 2, timeout_s: float = 90,
+             env: dict[str, str] | None = None) -> Launched:
+    """``python -m torch.distributed.run --nproc-per-node=N --master-port=<free> script args``."""
+    cmd = [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
+           "--monitor-interval=0.2", str(script), *args]
+    return run_command(cmd, timeout_s=timeout_s, env=env)
+
+
+def accelerate_launch(script: Path | str, *args: str, launch_args: tuple[str, ...] = (), timeout_s: float = 90,
+                      env: dict[str, str] | None = None, cwd: Path = REPO) -> Launched:
+    """``accelerate launch <launch_args> script``: the workspace's own ``accelerate`` console script."""
+    cmd = [str(Path(PYTHON).parent / "accelerate"), "launch", *launch_args, str(script), *args]
+    return run_command(cmd, timeout_s=timeout_s, env=env, cwd=cwd)

@@ -1,0 +1,59 @@
+"""One training run on the tiny workload, shared by the launched ranks and the in-process
+single-process reference, so both sides run literally the same code."""
+
+from __future__ import annotations
+
+import torch
+from lerobot_parallel import AcceleratorConfig, GradientAccumulationConfig
+from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_parallel.wrap import unwrap_model, wrap_model
+from lerobot_trainloop import ShardedBatchSampler, TrainLoop
+from lerobot_trainloop.testing import SyntheticRegression, TinyRegressor
+
+NUM_SAMPLES = 64
+DATA_SEED, MODEL_SEED, SAMPLER_SEED = 1, 2, 3
+LR = 0.05
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in unwrap_model(model).parameters()])
+
+
+def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int, mixed_precision: str = "no",
+          on_step=None, scheduler: bool = False, **precision_kwargs) -> dict:
+    """Train ``steps`` loop steps with SGD; returns reduced per-step losses and final params.
+
+    ``on_step(loop, output)`` runs after every step on every rank (for cross-rank probes).
+    """
+    ds = SyntheticRegression(NUM_SAMPLES, seed=DATA_SEED)
+    sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
+                                  dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
+    model = wrap_model(TinyRegressor(seed=MODEL_SEED), runtime)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9) if scheduler else None
+    acc = AcceleratorConfig(mixed_precision=mixed_precision,
+                            gradient_accumulation=GradientAccumulationConfig(grad_accum))
+    precision = None
+    if precision_kwargs:
+        from lerobot_parallel.precision import build_precision
+
+        precision = build_precision(mixed_precision, runtime.device, **precision_kwargs)
+    loop = TrainLoop(model, opt, runtime, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision)
+    losses: list[float] = []
+    outputs: list[dict] = []
+    loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
+    if on_step is not None:
+        loop.add_hook(lambda e: on_step(e.loop, e.output), every=1)
+    loop.add_hook(lambda e: outputs.append({"step": e.output.step, "synced": e.output.synced,
+                                            "stepped": e.output.optimizer_stepped, "skipped": e.output.skipped,
+                                            "lr": e.output.lr}), every=1)
+    loop.run((ds.batch(ix) for ix in sampler), steps)
+    return {
+        "losses": losses,
+        "outputs": outputs,
+        "params": flat_params(model).tolist(),
+        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "sampler": sampler.state_dict(),
+        "optimizer_steps": loop.optimizer_steps,
+        "skipped_updates": loop.skipped_updates,
+    }
