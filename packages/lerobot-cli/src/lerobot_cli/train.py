@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from lerobot_cli.cli.errors import UsageError, exit_usage
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             warn(message)
         cfg = result.config.finalized()
         check_runnable(cfg, result.config_path)
+        from lerobot_parallel.env_guard import enforce_accelerate_env_guard
+
+        main_rank = os.environ.get("RANK", "0") == "0"
+        enforce_accelerate_env_guard(cfg.accelerator.mixed_precision, warn=warn if main_rank else lambda _m: None)
     except (UsageError, ValueError) as exc:
         exit_usage(PROG, str(exc))
     if cfg.dry_run:

@@ -1,0 +1,43 @@
+"""The start-of-run summary: what is being trained, where, on how many workers, with what batch.
+
+It states the effective-batch arithmetic and that LR/steps are never rescaled, because those are
+the two facts people get wrong when they move from one GPU to many.
+"""
+
+from __future__ import annotations
+
+from lerobot_parallel.batching import effective_batch_line
+from lerobot_parallel.runtime import ParallelRuntime
+from torch import nn
+
+from lerobot_cli.config import TrainConfig
+
+MODES = {"single": "single process", "ddp": "DDP", "fsdp": "FSDP2", "hsdp": "HSDP"}
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, num_frames: int,
+                 num_episodes: int, start_step: int = 0) -> list[str]:
+    p = runtime.parallelism
+    learnable, total = count_params(policy)
+    k = cfg.accelerator.gradient_accumulation.steps
+    lines = [
+        f"Job: {cfg.job_name}  →  {cfg.output_dir}",
+        f"Launch: {runtime.launcher}, world size {runtime.world_size}; "
+        f"topology dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} ({MODES.get(p.mode, p.mode)})",
+        f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
+        f"Precision: {cfg.accelerator.mixed_precision}"
+        + (" (autocast, fp32 master weights)" if cfg.accelerator.mixed_precision != "no" else ""),
+        f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
+        f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
+        effective_batch_line(cfg.batch_size, p.dp_world_size, k),
+        f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer updates"
+        + (f"; resuming at step {start_step}" if start_step else ""),
+        "Note: the learning rate and step count are not rescaled for the effective batch size; "
+        "adjust --optimizer.lr / --steps yourself when you scale out.",
+    ]
+    return lines

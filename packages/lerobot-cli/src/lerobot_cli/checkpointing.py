@@ -1,0 +1,116 @@
+"""The CLI's side of checkpoints: what goes into ``pretrained_model/`` and how a run resumes.
+
+``lerobot_ckpt`` owns the layout, the atomic commit and the collective protocol; this module only
+supplies the run's own files (policy config, train config, processors) and maps the resumed state
+onto the loop, sampler and scaler.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from lerobot_ckpt import Parallelism, ResumeState, RunInfo, load_checkpoint, save_checkpoint
+from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_trainloop.loop import TrainLoop
+
+from lerobot_cli.config import TrainConfig
+from lerobot_cli.configio import save_train_config
+from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.serialization import save_policy_config
+from lerobot_cli.processors import save_processors
+from lerobot_cli.processors.pipeline import ProcessorPipeline
+
+log = logging.getLogger(__name__)
+_PACKAGES = ("torch", "lerobot-parallel", "lerobot-ckpt", "lerobot-trainloop", "lerobot-cli")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def run_info(cfg: TrainConfig, runtime: ParallelRuntime) -> RunInfo:
+    p = runtime.parallelism
+    return RunInfo(
+        world_size=runtime.world_size, batch_size=cfg.batch_size,
+        grad_accum_steps=cfg.accelerator.gradient_accumulation.steps,
+        mixed_precision=cfg.accelerator.mixed_precision,
+        parallelism=Parallelism(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard),
+        checkpoint_format=cfg.checkpoint_format, versions=package_versions(),
+    )
+
+
+def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: ProcessorPipeline,
+                      post: ProcessorPipeline) -> Callable[[Path], None]:
+    """Files of ``pretrained_model/`` besides the weights, written by the main rank while staging."""
+
+    def write(directory: Path) -> None:
+        save_policy_config(policy_cfg, directory)
+        save_train_config(cfg, directory)
+        save_processors(pre, post, directory)
+
+    return write
+
+
+class Checkpointer:
+    """Saves at ``save_freq`` and at the last step; restores a run from a checkpoint directory."""
+
+    def __init__(self, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop,
+                 write_pretrained: Callable[[Path], None]) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.loop = loop
+        self.write_pretrained = write_pretrained
+        self.info = run_info(cfg, runtime)
+        self.last_saved: int | None = None
+
+    def due(self, step: int) -> bool:
+        if not self.cfg.save_checkpoint:
+            return False
+        return step == self.cfg.steps or (self.cfg.save_freq > 0 and step % self.cfg.save_freq == 0)
+
+    def save(self, step: int) -> Path:
+        loop = self.loop
+        path = save_checkpoint(
+            Path(self.cfg.output_dir), step, run=self.info, model=loop.model, optimizer=loop.optimizer,
+            scheduler=loop.scheduler, scaler=loop.precision.scaler,
+            sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
+            write_pretrained=self.write_pretrained,
+        )
+        self.last_saved = step
+        return path
+
+    def resume(self, checkpoint_dir: Path, warn: Callable[[str], None]) -> ResumeState:
+        loop = self.loop
+        state = load_checkpoint(
+            checkpoint_dir, model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
+            scaler=loop.precision.scaler, rank=self.runtime.rank,
+        )
+        loop.step = state.step
+        loop.optimizer_steps = state.step // self.cfg.accelerator.gradient_accumulation.steps
+        if loop.sampler is not None and state.sampler_state:
+            sampler_log = logging.getLogger(type(loop.sampler).__module__)
+            level = sampler_log.level
+            sampler_log.setLevel(logging.ERROR)  # its batch-size note is part of the one warning below
+            try:
+                loop.sampler.load_state_dict(state.sampler_state)
+            finally:
+                sampler_log.setLevel(level)
+        changes = state.record.changes_for(self.info)
+        if changes:
+            warn(
+                f"resuming {checkpoint_dir} with a different setup ({'; '.join(changes)})"
+                + ("; the data order continues at the same global sample offset of the same epoch, but "
+                   "per-rank sample-exactness is lost" if any(c.startswith(("world_size", "dp_", "batch_size"))
+                                                              for c in changes) else "")
+            )
+        return state
+

@@ -1,0 +1,97 @@
+"""What the main rank shows and records: banner, progress bar (TTY) or plain lines, metrics JSONL.
+
+Other ranks print nothing but errors; the metrics written here are already reduced over ranks,
+so the file and the console describe the cluster, not rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        return f"{value:.3e}"
+    return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def format_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    order = ["loss", "lr", "grad_norm", "samples_per_s", "step_s", "data_s", "update_s"]
+    keys = [k for k in order if k in metrics] + sorted(k for k in metrics if k not in order and k != "samples")
+    parts = [f"{k}={_fmt(metrics[k])}" for k in keys if not (isinstance(metrics[k], float) and math.isnan(metrics[k]))]
+    return f"step {step}/{total} " + " ".join(parts)
+
+
+class Reporter:
+    """Console and JSONL output of one run; a no-op on non-main ranks."""
+
+    def __init__(self, enabled: bool, output_dir: Path, total_steps: int, start_step: int = 0,
+                 stream: TextIO | None = None, tracker: Any | None = None) -> None:
+        self.enabled = enabled
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        self.tracker = tracker
+        self._progress = None
+        self._task = None
+        self._jsonl = None
+        self._t0 = time.perf_counter()
+        self._start = start_step
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = (output_dir / METRICS_FILE).open("a", encoding="utf-8")
+        if self.stream.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(), transient=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, status="")
+            self._progress.start()
+
+    def print(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def step(self, step: int, loss: float, lr: float | None) -> None:
+        if self._progress is not None:
+            status = f"loss {_fmt(loss)}" + (f" lr {_fmt(lr)}" if lr is not None else "")
+            self._progress.update(self._task, completed=step, status=status)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self._t0
+        done = step - self._start
+        eta = elapsed / done * (self.total - step) if done > 0 else math.nan
+        self.print(format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else ""))
+        record = {"step": step, "time_s": round(elapsed, 4),
+                  **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self.tracker is not None:
+            self.tracker.log(metrics, step=step)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, status=f"loss {_fmt(metrics.get('loss', math.nan))}")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None

@@ -1,0 +1,120 @@
+"""One training run, composed: process group → workload → wrap → optimizer → resume → loop → teardown.
+
+Every rank runs this; only the main rank prints and writes. Problems the user can fix (dataset,
+topology, checkpoint files) end every rank with exit code 2 and one line; a failed checkpoint write
+ends it with 1; anything else is reported with the failing rank by ``parallel_session``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, resolve_checkpoint_dir
+from lerobot_parallel import ParallelismError
+from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_parallel.teardown import parallel_session
+from lerobot_parallel.wrap import unwrap_model, wrap_model
+from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
+from lerobot_trainloop.sampler import ShardedBatchSampler
+from torch.utils.data import DataLoader
+
+from lerobot_cli.banner import banner_lines
+from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
+from lerobot_cli.config import TrainConfig
+from lerobot_cli.datasets import DatasetError
+from lerobot_cli.optim.config import OptimizerConfig
+from lerobot_cli.optim.factory import build_optimizer, build_scheduler
+from lerobot_cli.reporting import Reporter
+from lerobot_cli.seeding import set_seed
+from lerobot_cli.workload import build_workload
+
+PROG = "lerobot-train"
+USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError)
+
+
+def _exit(message: str, code: int) -> None:
+    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
+    print(f"{PROG}: error: {lines[-1] if lines else message}", file=sys.stderr)
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def _setup_logging(is_main: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING if is_main else logging.ERROR)
+
+
+def run(cfg: TrainConfig, config_path: Path | None = None) -> int:
+    try:
+        with parallel_session(cfg.parallelism, cfg.accelerator, device=cfg.policy.device) as runtime:
+            _setup_logging(runtime.is_main)
+            try:
+                train(cfg, runtime, config_path)
+            except CheckpointSaveError as exc:
+                _exit(str(exc), 1)
+            except USER_ERRORS as exc:
+                _exit(str(exc), 2)
+    except ParallelismError as exc:  # topology refused before the process group existed
+        _exit(str(exc), 2)
+    return 0
+
+
+def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:
+    workers = cfg.num_workers
+    # Its own generator: creating an iterator draws a worker base seed, which must not shift the global
+    # RNG stream (dropout, VAE sampling) or a resumed run would no longer match an uninterrupted one.
+    return DataLoader(
+        dataset, batch_sampler=sampler, num_workers=workers, pin_memory=runtime.device.type == "cuda",
+        persistent_workers=workers > 0, prefetch_factor=2 if workers > 0 else None,
+        generator=torch.Generator().manual_seed(cfg.seed + runtime.rank),
+    )
+
+
+def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None = None) -> int:
+    run_info(cfg, runtime)  # checkpoint format vs the resolved topology: refuse before any work
+    resume_dir = resolve_checkpoint_dir(config_path) if cfg.resume else None
+    set_seed(cfg.seed)
+    processors_from = CheckpointPaths(resume_dir).pretrained_model if resume_dir else None
+    workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from)
+    model = wrap_model(workload.policy, runtime, cfg.accelerator.ddp, cfg.accelerator.fsdp)
+    policy = unwrap_model(model)
+    opt_cfg = cfg.optimizer or OptimizerConfig()
+    optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
+    scheduler = build_scheduler(cfg.scheduler, optimizer, cfg.steps)
+    sampler = ShardedBatchSampler(
+        len(workload.dataset), cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size,
+        seed=cfg.seed,
+    )
+    loop = TrainLoop(
+        model, optimizer, runtime, scheduler=scheduler, accelerator=cfg.accelerator,
+        grad_clip_norm=opt_cfg.grad_clip_norm, allow_nonfinite_loss=cfg.allow_nonfinite_loss, sampler=sampler,
+    )
+    checkpointer = Checkpointer(cfg, runtime, loop, pretrained_writer(
+        cfg, workload.policy_config, workload.preprocessor, workload.postprocessor))
+    if resume_dir is not None:
+        checkpointer.resume(resume_dir, logging.getLogger(PROG).warning)
+    reporter = Reporter(runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step)
+    try:
+        for line in banner_lines(cfg, runtime, policy, workload.dataset.meta.num_frames,
+                                 workload.dataset.meta.num_episodes, loop.step):
+            reporter.print(line)
+        loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.loss, ev.output.lr), every=1)
+        if cfg.log_freq > 0:
+            loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)
+        if cfg.save_checkpoint:
+            loop.add_hook(lambda ev: reporter.print(f"checkpoint: {checkpointer.save(ev.step)}"),
+                          every=cfg.save_freq or None, at=[cfg.steps])
+        pre = workload.preprocessor
+        loader = _loader(workload.dataset, sampler, cfg, runtime)
+        loop.run((pre(batch) for batch in loader), cfg.steps)
+        if runtime.is_distributed:
+            torch.distributed.barrier()
+    finally:
+        reporter.close()
+    return loop.step

@@ -1,0 +1,104 @@
+"""``lerobot-train`` end to end on the shipped demo dataset: one process, torchrun DDP, resume.
+
+Real processes and real files; the MLP policy keeps each launch to a few seconds, one ACT run checks
+the real workload. Several checks share one launch because each launch costs seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
+DATA = [f"--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0"]
+MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32"]
+
+pytestmark = pytest.mark.slow
+
+
+def losses(output_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(launch, tmp_path: Path, name: str, *args: str, nproc: int = 1, env: dict | None = None):
+    out = tmp_path / name
+    argv = [*args, f"--output_dir={out}"] if not any(a.startswith("--config_path") for a in args) else list(args)
+    if nproc == 1:
+        result = launch.run_command([SCRIPT, *argv], timeout_s=180, env=env)
+    else:
+        result = launch.torchrun(SCRIPT, *argv, nproc=nproc, timeout_s=180, env=env)
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    return out, result
+
+
+def test_single_process_banner_metrics_and_checkpoints(launch, tmp_path):
+    out, res = train(launch, tmp_path, "single", *MLP, "--steps=6", "--batch_size=4", "--log_freq=2",
+                     "--save_freq=4", "--accelerator.gradient_accumulation.steps=2")
+    text = res.stdout
+    assert "Effective batch size: 4 x 1 dp workers x 2 grad accum = 8" in text
+    assert "topology dp_replicate=1 x dp_shard=1 (single process)" in text
+    assert "1516 frames, 30 episodes" in text
+    assert "not rescaled" in text
+    assert res.stderr.strip() == "", res.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6]
+    assert {"loss", "lr", "samples_per_s", "step_s", "data_s", "mse_loss"} <= set(records[0])
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["000004", "000006", "last"]
+    assert (ckpts / "last").resolve().name == "000006"
+    pretrained = ckpts / "last" / "pretrained_model"
+    for name in ("config.json", "train_config.json", "model.safetensors", "policy_preprocessor.json",
+                 "policy_postprocessor.json"):
+        assert (pretrained / name).is_file(), name
+    step = json.loads((ckpts / "last" / "training_state" / "training_step.json").read_text())
+    assert (step["step"], step["grad_accum_steps"], step["batch_size"], step["dp_world_size"]) == (6, 2, 4, 1)
+
+
+def test_ddp_two_processes_match_one_process_on_the_same_global_batch(launch, tmp_path):
+    common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false"]
+    one, _ = train(launch, tmp_path, "one", *common, "--batch_size=8")
+    two, res = train(launch, tmp_path, "two", *common, "--batch_size=4", nproc=2)
+    assert "Effective batch size: 4 x 2 dp workers x 1 grad accum = 8" in res.stdout
+    assert "topology dp_replicate=2 x dp_shard=1 (DDP)" in res.stdout
+    assert res.stdout.count("Effective batch size") == 1  # only the main rank prints
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == 4
+    assert all(abs(x - y) <= 1e-5 for x, y in zip(a, b)), (a, b)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(launch, tmp_path, nproc):
+    # Two episodes (98 frames) and a global batch of 8: an epoch ends after 12 steps, so the resume at
+    # step 16 (sample 128) is mid-epoch in epoch 1. ACT (dropout, VAE sampling) checks the RNG restore.
+    args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.dim_model=32",
+            "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1",
+            "--policy.chunk_size=5", "--policy.n_action_steps=5", f"--batch_size={8 // nproc}", "--log_freq=1",
+            "--save_freq=16"]
+    full, _ = train(launch, tmp_path, "full", *args, "--steps=20", nproc=nproc)
+    half, _ = train(launch, tmp_path, "half", *args, "--steps=16", nproc=nproc)
+    state = json.loads((half / "checkpoints/last/training_state/training_step.json").read_text())
+    assert (state["sampler"]["epoch"], state["sampler"]["offset"]) == (1, 128 - 98)
+    _, res = train(launch, tmp_path, "resumed", "--resume=true",
+                   f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json", "--steps=20",
+                   nproc=nproc)
+    assert "resuming at step 16" in res.stdout
+    assert "warning" not in res.stderr.lower(), res.stderr
+    assert losses(half) == losses(full)  # bitwise: same floats, printed and parsed identically
+
+
+def test_resume_on_another_world_size_warns_once(launch, tmp_path):
+    args = [*MLP, "--batch_size=4", "--log_freq=2", "--save_freq=4"]
+    two, _ = train(launch, tmp_path, "two", *args, "--steps=4", nproc=2)
+    _, res = train(launch, tmp_path, "resumed", "--resume=true", f"--config_path={two}/checkpoints/last",
+                   "--steps=6")
+    warnings = [ln for ln in res.stderr.splitlines() if "WARNING" in ln]
+    assert len(warnings) == 1, res.stderr
+    assert "world_size: 2 → 1" in warnings[0] and "sample-exactness is lost" in warnings[0]
+    step = json.loads((two / "checkpoints/last/training_state/training_step.json").read_text())
+    assert step["step"] == 6 and step["world_size"] == 1 and step["sampler"]["offset"] == 4 * 4 * 2 + 2 * 4
