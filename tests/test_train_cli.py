@@ -102,3 +102,50 @@ def test_resume_on_another_world_size_warns_once(launch, tmp_path):
     assert "world_size: 2 → 1" in warnings[0] and "sample-exactness is lost" in warnings[0]
     step = json.loads((two / "checkpoints/last/training_state/training_step.json").read_text())
     assert step["step"] == 6 and step["world_size"] == 1 and step["sampler"]["offset"] == 4 * 4 * 2 + 2 * 4
+
+
+def test_policy_path_fine_tunes_from_the_saved_weights_and_processors(launch, tmp_path):
+    base, _ = train(launch, tmp_path, "base", *MLP, "--steps=3", "--log_freq=0")
+    pretrained = base / "checkpoints" / "last" / "pretrained_model"
+    # lr=0: a fine-tune that cannot move the weights must save exactly what it loaded.
+    tuned, res = train(launch, tmp_path, "tuned", *DATA, f"--policy.path={pretrained}", "--optimizer.lr=0",
+                       "--steps=2", "--log_freq=0")
+    assert "Policy: mlp" in res.stdout
+    from safetensors.torch import load_file
+
+    a = load_file(pretrained / "model.safetensors")
+    b = load_file(tuned / "checkpoints" / "last" / "pretrained_model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    saved = json.loads((tuned / "checkpoints/last/pretrained_model/train_config.json").read_text())
+    assert saved["policy"]["pretrained_path"] == str(pretrained) and saved["policy"]["hidden_dim"] == 32
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        assert (tuned / "checkpoints/last/pretrained_model" / name).read_text() == (pretrained / name).read_text()
+
+
+def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path):
+    run, _ = train(launch, tmp_path, "run", *MLP, "--steps=2", "--log_freq=0")
+    step = run / "checkpoints" / "000002"
+
+    def snapshot() -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    def refused(*args: str, fragment: str) -> None:
+        before = snapshot()
+        res = launch.run_command([SCRIPT, *args], timeout_s=120)
+        assert res.returncode == 2, res.describe()
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("lerobot-train: error: "), res.stderr
+        assert fragment in lines[0], lines[0]
+        assert snapshot() == before
+
+    # flags that do not fit the saved weights
+    refused("--resume=true", f"--config_path={step}", "--policy.hidden_dim=16", "--steps=4", fragment="model.")
+    # a truncated optimizer file
+    opt = step / "training_state" / "optimizer_state.safetensors"
+    data = opt.read_bytes()
+    opt.write_bytes(data[: len(data) // 2])
+    refused("--resume=true", f"--config_path={step}", "--steps=4", fragment="optimizer_state.safetensors")
+    opt.write_bytes(data)
+    # no training_state/ at all (only the weights were kept)
+    shutil.move(step / "training_state", tmp_path / "kept_state")
+    refused("--resume=true", f"--config_path={step}", "--steps=4", fragment="training_state")
