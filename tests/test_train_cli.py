@@ -149,3 +149,18 @@ def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path):
     # no training_state/ at all (only the weights were kept)
     shutil.move(step / "training_state", tmp_path / "kept_state")
     refused("--resume=true", f"--config_path={step}", "--steps=4", fragment="training_state")
+
+
+def test_accelerate_launch_is_a_plain_launcher(launch, tmp_path):
+    args = [*MLP, "--steps=2", "--log_freq=1", "--save_checkpoint=false"]
+    # Without GPUs, --multi_gpu with ACCELERATE_USE_CPU=true is what starts two CPU processes.
+    res = launch.accelerate_launch(SCRIPT, *args, f"--output_dir={tmp_path / 'multi'}",
+                                   launch_args=("--multi_gpu", "--num_processes=2", f"--main_process_port={launch.free_port()}"),
+                                   env={"ACCELERATE_USE_CPU": "true"}, timeout_s=180)
+    assert res.returncode == 0, res.describe()
+    assert "world size 2" in res.stdout and "(DDP)" in res.stdout and "Refusing" not in res.output
+    # A plain --num_processes=2 starts ONE process on a machine without GPUs (accelerate's own rule).
+    res = launch.accelerate_launch(SCRIPT, *args, f"--output_dir={tmp_path / 'plain'}",
+                                   launch_args=("--num_processes=2",), timeout_s=180)
+    assert res.returncode == 0, res.describe()
+    assert "world size 1" in res.stdout and "(single process)" in res.stdout

@@ -1,0 +1,98 @@
+"""Steps/s of `lerobot-train` vs a bare PyTorch loop on the same model, data and batch (target ≥ 0.97).
+
+Both sides train the same small ACT on the bundled demo dataset with batch 8, one process, no workers.
+The bare loop is what a user would write by hand (DataLoader → normalize → forward → backward → clip →
+AdamW step); `lerobot-train` adds the sampler, hooks, metrics, progress and JSONL. Runs alternate
+(bare, ours, bare, ours, ...) so machine noise hits both; the ratio of medians is printed.
+
+Usage: uv run python tools/bench/loop_overhead.py [--steps 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+POLICY = ["--policy.dim_model=128", "--policy.dim_feedforward=512", "--policy.chunk_size=20",
+          "--policy.n_action_steps=20", "--policy.dropout=0.0"]
+WARMUP = 10
+
+
+def ours(steps: int) -> float:
+    """Median seconds per loop step after warm-up, from lerobot-train's own per-step metrics."""
+    out = Path(tempfile.mkdtemp()) / "run"
+    cmd = [shutil.which("lerobot-train"), "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
+           "--policy.type=act", *POLICY, f"--steps={steps}", "--batch_size=8", "--num_workers=0",
+           "--log_freq=1", "--save_checkpoint=false", f"--output_dir={out}"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    times = [json.loads(line)["time_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out.parent)
+    deltas = [b - a for a, b in zip(times[WARMUP:], times[WARMUP + 1:])]
+    return statistics.median(deltas)
+
+
+def bare(steps: int) -> float:
+    """The same work in a hand-written loop, in a fresh process like ours."""
+    code = f"""
+import time, statistics, torch
+from torch.utils.data import DataLoader
+from lerobot_cli.cli.argv import split_argv
+from lerobot_cli.cli.build import build_train_config
+from lerobot_cli.workload import build_workload
+from lerobot_cli.seeding import set_seed
+cfg = build_train_config(split_argv({["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
+                                      "--policy.type=act", *POLICY]!r}).flags).config.finalized()
+set_seed(0)
+w = build_workload(cfg, device="cpu")
+policy, pre = w.policy, w.preprocessor
+opt = torch.optim.AdamW(policy.get_optim_params(), lr=1e-4, weight_decay=1e-4)
+loader = DataLoader(w.dataset, batch_size=8, shuffle=True, num_workers=0, drop_last=True)
+it, stamps = iter(loader), []
+for step in range({steps}):
+    try:
+        batch = next(it)
+    except StopIteration:
+        it = iter(loader); batch = next(it)
+    loss, _ = policy(pre(batch))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), 10.0)
+    opt.step(); opt.zero_grad(set_to_none=True)
+    float(loss)
+    stamps.append(time.perf_counter())
+d = [b - a for a, b in zip(stamps[{WARMUP}:], stamps[{WARMUP} + 1:])]
+print(statistics.median(d))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    b_times, o_times = [], []
+    for r in range(args.rounds):
+        b_times.append(bare(args.steps))
+        o_times.append(ours(args.steps))
+        print(f"round {r + 1}: bare {1 / b_times[-1]:.2f} steps/s, lerobot-train {1 / o_times[-1]:.2f} steps/s",
+              flush=True)
+    b, o = statistics.median(b_times), statistics.median(o_times)
+    print(f"bare loop:     {1 / b:.2f} steps/s ({b * 1000:.1f} ms/step)")
+    print(f"lerobot-train: {1 / o:.2f} steps/s ({o * 1000:.1f} ms/step)")
+    print(f"ratio lerobot-train / bare: {b / o:.3f} (target ≥ 0.97)")
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"({time.time() - t0:.0f} s)")
