@@ -65,6 +65,9 @@ class TrainConfig:
         metadata=_h("Checkpoint every N steps (0: only at the end)."),
     )
     save_checkpoint: bool = field(default=True, metadata=_h("Write checkpoints at all."))
+    save_on_interrupt: bool = field(
+        default=True, metadata=_h("On SIGINT/SIGTERM, stop all ranks at the same step and save a checkpoint.")
+    )
     checkpoint_format: CheckpointFormat = field(
         default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat,
         metadata=_h("Model artifact of sharded runs.", choices=tuple(f.value for f in CheckpointFormat)),

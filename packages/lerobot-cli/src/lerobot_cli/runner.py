@@ -25,6 +25,7 @@ from lerobot_cli.banner import banner_lines
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
+from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
 from lerobot_cli.reporting import Reporter
@@ -100,6 +101,7 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
     if resume_dir is not None:
         checkpointer.resume(resume_dir, logging.getLogger(PROG).warning)
     reporter = Reporter(runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step)
+    watch = InterruptWatch(runtime.device, runtime.is_distributed)
     try:
         for line in banner_lines(cfg, runtime, policy, workload.dataset.meta.num_frames,
                                  workload.dataset.meta.num_episodes, loop.step):
@@ -110,11 +112,18 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         if cfg.save_checkpoint:
             loop.add_hook(lambda ev: reporter.print(f"checkpoint: {checkpointer.save(ev.step)}"),
                           every=cfg.save_freq or None, at=[cfg.steps])
+        loop.add_hook(lambda ev: watch.check(), every=1)
         pre = workload.preprocessor
         loader = _loader(workload.dataset, sampler, cfg, runtime)
-        loop.run((pre(batch) for batch in loader), cfg.steps)
+        with watch:
+            loop.run((pre(batch) for batch in loader), cfg.steps)
         if runtime.is_distributed:
             torch.distributed.barrier()
+    except TrainingInterrupted as exc:
+        reporter.print(f"{exc} at step {loop.step}")
+        if cfg.save_checkpoint and cfg.save_on_interrupt and checkpointer.last_saved != loop.step:
+            reporter.print(f"checkpoint: {checkpointer.save(loop.step)}")
+        raise SystemExit(exc.exit_code) from None
     finally:
         reporter.close()
     return loop.step

@@ -1,0 +1,67 @@
+"""SIGINT/SIGTERM to the launcher: every rank stops at the same step, a checkpoint is saved, resume works."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
+ARGS = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
+        "--policy.hidden_dim=32", "--batch_size=4", "--log_freq=1", "--save_freq=0", "--steps=100000"]
+
+pytestmark = pytest.mark.slow
+
+
+def start(launch, cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=launch.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError(f"no {n} steps within {timeout_s}s")
+
+
+@pytest.mark.parametrize(("nproc", "sig"), [(1, signal.SIGINT), (2, signal.SIGTERM)])
+def test_signal_saves_a_consistent_checkpoint_and_resume_continues(launch, tmp_path, nproc, sig):
+    out = tmp_path / "run"
+    if nproc == 1:
+        cmd = [SCRIPT, *ARGS, f"--output_dir={out}"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               f"--master-port={launch.free_port()}", SCRIPT, *ARGS, f"--output_dir={out}"]
+    proc = start(launch, cmd)
+    try:
+        wait_for_steps(out, 5, proc)
+        os.kill(proc.pid, sig)  # the launcher (or the single process) gets the signal
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, (stdout, stderr)
+    assert f"interrupted by {sig.name}" in stdout, (stdout, stderr)
+    last = out / "checkpoints" / "last"
+    step = json.loads((last / "training_state" / "training_step.json").read_text())["step"]
+    assert step >= 5 and f"at step {step}" in stdout
+    # resume from it, a few more steps
+    res = launch.run_command([SCRIPT, "--resume=true", f"--config_path={last}", f"--steps={step + 3}"],
+                             timeout_s=120)
+    assert res.returncode == 0, res.describe()
+    assert f"resuming at step {step}" in res.stdout
+    assert (out / "checkpoints" / f"{step + 3:06d}").is_dir()
