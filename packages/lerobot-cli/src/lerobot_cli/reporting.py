@@ -89,6 +89,9 @@ class Reporter:
             self._progress.update(self._task, completed=step, status=f"loss {_fmt(metrics.get('loss', math.nan))}")
 
     def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.finish()
+            self.tracker = None
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

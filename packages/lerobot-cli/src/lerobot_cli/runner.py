@@ -100,7 +100,13 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         cfg, workload.policy_config, workload.preprocessor, workload.postprocessor))
     if resume_dir is not None:
         checkpointer.resume(resume_dir, logging.getLogger(PROG).warning)
-    reporter = Reporter(runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step)
+    tracker = None
+    if cfg.trackio.enable and runtime.is_main:
+        from lerobot_cli.configio import unstructure_train_config
+        from lerobot_cli.tracking import TrackioTracker
+
+        tracker = TrackioTracker(cfg.trackio.project or cfg.job_name, cfg.job_name, unstructure_train_config(cfg))
+    reporter = Reporter(runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, tracker=tracker)
     watch = InterruptWatch(runtime.device, runtime.is_distributed)
     try:
         for line in banner_lines(cfg, runtime, policy, workload.dataset.meta.num_frames,

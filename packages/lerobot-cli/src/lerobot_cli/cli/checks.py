@@ -18,6 +18,11 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             "--resume=true has nothing to resume: pass --config_path=<output_dir>/checkpoints/last/"
             "pretrained_model/train_config.json (or that checkpoint directory)"
         )
+    if cfg.trackio.enable:
+        from lerobot_cli.tracking import missing_trackio_message, trackio_available
+
+        if not trackio_available():
+            raise UsageError(missing_trackio_message())
     out = Path(cfg.output_dir) if cfg.output_dir else None
     if out is not None and not cfg.resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(
