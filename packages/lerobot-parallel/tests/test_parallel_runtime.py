@@ -147,13 +147,20 @@ def test_wrap_single_process_returns_the_plain_module():
 
 
 @pytest.mark.parametrize("degrees", [(1, 2), (2, 2)])
-def test_sharded_request_is_refused_until_fsdp(degrees):
+def test_sharded_request_is_checked_before_any_collective(degrees):
+    """No mesh or process group is needed to refuse a model without wrap units, or a plan built for
+    another topology: every rank fails the same way before the first all-gather."""
+    from lerobot_parallel import ShardingError, build_plan
+    from lerobot_parallel.testing import BlockRegressor
+
     r, s = degrees
     rt = ParallelRuntime(rank=0, world_size=r * s, local_rank=0, device=torch.device("cpu"), backend="gloo",
                          parallelism=ParallelismConfig(dp_replicate=r, dp_shard=s), mesh=None)
-    with pytest.raises(ParallelismError, match="later version") as err:
+    with pytest.raises(ParallelismError, match="needs wrap units"):
         wrap_model(torch.nn.Linear(2, 2), rt)
-    assert ("HSDP" if r > 1 else "FSDP") in str(err.value)
+    other = build_plan(BlockRegressor(), ParallelismConfig(dp_shard=8))
+    with pytest.raises(ShardingError, match="plan was built for fsdp"):
+        wrap_model(BlockRegressor(), rt, plan=other)
 
 
 def test_effective_batch():

@@ -2,7 +2,7 @@
 
 Importing the package does not import torch (a CLI's ``--help`` must stay fast): configs,
 the env guard, launch-env parsing and batch arithmetic are eager; the torch-using names
-(runtime, teardown, wrapping, precision) load on first attribute access.
+(runtime, teardown, wrapping, sharding plan, clipping, precision) load on first attribute access.
 """
 
 from lerobot_parallel.batching import effective_batch_line, effective_batch_size, samples_per_loop_step
@@ -14,6 +14,7 @@ from lerobot_parallel.config import (
     MixedPrecisionPolicyConfig,
     ParallelismConfig,
     ParallelismError,
+    ShardingError,
 )
 from lerobot_parallel.env_guard import (
     ALLOW_ENV_VAR,
@@ -39,6 +40,14 @@ _LAZY = {
     "wrap_model": "lerobot_parallel.wrap",
     "unwrap_model": "lerobot_parallel.wrap",
     "gradient_sync": "lerobot_parallel.wrap",
+    "parameters_for_clipping": "lerobot_parallel.wrap",
+    "ShardingPlan": "lerobot_parallel.plan",
+    "build_plan": "lerobot_parallel.plan",
+    "clip_grad_norm": "lerobot_parallel.grad_clip",
+    "total_grad_norm": "lerobot_parallel.grad_clip",
+    "MemoryEstimate": "lerobot_parallel.memory",
+    "estimate_memory": "lerobot_parallel.memory",
+    "measure_rank_bytes": "lerobot_parallel.memory",
     "Precision": "lerobot_parallel.precision",
     "build_precision": "lerobot_parallel.precision",
 }
@@ -68,26 +77,35 @@ __all__ = [
     "FSDPConfig",
     "GradientAccumulationConfig",
     "LaunchEnv",
+    "MemoryEstimate",
     "MixedPrecisionPolicyConfig",
     "ParallelRuntime",
     "ParallelismConfig",
     "ParallelismError",
     "Precision",
+    "ShardingError",
+    "ShardingPlan",
     "backend_for",
     "build_mesh",
+    "build_plan",
     "build_precision",
     "check_accelerate_env",
+    "clip_grad_norm",
     "effective_batch_line",
     "effective_batch_size",
     "enforce_accelerate_env_guard",
+    "estimate_memory",
     "gradient_sync",
     "guard_message",
     "init_runtime",
+    "measure_rank_bytes",
     "parallel_session",
+    "parameters_for_clipping",
     "report_rank_failure",
     "resolve_device",
     "samples_per_loop_step",
     "shutdown_process_group",
+    "total_grad_norm",
     "unwrap_model",
     "wrap_model",
 ]

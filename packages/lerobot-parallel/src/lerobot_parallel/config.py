@@ -22,6 +22,14 @@ class ParallelismError(ValueError):
     """A topology that cannot be built from the launched processes (a usage error)."""
 
 
+class ShardingError(ParallelismError):
+    """A model that cannot be sharded as asked (no wrap units, unknown class, tied weights across units …).
+
+    A subclass of :class:`ParallelismError` so a CLI that already turns topology errors into a
+    usage exit (code 2) handles these the same way.
+    """
+
+
 def _degree(minimum_message: str, allow_all: bool):
     def check(inst, attribute, value) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -176,7 +184,9 @@ class FSDPConfig:
         default=False, metadata={"help": "Keep parameters, gradients and optimizer state on the CPU."}
     )
     ignored_modules: str | None = field(
-        default=None, metadata={"help": "Regex over module paths to keep unsharded (PEFT paths start with base_model.model.)."}
+        default=None,
+        metadata={"help": "Regex that must match a whole module path (re.fullmatch) to keep that module unsharded "
+                          "(PEFT paths start with base_model.model.: begin the pattern with .*)."},
     )
     mixed_precision_policy: MixedPrecisionPolicyConfig = field(factory=MixedPrecisionPolicyConfig)
 

@@ -6,6 +6,14 @@ and a scaler *skips* the optimizer step when it finds inf/nan gradients. The cal
 also skip the LR scheduler step, otherwise the schedule runs ahead of the weights, so
 :meth:`Precision.step` reports whether the step happened. ``torch.amp.GradScaler`` works on CPU
 in torch ≥ 2.3, so the fp16 path is the same code on every device.
+
+Under FSDP2/HSDP the same object is used unchanged: the sharded module's ``MixedPrecisionPolicy``
+(see :mod:`lerobot_parallel.fsdp_precision`) casts gathered parameters, autocast still runs the
+forward, and ``GradScaler`` works on the sharded ``DTensor`` gradients because DTensor's handler for
+``_amp_foreach_non_finite_check_and_unscale_`` max-reduces ``found_inf`` over the mesh, so every
+rank skips the same steps (measured on torch 2.15, CPU/gloo, FSDP and HSDP). A gradient list that
+mixes DTensors with plain tensors (ignored modules) is refused by that op, which is why the plan
+refuses fp16 together with ``ignored_modules``.
 """
 
 from __future__ import annotations

@@ -4,9 +4,12 @@ Semantics (fixed by the user docs, and the same whatever the number of processes
 
 * One *loop step* = every dp worker trains on one micro-batch. ``--steps`` counts loop steps.
 * With K accumulation steps the loss is divided by K and gradients are all-reduced only on
-  the K-th micro-batch (``no_sync`` before it); clipping, the optimizer step and ``zero_grad``
+  the K-th micro-batch (DDP ``no_sync`` / FSDP ``set_requires_gradient_sync(False)`` before it,
+  through ``lerobot_parallel.wrap.gradient_sync``); clipping, the optimizer step and ``zero_grad``
   happen on that micro-batch only. K micro-batches of B on W workers thus equal one batch of
-  B·W·K samples, which the equivalence tests check.
+  B·W·K samples, which the equivalence tests check. Under FSDP2/HSDP the optimizer holds the
+  sharded parameters and clipping computes one global norm over the sharded (DTensor) gradients,
+  logged as a plain float.
 * The LR scheduler steps once per loop step (accelerate's ``step_scheduler_with_optimizer=False``),
   except when the fp16 loss scaler skipped the optimizer step: then the schedule waits too.
 * A non-finite loss stops the run with the rank and step in the message, unless allowed. The
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 from attrs import define
 from lerobot_parallel.config import AcceleratorConfig
+from lerobot_parallel.grad_clip import clip_grad_norm
 from lerobot_parallel.precision import Precision, build_precision
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.wrap import gradient_sync, parameters_for_clipping
@@ -142,7 +146,7 @@ class TrainLoop:
             t_up = time.perf_counter()
             self.precision.unscale_(self.optimizer)
             if self.grad_clip_norm is not None:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self._clip_params, self.grad_clip_norm))
+                grad_norm = float(clip_grad_norm(self._clip_params, self.grad_clip_norm))
             stepped = self.precision.step(self.optimizer)
             skipped = not stepped
             self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,185 @@
+"""The wrap plan: everything sharding will do, decided and checked before any collective.
+
+:func:`build_plan` looks only at the module tree and the config, so it runs the same in every
+rank (same model, same answer) and in a single process for ``--dry_run``. All refusals happen
+here (no units, unknown class names, tied weights across units, an ignored-modules pattern that
+matches nothing, fp16 loss scaling over mixed sharded/unsharded gradients), so a bad config ends
+every rank before the first all-gather instead of hanging one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attrs import define
+from torch import nn
+
+from lerobot_parallel.config import FSDPConfig, ParallelismConfig, ParallelismError, ShardingError
+from lerobot_parallel.fsdp_precision import ShardedPrecision, resolve_sharded_precision
+from lerobot_parallel.memory import MemoryEstimate, estimate_memory
+from lerobot_parallel.tied_weights import ROOT_LABEL, TiedWeightCheck, check_tied_weights, owner_of
+from lerobot_parallel.wrap_units import FLAG_IGNORED, children_first, select_ignored, select_units
+
+MAX_LISTED_UNITS = 16
+
+
+@define(frozen=True)
+class PlannedModule:
+    """A wrap unit, the root, or an ignored module: its path and the parameters it manages."""
+
+    path: str  # "" for the root
+    class_name: str
+    num_params: int  # elements of the parameters this group owns (not those of nested units)
+
+
+@define(frozen=True)
+class ShardingPlan:
+    """What :func:`lerobot_parallel.wrap_model` will do for this model and topology."""
+
+    mode: str  # single, ddp, fsdp, hsdp
+    dp_replicate: int
+    dp_shard: int
+    mesh_dim_names: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    unit_source: str | None
+    units: tuple[PlannedModule, ...]  # model order
+    root: PlannedModule
+    ignored: tuple[PlannedModule, ...]
+    unmatched_unit_classes: tuple[str, ...]
+    tied: TiedWeightCheck
+    precision: ShardedPrecision
+    reshard_after_forward: bool
+    cpu_offload: bool
+    memory: MemoryEstimate
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.mode in ("fsdp", "hsdp")
+
+    def shard_order(self) -> list[str]:
+        """Unit paths in ``fully_shard`` order: nested units before the units containing them."""
+        return children_first(u.path for u in self.units)
+
+    def describe(self) -> list[str]:
+        """Lines for ``--dry_run`` and the training banner."""
+        mesh = ", ".join(f"{n}={s}" for n, s in zip(self.mesh_dim_names, self.mesh_shape, strict=True))
+        lines = [f"Sharding plan: {self.mode} on mesh ({mesh})"]
+        if not self.is_sharded:
+            lines[0] += " - every rank holds a full copy (no sharding)"
+            lines.append(self.memory.describe())
+            return lines
+        lines.append(f"Wrap units from {self.unit_source}: {len(self.units)} unit(s) + the root, "
+                     f"fully_shard children-first then the root")
+        if len(self.units) <= MAX_LISTED_UNITS:
+            lines += [f"  {u.path} ({u.class_name}): {u.num_params:,} params" for u in self.units]
+        else:
+            by_class: dict[str, list[PlannedModule]] = {}
+            for u in self.units:
+                by_class.setdefault(u.class_name, []).append(u)
+            for cls, us in by_class.items():
+                counts = sorted({u.num_params for u in us})
+                each = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}-{counts[-1]:,}"
+                lines.append(f"  {cls} x{len(us)} ({each} params each), first {us[0].path}")
+        lines.append(f"  {ROOT_LABEL} ({self.root.class_name}): {self.root.num_params:,} params")
+        if self.unmatched_unit_classes:
+            lines.append(f"  declared but absent from this model: {', '.join(self.unmatched_unit_classes)}")
+        if self.ignored:
+            dp = self.dp_replicate * self.dp_shard
+            lines.append("Ignored modules (unsharded, full copy per rank, gradients averaged over "
+                         f"{dp} dp ranks): " + ", ".join(f"{m.path} ({m.class_name}, {m.num_params:,} params)"
+                                                         for m in self.ignored))
+        else:
+            lines.append("Ignored modules: none")
+        lines.append(self.tied.describe())
+        lines.append(self.precision.describe())
+        lines.append(f"Reshard after forward: {'yes (root: no)' if self.reshard_after_forward else 'no'}; "
+                     f"CPU offload: {'yes' if self.cpu_offload else 'no'}")
+        lines.append(self.memory.describe())
+        return lines
+
+
+def _mesh(parallelism: ParallelismConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The dims :func:`lerobot_parallel.runtime.build_mesh` creates (size-1 dims left out)."""
+    dims = [(n, s) for n, s in (("dp_replicate", parallelism.dp_replicate), ("dp_shard", parallelism.dp_shard))
+            if s > 1] or [("dp_replicate", 1)]
+    return tuple(n for n, _ in dims), tuple(s for _, s in dims)
+
+
+def _group_sizes(model: nn.Module, units: Sequence[str], ignored: frozenset[int]) -> dict[str, int]:
+    """Elements each ``fully_shard`` group will own: a parameter goes to the deepest unit holding it."""
+    deepest = children_first(units)
+    sizes = dict.fromkeys([*units, ""], 0)
+    seen: set[int] = set()
+    for mod_path, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in seen or id(p) in ignored:
+                continue
+            seen.add(id(p))
+            sizes[owner_of(mod_path, deepest)] += p.numel()
+    return sizes
+
+
+def build_plan(
+    model: nn.Module,
+    parallelism: ParallelismConfig,
+    fsdp: FSDPConfig | None = None,
+    mixed_precision: str = "no",
+    *,
+    default_wrap_modules: Sequence[str] | None = None,
+    optimizer_states: int = 2,
+) -> ShardingPlan:
+    """Plan sharding of ``model`` for the *resolved* ``parallelism`` (see ``ParallelismConfig.resolve``).
+
+    ``default_wrap_modules`` replaces ``model._fsdp_wrap_modules`` (e.g. the policy class's list when
+    ``model`` is a PEFT wrapper). ``optimizer_states``: state tensors per trainable parameter (AdamW 2,
+    SGD with momentum 1). Raises :class:`ShardingError` for every config sharding cannot honour.
+    """
+    if parallelism.dp_shard == -1:
+        raise ParallelismError("build_plan needs resolved degrees: call parallelism.resolve(world_size) first")
+    fsdp = fsdp or FSDPConfig()
+    names, shape = _mesh(parallelism)
+    params = list(model.parameters())
+    if not parallelism.is_sharded:
+        return ShardingPlan(
+            mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=1, mesh_dim_names=names,
+            mesh_shape=shape, unit_source=None, units=(), root=PlannedModule("", type(model).__name__,
+                                                                             sum(p.numel() for p in params)),
+            ignored=(), unmatched_unit_classes=(), tied=TiedWeightCheck(),
+            precision=resolve_sharded_precision("no"), reshard_after_forward=fsdp.reshard_after_forward,
+            cpu_offload=False,
+            memory=estimate_memory(params, dp_shard=1, optimizer_states=optimizer_states),
+        )
+    precision = resolve_sharded_precision(mixed_precision, fsdp.mixed_precision_policy)
+    ignored_paths = select_ignored(model, fsdp.ignored_modules_pattern)
+    ignored_ids = frozenset(id(p) for path in ignored_paths for p in model.get_submodule(path).parameters())
+    if ignored_ids and mixed_precision == "fp16":
+        raise ShardingError(
+            f"{FLAG_IGNORED} with --accelerator.mixed_precision=fp16 is not supported: the loss scaler's "
+            "inf check cannot mix sharded (DTensor) and unsharded gradients in torch's GradScaler. Use bf16, "
+            "or shard those modules too"
+        )
+    selection = select_units(model, fsdp, default_wrap_modules, skip=ignored_ids)
+    units = [p for p in selection.paths
+             if not any(p == ig or p.startswith(ig + ".") for ig in ignored_paths)]
+    if not units:
+        raise ShardingError(
+            f"every wrap unit from {selection.source} lies inside {FLAG_IGNORED}={fsdp.ignored_modules!r}; "
+            "sharding the root alone saves no memory"
+        )
+    tied = check_tied_weights(model, units, ignored_ids)
+    sizes = _group_sizes(model, units, ignored_ids)
+    modules = dict(model.named_modules())
+    return ShardingPlan(
+        mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=parallelism.dp_shard,
+        mesh_dim_names=names, mesh_shape=shape, unit_source=selection.source,
+        units=tuple(PlannedModule(p, type(modules[p]).__name__, sizes[p]) for p in units),
+        root=PlannedModule("", type(model).__name__, sizes[""]),
+        ignored=tuple(PlannedModule(p, type(modules[p]).__name__, sum(x.numel() for x in modules[p].parameters()))
+                      for p in ignored_paths),
+        unmatched_unit_classes=selection.unmatched, tied=tied, precision=precision,
+        reshard_after_forward=fsdp.reshard_after_forward, cpu_offload=fsdp.cpu_offload,
+        memory=estimate_memory(params, dp_shard=parallelism.dp_shard, ignored=ignored_ids,
+                               upcast_trainable=precision.upcast_trainable, optimizer_states=optimizer_states,
+                               cpu_offload=fsdp.cpu_offload),
+    )
+

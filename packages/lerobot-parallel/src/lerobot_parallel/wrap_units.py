@@ -1,0 +1,177 @@
+"""Which submodules become FSDP units, and which stay unsharded.
+
+FSDP2 gathers one unit's parameters at a time, so the unit list *is* the memory saving: with
+only the root wrapped, every rank all-gathers the whole model for each forward. That is why a
+missing unit list is an error here and never a silent fallback to the root.
+
+Three sources, first one given wins (the order of the user docs):
+``--accelerator.fsdp.wrap_modules`` (class names; each must match), ``--accelerator.fsdp.min_num_params``
+(size-based, bottom-up), the policy class's ``_fsdp_wrap_modules`` (at least one must match: a
+policy may declare units for optional sub-architectures it did not build this time).
+
+Container modules (``ModuleList`` …) never become units: they have no ``forward``, so FSDP's
+pre-forward hook that gathers their parameters would never run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from attrs import define
+from torch import nn
+
+from lerobot_parallel.config import FSDPConfig, ShardingError
+
+NO_FORWARD: tuple[type[nn.Module], ...] = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+FLAG_WRAP = "--accelerator.fsdp.wrap_modules"
+FLAG_MIN = "--accelerator.fsdp.min_num_params"
+FLAG_IGNORED = "--accelerator.fsdp.ignored_modules"
+
+
+@define(frozen=True)
+class UnitSelection:
+    """The chosen unit paths (model order) and a human-readable account of where they came from."""
+
+    paths: tuple[str, ...]
+    source: str
+    unmatched: tuple[str, ...] = ()  # declared class names that matched no module (policy attribute only)
+
+
+def class_census(model: nn.Module) -> str:
+    """``"Block x3, Linear x7, …"``: what a user can put in ``--accelerator.fsdp.wrap_modules``."""
+    counts = Counter(type(m).__name__ for _, m in model.named_modules())
+    return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+
+
+def _unique_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``named_modules`` without the root, each module object once (a shared module is one unit)."""
+    return [(path, m) for path, m in model.named_modules() if path]
+
+
+def depth(path: str) -> int:
+    return 0 if not path else path.count(".") + 1
+
+
+def children_first(paths: Iterable[str]) -> list[str]:
+    """Order for ``fully_shard``: a unit must be wrapped before any unit that contains it."""
+    return sorted(paths, key=depth, reverse=True)  # stable: model order within one depth
+
+
+def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, require_each: bool) -> UnitSelection:
+    """Every non-root module whose class ``__name__`` is in ``names``."""
+    wanted = tuple(dict.fromkeys(names))
+    present = {type(m).__name__ for _, m in model.named_modules()}
+    unmatched = tuple(n for n in wanted if n not in present)
+    if require_each and unmatched:
+        raise ShardingError(
+            f"{source}: class name(s) {', '.join(unmatched)} match no module of {type(model).__name__}; "
+            f"class names present: {class_census(model)}"
+        )
+    containers = sorted({type(m).__name__ for _, m in _unique_modules(model)
+                         if type(m).__name__ in wanted and isinstance(m, NO_FORWARD)})
+    if containers:
+        raise ShardingError(
+            f"{source}: {', '.join(containers)} is a container without forward(); FSDP gathers a unit's "
+            "parameters in its forward hook, so name the block class it holds instead"
+        )
+    paths = tuple(path for path, m in _unique_modules(model) if type(m).__name__ in wanted)
+    if not paths:
+        only_root = type(model).__name__ in wanted
+        raise ShardingError(
+            f"{source}: {'only the root module' if only_root else 'no module'} of {type(model).__name__} "
+            f"matches {', '.join(wanted)}; sharding the root alone saves no memory. "
+            f"Class names present: {class_census(model)}"
+        )
+    return UnitSelection(paths=paths, source=source, unmatched=unmatched)
+
+
+def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] = frozenset()) -> UnitSelection:
+    """Bottom-up: a module becomes a unit when the parameters not already in a unit below it
+    number ``≥ min_num_params``; its whole subtree then counts as taken (units never overlap
+    except by nesting, which ``fully_shard`` resolves children-first). Parameters in ``skip``
+    (ignored ones, by ``id``) and modules without ``forward`` never count or wrap."""
+    chosen: list[str] = []
+    seen: set[int] = set(skip)
+
+    def visit(path: str, module: nn.Module) -> int:
+        free = 0
+        for name, child in module.named_children():
+            free += visit(f"{path}.{name}" if path else name, child)
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                free += p.numel()
+        if path and free >= min_num_params and not isinstance(module, NO_FORWARD):
+            chosen.append(path)
+            return 0
+        return free
+
+    visit("", model)
+    source = f"{FLAG_MIN}={min_num_params}"
+    if not chosen:
+        total = sum(p.numel() for p in model.parameters())
+        raise ShardingError(
+            f"{source}: no submodule of {type(model).__name__} holds that many parameters (the whole model "
+            f"has {total}); lower it, or name the block classes with {FLAG_WRAP}"
+        )
+    order = {path: i for i, (path, _) in enumerate(model.named_modules())}
+    return UnitSelection(paths=tuple(sorted(chosen, key=order.__getitem__)), source=source)
+
+
+def no_units_message(model: nn.Module) -> str:
+    cls = type(model).__name__
+    return (
+        f"FSDP needs wrap units, and {cls} gives none: it declares no _fsdp_wrap_modules and neither "
+        f"{FLAG_WRAP} nor {FLAG_MIN} was passed. Sharding only the root would all-gather the whole model "
+        f"on every rank and save no memory, so the run stops here. Choose one of: "
+        f"{FLAG_WRAP}='[\"BlockClass\"]' (class names present: {class_census(model)}); "
+        f"{FLAG_MIN}=N (wrap every submodule holding ≥ N parameters); "
+        f"or declare _fsdp_wrap_modules = [\"BlockClass\"] on the policy class."
+    )
+
+
+def select_units(model: nn.Module, fsdp: FSDPConfig, default_wrap_modules: Sequence[str] | None = None,
+                 skip: frozenset[int] = frozenset()) -> UnitSelection:
+    """The unit paths for ``model`` from the first source given (see module docstring).
+
+    ``default_wrap_modules`` stands in for the model's own ``_fsdp_wrap_modules`` (needed when the
+    policy is wrapped, e.g. by PEFT, and the attribute sits on the inner class).
+    """
+    if fsdp.wrap_modules is not None:
+        return select_by_class(model, fsdp.wrap_modules, source=FLAG_WRAP, require_each=True)
+    if fsdp.min_num_params is not None:
+        return select_by_size(model, fsdp.min_num_params, skip)
+    declared = default_wrap_modules
+    owner = "the policy"
+    if declared is None:
+        declared = getattr(model, "_fsdp_wrap_modules", None)
+        owner = type(model).__name__
+    if isinstance(declared, str):
+        declared = [declared]
+    if not declared:
+        raise ShardingError(no_units_message(model))
+    return select_by_class(model, list(declared), source=f"{owner}._fsdp_wrap_modules", require_each=False)
+
+
+def select_ignored(model: nn.Module, pattern: re.Pattern[str] | None) -> tuple[str, ...]:
+    """Top-most module paths that ``pattern`` matches as a whole (``re.fullmatch``).
+
+    A matched module takes its whole subtree with it, so matches below another match are
+    dropped. A pattern that matches nothing is an error: a typo would otherwise shard the
+    modules the user meant to keep whole, and nobody would notice.
+    """
+    if pattern is None:
+        return ()
+    matched: list[str] = []
+    for path, _ in _unique_modules(model):
+        if pattern.fullmatch(path) and not any(path.startswith(m + ".") for m in matched):
+            matched.append(path)
+    if not matched:
+        sample = [p for p, _ in _unique_modules(model)][:12]
+        raise ShardingError(
+            f"{FLAG_IGNORED}={pattern.pattern!r} matches no module path (the whole path must match, "
+            f"re.fullmatch; start with .* to match a suffix). Paths look like: {', '.join(sample)}"
+        )
+    return tuple(matched)

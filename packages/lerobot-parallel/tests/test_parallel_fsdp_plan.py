@@ -1,0 +1,157 @@
+"""The sharding plan (dry-run object), its memory arithmetic and the precision-policy rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lerobot_parallel import (
+    AcceleratorConfig,
+    FSDPConfig,
+    MixedPrecisionPolicyConfig,
+    ParallelismConfig,
+    ParallelismError,
+    ShardingError,
+    build_plan,
+)
+from lerobot_parallel.fsdp_precision import resolve_sharded_precision
+from lerobot_parallel.memory import estimate_memory, padded_shard_numel
+from lerobot_parallel.testing import BlockRegressor, TiedTokenModel
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+FSDP2, HSDP = ParallelismConfig(dp_shard=2), ParallelismConfig(dp_replicate=2, dp_shard=2)
+
+
+def test_fsdp_plan_lists_units_counts_and_checks():
+    plan = build_plan(BlockRegressor(), FSDP2)
+    assert (plan.mode, plan.mesh_dim_names, plan.mesh_shape) == ("fsdp", ("dp_shard",), (2,))
+    assert [(u.path, u.class_name, u.num_params) for u in plan.units] == [
+        (f"blocks.{i}", "Block", 634) for i in range(3)]
+    assert (plan.root.class_name, plan.root.num_params) == ("BlockRegressor", 117 + 82)
+    assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(
+        p.numel() for p in BlockRegressor().parameters())
+    text = "\n".join(plan.describe())
+    for expected in ("fsdp on mesh (dp_shard=2)", "blocks.2 (Block): 634 params", "<root> (BlockRegressor): 199",
+                     "Ignored modules: none", "Tied weights: none", "Estimated per-rank memory",
+                     "BlockRegressor._fsdp_wrap_modules", "CPU offload: no"):
+        assert expected in text, (expected, text)
+
+
+def test_hsdp_plan_shards_over_dp_shard_only():
+    fsdp4 = build_plan(BlockRegressor(), ParallelismConfig(dp_shard=4))
+    hsdp = build_plan(BlockRegressor(), HSDP)
+    fsdp2 = build_plan(BlockRegressor(), FSDP2)
+    assert (hsdp.mode, hsdp.mesh_dim_names, hsdp.mesh_shape) == ("hsdp", ("dp_replicate", "dp_shard"), (2, 2))
+    assert hsdp.memory == fsdp2.memory  # 1/S of the model per rank, whatever R is
+    assert fsdp4.memory.total < fsdp2.memory.total
+
+
+def test_non_sharded_plans_and_unresolved_degrees():
+    ddp = build_plan(BlockRegressor(), ParallelismConfig(dp_replicate=2))
+    assert ddp.mode == "ddp" and not ddp.units and ddp.memory.ratio == 1.0
+    assert "no sharding" in ddp.describe()[0]
+    # the policy is not asked for units when nothing is sharded
+    assert build_plan(nn.Linear(3, 3), ParallelismConfig()).mode == "single"
+    with pytest.raises(ParallelismError, match="resolve"):
+        build_plan(BlockRegressor(), ParallelismConfig(dp_shard=-1))
+
+
+def test_padded_shard_sizes():
+    assert padded_shard_numel((7, 5), 2) == 4 * 5  # ceil(7/2) rows
+    assert padded_shard_numel((8, 5), 4) == 2 * 5
+    assert padded_shard_numel((3,), 4) == 1  # some ranks hold padding only
+    assert padded_shard_numel((), 2) == 1
+    assert padded_shard_numel((7, 5), 1) == 35
+
+
+def test_memory_estimate_arithmetic():
+    lin = nn.Linear(4, 6)  # weight (6,4)=24, bias 6, fp32
+    frozen = nn.Linear(4, 3).requires_grad_(False)  # 15 elements, no grads or optimizer state
+    est = estimate_memory([*lin.parameters(), *frozen.parameters(), lin.weight], dp_shard=4)  # duplicate ignored
+    # per rank: weight 2x4=8, bias 2, frozen weight 1x4=4 + bias 1 -> params 15 elements
+    assert est.params == 15 * 4 and est.grads == 10 * 4 and est.optimizer == 2 * 10 * 4
+    assert est.unsharded_params == 45 * 4 and est.unsharded_grads == 30 * 4
+    ign = estimate_memory(lin.parameters(), dp_shard=4, ignored=frozenset({id(lin.weight)}))
+    assert ign.params == (24 + 2) * 4  # the ignored weight is whole on every rank
+    half = nn.Linear(4, 6).to(torch.bfloat16)
+    assert estimate_memory(half.parameters(), dp_shard=1).params == 30 * 2
+    assert estimate_memory(half.parameters(), dp_shard=1, upcast_trainable=True).params == 30 * 4
+    assert estimate_memory(lin.parameters(), dp_shard=2, optimizer_states=1).optimizer == 15 * 4
+
+
+def test_estimate_ratio_approaches_one_over_n_for_large_params():
+    big = nn.Sequential(nn.Linear(512, 1024), nn.Linear(1024, 512))
+    for n in (2, 4, 8):
+        assert estimate_memory(big.parameters(), dp_shard=n).ratio <= 1.05 / n
+
+
+def test_plan_with_ignored_modules_and_precision():
+    plan = build_plan(BlockRegressor(), HSDP, FSDPConfig(ignored_modules="head"), "bf16")
+    assert [(m.path, m.class_name, m.num_params) for m in plan.ignored] == [("head", "Head", 82)]
+    assert plan.root.num_params == 117  # the head is no longer the root's
+    text = "\n".join(plan.describe())
+    assert "gradients averaged over 4 dp ranks" in text and "all-gathered in bfloat16" in text
+    assert "derived from --accelerator.mixed_precision=bf16" in text
+
+
+def test_units_inside_ignored_modules_are_dropped_and_all_ignored_is_refused():
+    plan = build_plan(BlockRegressor(), FSDP2, FSDPConfig(wrap_modules=("Block", "Head"), ignored_modules="head"))
+    assert [u.path for u in plan.units] == ["blocks.0", "blocks.1", "blocks.2"]
+    with pytest.raises(ShardingError, match="lies inside"):
+        build_plan(BlockRegressor(), FSDP2, FSDPConfig(ignored_modules="blocks"))
+
+
+def test_plan_refuses_what_sharding_cannot_do():
+    with pytest.raises(ShardingError, match="embed.weight"):
+        build_plan(TiedTokenModel(), FSDP2)
+    with pytest.raises(ShardingError, match="fp16 is not supported"):
+        build_plan(BlockRegressor(), FSDP2, FSDPConfig(ignored_modules="head"), "fp16")
+
+
+def test_many_units_are_grouped_by_class():
+    plan = build_plan(BlockRegressor(depth=20), FSDP2)
+    lines = plan.describe()
+    assert "  Block x20 (634 params each), first blocks.0" in lines
+    assert not any(line.startswith("  blocks.") for line in lines)
+
+
+# ---- precision rules ----------------------------------------------------------------------------
+
+def test_no_mixed_precision_means_no_policy_and_no_upcast():
+    sp = resolve_sharded_precision("no")
+    assert sp.source == "none" and not sp.upcast_trainable
+    assert sp.policies() == (MixedPrecisionPolicy(), MixedPrecisionPolicy())
+
+
+@pytest.mark.parametrize(("mode", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_derived_policy(mode, dtype):
+    unit, root = resolve_sharded_precision(mode).policies()
+    assert unit == MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
+    assert root == MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    assert resolve_sharded_precision(mode).upcast_trainable
+
+
+def test_explicit_policy_is_built_from_its_fields_only():
+    mpp = MixedPrecisionPolicyConfig(param_dtype="bfloat16")
+    sp = resolve_sharded_precision("fp16", mpp)  # replaces the policy fp16 would derive
+    unit, root = sp.policies()
+    assert unit == root == MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # reduce_dtype left to torch
+    assert sp.upcast_trainable and "torch" in sp.describe() and "default" in sp.describe()
+    full = MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype="float32", output_dtype="float32",
+                                      cast_forward_inputs=False)
+    assert resolve_sharded_precision("no", full).policies()[0] == MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32,
+        cast_forward_inputs=False)
+
+
+def test_explicit_policy_needs_param_dtype_and_float16_needs_fp16():
+    with pytest.raises(ValueError, match="param_dtype must be set"):
+        MixedPrecisionPolicyConfig(reduce_dtype="float32")
+    with pytest.raises(ValueError, match="needs --accelerator.mixed_precision=fp16"):
+        AcceleratorConfig(mixed_precision="bf16", fsdp=FSDPConfig(
+            mixed_precision_policy=MixedPrecisionPolicyConfig(param_dtype="float16")))
+    with pytest.raises(ValueError, match="needs --accelerator.mixed_precision=fp16"):
+        resolve_sharded_precision("no", MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype="float16"))
+    unit, _ = resolve_sharded_precision("fp16", MixedPrecisionPolicyConfig(param_dtype="float16")).policies()
+    assert unit.param_dtype == torch.float16
+
