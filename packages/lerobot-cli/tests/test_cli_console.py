@@ -115,11 +115,26 @@ def test_existing_output_dir_is_refused_and_untouched(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == before and marker.read_text() == "precious"
 
 
-def test_dry_run_prints_the_config_as_json(tmp_path):
-    proc = run("--policy.type=mlp", "--dataset.repo_id=a/b", f"--output_dir={tmp_path / 'o'}", "--dry_run=true",
-               "--accelerator.gradient_accumulation.steps=4")
+DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
+
+
+def test_dry_run_prints_the_config_and_the_sharding_plan(tmp_path):
+    proc = run("--policy.type=mlp", "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
+               f"--output_dir={tmp_path / 'o'}", "--dry_run=true", "--accelerator.gradient_accumulation.steps=4",
+               "--parallelism.dp_shard=4", "--accelerator.mixed_precision=bf16")
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    data, end = json.JSONDecoder().raw_decode(proc.stdout)
     assert data["accelerator"]["gradient_accumulation"]["steps"] == 4
-    assert data["policy"]["type"] == "mlp" and data["job_name"] == "a_b_mlp"
+    assert data["policy"]["type"] == "mlp" and data["job_name"] == "lerobot_demo_reach_mlp"
+    plan = proc.stdout[end:]
+    assert "Sharding plan: fsdp on mesh (dp_shard=4)" in plan
+    assert "(MLPBlock)" in plan and "Tied weights: none" in plan and "Estimated per-rank memory" in plan
+    assert "x of the unsharded" in plan
     assert not (tmp_path / "o").exists()
+
+
+def test_dry_run_refuses_a_plan_without_units(tmp_path):
+    proc = run("--policy.type=mlp", "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
+               f"--output_dir={tmp_path / 'o'}", "--dry_run=true", "--parallelism.dp_shard=2",
+               '--accelerator.fsdp.wrap_modules=["Nope"]')
+    assert_usage_error(proc, "class name(s) Nope match no module", "MLPBlock")

@@ -16,6 +16,7 @@ from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, 
 from lerobot_parallel import ParallelismError
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
+from lerobot_parallel.plan import build_plan
 from lerobot_parallel.wrap import unwrap_model, wrap_model
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler
@@ -66,6 +67,12 @@ def run(cfg: TrainConfig, config_path: Path | None = None) -> int:
     return 0
 
 
+def sharding_plan(cfg: TrainConfig, policy, parallelism):
+    """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
+    return build_plan(policy, parallelism, cfg.accelerator.fsdp, cfg.accelerator.mixed_precision,
+                      default_wrap_modules=getattr(type(policy), "_fsdp_wrap_modules", None))
+
+
 def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:
     workers = cfg.num_workers
     # Its own generator: creating an iterator draws a worker base seed, which must not shift the global
@@ -83,7 +90,8 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
     set_seed(cfg.seed)
     processors_from = CheckpointPaths(resume_dir).pretrained_model if resume_dir else None
     workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from)
-    model = wrap_model(workload.policy, runtime, cfg.accelerator.ddp, cfg.accelerator.fsdp)
+    plan = sharding_plan(cfg, workload.policy, runtime.parallelism)
+    model = wrap_model(workload.policy, runtime, cfg.accelerator.ddp, cfg.accelerator.fsdp, plan=plan)
     policy = unwrap_model(model)
     opt_cfg = cfg.optimizer or OptimizerConfig()
     optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
@@ -112,6 +120,9 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         for line in banner_lines(cfg, runtime, policy, workload.dataset.meta.num_frames,
                                  workload.dataset.meta.num_episodes, loop.step):
             reporter.print(line)
+        if runtime.parallelism.is_sharded:
+            for line in plan.describe():
+                reporter.print(line)
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.loss, ev.output.lr), every=1)
         if cfg.log_freq > 0:
             loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)

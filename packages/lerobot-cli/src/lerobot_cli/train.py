@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -53,10 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as exc:
         exit_usage(PROG, str(exc))
     if cfg.dry_run:
-        from lerobot_cli.configio import unstructure_train_config
+        from lerobot_cli.datasets import DatasetError
+        from lerobot_cli.dry_run import dry_run
 
-        print(json.dumps(unstructure_train_config(cfg), indent=2))
-        return 0
+        try:
+            return dry_run(cfg)
+        except (DatasetError, ValueError) as exc:
+            exit_usage(PROG, str(exc))
     from lerobot_cli.runner import run
 
     return run(cfg, config_path=result.config_path)

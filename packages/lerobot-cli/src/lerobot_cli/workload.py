@@ -57,10 +57,19 @@ def _has_processors(directory: Path) -> bool:
     return (directory / "policy_preprocessor.json").is_file() and (directory / "policy_postprocessor.json").is_file()
 
 
+def build_policy_for(cfg: TrainConfig, features: dict) -> tuple[PolicyConfig, nn.Module]:
+    """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset."""
+    policy_cfg = policy_config_for_dataset(cfg.policy, features)
+    if policy_cfg.pretrained_path:
+        policy_cfg, policy = load_pretrained(Path(policy_cfg.pretrained_path), config=policy_cfg)
+        return policy_cfg, policy.train()
+    return policy_cfg, build_policy(policy_cfg)
+
+
 def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None = None) -> Workload:
     """``processors_from``: a ``pretrained_model/`` whose processors to use (a resumed checkpoint)."""
     meta = load_meta(resolve_dataset_root(cfg.dataset))
-    policy_cfg = policy_config_for_dataset(cfg.policy, meta.features)
+    policy_cfg, policy = build_policy_for(cfg, meta.features)
     delta = resolve_delta_timestamps(
         meta.features, meta.fps,
         observation_delta_indices=policy_cfg.observation_delta_indices,
@@ -69,11 +78,6 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
     )
     dataset = make_dataset(cfg.dataset, delta_timestamps=delta)
     pretrained = Path(policy_cfg.pretrained_path) if policy_cfg.pretrained_path else None
-    if pretrained is not None:
-        policy_cfg, policy = load_pretrained(pretrained, config=policy_cfg)
-        policy.train()
-    else:
-        policy = build_policy(policy_cfg)
     source = processors_from or pretrained
     if source is not None and _has_processors(source):
         pre, post = load_processors(source, device=device)

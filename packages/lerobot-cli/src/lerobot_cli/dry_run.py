@@ -1,0 +1,36 @@
+"""``--dry_run=true``: print the resolved config and the sharding plan, then exit without training.
+
+It needs no process group: the degrees are resolved against the launched world size, or, when no
+launcher is involved, against the degrees given (so ``--parallelism.dp_shard=4`` can be previewed from
+one process). The policy is built for real (on the CPU) because units and memory depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lerobot_parallel.launch_env import LaunchEnv
+
+from lerobot_cli.config import TrainConfig
+from lerobot_cli.configio import unstructure_train_config
+
+
+def preview_world_size(cfg: TrainConfig, launched: int) -> int:
+    p = cfg.parallelism
+    if launched > 1 or p.dp_shard == -1:
+        return launched
+    return p.dp_replicate * p.dp_shard
+
+
+def dry_run(cfg: TrainConfig) -> int:
+    print(json.dumps(unstructure_train_config(cfg), indent=2))
+    resolved = cfg.parallelism.resolve(preview_world_size(cfg, LaunchEnv.from_environ().world_size))
+    from lerobot_cli.datasets import load_meta, resolve_dataset_root
+    from lerobot_cli.runner import sharding_plan
+    from lerobot_cli.workload import build_policy_for
+
+    meta = load_meta(resolve_dataset_root(cfg.dataset))
+    _, policy = build_policy_for(cfg, meta.features)
+    plan = sharding_plan(cfg, policy, resolved)
+    print("\n".join(plan.describe()))
+    return 0
