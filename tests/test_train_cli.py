@@ -72,6 +72,17 @@ def test_ddp_two_processes_match_one_process_on_the_same_global_batch(launch, tm
     assert all(abs(x - y) <= 1e-5 for x, y in zip(a, b)), (a, b)
 
 
+def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(launch, tmp_path):
+    common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false"]
+    one, _ = train(launch, tmp_path, "one", *common, "--batch_size=8")
+    two, res = train(launch, tmp_path, "fsdp", *common, "--batch_size=4", "--parallelism.dp_shard=-1", nproc=2)
+    assert "topology dp_replicate=1 x dp_shard=2 (FSDP2)" in res.stdout
+    assert "Sharding plan: fsdp on mesh (dp_shard=2)" in res.stdout and "(MLPBlock)" in res.stdout
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == 4
+    assert all(abs(x - y) <= 1e-5 for x, y in zip(a, b)), (a, b)
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(launch, tmp_path, nproc):
     # Two episodes (98 frames) and a global batch of 8: an epoch ends after 12 steps, so the resume at
