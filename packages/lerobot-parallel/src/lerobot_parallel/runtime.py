@@ -21,7 +21,7 @@ import torch.distributed as dist
 from attrs import define
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig, ParallelismError
 from lerobot_parallel.launch_env import LaunchEnv
 
 
@@ -118,12 +118,17 @@ def resolve_device(choice: str | torch.device | None, local_rank: int, local_wor
             return torch.device("cpu")
         index = None
     else:
-        requested = torch.device(choice)
+        try:
+            requested = torch.device(choice)
+        except RuntimeError as exc:
+            raise ParallelismError(
+                f"--policy.device={choice}: not a torch device ({str(exc).splitlines()[0]}); use cpu, cuda or auto"
+            ) from None
         if requested.type in ("cpu", "meta"):
             return torch.device(requested.type)
         dev_type, index = requested.type, requested.index
         if _accelerator_type() != dev_type:
-            raise ValueError(
+            raise ParallelismError(
                 f"device {str(choice)!r} was requested but no {dev_type} device is available here "
                 f"(available accelerator: {_accelerator_type() or 'none'}); choose device 'cpu' or 'auto'"
             )
@@ -137,7 +142,7 @@ def resolve_device(choice: str | torch.device | None, local_rank: int, local_wor
         index = local_rank
     count = torch.accelerator.device_count()
     if index >= count:
-        raise ValueError(
+        raise ParallelismError(
             f"local rank {local_rank} needs {dev_type}:{index}, but only {count} {dev_type} device(s) are "
             f"visible; launch at most {count} process(es) per node, or use device 'cpu'"
         )

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig, ParallelismError
 from lerobot_parallel.launch_env import LaunchEnv
 from lerobot_parallel.runtime import ParallelRuntime, init_runtime
 
@@ -78,7 +78,9 @@ def parallel_session(
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
-        if launch.world_size > 1:
+        # A topology or device refused before the runtime exists is a usage error, the same on every
+        # rank: the caller prints it once; a failure report with a traceback would bury it.
+        if launch.world_size > 1 and not (runtime is None and isinstance(exc, ParallelismError)):
             report_rank_failure(launch.rank, launch.world_size, exc)
         raise
     finally:
