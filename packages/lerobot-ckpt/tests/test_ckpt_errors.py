@@ -203,12 +203,12 @@ def test_lerobot_legacy_checkpoints(saved, record, why):
     assert f"--policy.path={saved / 'pretrained_model'}" in msg
 
 
-def test_dcp_only_checkpoint_cannot_be_resumed_non_sharded_yet(saved):
+def test_record_claiming_dcp_shards_that_are_not_there(saved):
     path = saved / "training_state" / "training_step.json"
     record = json.loads(path.read_text())
     record["artifacts"].update(model_safetensors=False, model_dcp=True)
     path.write_text(json.dumps(record))
-    _load_expecting(saved, UnsupportedCheckpointError, "weights as DCP shards only.*lerobot-convert-dcp")
+    _load_expecting(saved, MissingCheckpointFileError, "pytorch_model_fsdp_0 .the DCP directory does not exist")
 
 
 def test_bad_resume_path(tmp_path):
@@ -219,7 +219,7 @@ def test_bad_resume_path(tmp_path):
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"run": RunInfo(world_size=1, batch_size=1, mixed_precision="fp16")}, "fp16 needs its loss scaler"),
     ({"run": RunInfo(world_size=1, batch_size=1), "scaler": torch.amp.GradScaler("cpu")}, "fp16 runs only"),
-    ({"run": RunInfo(world_size=2, batch_size=1, parallelism=Parallelism(1, 2))}, "sharded .* not supported"),
+    ({"run": RunInfo(world_size=2, batch_size=1, parallelism=Parallelism(1, 2))}, "sharded .* needs torch.distributed"),
     ({"run": RunInfo(world_size=1, batch_size=1), "sampler_state": {"rng": object()}}, "JSON-serialisable"),
     ({"run": RunInfo(world_size=1, batch_size=1), "model": None}, "would hold no weights"),
 ])

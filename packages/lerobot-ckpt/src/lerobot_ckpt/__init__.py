@@ -17,15 +17,18 @@ from lerobot_ckpt.errors import (
     CheckpointSaveError,
     CheckpointWriteError,
     CorruptCheckpointError,
+    InsufficientDiskSpaceError,
     LegacyCheckpointError,
     MissingCheckpointFileError,
     ModelMismatchError,
     OptimizerMismatchError,
+    OutputExistsError,
     StateMismatchError,
     UnsupportedCheckpointError,
 )
 from lerobot_ckpt.formats import CheckpointFormat
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
+from lerobot_ckpt.pretrained import pretrained_weights_file
 from lerobot_ckpt.record import Artifacts, Parallelism, RunInfo, TrainingStepRecord
 
 __version__ = "0.1.0"
@@ -36,6 +39,8 @@ _LAZY = {
     "read_training_step": "lerobot_ckpt.load",
     "ResumeState": "lerobot_ckpt.load",
     "unwrap_model": "lerobot_ckpt.model_state",
+    "convert_dcp": "lerobot_ckpt.convert",
+    "ConvertResult": "lerobot_ckpt.convert",
 }
 
 __all__ = [
@@ -47,11 +52,14 @@ __all__ = [
     "CheckpointPaths",
     "CheckpointSaveError",
     "CheckpointWriteError",
+    "ConvertResult",
     "CorruptCheckpointError",
+    "InsufficientDiskSpaceError",
     "LegacyCheckpointError",
     "MissingCheckpointFileError",
     "ModelMismatchError",
     "OptimizerMismatchError",
+    "OutputExistsError",
     "Parallelism",
     "ResumeState",
     "RunInfo",
@@ -59,9 +67,11 @@ __all__ = [
     "TrainingStepRecord",
     "UnsupportedCheckpointError",
     "checkpoints_dir",
+    "convert_dcp",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "pretrained_weights_file",
     "read_training_step",
     "resolve_checkpoint_dir",
     "resolve_last",
@@ -69,8 +79,6 @@ __all__ = [
     "step_dir_name",
     "unwrap_model",
 ]
-
-
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:

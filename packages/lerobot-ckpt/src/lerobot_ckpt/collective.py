@@ -14,12 +14,26 @@ import torch
 import torch.distributed as dist
 from attrs import define
 
-from lerobot_ckpt.errors import CheckpointError, CheckpointSaveError, CheckpointWriteError
+from lerobot_ckpt import errors
+from lerobot_ckpt.errors import CheckpointError, CheckpointSaveError
 
-_ERROR_CLASSES: dict[str, type[CheckpointSaveError]] = {
-    "write": CheckpointWriteError,
-    "save": CheckpointSaveError,
-}
+
+def _rebuild(kind: str, message: str) -> CheckpointError:
+    """The error a peer reported, as the same class: a CLI then reacts identically on every rank.
+
+    Classes with their own constructor (``MissingCheckpointFileError(path, why)``) are rebuilt from
+    the final message alone; their ``path`` is unknown to this rank and left None.
+    """
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, CheckpointError)):
+        cls = CheckpointSaveError
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    if issubclass(cls, errors.MissingCheckpointFileError | errors.CorruptCheckpointError | errors.CheckpointWriteError):
+        error.path = None
+    if issubclass(cls, errors.CheckpointWriteError):
+        error.os_error = None
+    return error
 
 
 def _initialized() -> bool:
@@ -67,12 +81,25 @@ class Collective:
         dist.all_gather_object(out, obj)
         return out
 
-    def agree(self, error: CheckpointSaveError | None) -> None:
+    def barrier(self) -> None:
+        """A barrier through a tiny all-reduce (works on NCCL without guessing the device)."""
+        if self.distributed:
+            dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=_flag_device()))
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``src``'s object on every rank (the staging path a sharded save writes into)."""
+        if not self.distributed:
+            return obj
+        payload = [obj]
+        dist.broadcast_object_list(payload, src=src)
+        return payload[0]
+
+    def agree(self, error: CheckpointError | None) -> None:
         """Raise the same error on every rank if any rank failed; also a barrier when none did.
 
         One tiny all-reduce carries "the lowest failing rank" (encoded so that MAX finds it); only
-        on failure does that rank broadcast its message. A rank whose own error is not the one
-        chosen still raises the agreed error, chained to its own.
+        on failure does that rank broadcast its class name and message. A rank whose own error is
+        not the one chosen still raises the agreed error (same class), chained to its own.
         """
         if not self.distributed:
             if error is not None:
@@ -87,11 +114,9 @@ class Collective:
         failed = self.world_size - value
         payload: list[Any] = [None]
         if self.rank == failed:
-            kind = "write" if isinstance(error, CheckpointWriteError) else "save"
-            payload = [(kind, str(error))]
+            payload = [(type(error).__name__, str(error))]
         dist.broadcast_object_list(payload, src=failed)
         kind, message = payload[0]
         if self.rank == failed and error is not None:
             raise error
-        agreed = _ERROR_CLASSES[kind](message)
-        raise agreed from error
+        raise _rebuild(kind, message) from error

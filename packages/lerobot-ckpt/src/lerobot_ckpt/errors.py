@@ -59,6 +59,14 @@ class UnsupportedCheckpointError(CheckpointError):
     """A checkpoint this version cannot load: a newer record format, or artifacts not readable here."""
 
 
+class OutputExistsError(CheckpointError):
+    """A conversion would replace an existing file; the user has to ask for that (``--overwrite``)."""
+
+
+class InsufficientDiskSpaceError(CheckpointError):
+    """Checked before writing, so a conversion never dies half-way with the disk full."""
+
+
 class CheckpointSaveError(CheckpointError):
     """A save failed; raised identically on every rank so that no rank waits for a dead peer."""
 

@@ -33,6 +33,7 @@ POSTPROCESSOR_CONFIG = "policy_postprocessor.json"
 POSTPROCESSOR_STATE_GLOB = "policy_postprocessor_step_*.safetensors"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's names
 ADAPTER_CONFIG = "adapter_config.json"
+MODEL_CARD = "README.md"  # the Hub's model card, written by lerobot-convert-dcp --push_to_hub when absent
 
 # training_state/
 OPTIMIZER_PARAM_GROUPS = "optimizer_param_groups.json"
@@ -141,6 +142,10 @@ class CheckpointPaths:
     @property
     def adapter_config(self) -> Path:
         return self.pretrained_model / ADAPTER_CONFIG
+
+    @property
+    def model_card(self) -> Path:
+        return self.pretrained_model / MODEL_CARD
 
     # training_state/
     @property

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+import attrs
 import cattrs
 from attrs import Factory, define, field
 from cattrs import transform_error
@@ -26,7 +28,7 @@ from lerobot_ckpt.errors import (
     UnsupportedCheckpointError,
 )
 from lerobot_ckpt.formats import CheckpointFormat
-from lerobot_ckpt.fsio import write_json
+from lerobot_ckpt.fsio import fsync_dir, write_json
 from lerobot_ckpt.layout import MODEL_DCP_DIR, OPTIMIZER_DCP_DIR, CheckpointPaths
 
 RECORD_FORMAT_VERSION = 1
@@ -251,3 +253,18 @@ def read_record(paths: CheckpointPaths) -> TrainingStepRecord:
         raise CorruptCheckpointError(path, "; ".join(transform_error(exc, path="training_step"))) from None
     except (CheckpointConfigError, TypeError, ValueError) as exc:
         raise CorruptCheckpointError(path, str(exc)) from None
+
+
+def update_artifacts(paths: CheckpointPaths, **changes: bool) -> TrainingStepRecord:
+    """Rewrite ``training_step.json`` with some ``artifacts`` flags changed (e.g. after a conversion).
+
+    Written to a temporary name, fsynced and renamed over the old record, so a crash leaves one of
+    the two complete records, never a truncated one.
+    """
+    record = read_record(paths)
+    updated = attrs.evolve(record, artifacts=attrs.evolve(record.artifacts, **changes))
+    tmp = paths.training_step.with_name(f".{paths.training_step.name}.tmp-{os.getpid()}")
+    write_record(tmp, updated)
+    os.replace(tmp, paths.training_step)
+    fsync_dir(paths.training_state)
+    return updated

@@ -1,0 +1,271 @@
+"""What a DCP directory holds, read from its ``.metadata`` alone, and one stored chunk at a time.
+
+``torch.distributed.checkpoint`` writes ``.metadata`` (pickled: every tensor's global shape and
+dtype, the chunks it was saved in, and each chunk's file/offset/length) plus the shard files
+``__<rank>_<n>.distcp``, where each chunk is a small ``torch.save`` record. Reading the metadata
+lets us check a checkpoint completely before touching anything (keys and shapes against a
+model, every shard file present and long enough) and lets the offline converter load one chunk
+at a time instead of the whole state (``_EmptyStateDictLoadPlanner`` materialises everything).
+
+The layout read here is DCP's own, as ``FileSystemWriter`` (default ``TORCH_SAVE`` serialisation,
+no stream extensions) writes it in torch 2.x; anything else is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Self
+
+import torch
+from attrs import define
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+
+from lerobot_ckpt.errors import CorruptCheckpointError, MissingCheckpointFileError, UnsupportedCheckpointError
+
+METADATA_FILE = ".metadata"
+PathKey = tuple[str | int, ...]
+
+
+@define(frozen=True)
+class StoredChunk:
+    """One saved piece of a tensor: its place in the global tensor and its bytes on disk."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    start: int
+    length: int
+
+    def is_row_slab(self, shape: tuple[int, ...]) -> bool:
+        """True when the chunk is whole along every dim but the first (FSDP's Shard(0) pieces)."""
+        return self.sizes[1:] == shape[1:] and all(o == 0 for o in self.offsets[1:])
+
+
+@define(frozen=True)
+class StoredTensor:
+    path: PathKey  # e.g. ("model", "encoder.0.weight") or ("optimizer", "state", "fc.weight", "exp_avg")
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    chunks: tuple[StoredChunk, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@define(frozen=True)
+class DcpIndex:
+    """Tensors of one DCP directory (non-tensor entries are counted, not described)."""
+
+    directory: Path
+    tensors: tuple[StoredTensor, ...]
+    other_paths: tuple[PathKey, ...]
+
+    @classmethod
+    def read(cls, directory: Path) -> DcpIndex:
+        directory = Path(directory)
+        meta_path = directory / METADATA_FILE
+        if not directory.is_dir():
+            raise MissingCheckpointFileError(directory, "the DCP directory does not exist")
+        if not meta_path.is_file():
+            raise MissingCheckpointFileError(
+                meta_path, f"{directory.name}/ has no {METADATA_FILE}: the save that wrote it did not finish "
+                "or the directory was copied incompletely")
+        try:
+            with open(meta_path, "rb") as f:
+                metadata = pickle.load(f)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing
+            raise CorruptCheckpointError(meta_path, f"not readable DCP metadata: {type(exc).__name__}: {exc}") from None
+        if not isinstance(metadata, Metadata):
+            raise CorruptCheckpointError(meta_path, f"expected DCP Metadata, found {type(metadata).__name__}")
+        return cls._from_metadata(directory, metadata)
+
+    @classmethod
+    def _from_metadata(cls, directory: Path, metadata: Metadata) -> DcpIndex:
+        planner = metadata.planner_data or {}
+        storage = metadata.storage_data or {}
+        tensors, others = [], []
+        for key, entry in metadata.state_dict_metadata.items():
+            path = tuple(planner.get(key, (key,)))
+            if not isinstance(entry, TensorStorageMetadata):
+                others.append(path)
+                continue
+            chunks = []
+            for chunk in entry.chunks:
+                info = storage.get(MetadataIndex(key, chunk.offsets))
+                if info is None:
+                    raise CorruptCheckpointError(directory / METADATA_FILE, f"no storage entry for a chunk of {key}")
+                if getattr(info, "transform_descriptors", None):
+                    raise UnsupportedCheckpointError(
+                        f"{directory}: {key} was saved through DCP stream extensions "
+                        f"({', '.join(map(str, info.transform_descriptors))}), which lerobot-ckpt does not read")
+                chunks.append(StoredChunk(tuple(chunk.offsets), tuple(chunk.sizes), str(info.relative_path),
+                                          int(info.offset), int(info.length)))
+            tensors.append(StoredTensor(path, entry.properties.dtype, tuple(entry.size), tuple(chunks)))
+        return cls(directory, tuple(tensors), tuple(others))
+
+    def under(self, prefix: str) -> dict[str, StoredTensor]:
+        """Tensors nested under ``prefix`` (``"model"`` / ``"optimizer"``), keyed by the rest of the path.
+
+        accelerate and lerobot-ckpt both save ``{"model": state_dict}``, so model keys are FQNs.
+        """
+        out = {}
+        for t in self.tensors:
+            if len(t.path) >= 2 and t.path[0] == prefix:
+                out[".".join(str(p) for p in t.path[1:])] = t
+        return out
+
+    def prefixes(self) -> set[str]:
+        return {str(t.path[0]) for t in self.tensors} | {str(p[0]) for p in self.other_paths}
+
+    def file_problems(self) -> list[str]:
+        """Shard files that are missing or shorter than the metadata says, each named."""
+        needed: dict[str, int] = {}
+        for t in self.tensors:
+            for c in t.chunks:
+                needed[c.file] = max(needed.get(c.file, 0), c.start + c.length)
+        problems = []
+        for name in sorted(needed):
+            path = self.directory / name
+            if not path.is_file():
+                problems.append(f"{name} is missing")
+            elif (size := path.stat().st_size) < needed[name]:
+                problems.append(f"{name} is truncated ({size} bytes, the metadata needs ≥ {needed[name]})")
+        return problems
+
+    def check_files(self) -> None:
+        problems = self.file_problems()
+        if problems:
+            raise MissingCheckpointFileError(
+                self.directory, f"{len(problems)} shard file(s) missing or truncated: {'; '.join(problems)}")
+
+
+class _Window(io.RawIOBase):
+    """A read-only view of ``[start, start + length)`` of an open file, so ``torch.load`` reads one
+    record straight into the tensor's storage (``readinto``) instead of through a bytes copy."""
+
+    def __init__(self, raw: io.RawIOBase, start: int, length: int) -> None:
+        super().__init__()
+        self._raw, self._start, self._length, self._pos = raw, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._length - self._pos)
+        if n <= 0:
+            return 0
+        self._raw.seek(self._start + self._pos)
+        got = self._raw.readinto(memoryview(buffer)[:n]) or 0
+        self._pos += got
+        return got
+
+
+class ChunkReader:
+    """Reads chunks of one DCP directory, keeping at most one shard file open at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._name: str | None = None
+        self._raw: io.RawIOBase | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw, self._name = None, None
+
+    def raw(self, chunk: StoredChunk) -> io.RawIOBase:
+        """The open shard file holding ``chunk`` (the previous one is closed)."""
+        if self._name != chunk.file:
+            self.close()
+            self._raw = open(self.directory / chunk.file, "rb", buffering=0)  # noqa: SIM115 - kept open across calls
+            self._name = chunk.file
+        return self._raw
+
+    def read(self, chunk: StoredChunk, where: str) -> torch.Tensor:
+        self.raw(chunk)
+        try:
+            tensor = torch.load(_Window(self._raw, chunk.start, chunk.length), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt shard
+            raise CorruptCheckpointError(self.directory / chunk.file,
+                                         f"cannot decode {where} at byte {chunk.start}: {exc}") from None
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != chunk.sizes:
+            got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise CorruptCheckpointError(self.directory / chunk.file,
+                                         f"{where}: stored chunk is {got}, the metadata says {chunk.sizes}")
+        return tensor
+
+
+def row_slabs(tensor: StoredTensor, where: str, directory: Path) -> list[StoredChunk] | None:
+    """The chunks in row order when they are dim-0 slabs tiling the tensor (FSDP's ``Shard(0)``
+    pieces), None when some chunk splits another dim; gaps or overlaps are corruption."""
+    if not all(c.is_row_slab(tensor.shape) for c in tensor.chunks):
+        return None
+    ordered = sorted(tensor.chunks, key=lambda c: c.offsets[:1])
+    if not tensor.shape:
+        return ordered[:1]
+    covered = 0
+    for chunk in ordered:
+        if chunk.offsets[0] != covered:
+            raise CorruptCheckpointError(directory / METADATA_FILE,
+                                         f"{where}: chunks leave rows {covered}..{chunk.offsets[0]} uncovered")
+        covered += chunk.sizes[0]
+    if covered != tensor.shape[0]:
+        raise CorruptCheckpointError(directory / METADATA_FILE, f"{where}: chunks cover {covered} of "
+                                     f"{tensor.shape[0]} rows")
+    return ordered
+
+
+def iter_full_tensor_pieces(reader: ChunkReader, tensor: StoredTensor, where: str
+                            ) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(first_row, slab)`` pieces covering ``tensor`` in row order, one chunk in memory at a time.
+
+    Chunks that are not dim-0 slabs (a tensor split along another dim) are assembled into the full
+    tensor first, the one case where a whole tensor is held.
+    """
+    slabs = row_slabs(tensor, where, reader.directory)
+    if slabs is not None:
+        for chunk in slabs:
+            yield (chunk.offsets[0] if chunk.offsets else 0), reader.read(chunk, where)
+        return
+    full = torch.empty(tensor.shape, dtype=tensor.dtype)
+    for chunk in tensor.chunks:
+        index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
+        full[index] = reader.read(chunk, where)
+    yield 0, full
+
+
+def shard_files(directory: Path) -> list[str]:
+    return sorted(p for p in os.listdir(directory) if p.endswith(".distcp"))
+
+
+def read_full_tensor(reader: ChunkReader, tensor: StoredTensor, where: str) -> torch.Tensor:
+    """One whole tensor (for small states only: PEFT adapters handed to the caller's loader)."""
+    pieces = list(iter_full_tensor_pieces(reader, tensor, where))
+    if len(pieces) == 1 and tuple(pieces[0][1].shape) == tensor.shape:
+        return pieces[0][1]
+    return torch.cat([p for _, p in pieces], dim=0)

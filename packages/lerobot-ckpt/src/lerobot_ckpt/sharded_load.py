@@ -1,0 +1,185 @@
+"""Resume model and optimizer onto any topology: 1 process, DDP N, FSDP2 N, HSDP R×S, from any of them.
+
+The live model and optimizer are asked for their FQN-keyed state (:mod:`lerobot_ckpt.dstate`),
+whose tensors alias their storage: full tensors on a plain or DDP model, this rank's DTensor
+shards on an FSDP2/HSDP one. The checkpoint is then read *into* them:
+
+* weights from ``pytorch_model_fsdp_0/`` when the checkpoint has it (DCP reads, for each target,
+  only the chunks overlapping it: that is the resharding), else from ``model.safetensors`` (each
+  rank reads just its slice of every tensor);
+* optimizer from ``optimizer_0/`` (DCP, same way), else from ``optimizer_state.safetensors``
+  (index-keyed: re-keyed by FQN, then every rank hands the full state to
+  ``set_optimizer_state_dict(full_state_dict=True)``, which keeps each rank's shard).
+
+Everything is checked first (DCP metadata: keys, global shapes, every shard file present and long
+enough; safetensors headers; optimizer groups and shapes), so a mismatch raises before anything
+changes. After the checks, reading happens in place: an I/O error in the middle of it (a disk
+failing during the resume) can leave a partly loaded model, which the raised error makes visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import chain
+
+import torch
+from attrs import define, field
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from lerobot_ckpt.dcp_index import ChunkReader, DcpIndex, read_full_tensor
+from lerobot_ckpt.dcp_io import (
+    MODEL_KEY,
+    OPTIMIZER_KEY,
+    check_model,
+    check_optimizer,
+    load_dcp,
+    stored_optimizer_fqns,
+)
+from lerobot_ckpt.dstate import (
+    AdapterState,
+    apply_optimizer_state,
+    index_state_to_fqn,
+    local_index,
+    local_tensor,
+    model_state,
+    optimizer_state,
+    param_fqns,
+)
+from lerobot_ckpt.errors import (
+    CheckpointConfigError,
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    ModelMismatchError,
+)
+from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.model_state import mismatch
+from lerobot_ckpt.optimizer_state import apply_optimizer, read_optimizer
+from lerobot_ckpt.record import TrainingStepRecord
+
+Step = Callable[[], None]
+
+
+@define(frozen=True)
+class _Shape:
+    shape: tuple[int, ...]
+
+
+class _SafetensorsSlices:
+    """A safetensors file checked against targets, then copied into them slice by slice."""
+
+    def __init__(self, path, targets: dict[str, torch.Tensor]) -> None:
+        if not path.is_file():
+            raise MissingCheckpointFileError(path)
+        self.path = path
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                metadata = dict(f.metadata() or {})
+                shapes = {name: _Shape(tuple(f.get_slice(name).get_shape())) for name in f.keys()}  # noqa: SIM118
+        except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
+            raise CorruptCheckpointError(path, f"not a readable safetensors file: {exc}") from None
+        self.names = {k: k for k in shapes}
+        self.names.update({alias: kept for alias, kept in metadata.items() if alias not in shapes and kept in shapes})
+        found = {k: shapes[v] for k, v in self.names.items()}
+        problem = mismatch(targets, found)
+        if problem:
+            raise ModelMismatchError(f"{path} does not match the model: {problem}")
+        self.targets = targets
+
+    @torch.no_grad()
+    def copy(self) -> None:
+        with safe_open(str(self.path), framework="pt", device="cpu") as f:
+            for key, target in self.targets.items():
+                name, index = self.names[key], local_index(target)
+                value = f.get_tensor(name) if index is None or not index else f.get_slice(name)[index]
+                local_tensor(target).copy_(value)
+
+
+@define(frozen=True)
+class PreparedState:
+    """Checked model/optimizer sources; :meth:`apply` performs the (in-place, maybe collective) reads."""
+
+    steps: tuple[Step, ...] = field(default=(), converter=tuple)
+
+    def apply(self) -> None:
+        for step in self.steps:
+            step()
+
+
+def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Module | None,
+             adapter_state: AdapterState | None, apply_adapter, collective: bool) -> Step | None:
+    art = record.artifacts
+    if art.peft_adapter:
+        if model is not None and adapter_state is None and apply_adapter is None:
+            raise CheckpointConfigError(f"{paths.root} holds a PEFT adapter, not full weights: pass adapter_state= "
+                                        "(or apply_adapter= for a non-sharded model) to load it")
+        if adapter_state is None and apply_adapter is not None and collective:
+            raise CheckpointConfigError("a sharded model loads a PEFT adapter through adapter_state=, not apply_adapter=")
+    elif adapter_state is not None or apply_adapter is not None:
+        raise CheckpointConfigError(f"an adapter loader was given but {paths.root} holds no PEFT adapter")
+    if model is None and apply_adapter is None:
+        return None
+    by_caller = art.peft_adapter and adapter_state is None  # the caller's apply_adapter gets full tensors
+    if art.model_dcp:
+        index = DcpIndex.read(paths.model_dcp)
+        index.check_files()
+        if by_caller:
+            with ChunkReader(index.directory) as reader:
+                tensors = {k: read_full_tensor(reader, t, k) for k, t in index.under(MODEL_KEY).items()}
+            return lambda: apply_adapter(tensors)
+        targets = model_state(model, adapter_state)
+        check_model(index, targets)
+        return lambda: load_dcp(paths.model_dcp, MODEL_KEY, targets, collective=collective)
+    if not art.peft_adapter and not art.model_safetensors:
+        raise CorruptCheckpointError(paths.training_step, "it records no model weights")
+    file = paths.adapter_weights if art.peft_adapter else paths.model_weights
+    if by_caller:
+        from lerobot_ckpt.tensorfile import read_tensors
+
+        tensors = read_tensors(file)[0]
+        return lambda: apply_adapter(tensors)
+    return _SafetensorsSlices(file, model_state(model, adapter_state)).copy
+
+
+def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Module | None,
+               optimizer: torch.optim.Optimizer, collective: bool) -> Step:
+    art = record.artifacts
+    if model is None:
+        raise CheckpointConfigError("restoring a sharded or DCP optimizer state needs model= as well (its "
+                                    "state is keyed by parameter names)")
+    params = list(chain.from_iterable(g["params"] for g in optimizer.param_groups))
+    fqns = param_fqns(model, optimizer)
+    if art.optimizer_dcp:
+        index = DcpIndex.read(paths.optimizer_dcp)
+        index.check_files()
+        check_optimizer(index, {f: tuple(p.shape) for f, p in zip(fqns, params, strict=True)},
+                        len(optimizer.param_groups))
+        stored = set(stored_optimizer_fqns(index))
+
+        def load() -> None:
+            target = optimizer_state(model, optimizer)
+            for fqn in [f for f in target["state"] if f not in stored]:  # had no state when saved
+                del target["state"][fqn]
+            load_dcp(paths.optimizer_dcp, OPTIMIZER_KEY, target, collective=collective)
+            apply_optimizer_state(model, optimizer, target)
+
+        return load
+    if art.optimizer_single_file:
+        for p in (paths.optimizer_state, paths.optimizer_param_groups):
+            if not p.is_file():
+                raise MissingCheckpointFileError(p)
+        full = read_optimizer(paths, optimizer)
+        if not collective:
+            return lambda: apply_optimizer(optimizer, full)
+        by_fqn = index_state_to_fqn(full, fqns)
+        return lambda: apply_optimizer_state(model, optimizer, by_fqn, full=True)
+    raise MissingCheckpointFileError(paths.optimizer_state, "the run was saved without optimizer state")
+
+
+def prepare_state(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Module | None,
+                  optimizer: torch.optim.Optimizer | None, adapter_state: AdapterState | None, apply_adapter,
+                  collective: bool) -> PreparedState:
+    """Check every source against the live objects; nothing is modified until ``apply()``."""
+    weights = _weights(paths, record, model, adapter_state, apply_adapter, collective)
+    optim = _optimizer(paths, record, model, optimizer, collective) if optimizer is not None else None
+    return PreparedState(step for step in (weights, optim) if step is not None)

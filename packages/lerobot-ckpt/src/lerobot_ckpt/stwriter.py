@@ -1,0 +1,254 @@
+"""A safetensors file written tensor by tensor (or chunk by chunk), never held whole in memory.
+
+``safetensors.torch.save_file`` needs every tensor at once, which is the model twice on the main
+rank of a gathered save and the whole model in the offline converter. The format itself does not:
+its header lists each tensor's dtype, shape and byte range, and all of those follow from shapes and
+dtypes alone. So :class:`SafetensorsPlan` lays the file out from ``(name, dtype, shape)`` triples,
+and :class:`SafetensorsStreamWriter` writes the header first, then each tensor's bytes at their
+offsets with ``pwrite`` (chunks of one tensor may arrive in any order). The result is the file
+``save_file`` writes for the same tensors, byte for byte: same compact JSON header padded with
+spaces to 8 bytes, same tensor order.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from attrs import define, field
+
+DTYPE_CODES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64", torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
+}
+# safetensors' Dtype enum order; save_file lays tensors out by it (descending), then by name, which
+# puts wider types first and keeps every tensor aligned. Same order here, so the files are identical.
+_DTYPE_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
+                "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
+HEADER_ALIGN = 8
+_MAX_PWRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
+
+
+def dtype_code(dtype: torch.dtype, name: str = "") -> str:
+    if dtype not in DTYPE_CODES:
+        raise TypeError(f"{name or 'tensor'}: dtype {dtype} cannot be stored in safetensors")
+    return DTYPE_CODES[dtype]
+
+
+@define(frozen=True)
+class TensorSlot:
+    """Where one tensor's bytes live, relative to the start of the data section."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one index along dim 0: a dim-0 slab of rows is one contiguous byte range."""
+        if not self.shape:
+            return self.nbytes
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
+
+
+def _ordered(specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]):
+    return sorted(specs, key=lambda s: (-_DTYPE_ORDER.index(dtype_code(s[1], s[0])), s[0]))
+
+
+@define(frozen=True)
+class SafetensorsPlan:
+    """The layout of a file: header bytes and one slot per tensor, in file order."""
+
+    header: bytes
+    slots: tuple[TensorSlot, ...]
+    _by_name: dict[str, TensorSlot] = field(repr=False, eq=False)
+
+    @classmethod
+    def build(cls, specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]],
+              metadata: Mapping[str, str] | None = None) -> SafetensorsPlan:
+        slots, offset = [], 0
+        entries: dict[str, object] = {}
+        if metadata:
+            entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+        for name, dtype, shape in _ordered(specs):
+            if name in entries:
+                raise ValueError(f"tensor name {name!r} appears twice")
+            size = math.prod(shape) * dtype.itemsize
+            shape = tuple(int(d) for d in shape)
+            entries[name] = {"dtype": dtype_code(dtype, name), "shape": list(shape),
+                             "data_offsets": [offset, offset + size]}
+            slots.append(TensorSlot(name, dtype, shape, offset, offset + size))
+            offset += size
+        text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % HEADER_ALIGN)
+        header = struct.pack("<Q", len(text)) + text
+        return cls(header, tuple(slots), {s.name: s for s in slots})
+
+    def __getitem__(self, name: str) -> TensorSlot:
+        return self._by_name[name]
+
+    @property
+    def data_start(self) -> int:
+        return len(self.header)
+
+    @property
+    def total_size(self) -> int:
+        return self.data_start + (self.slots[-1].end if self.slots else 0)
+
+
+class ReusableBuffer:
+    """One byte buffer per device, sized once for the largest tensor and viewed as each tensor in turn.
+
+    Allocating a fresh tensor per item makes glibc keep much of the freed memory (its mmap threshold
+    adapts upwards), so RSS creeps towards the model size; a reused buffer keeps it flat.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._bufs: dict[torch.device, torch.Tensor] = {}
+
+    def view(self, device: torch.device | str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        device = torch.device(device)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > self.capacity:
+            raise ValueError(f"{nbytes} bytes do not fit a {self.capacity}-byte buffer")
+        buf = self._bufs.get(device)
+        if buf is None:
+            buf = self._bufs[device] = torch.empty(self.capacity, dtype=torch.uint8, device=device)
+        return buf[:nbytes].view(dtype).view(shape)
+
+
+def pread_into(fd: int, target: torch.Tensor, offset: int) -> None:
+    """Fill a contiguous CPU tensor with ``target.nbytes`` bytes of ``fd`` at ``offset``."""
+    view = raw_bytes(target)
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:done + _MAX_PWRITE]], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"unexpected end of file reading {len(view)} bytes at {offset}")
+        done += n
+
+
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy when it is already a contiguous CPU tensor."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the blocks up front: a full disk fails here, before any data is written."""
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)
+
+
+class SafetensorsStreamWriter:
+    """Write a planned file; every byte range must be written once, then :meth:`close`."""
+
+    def __init__(self, path: Path | str, plan: SafetensorsPlan) -> None:
+        self.path = Path(path)
+        self.plan = plan
+        self._written = 0
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _preallocate(self._fd, plan.total_size)
+            self._pwrite(memoryview(plan.header), 0)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _pwrite(self, data: memoryview, position: int) -> None:
+        data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        done = 0
+        while done < len(data):
+            n = os.pwrite(self._fd, data[done:done + _MAX_PWRITE], position + done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short write to {self.path}")
+            done += n
+
+    def write(self, name: str, tensor: torch.Tensor, *, row: int = 0) -> int:
+        """Write ``tensor`` into ``name``'s slot starting at dim-0 index ``row``; returns bytes written.
+
+        ``tensor`` must already have the slot's dtype and be a dim-0 slab of it (all other dims full).
+        """
+        slot = self.plan[name]
+        if tensor.dtype != slot.dtype:
+            raise TypeError(f"{name}: writing {tensor.dtype} into a {slot.dtype} slot")
+        data = raw_bytes(tensor)
+        start = slot.begin + row * slot.row_bytes
+        if start + len(data) > slot.end or tuple(tensor.shape[1:]) != slot.shape[1:]:
+            raise ValueError(f"{name}: rows {row}..+{tuple(tensor.shape)} do not fit shape {slot.shape}")
+        self._pwrite(data, self.plan.data_start + start)
+        self._written += len(data)
+        return len(data)
+
+    def copy_range(self, name: str, src_fd: int, src_offset: int, nbytes: int, *, row: int = 0) -> int:
+        """Copy ``nbytes`` of another file into ``name``'s slot at dim-0 index ``row``, in the kernel
+        (``copy_file_range``: no user-space copy, no memory); plain reads and writes where unsupported."""
+        slot = self.plan[name]
+        start = slot.begin + row * slot.row_bytes
+        if start + nbytes > slot.end:
+            raise ValueError(f"{name}: {nbytes} bytes from row {row} do not fit shape {slot.shape}")
+        position, done = self.plan.data_start + start, 0
+        while done < nbytes:
+            try:
+                n = os.copy_file_range(src_fd, self._fd, min(nbytes - done, _MAX_PWRITE), src_offset + done,
+                                       position + done)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
+                    raise
+                n = self._copy_by_reading(src_fd, src_offset + done, position + done, nbytes - done)
+            if n <= 0:
+                raise OSError(errno.EIO, f"{name}: source ended after {done} of {nbytes} bytes")
+            done += n
+        self._written += nbytes
+        return nbytes
+
+    def _copy_by_reading(self, src_fd: int, src: int, dst: int, count: int) -> int:
+        block = bytearray(min(count, 8 << 20))
+        done = 0
+        while done < count:
+            n = os.preadv(src_fd, [memoryview(block)[:min(len(block), count - done)]], src + done)
+            if n <= 0:
+                break
+            self._pwrite(memoryview(block)[:n], dst + done)
+            done += n
+        return done
+
+    def close(self, *, sync: bool = True) -> None:
+        """Check every data byte was written, then fsync and close (always closes)."""
+        try:
+            expected = self.plan.total_size - self.plan.data_start
+            if self._written != expected:
+                raise OSError(errno.EIO, f"{self.path}: wrote {self._written} of {expected} data bytes")
+            if sync:
+                os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

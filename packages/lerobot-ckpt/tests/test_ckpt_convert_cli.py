@@ -1,0 +1,191 @@
+"""``lerobot-convert-dcp``: flags and their errors, the installed script end to end, its memory, the Hub push.
+
+The Hub transport is faked at ``HfApi.create_repo`` / ``HfApi.create_commit``: the operations our
+code builds are the exact upload, checked file by file.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from lerobot_ckpt import Parallelism, RunInfo, read_training_step
+from lerobot_ckpt.convert_cli import main, parse_args
+from lerobot_ckpt.record import Artifacts, TrainingStepRecord, write_record
+from safetensors.torch import load_file
+
+SCRIPT = str(Path(sys.executable).parent / "lerobot-convert-dcp")
+PROG = "lerobot-convert-dcp: error: "
+
+# DCP warns that it saves "in a single process" when no process group exists: that is the point here
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def make_checkpoint(root: Path, state=None) -> Path:
+    step = root / "checkpoints" / "000010"
+    pm, ts = step / "pretrained_model", step / "training_state"
+    pm.mkdir(parents=True)
+    ts.mkdir()
+    state = state if state is not None else {"enc.weight": torch.randn(7, 5), "enc.bias": torch.randn(7),
+                                             "steps": torch.tensor([3], dtype=torch.int64)}
+    dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"), no_dist=True)
+    for name in ("config.json", "train_config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
+        (pm / name).write_text("{}")
+    for name in ("policy_preprocessor_step_0_normalizer.safetensors",
+                 "policy_postprocessor_step_0_unnormalizer.safetensors"):
+        (pm / name).write_bytes(b"")
+    (pm / "notes.txt").write_text("mine, not for the Hub")
+    run = RunInfo(world_size=2, batch_size=1, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
+    write_record(ts / "training_step.json", TrainingStepRecord.for_run(
+        run, step=10, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={}, versions={}))
+    return step
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "--checkpoint_dir is required"),
+    (["--checkpoint_dir=x", "--dtype=int8"], "--dtype must be one of bfloat16, float16, float32, got 'int8'"),
+    (["--checkpoint_dir=x", "--dtype"], "--dtype needs a value: --dtype=..."),
+    (["--checkpoint_dir=x", "--delete_dcp=maybe"], "--delete_dcp takes true or false, got 'maybe'"),
+    (["--checkpoint_dir=x", "--private=true"], "--private only applies together with --push_to_hub"),
+    (["--checkpoint_dir=x", "--push_to_hub=noslash"], "--push_to_hub must be a Hub repo id like user/name"),
+    (["--checkpoint_dir=x", "--frobnicate=1"], "unknown flag --frobnicate (see --help)"),
+    (["x"], "unexpected argument 'x': flags are written --name=value"),
+    (["--checkpoint_dir=x", "--checkpoint_dir=y"], "--checkpoint_dir is given twice"),
+])
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(PROG + message) and err.endswith("\n") and err.count("\n") == 1
+
+
+def test_flags_parse_in_lerobot_style():
+    args = parse_args(["--checkpoint_dir=a/b", "--dtype=float16", "--delete_dcp=true", "--push_to_hub=u/r",
+                       "--private", "--overwrite=false"])
+    assert (args.checkpoint_dir, args.dtype, args.delete_dcp, args.push_to_hub, args.private, args.overwrite) == (
+        Path("a/b"), "float16", True, "u/r", True, False)
+
+
+def test_help_exits_0(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: lerobot-convert-dcp --checkpoint_dir=DIR")
+    assert all(f"--{flag}" in out for flag in ("dtype", "delete_dcp", "push_to_hub", "private", "overwrite"))
+
+
+def test_checkpoint_problems_exit_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "pretrained_model").mkdir()
+    assert main([f"--checkpoint_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(PROG) and err.count("\n") == 1 and "--checkpoint_format=dcp" in err
+
+
+def test_installed_script_usage_error_has_no_traceback():
+    proc = subprocess.run([SCRIPT, "--checkpoint_dir=somewhere", "--dtype=int8"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == PROG + "--dtype must be one of bfloat16, float16, float32, got 'int8'\n"
+
+
+def test_installed_script_converts_casts_verifies_and_deletes(tmp_path):
+    state = {"enc.weight": torch.randn(7, 5), "enc.bias": torch.randn(7), "steps": torch.tensor([3])}
+    step = make_checkpoint(tmp_path, state)
+    proc = subprocess.run([SCRIPT, f"--checkpoint_dir={step}", "--dtype=bfloat16", "--delete_dcp=true"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    weights = step / "pretrained_model" / "model.safetensors"
+    assert proc.stdout.strip() == (f"lerobot-convert-dcp: wrote {weights} (3 tensors, 0.0 MB) in "
+                                                    f"{proc.stdout.split(' in ')[-1].split(' s;')[0]} s; verified and "
+                                                    "removed the DCP shards")
+    out = load_file(weights)
+    assert out["enc.weight"].dtype == torch.bfloat16 and torch.equal(out["enc.weight"], state["enc.weight"].bfloat16())
+    assert torch.equal(out["steps"], state["steps"])
+    assert not (step / "pretrained_model" / "pytorch_model_fsdp_0").exists()
+    art = read_training_step(step).artifacts
+    assert art.model_safetensors and not art.model_dcp
+
+
+MEASURE = r"""
+import sys
+from pathlib import Path
+import torch, rich.progress, lerobot_ckpt.convert  # what the conversion imports, before the baseline
+from lerobot_ckpt.convert_cli import main
+
+def status(field):
+    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+rss = status("VmRSS")
+Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
+code = main(["--checkpoint_dir=" + sys.argv[1]])
+print(code, status("VmHWM") - rss)
+"""
+
+
+def test_peak_memory_is_about_one_tensor_not_the_model(tmp_path):
+    """A fresh process converts 8 × 8 MiB tensors; its RSS may grow by about one of them, not 64 MiB."""
+    state = {f"layer{i}.weight": torch.full((1024, 2048), float(i)) for i in range(8)}
+    step = make_checkpoint(tmp_path, state)
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(step)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    code, growth = map(int, proc.stdout.strip().splitlines()[-1].split())
+    assert code == 0, proc.stderr
+    largest = 8 * 2**20
+    assert growth < 1.5 * largest + 8 * 2**20, f"grew {growth / 2**20:.1f} MiB converting a 64 MiB model"
+    out = load_file(step / "pretrained_model" / "model.safetensors")
+    assert [float(out[f"layer{i}.weight"][5, 7]) for i in range(8)] == [float(i) for i in range(8)]
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    from huggingface_hub import HfApi
+
+    calls = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, **kw: calls.append(("create_repo", kw)))
+    monkeypatch.setattr(HfApi, "create_commit", lambda self, **kw: calls.append(("create_commit", kw)))
+    return calls
+
+
+def test_push_to_hub_uploads_the_converted_pretrained_model_and_never_shards(tmp_path, fake_hub, capsys):
+    step = make_checkpoint(tmp_path)
+    assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy", "--private=true"]) == 0
+    (_, repo), (_, commit) = fake_hub
+    assert repo == {"repo_id": "user/policy", "private": True, "exist_ok": True, "repo_type": "model"}
+    ops = commit["operations"]
+    assert [op.path_in_repo for op in ops] == [
+        "config.json", "model.safetensors", "policy_postprocessor.json",
+        "policy_postprocessor_step_0_unnormalizer.safetensors", "policy_preprocessor.json",
+        "policy_preprocessor_step_0_normalizer.safetensors", "train_config.json", "README.md"]
+    card = ops[-1].path_or_fileobj
+    card = card.read() if hasattr(card, "read") else card
+    assert b"lerobot-convert-dcp" in card and b"--policy.path=user/policy" in card
+    assert all("pytorch_model_fsdp_0" not in str(op.path_or_fileobj) for op in ops)
+    assert (step / "pretrained_model" / "pytorch_model_fsdp_0").is_dir()  # converting kept them
+    assert "uploaded config.json, model.safetensors" in capsys.readouterr().out
+
+
+def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures(tmp_path, fake_hub, monkeypatch,
+                                                                               capsys):
+    from huggingface_hub import HfApi
+
+    step = make_checkpoint(tmp_path)
+    (step / "pretrained_model" / "README.md").write_text("# my card")
+    assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy"]) == 0
+    ops = fake_hub[-1][1]["operations"]
+    assert [op.path_in_repo for op in ops].count("README.md") == 1
+    assert next(op for op in ops if op.path_in_repo == "README.md").path_or_fileobj == str(
+        step / "pretrained_model" / "README.md")
+    assert fake_hub[0][1]["private"] is False
+
+    def offline(self, **kw):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(HfApi, "create_commit", offline)
+    capsys.readouterr()
+    assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy", "--overwrite=true"]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]  # after the progress display (on stderr too)
+    assert last.startswith(PROG + "upload to user/policy failed (ConnectionError: Name or service not known); ")
+    assert last.endswith("model.safetensors is written")
+    assert json.loads((step / "pretrained_model" / "config.json").read_text()) == {}
