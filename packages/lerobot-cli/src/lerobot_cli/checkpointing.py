@@ -71,6 +71,7 @@ class Checkpointer:
         self.write_pretrained = write_pretrained
         self.info = run_info(cfg, runtime)
         self.last_saved: int | None = None
+        self.last_path: Path | None = None
 
     def due(self, step: int) -> bool:
         if not self.cfg.save_checkpoint:
@@ -85,7 +86,7 @@ class Checkpointer:
             sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
             write_pretrained=self.write_pretrained,
         )
-        self.last_saved = step
+        self.last_saved, self.last_path = step, path
         return path
 
     def resume(self, checkpoint_dir: Path, warn: Callable[[str], None]) -> ResumeState:

@@ -29,6 +29,7 @@ from lerobot_cli.datasets import DatasetError
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
+from lerobot_cli.publish import PublishError, publish, wants_publish
 from lerobot_cli.reporting import Reporter
 from lerobot_cli.seeding import set_seed
 from lerobot_cli.workload import build_workload
@@ -58,7 +59,7 @@ def run(cfg: TrainConfig, config_path: Path | None = None) -> int:
             _setup_logging(runtime.is_main)
             try:
                 train(cfg, runtime, config_path)
-            except CheckpointSaveError as exc:
+            except (CheckpointSaveError, PublishError) as exc:
                 _exit(str(exc), 1)
             except USER_ERRORS as exc:
                 _exit(str(exc), 2)
@@ -134,6 +135,9 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         loader = _loader(workload.dataset, sampler, cfg, runtime)
         with watch:
             loop.run((pre(batch) for batch in loader), cfg.steps)
+        if wants_publish(cfg) and checkpointer.last_path is not None:
+            uploaded = publish(cfg, runtime, checkpointer.last_path / "pretrained_model")
+            reporter.print(f"published to {cfg.policy.repo_id}: {', '.join(uploaded or [])}")
         if runtime.is_distributed:
             torch.distributed.barrier()
     except TrainingInterrupted as exc:

@@ -18,6 +18,14 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             "--resume=true has nothing to resume: pass --config_path=<output_dir>/checkpoints/last/"
             "pretrained_model/train_config.json (or that checkpoint directory)"
         )
+    if cfg.policy.repo_id and cfg.policy.push_to_hub:
+        if not cfg.save_checkpoint:
+            raise UsageError("--policy.repo_id publishes the final checkpoint, so it needs --save_checkpoint=true "
+                             "(or pass --policy.push_to_hub=false)")
+        if cfg.checkpoint_format.value == "dcp":
+            raise UsageError("--policy.repo_id with --checkpoint_format=dcp: the final checkpoint would hold no "
+                             "model.safetensors to publish; use --checkpoint_format=safetensors_dcp, or convert "
+                             "and publish later with lerobot-convert-dcp --push_to_hub")
     if cfg.trackio.enable:
         from lerobot_cli.tracking import missing_trackio_message, trackio_available
 

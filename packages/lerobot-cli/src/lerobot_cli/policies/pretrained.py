@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 import torch
+from lerobot_ckpt import pretrained_weights_file
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -117,5 +118,5 @@ def load_pretrained(directory: str | Path, *, config: PolicyConfig | None = None
     directory = Path(directory)
     config = without_init_only_fields(config if config is not None else load_policy_config(directory))
     policy = build_policy(config)
-    load_weights(policy, directory / MODEL_NAME, strict=strict)
+    load_weights(policy, pretrained_weights_file(directory), strict=strict)
     return config, policy.to(device).eval()
