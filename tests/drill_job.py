@@ -1,0 +1,108 @@
+"""A ``torchrun … lerobot-train`` job the reliability drills can watch and hurt while it runs.
+
+``launch.torchrun`` waits for the job to end; a drill must act *during* training (kill or stop one
+rank once it is provably inside the step loop) and time how long the job takes to end after that.
+Output goes to files, not pipes, so a job nobody reads cannot block on a full pipe. torchrun starts each worker in a session of
+its own, so killing the launcher's session is not enough: a worker outlives a SIGKILLed agent and
+trains on, orphaned (seen while writing these drills). Workers are therefore found by their
+environment (``RANK``, and this job's unique ``MASTER_PORT``) and killed by pid at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state ppid …
+
+
+class DrillJob:
+    def __init__(self, cmd: list[str], workdir: Path, env: dict[str, str], master_port: int) -> None:
+        self.master_port = str(master_port)
+        self.stdout_path, self.stderr_path = workdir / "job.stdout", workdir / "job.stderr"
+        self._out, self._err = self.stdout_path.open("w"), self.stderr_path.open("w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._out, stderr=self._err, start_new_session=True)
+        self.workers: dict[int, int] = {}
+
+    def find_workers(self, nproc: int) -> dict[int, int]:
+        """``{rank: pid}`` of torchrun's workers: children of the launcher (the agent) with ``RANK`` set."""
+        found: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit() and _parent_of(int(name)) == self.proc.pid:
+                env = _environ(int(name))
+                if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+                    found.setdefault(int(env["RANK"]), []).append(int(name))
+        assert sorted(found) == list(range(nproc)) and all(len(p) == 1 for p in found.values()), found
+        self.workers = {rank: pids[0] for rank, pids in found.items()}
+        return self.workers
+
+    def wait_for(self, predicate, timeout_s: float, what: str, allow_end: bool = False) -> None:
+        """Poll ``predicate`` (5 Hz); ``allow_end``: the job may end meanwhile, if the predicate then holds."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if self.proc.poll() is not None:
+                assert allow_end and predicate(), f"job ended (rc={self.proc.returncode}) before {what}:\n{self.output()}"
+                return
+            assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s:\n{self.output()}"
+            time.sleep(0.2)
+
+    def wait_end(self, timeout_s: float) -> float | None:
+        """Seconds until the launcher exited, or None when it was still running after ``timeout_s``."""
+        t0 = time.monotonic()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return time.monotonic() - t0
+
+    def output(self) -> str:
+        self._out.flush()
+        self._err.flush()
+        return self.stdout_path.read_text() + self.stderr_path.read_text()
+
+    def alive_workers(self) -> list[int]:
+        """Ranks of this job still running, wherever they were reparented (zombies have no environ)."""
+        return sorted(self._running().values())
+
+    def _running(self) -> dict[int, int]:
+        """``{pid: rank}`` of every process whose environment says it is a rank of this job."""
+        out = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                env = _environ(int(name))
+                if env.get("MASTER_PORT") == self.master_port and "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+                    out[int(name)] = int(env["RANK"])
+        return out
+
+    def close(self) -> None:
+        """Kill whatever is left of the job (a stopped rank too: SIGKILL needs no SIGCONT)."""
+        for pid in self._running():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._out.close()
+        self._err.close()

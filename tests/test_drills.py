@@ -1,0 +1,176 @@
+"""Reliability drills on the real ``lerobot-train``: a rank killed or frozen mid-training, a disk
+that refuses a checkpoint. Each drill measures what a user would: how long until the whole job is
+gone, its exit code, and whether the output says which rank (or which file) failed.
+
+Timings are printed (run with ``-s``) because they are the drill's result, not only its pass mark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
+MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
+       "--policy.hidden_dim=32", "--batch_size=4"]
+STARTUP_S = 240  # 4 ranks importing torch on 2 shared cores; only bounds the wait for the first step
+
+pytestmark = pytest.mark.slow
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"lerobot_tests_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+drill_job = _load("drill_job")
+
+
+def _metrics_lines(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def _start_training(launch, tmp_path: Path, nproc: int, *extra: str):
+    """A DDP run far too long to finish; returns once every rank is inside the step loop.
+
+    Metrics are reduced over all ranks before the main rank writes a line, so two lines in
+    metrics.jsonl prove that every rank has completed collectives in the loop.
+    """
+    out = tmp_path / "run"
+    port = launch.free_port()
+    cmd = [launch.PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
+           "--monitor-interval=0.2", SCRIPT, *MLP, "--steps=1000000", "--log_freq=1", "--save_checkpoint=false", f"--output_dir={out}", *extra]
+    job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port)
+    job.wait_for(lambda: _metrics_lines(out) >= 2, STARTUP_S, "two metrics lines")
+    return job
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_sigkill_of_one_rank_ends_the_job_within_60s_naming_the_rank(launch, tmp_path, nproc):
+    job = _start_training(launch, tmp_path, nproc)
+    try:
+        victim = nproc - 1
+        pid = job.find_workers(nproc)[victim]
+        os.kill(pid, signal.SIGKILL)
+        ended_after = job.wait_end(90)
+        left = job.alive_workers()
+        output = job.output()
+    finally:
+        job.close()
+    summary = output[output.rindex("FAILED"):] if "FAILED" in output else ""
+    exits = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", summary)
+    reports = [ln[:160] for ln in output.splitlines() if re.match(r"\[rank \d+/\d+\] failed with", ln)]
+    print(f"\n[drill sigkill nproc={nproc}] rank {victim} (pid {pid}) killed -> job ended after "
+          f"{ended_after if ended_after is None else round(ended_after, 1)} s, rc={job.proc.returncode}; "
+          f"torchrun summary (rank, exitcode): {exits}\n  " + "\n  ".join(reports))
+    assert ended_after is not None and ended_after < 60, output[-4000:]
+    assert left == [], f"ranks {left} outlived the launcher"
+    assert job.proc.returncode != 0
+    # torchrun's failure summary lists every failed rank; the victim must be there, killed by signal 9
+    # (usually as the root cause; a survivor that failed on the broken connection is listed too).
+    assert re.search(rf"rank\s*:\s*{victim} \(local_rank: {victim}\)\s*exitcode\s*:\s*-9 .*SIGKILL", summary), \
+        output[-4000:]
+
+
+def test_a_stopped_rank_hits_the_collective_timeout(launch, tmp_path):
+    """SIGSTOP freezes rank 1 inside the loop; rank 0 blocks in its next collective (DDP's gradient
+    all-reduce or the metrics all-gather).
+
+    Measured in two parts, because they have different owners: (1) rank 0's collective must time
+    out after ``--accelerator.timeout_s`` and the rank must report itself failed: that is ours;
+    (2) torchrun then SIGTERMs the frozen rank, which cannot act on it while stopped, so the agent
+    waits its fixed 30 s shutdown grace before SIGKILL: that is torchrun's, and bounded, not hidden.
+    """
+    timeout_s, torchrun_grace_s = 10, 30
+    job = _start_training(launch, tmp_path, 2, f"--accelerator.timeout_s={timeout_s}")
+    try:
+        pid = job.find_workers(2)[1]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        job.wait_for(lambda: "[rank 0/2] failed with" in job.output(), timeout_s + 30, "rank 0 failure report",
+                     allow_end=True)
+        detected_after = time.monotonic() - t0
+        job.wait_for(lambda: "closing signal SIGTERM" in job.output(), 30, "torchrun's SIGTERM", allow_end=True)
+        terminated_after = time.monotonic() - t0  # rank 0 has exited; the agent turns on rank 1
+        ended_after = job.wait_end(torchrun_grace_s + 30)
+        ended_after = None if ended_after is None else time.monotonic() - t0
+        left = job.alive_workers()
+        output = job.output()
+    finally:
+        job.close()
+    failure = next((ln for ln in output.splitlines() if ln.startswith("[rank 0/2] failed with")), "")
+    print(f"\n[drill sigstop] rank 1 (pid {pid}) stopped -> rank 0 reported failure after {detected_after:.1f} s: "
+          f"{failure[:300]}\n  -> torchrun SIGTERMs the stopped rank after {terminated_after:.1f} s"
+          f"\n  -> job ended after {ended_after if ended_after is None else round(ended_after, 1)} s, "
+          f"rc={job.proc.returncode}")
+    assert detected_after < timeout_s + 15, output[-4000:]
+    assert re.search(r"timed out", failure, re.IGNORECASE), output[-4000:]
+    assert ended_after is not None, f"still running after SIGSTOP:\n{output[-4000:]}"
+    assert ended_after < detected_after + torchrun_grace_s + 10, output[-4000:]
+    assert left == [], f"ranks {left} outlived the launcher"
+    assert job.proc.returncode != 0
+
+
+SET_FILE_LIMIT = (
+    "import os, resource, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG\n"
+    "limit = int(sys.argv[1])\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root``: file bytes, link targets, and directories (so staging debris shows)."""
+    return {str(p.relative_to(root)): (f"-> {p.readlink()}" if p.is_symlink() else "<dir>" if p.is_dir()
+                                       else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_path):
+    """A resumed run whose next save hits RLIMIT_FSIZE (a full or quota-limited disk, reproducibly).
+
+    SIGXFSZ is ignored in the wrapper (an ignored disposition survives exec), so the write fails
+    with EFBIG instead of killing the process: the run must say so in one line, exit non-zero and
+    leave step 2 and ``last`` byte-identical, and a plain resume from them must then succeed.
+    """
+    out = tmp_path / "run"
+    args = [*MLP, "--log_freq=1", "--save_freq=2"]
+    first = launch.run_command([SCRIPT, *args, "--steps=2", f"--output_dir={out}"], timeout_s=180)
+    assert first.returncode == 0, first.describe()
+    ckpts = out / "checkpoints"
+    before = _tree(ckpts)
+    largest = max(p.stat().st_size for p in ckpts.rglob("*") if p.is_file())
+    limit = 4096  # below the weight and optimizer files, above what the resume appends to metrics.jsonl
+    assert largest > limit and (out / "metrics.jsonl").stat().st_size < limit // 2
+
+    resume = ["--resume=true", f"--config_path={ckpts / 'last'}", "--steps=4"]
+    hurt = launch.run_command([launch.PYTHON, "-c", SET_FILE_LIMIT, str(limit), SCRIPT, *resume], timeout_s=180)
+    print(f"\n[drill write failure] rc={hurt.returncode} in {hurt.elapsed_s:.1f} s; stderr:\n{hurt.stderr.strip()}")
+    assert hurt.returncode not in (0, None) and not hurt.timed_out, hurt.describe()
+    errors = [ln for ln in hurt.stderr.splitlines() if ln.startswith("lerobot-train: error: ")]
+    assert len(errors) == 1 and re.search(r"File too large|EFBIG|file size", errors[0]), hurt.describe()
+    assert "Traceback" not in hurt.output, hurt.describe()
+    assert "checkpoint: " not in hurt.stdout  # no save was reported as done
+    assert _tree(ckpts) == before, "the failed save changed the previous checkpoint, `last` or left debris"
+
+    again = launch.run_command([SCRIPT, *resume], timeout_s=180)
+    assert again.returncode == 0, again.describe()
+    assert "resuming at step 2" in again.stdout
+    assert (ckpts / "last").resolve().name == "000004"
+    step = json.loads((ckpts / "last" / "training_state" / "training_step.json").read_text())
+    assert step["step"] == 4
