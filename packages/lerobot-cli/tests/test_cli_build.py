@@ -193,3 +193,33 @@ def test_unknown_policy_key_in_train_config_is_an_error(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(UsageError, match=r"unknown key\(s\) policy.hiden_dim"):
         build(f"--config_path={path}")
+
+
+def test_policy_path_hub_repo_id_goes_through_snapshot_download(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    policy = config_class("mlp")(hidden_dim=9)
+    (snapshot / "config.json").write_text(json.dumps(configio.unstructure_policy_config(policy)))
+    calls = []
+
+    def fake_snapshot_download(repo_id, repo_type=None, **kw):  # only the transport is faked
+        calls.append((repo_id, repo_type))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    cfg = build("--policy.path=someone/my_policy")
+    assert calls == [("someone/my_policy", "model")]
+    assert cfg.policy.hidden_dim == 9 and cfg.policy.pretrained_path == str(snapshot)
+
+
+def test_policy_path_hub_failure_is_one_sentence(monkeypatch):
+    import huggingface_hub
+
+    def offline(repo_id, **kw):
+        raise OSError("We couldn't connect to the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(UsageError, match=r"--policy.path=someone/missing: not a local directory, and downloading"):
+        build("--policy.path=someone/missing")
