@@ -119,16 +119,5 @@ def load_train_config(path: Path) -> TrainConfig:
     return structure_train_config(read_json(path, "--config_path"), f"--config_path {path}")
 
 
-def structure_policy_config(data: dict[str, Any], source: str) -> PolicyConfig:
-    try:
-        return converter.structure(data, PolicyConfig)
-    except registry.UnknownPolicyError:
-        raise
-    except (ClassValidationError, ValueError, TypeError, KeyError) as exc:
-        if isinstance(exc, ConfigFileError):
-            raise
-        raise ConfigFileError(f"{source}: {'; '.join(_flatten_errors(exc, 'policy'))}") from None
-
-
 def unstructure_policy_config(cfg: PolicyConfig) -> dict[str, Any]:
     return converter.unstructure(cfg, unstructure_as=PolicyConfig)
