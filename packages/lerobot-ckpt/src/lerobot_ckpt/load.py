@@ -198,14 +198,7 @@ def load_checkpoint(
         raise error
 
     prepared.apply()
-    if sched_sd is not None:
-        scheduler.load_state_dict(sched_sd)
-    if scaler_sd is not None:
-        scaler.load_state_dict(scaler_sd)
-    if rng is not None:
-        rng_state.restore(rng)
-    return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=rng is not None,
-                       scaler_restored=scaler_sd is not None)
+    return _restore_rest(paths, record, scheduler, sched_sd, scaler, scaler_sd, rng)
 
 
 def _load_single(paths: CheckpointPaths, record: TrainingStepRecord, *, model, optimizer, scheduler, scaler,
@@ -231,6 +224,12 @@ def _load_single(paths: CheckpointPaths, record: TrainingStepRecord, *, model, o
         apply_weights(model, weights)
     if optim_sd is not None:
         apply_optimizer(optimizer, optim_sd)
+    return _restore_rest(paths, record, scheduler, sched_sd, scaler, scaler_sd, rng)
+
+
+def _restore_rest(paths: CheckpointPaths, record: TrainingStepRecord, scheduler, sched_sd, scaler, scaler_sd,
+                  rng) -> ResumeState:
+    """The states every load path restores last, RNG at the very end (nothing may draw after it)."""
     if sched_sd is not None:
         scheduler.load_state_dict(sched_sd)
     if scaler_sd is not None:
