@@ -76,6 +76,16 @@ def _dcp_from_model(pretrained: Path) -> None:
                  checkpoint_id=str(pretrained / "pytorch_model_fsdp_0"))
 
 
+def _to_dtype(weights: Path, dtype: str) -> None:
+    """Rewrite a safetensors file with its floating tensors in ``dtype`` (a bf16/fp16 base policy)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    save_file({k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in tensors.items()},
+              weights, metadata={"format": "pt"})
+
+
 def apply_edit(root: Path, edit: dict[str, Any]) -> None:
     """One edit, relative to the setup directory ``root``; unknown ops fail the test loudly."""
     (op, arg), = edit.items()
@@ -98,6 +108,8 @@ def apply_edit(root: Path, edit: dict[str, Any]) -> None:
         _drop_column(target, args[1])
     elif op == "dcp_from_model":
         _dcp_from_model(target)
+    elif op == "to_dtype":
+        _to_dtype(target, args[1])
     else:
         raise AssertionError(f"recipe error: unknown edit {op!r}")
 

@@ -20,6 +20,16 @@ def count_params(model: nn.Module) -> tuple[int, int]:
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
+def _peft_lines(cfg: TrainConfig) -> list[str]:
+    if cfg.peft is None:
+        return []
+    peft = cfg.peft
+    targets = ", ".join(peft.target_modules) if peft.target_modules else "the policy's default targets"
+    extra = f" + fully trained {', '.join(peft.full_training_modules)}" if peft.full_training_modules else ""
+    return [f"PEFT: {peft.method_type} r={peft.r} alpha={peft.lora_alpha or peft.r} on {targets}{extra}; "
+            f"frozen base {cfg.policy.pretrained_path}"]
+
+
 def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, num_frames: int,
                  num_episodes: int, start_step: int = 0) -> list[str]:
     p = runtime.parallelism
@@ -34,6 +44,7 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         + (" (autocast, fp32 master weights)" if cfg.accelerator.mixed_precision != "no" else ""),
         f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
+        *_peft_lines(cfg),
         effective_batch_line(cfg.batch_size, p.dp_world_size, k),
         f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer updates"
         + (f"; resuming at step {start_step}" if start_step else ""),

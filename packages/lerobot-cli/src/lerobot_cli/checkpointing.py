@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from lerobot_ckpt import Parallelism, ResumeState, RunInfo, load_checkpoint, save_checkpoint
 from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_parallel.wrap import unwrap_model
 from lerobot_trainloop.loop import TrainLoop
+from torch import nn
 
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.configio import save_train_config
@@ -48,16 +51,38 @@ def run_info(cfg: TrainConfig, runtime: ParallelRuntime) -> RunInfo:
     )
 
 
+def peft_model_of(model: nn.Module):
+    """The ``peft.PeftModel`` under any wrapper, or None (peft is only imported by PEFT runs)."""
+    peft = sys.modules.get("peft")
+    inner = unwrap_model(model)
+    return inner if peft is not None and isinstance(inner, peft.PeftModel) else None
+
+
 def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: ProcessorPipeline,
-                      post: ProcessorPipeline) -> Callable[[Path], None]:
-    """Files of ``pretrained_model/`` besides the weights, written by the main rank while staging."""
+                      post: ProcessorPipeline, policy: nn.Module | None = None) -> Callable[[Path], None]:
+    """Files of ``pretrained_model/`` besides the weights, written by the main rank while staging
+    (a PEFT run adds ``adapter_config.json``, which names the base policy)."""
+    peft_model = peft_model_of(policy) if policy is not None else None
 
     def write(directory: Path) -> None:
         save_policy_config(policy_cfg, directory)
         save_train_config(cfg, directory)
         save_processors(pre, post, directory)
+        if peft_model is not None:
+            from lerobot_cli.peft.adapters import save_adapter_config
+
+            save_adapter_config(peft_model, directory)
 
     return write
+
+
+def _adapter_state(model: nn.Module):
+    peft_model = peft_model_of(model)
+    if peft_model is None:
+        return None
+    from lerobot_cli.peft.adapters import adapter_state
+
+    return adapter_state(peft_model)
 
 
 class Checkpointer:
@@ -84,7 +109,7 @@ class Checkpointer:
             Path(self.cfg.output_dir), step, run=self.info, model=loop.model, optimizer=loop.optimizer,
             scheduler=loop.scheduler, scaler=loop.precision.scaler,
             sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
-            write_pretrained=self.write_pretrained,
+            write_pretrained=self.write_pretrained, adapter_state=_adapter_state(loop.model),
         )
         self.last_saved, self.last_path = step, path
         return path
@@ -93,7 +118,7 @@ class Checkpointer:
         loop = self.loop
         state = load_checkpoint(
             checkpoint_dir, model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
-            scaler=loop.precision.scaler, rank=self.runtime.rank,
+            scaler=loop.precision.scaler, rank=self.runtime.rank, adapter_state=_adapter_state(loop.model),
         )
         loop.step = state.step
         loop.optimizer_steps = state.step // self.cfg.accelerator.gradient_accumulation.steps

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 
 from attrs import define, evolve, field
-
 from lerobot_ckpt.formats import CheckpointFormat
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
 

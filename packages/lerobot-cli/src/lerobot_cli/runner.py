@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, resolve_checkpoint_dir
 from lerobot_parallel import ParallelismError
+from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
-from lerobot_parallel.plan import build_plan
 from lerobot_parallel.wrap import unwrap_model, wrap_model
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler
@@ -29,13 +29,15 @@ from lerobot_cli.datasets import DatasetError
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
+from lerobot_cli.peft.basefile import PeftSetupError
 from lerobot_cli.publish import PublishError, publish, wants_publish
 from lerobot_cli.reporting import Reporter
 from lerobot_cli.seeding import set_seed
 from lerobot_cli.workload import build_workload
 
 PROG = "lerobot-train"
-USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError)
+USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError,
+                                                PeftSetupError)
 
 
 def _exit(message: str, code: int) -> None:
@@ -70,8 +72,9 @@ def run(cfg: TrainConfig, config_path: Path | None = None) -> int:
 
 def sharding_plan(cfg: TrainConfig, policy, parallelism):
     """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
+    inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
     return build_plan(policy, parallelism, cfg.accelerator.fsdp, cfg.accelerator.mixed_precision,
-                      default_wrap_modules=getattr(type(policy), "_fsdp_wrap_modules", None))
+                      default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None))
 
 
 def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:
@@ -85,7 +88,8 @@ def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: Pa
     )
 
 
-def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None = None) -> int:
+def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None = None) -> TrainLoop:
+    """Train on this rank; returns the finished loop (its ``model`` is still wrapped and sharded)."""
     run_info(cfg, runtime)  # checkpoint format vs the resolved topology: refuse before any work
     resume_dir = resolve_checkpoint_dir(config_path) if cfg.resume else None
     set_seed(cfg.seed)
@@ -106,7 +110,7 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         grad_clip_norm=opt_cfg.grad_clip_norm, allow_nonfinite_loss=cfg.allow_nonfinite_loss, sampler=sampler,
     )
     checkpointer = Checkpointer(cfg, runtime, loop, pretrained_writer(
-        cfg, workload.policy_config, workload.preprocessor, workload.postprocessor))
+        cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy))
     if resume_dir is not None:
         checkpointer.resume(resume_dir, logging.getLogger(PROG).warning)
     tracker = None
@@ -147,4 +151,4 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         raise SystemExit(exc.exit_code) from None
     finally:
         reporter.close()
-    return loop.step
+    return loop

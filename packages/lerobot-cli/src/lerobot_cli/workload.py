@@ -24,6 +24,7 @@ from lerobot_cli.datasets import (
     resolve_delta_timestamps,
     split_policy_features,
 )
+from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.pretrained import build_policy, load_pretrained
 from lerobot_cli.processors import load_processors, make_pre_post_processors
@@ -58,10 +59,24 @@ def _has_processors(directory: Path) -> bool:
 
 
 def build_policy_for(cfg: TrainConfig, features: dict) -> tuple[PolicyConfig, nn.Module]:
-    """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset."""
+    """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset.
+
+    With ``--peft.*`` the ``--policy.path`` policy is the frozen base of new LoRA adapters; a
+    ``--policy.path`` that is itself a PEFT output trains its adapter further (on its recorded base).
+    """
     policy_cfg = policy_config_for_dataset(cfg.policy, features)
+    precision = cfg.accelerator.mixed_precision
     if policy_cfg.pretrained_path:
-        policy_cfg, policy = load_pretrained(Path(policy_cfg.pretrained_path), config=policy_cfg)
+        directory = Path(policy_cfg.pretrained_path)
+        if is_adapter_dir(directory):
+            from lerobot_cli.peft.adapters import load_adapter_policy
+
+            return load_adapter_policy(directory, config=policy_cfg, trainable=True, mixed_precision=precision)
+        policy_cfg, policy = load_pretrained(directory, config=policy_cfg)
+        if cfg.peft is not None:
+            from lerobot_cli.peft.adapters import wrap_with_peft
+
+            return policy_cfg, wrap_with_peft(policy.train(), cfg.peft, base_dir=directory, mixed_precision=precision)
         return policy_cfg, policy.train()
     return policy_cfg, build_policy(policy_cfg)
 

@@ -19,7 +19,7 @@ import cattrs
 from lerobot_cli import configio
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.cli.paths import resolve_config_path, resolve_policy_dir
-from lerobot_cli.cli.schema import FlagSpec, convert, field_specs, section_class
+from lerobot_cli.cli.schema import FlagSpec, convert, field_specs
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig

@@ -26,6 +26,8 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             raise UsageError("--policy.repo_id with --checkpoint_format=dcp: the final checkpoint would hold no "
                              "model.safetensors to publish; use --checkpoint_format=safetensors_dcp, or convert "
                              "and publish later with lerobot-convert-dcp --push_to_hub")
+    if cfg.peft is not None:
+        check_peft(cfg)
     if cfg.trackio.enable:
         from lerobot_cli.tracking import missing_trackio_message, trackio_available
 
@@ -37,3 +39,29 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             f"--output_dir={cfg.output_dir} already exists and is not empty; pass --resume=true "
             f"--config_path=… to continue that run, or choose another --output_dir (nothing was changed)"
         )
+
+
+def check_peft(cfg: TrainConfig) -> None:
+    """``--peft.*`` adapts a pretrained base; refuse what would train the wrong thing, before torch."""
+    from lerobot_ckpt.errors import CheckpointError
+    from lerobot_ckpt.pretrained import pretrained_weights_file
+
+    from lerobot_cli.peft.basefile import (
+        PeftSetupError,
+        check_base_precision,
+        is_adapter_dir,
+        stored_float_dtype,
+    )
+
+    base = cfg.policy.pretrained_path
+    if not base:
+        raise UsageError("--peft.* adds LoRA adapters to a pretrained policy: pass --policy.path=<base policy dir or "
+                         "Hub repo id> (--policy.type builds a randomly initialised one)")
+    if is_adapter_dir(base):
+        raise UsageError(f"--policy.path={base} is a PEFT adapter already: drop the --peft.* flags to train that "
+                         "adapter further, or point --policy.path at its base policy to start a new adapter")
+    try:
+        check_base_precision(stored_float_dtype(pretrained_weights_file(base)), cfg.accelerator.mixed_precision,
+                             f"--policy.path={base}")
+    except (CheckpointError, PeftSetupError) as exc:
+        raise UsageError(str(exc)) from None

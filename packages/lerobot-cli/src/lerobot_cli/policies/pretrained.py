@@ -19,6 +19,7 @@ from lerobot_ckpt import pretrained_weights_file
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import load_policy_config, save_policy_config
@@ -112,10 +113,18 @@ def load_pretrained(directory: str | Path, *, config: PolicyConfig | None = None
                     device: str | torch.device = "cpu", strict: bool = True) -> tuple[PolicyConfig, nn.Module]:
     """Build the policy saved in ``directory`` (ours or LeRobot's) and load its weights.
 
+    A PEFT directory (``adapter_config.json``) gives a ``peft.PeftModel``: the base policy recorded
+    there, loaded from its path or Hub id, with the adapter applied.
+
     ``config`` overrides the directory's ``config.json`` (e.g. with CLI flags applied). The policy comes
     back in eval mode, like LeRobot's ``from_pretrained``; call ``.train()`` to fine-tune it.
     """
     directory = Path(directory)
+    if is_adapter_dir(directory):  # a PEFT run's output: its recorded base + the adapter
+        from lerobot_cli.peft.adapters import load_adapter_policy
+
+        config, model = load_adapter_policy(directory, config=config)
+        return config, model.to(device).eval()
     config = without_init_only_fields(config if config is not None else load_policy_config(directory))
     policy = build_policy(config)
     load_weights(policy, pretrained_weights_file(directory), strict=strict)

@@ -39,6 +39,7 @@ class MLPPolicy(nn.Module):
     name: ClassVar[str] = "mlp"
     config_class: ClassVar[type[MLPConfig]] = MLPConfig
     _fsdp_wrap_modules: ClassVar[list[str]] = ["MLPBlock"]
+    _peft_target_modules: ClassVar[str] = r"blocks\.\d+\.linear"  # default --peft.target_modules (regex)
 
     def __init__(self, config: MLPConfig) -> None:
         super().__init__()

@@ -1,0 +1,145 @@
+"""LoRA through the ``peft`` library: wrap a base policy, name the adapter's files, load it back.
+
+peft does the adapting (``get_peft_model``, ``get_peft_model_state_dict``, ``PeftModel.from_pretrained``);
+this module only decides what LeRobot users expect around it: the policy's default target modules,
+the base recorded in ``adapter_config.json`` (a Hub id or an absolute path, so the adapter can be
+loaded elsewhere), and dtypes. peft upcasts its adapters to fp32 but leaves the copies of
+``modules_to_save`` in the base's dtype; FSDP2 shards a unit's trainable parameters together and
+needs them in one dtype, so under mixed precision every trainable parameter becomes an fp32 master
+while the frozen base keeps its stored dtype (bf16/fp16 halves its memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from torch import nn
+
+from lerobot_cli.peft.basefile import (
+    PeftSetupError,
+    base_reference,
+    check_base_precision,
+    recorded_base,
+    stored_float_dtype,
+)
+from lerobot_cli.peft.config import PeftConfig
+
+ADAPTER_NAME = "default"
+TARGETS_ATTR = "_peft_target_modules"  # policy class attribute: peft target_modules (list or regex)
+
+
+def base_policy(model: nn.Module) -> nn.Module:
+    """The policy under a PEFT wrapper (the model itself otherwise)."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def default_target_modules(policy: nn.Module) -> str | list[str]:
+    targets = getattr(type(policy), TARGETS_ATTR, None)
+    if not targets:
+        raise PeftSetupError(
+            f"policy {type(policy).__name__} declares no default LoRA targets: pass --peft.target_modules "
+            f"(module names or one regex matched against names like 'model.encoder.layers.0.linear1')"
+        )
+    return targets if isinstance(targets, str) else list(targets)
+
+
+def lora_config(cfg: PeftConfig, policy: nn.Module) -> LoraConfig:
+    targets: str | list[str]
+    if cfg.target_modules is None:
+        targets = default_target_modules(policy)
+    elif len(cfg.target_modules) == 1:
+        targets = cfg.target_modules[0]  # one string: peft reads it as a regex (fullmatch)
+    else:
+        targets = list(cfg.target_modules)
+    init: bool | str = True if cfg.init_type is None else {"true": True, "false": False}.get(
+        cfg.init_type.lower(), cfg.init_type)
+    try:
+        return LoraConfig(
+            r=cfg.r, lora_alpha=cfg.r if cfg.lora_alpha is None else cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+            target_modules=targets, init_lora_weights=init,
+            modules_to_save=list(cfg.full_training_modules) if cfg.full_training_modules else None,
+        )
+    except (ValueError, TypeError) as exc:
+        raise PeftSetupError(f"--peft: {exc}") from None
+
+
+@torch.no_grad()
+def upcast_trainable(model: nn.Module) -> None:
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.to(torch.float32)
+
+
+def _matching_dtype(policy: nn.Module, base_dtype: str, mixed_precision: str, source: str) -> nn.Module:
+    check_base_precision(base_dtype, mixed_precision, source)
+    dtype = getattr(torch, base_dtype)
+    return policy if dtype == torch.float32 else policy.to(dtype)
+
+
+def wrap_with_peft(policy: nn.Module, cfg: PeftConfig, *, base_dir: Path, mixed_precision: str) -> PeftModel:
+    """``policy`` (loaded from ``base_dir``, in fp32) with LoRA adapters; the base frozen in its stored dtype."""
+    source = str(base_dir)
+    config = lora_config(cfg, policy)
+    policy = _matching_dtype(policy, stored_float_dtype(_weights(base_dir)), mixed_precision, source)
+    try:
+        model = get_peft_model(policy, config, adapter_name=ADAPTER_NAME)
+    except ValueError as exc:  # e.g. target modules that match nothing: peft's message lists what it looked for
+        raise PeftSetupError(f"--peft.target_modules: {str(exc).splitlines()[0]}") from None
+    model.peft_config[ADAPTER_NAME].base_model_name_or_path = base_reference(base_dir)
+    if mixed_precision != "no":
+        upcast_trainable(model)
+    return model
+
+
+def _weights(directory: Path) -> Path:
+    from lerobot_ckpt import pretrained_weights_file
+
+    return pretrained_weights_file(directory)
+
+
+def adapter_state(model: nn.Module) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """``lerobot_ckpt``'s ``adapter_state=``: select and rename a state dict (any topology) the way
+    peft names ``adapter_model.safetensors``; the values stay the live tensors, so loads are in place."""
+    peft_model = model if isinstance(model, PeftModel) else None
+    if peft_model is None:
+        raise TypeError(f"adapter_state needs a PeftModel, got {type(model).__name__}")
+    return lambda state: get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER_NAME,
+                                                   save_embedding_layers=False)
+
+
+def save_adapter_config(model: PeftModel, directory: Path) -> None:
+    model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
+
+
+def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False,
+                        mixed_precision: str = "no", resolve_base: Callable[[str], Path] | None = None):
+    """``(policy config, PeftModel)`` for an adapter directory: its recorded base, then the adapter.
+
+    ``config`` overrides the directory's ``config.json`` as in ``load_pretrained``;
+    ``resolve_base`` maps the recorded base (path or Hub id) to a local directory (default: the way
+    ``--policy.path`` is resolved, Hub download included). For inference
+    (``trainable=False``) everything is fp32, like any loaded policy.
+    """
+    from lerobot_cli.policies.pretrained import load_pretrained
+
+    _weights(directory)  # a dcp-only checkpoint: one sentence saying to convert it first
+    base = recorded_base(directory)
+    if resolve_base is None:
+        from lerobot_cli.cli.paths import resolve_policy_dir as resolve_base
+    try:
+        base_dir = resolve_base(base)
+    except ValueError as exc:
+        raise PeftSetupError(f"{Path(directory) / 'adapter_config.json'} names its base policy {base!r}, which "
+                             f"cannot be loaded: {exc}") from None
+    config, policy = load_pretrained(base_dir, config=config)  # fp32, as for any pretrained policy
+    if trainable:  # training keeps the frozen base in its stored dtype, as wrap_with_peft does
+        policy = _matching_dtype(policy, stored_float_dtype(_weights(base_dir)), mixed_precision, str(base_dir))
+    model = PeftModel.from_pretrained(policy, str(directory), adapter_name=ADAPTER_NAME, is_trainable=trainable,
+                                      autocast_adapter_dtype=True)
+    if trainable and mixed_precision != "no":
+        upcast_trainable(model)
+    return config, (model.train() if trainable else model.eval())

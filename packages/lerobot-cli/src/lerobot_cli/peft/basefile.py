@@ -1,0 +1,74 @@
+"""What a PEFT run's files say, read without torch or peft (the CLI checks them before starting).
+
+A PEFT ``pretrained_model/`` is recognised by ``adapter_config.json``, and its base policy is the
+path that file records in ``base_model_name_or_path``. The base's storage dtype decides whether
+mixed precision is required, and it is read from the safetensors header alone (8-byte length +
+JSON), so the check costs no tensor reads and happens before any process group exists.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections import Counter
+from pathlib import Path
+
+from lerobot_ckpt.layout import ADAPTER_CONFIG
+
+BASE_KEY = "base_model_name_or_path"
+FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
+
+
+class PeftSetupError(ValueError):
+    """A PEFT run that cannot start as configured (the message names the flag or file)."""
+
+
+def is_adapter_dir(directory: str | Path) -> bool:
+    return (Path(directory) / ADAPTER_CONFIG).is_file()
+
+
+def recorded_base(directory: str | Path) -> str:
+    """The base policy an adapter directory was trained on (local path or Hub repo id)."""
+    file = Path(directory) / ADAPTER_CONFIG
+    try:
+        base = json.loads(file.read_text()).get(BASE_KEY)
+    except (OSError, ValueError, AttributeError) as exc:
+        raise PeftSetupError(f"{file} is not a readable PEFT adapter config ({exc})") from None
+    if not isinstance(base, str) or not base:
+        raise PeftSetupError(f"{file} records no {BASE_KEY}: the base policy of this adapter is unknown")
+    return base
+
+
+def base_reference(directory: str | Path) -> str:
+    """How ``adapter_config.json`` names the base: the Hub repo id when the base came from the Hub
+    cache (so the adapter loads on another machine), else the absolute local path."""
+    resolved = Path(directory).expanduser().resolve()
+    match = _HF_CACHE_SNAPSHOT.search(resolved.as_posix())
+    if match:
+        return f"{match['owner']}/{match['name']}"
+    return str(resolved)
+
+
+def stored_float_dtype(weights: str | Path) -> str:
+    """The dtype most floating tensors of a safetensors file are stored in (``float32`` if none)."""
+    path = Path(weights)
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    counts = Counter(FLOAT_DTYPES[v["dtype"]] for k, v in header.items()
+                     if k != "__metadata__" and v.get("dtype") in FLOAT_DTYPES)
+    return counts.most_common(1)[0][0] if counts else "float32"
+
+
+def check_base_precision(base_dtype: str, mixed_precision: str, source: str) -> None:
+    """A low-precision base trains only under mixed precision: FSDP2 shards the trainable parameters
+    of a unit together and needs them in one dtype (fp32 masters), which only autocast keeps fast."""
+    if base_dtype in ("bfloat16", "float16") and mixed_precision == "no":
+        flag = "bf16" if base_dtype == "bfloat16" else "fp16"
+        raise PeftSetupError(
+            f"the base policy {source} is stored in {base_dtype}: enable "
+            f"--accelerator.mixed_precision={flag} so the frozen base keeps {base_dtype} while the adapters "
+            f"and --peft.full_training_modules train in fp32"
+        )
