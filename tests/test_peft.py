@@ -1,7 +1,7 @@
 """LoRA (peft) on ACT through the real ``lerobot-train`` path, on 1 process, DDP 2, FSDP2 2 and HSDP 2×2.
 
 One chain of launches (``multiproc/peft_run.py`` runs the product's runner and then inspects the
-live model): a tiny ACT base is trained for one step; LoRA runs on 1 process (B=4), DDP 2 and FSDP2
+live model) on a tiny ACT base saved as a pretrained policy: LoRA runs on 1 process (B=4), DDP 2 and FSDP2
 2 (B=2) train 3 steps on the same global batch; HSDP 2×2 (B=1) resumes the FSDP2 run's step-2
 ``dcp`` checkpoint and trains step 3; FSDP2 trains a bf16 base under bf16 mixed precision. The base
 has no VAE, no dropout and 1-step chunks (nothing padded), so the reduced losses must agree.
@@ -25,9 +25,8 @@ REPO = HERE.parent
 BIN = Path(sys.executable).parent
 DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={REPO / 'data/lerobot/demo_reach'}",
         "--num_workers=0", "--log_freq=1"]
-BASE_POLICY = ["--policy.type=act", "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
-               "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.chunk_size=1",
-               "--policy.n_action_steps=1", "--policy.use_vae=false", "--policy.dropout=0"]
+BASE_ACT = {"dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
+            "chunk_size": 1, "n_action_steps": 1, "use_vae": False, "dropout": 0.0}
 LORA = ["--peft.r=4", '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-3", "--steps=3"]
 TOL = 1e-5
 
@@ -54,12 +53,18 @@ def _run(launch, out: Path, base: Path, *flags: str, nproc: int = 1, timeout_s: 
 
 
 @pytest.fixture(scope="module")
-def base(launch, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("peft_base")
-    job = launch.run_command([str(BIN / "lerobot-train"), *DATA, *BASE_POLICY, "--steps=1", "--batch_size=2",
-                              f"--output_dir={out / 'run'}"], timeout_s=240)
-    assert job.returncode == 0, job.describe()
-    return (out / "run" / "checkpoints" / "000001" / "pretrained_model").resolve()
+def base(tmp_path_factory) -> Path:
+    """A tiny ACT for the demo data, saved as a pretrained policy (LoRA needs a base, not its training)."""
+    import torch
+    from lerobot_cli.datasets import load_meta
+    from lerobot_cli.policies.act.config import ACTConfig
+    from lerobot_cli.policies.act.modeling import ACTPolicy
+    from lerobot_cli.policies.pretrained import save_pretrained
+    from lerobot_cli.workload import policy_config_for_dataset
+
+    config = policy_config_for_dataset(ACTConfig(**BASE_ACT), load_meta(REPO / "data/lerobot/demo_reach").features)
+    torch.manual_seed(0)
+    return save_pretrained(ACTPolicy(config), config, tmp_path_factory.mktemp("peft_base") / "pretrained_model")
 
 
 @pytest.fixture(scope="module")
