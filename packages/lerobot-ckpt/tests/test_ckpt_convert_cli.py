@@ -110,7 +110,7 @@ def test_installed_script_converts_casts_verifies_and_deletes(tmp_path):
 MEASURE = r"""
 import sys
 from pathlib import Path
-import torch, rich.progress, lerobot_ckpt.convert  # what the conversion imports, before the baseline
+import rich.progress, lerobot_ckpt.convert  # what the conversion imports (not torch), before the baseline
 from lerobot_ckpt.convert_cli import main
 
 def status(field):

@@ -8,6 +8,13 @@ and copied in the kernel, so the conversion itself holds almost no memory; with 
 chunk goes through two reused buffers (the largest chunk and its cast), and a record only
 ``torch.load`` can read costs one chunk. Whatever the model size, that is the peak.
 
+That default path (no ``--dtype``) imports no torch at all: the metadata is read by a restricted
+unpickler (:mod:`lerobot_ckpt.dcp_metadata`), dtypes are plain values (:mod:`lerobot_ckpt.dtypes`),
+and ``--delete_dcp``'s verification compares bytes. Importing a CUDA build of torch alone is
+~0.6 GB resident, more than the whole merge; torch is imported only where it computes: a
+``--dtype`` cast (torch's own rounding, so the output equals ``tensor.to(dtype)`` bitwise), a
+record only ``torch.load`` can decode, and a tensor whose chunks split a dim other than the first.
+
 The file is written under a temporary name, fsynced and renamed, so an interrupted conversion
 never leaves a half-written ``model.safetensors``. ``delete_dcp`` re-reads the output and compares
 it with the shards, updates ``training_step.json`` (so loaders take the new file), and only then
@@ -23,13 +30,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from attrs import define, field
-from safetensors import safe_open
 
 from lerobot_ckpt import dcp_raw
-from lerobot_ckpt.dcp_index import ChunkReader, DcpIndex, StoredTensor, iter_full_tensor_pieces, row_slabs
-from lerobot_ckpt.dcp_io import MODEL_KEY
+from lerobot_ckpt.dcp_index import (
+    MODEL_KEY,
+    ChunkReader,
+    DcpIndex,
+    StoredChunk,
+    StoredTensor,
+    iter_full_tensor_pieces,
+    row_slabs,
+)
+from lerobot_ckpt.dtypes import DType, dtype_of
 from lerobot_ckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -48,11 +61,18 @@ from lerobot_ckpt.layout import (
     CheckpointPaths,
 )
 from lerobot_ckpt.record import update_artifacts
-from lerobot_ckpt.stwriter import ReusableBuffer, SafetensorsPlan, SafetensorsStreamWriter, pread_into
-from lerobot_ckpt.tensorfile import FORMAT_METADATA
+from lerobot_ckpt.stwriter import (
+    FORMAT_METADATA,
+    ReusableBuffer,
+    SafetensorsPlan,
+    SafetensorsStreamWriter,
+    TensorSlot,
+    pread_into,
+)
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {name: dtype_of(name) for name in ("bfloat16", "float16", "float32")}
 DISK_RESERVE = 64 * 2**20  # left free besides the output: the file system needs room for metadata
+COMPARE_BLOCK = 8 * 2**20  # verification reads shard and output in blocks of this size
 
 
 @define(frozen=True)
@@ -134,7 +154,7 @@ def model_tensors(index: DcpIndex) -> dict[str, StoredTensor]:
     return {".".join(map(str, t.path)): t for t in index.tensors}
 
 
-def _out_dtype(stored: torch.dtype, wanted: torch.dtype | None) -> torch.dtype:
+def _out_dtype(stored: DType, wanted: DType | None) -> DType:
     return wanted if wanted is not None and stored.is_floating_point else stored
 
 
@@ -164,11 +184,12 @@ def _largest(tensors: dict[str, StoredTensor], plan: SafetensorsPlan) -> int:
 
 def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, reader: ChunkReader,
            progress: Callable[[Progress], None] | None) -> None:
-    """Fill the planned file chunk by chunk: a kernel copy when the bytes can go as they are, a cast
-    through two reused buffers for ``--dtype``, ``torch.load`` for records of another shape."""
+    """Fill the planned file chunk by chunk: a kernel copy when the bytes can go as they are (no
+    torch), a torch cast through two reused buffers for ``--dtype``, ``torch.load`` for records of
+    another shape."""
     writer = SafetensorsStreamWriter(path, plan)
     largest = _largest(tensors, plan)
-    source, cast = ReusableBuffer(largest), ReusableBuffer(largest)
+    source, cast = ReusableBuffer(largest), ReusableBuffer(largest)  # allocated (with torch) on first use
     done = 0
     try:
         for i, slot in enumerate(plan.slots, 1):
@@ -184,10 +205,10 @@ def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, 
                     pread_into(reader.raw(chunk).fileno(), src, raw.offset)
                     done += writer.write(slot.name, cast.view("cpu", slot.dtype, raw.shape).copy_(src), row=row)
                 else:
-                    done += writer.write(slot.name, reader.read(chunk, slot.name).to(slot.dtype), row=row)
+                    done += writer.write(slot.name, reader.read(chunk, slot.name).to(slot.dtype.torch), row=row)
             if slabs is None:
                 for row, piece in iter_full_tensor_pieces(reader, stored, slot.name):
-                    done += writer.write(slot.name, piece.to(slot.dtype), row=row)
+                    done += writer.write(slot.name, piece.to(slot.dtype.torch), row=row)
             if progress is not None:
                 progress(Progress(i, len(plan.slots), done, plan.total_size - plan.data_start, slot.name))
     except BaseException:
@@ -196,43 +217,66 @@ def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, 
     writer.close()
 
 
+def _same_bytes(fd_a: int, at_a: int, fd_b: int, at_b: int, nbytes: int) -> bool:
+    """Two byte ranges are equal, compared a block at a time (no torch, about two blocks of memory)."""
+    done = 0
+    while done < nbytes:
+        n = min(COMPARE_BLOCK, nbytes - done)
+        if os.pread(fd_a, n, at_a + done) != os.pread(fd_b, n, at_b + done):
+            return False
+        done += n
+    return True
+
+
+class _Comparer:
+    """Compares tensors from the shards (cast as requested) with the written bytes, in reused buffers."""
+
+    def __init__(self, fd: int, capacity: int) -> None:
+        self.fd = fd
+        self.source, self.cast, self.written = (ReusableBuffer(capacity) for _ in range(3))
+
+    def tensor(self, piece, dtype: DType, at: int) -> bool:
+        import torch
+
+        expected = self.cast.view("cpu", dtype, tuple(piece.shape)).copy_(piece)
+        got = self.written.view("cpu", dtype, tuple(piece.shape))
+        pread_into(self.fd, got, at)
+        return torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8))
+
+    def chunk(self, reader: ChunkReader, chunk: StoredChunk, stored: StoredTensor, slot: TensorSlot, at: int) -> bool:
+        raw = dcp_raw.locate(reader.raw(chunk), chunk, stored.dtype)
+        if raw is not None and slot.dtype == stored.dtype:
+            return _same_bytes(reader.raw(chunk).fileno(), raw.offset, self.fd, at, raw.nbytes)
+        if raw is None:
+            return self.tensor(reader.read(chunk, slot.name), slot.dtype, at)
+        piece = self.source.view("cpu", raw.dtype, raw.shape)
+        pread_into(reader.raw(chunk).fileno(), piece, raw.offset)
+        return self.tensor(piece, slot.dtype, at)
+
+
 def _verify(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, reader: ChunkReader) -> None:
-    """Every byte of the written file equals the shards (cast as requested), one chunk at a time,
-    read back through reused buffers; the header is checked by safetensors itself."""
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        if set(f.keys()) != set(tensors):
-            raise CorruptCheckpointError(path, "the written file does not list the tensors of the shards")
-    largest = _largest(tensors, plan)
-    source, cast, written = ReusableBuffer(largest), ReusableBuffer(largest), ReusableBuffer(largest)
+    """Every byte of the written file equals the plan's header and the shards' bytes (cast as
+    requested), one chunk at a time: byte ranges compared directly where the bytes were copied,
+    tensors through reused buffers where they were cast or decoded."""
     fd = os.open(path, os.O_RDONLY)
     try:
+        if os.pread(fd, len(plan.header), 0) != plan.header:
+            raise CorruptCheckpointError(path, "the written file's header differs from the one planned")
+        compare = _Comparer(fd, _largest(tensors, plan))
         for slot in plan.slots:
             stored = tensors[slot.name]
-            for row, piece in _pieces(reader, stored, slot.name, source):
-                expected = cast.view("cpu", slot.dtype, tuple(piece.shape)).copy_(piece)
-                got = written.view("cpu", slot.dtype, tuple(piece.shape))
-                pread_into(fd, got, plan.data_start + slot.begin + row * slot.row_bytes)
-                if not torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)):
-                    raise CorruptCheckpointError(path, f"{slot.name} differs from the shards after writing")
+            slabs = row_slabs(stored, slot.name, reader.directory)
+            if slabs is None:
+                same = all(compare.tensor(piece, slot.dtype, plan.data_start + slot.begin + row * slot.row_bytes)
+                           for row, piece in iter_full_tensor_pieces(reader, stored, slot.name))
+            else:
+                same = all(compare.chunk(reader, chunk, stored, slot, plan.data_start + slot.begin
+                                         + (chunk.offsets[0] if chunk.offsets else 0) * slot.row_bytes)
+                           for chunk in slabs)
+            if not same:
+                raise CorruptCheckpointError(path, f"{slot.name} differs from the shards after writing")
     finally:
         os.close(fd)
-
-
-def _pieces(reader: ChunkReader, stored: StoredTensor, where: str, buffer: ReusableBuffer):
-    """``(row, slab)`` of a stored tensor, raw bytes read into ``buffer`` where possible."""
-    slabs = row_slabs(stored, where, reader.directory)
-    if slabs is None:
-        yield from iter_full_tensor_pieces(reader, stored, where)
-        return
-    for chunk in slabs:
-        row = chunk.offsets[0] if chunk.offsets else 0
-        raw = dcp_raw.locate(reader.raw(chunk), chunk, stored.dtype)
-        if raw is None:
-            yield row, reader.read(chunk, where)
-        else:
-            piece = buffer.view("cpu", raw.dtype, raw.shape)
-            pread_into(reader.raw(chunk).fileno(), piece, raw.offset)
-            yield row, piece
 
 
 def _record(where: Located, *, deleting: bool) -> bool:
@@ -256,20 +300,21 @@ def _record(where: Located, *, deleting: bool) -> bool:
     return True
 
 
-def convert_dcp(checkpoint_dir: Path | str, *, dtype: torch.dtype | str | None = None, delete_dcp: bool = False,
+def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None, delete_dcp: bool = False,
                 overwrite: bool = False, verify: bool | None = None,
                 progress: Callable[[Progress], None] | None = None) -> ConvertResult:
     """Merge the DCP weight shards of a checkpoint into one safetensors file next to them.
 
-    ``dtype`` casts floating tensors (``"bfloat16"``, ``"float16"``, ``"float32"``; default: as
-    stored). ``verify`` defaults to ``delete_dcp``. Raises :class:`CheckpointError` subclasses
+    ``dtype`` casts floating tensors (``"bfloat16"``, ``"float16"``, ``"float32"``, or the
+    ``torch.dtype``; default: as stored, and then torch is never imported). ``verify`` defaults to ``delete_dcp``. Raises :class:`CheckpointError` subclasses
     for everything a user can fix (missing or truncated shards, an existing output, a full disk).
     """
     t0 = time.monotonic()
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        dtype = DTYPES[dtype]
+        dtype = DTYPES[name]
     verify = delete_dcp if verify is None else verify
     where = locate(checkpoint_dir)
     if not where.dcp.is_dir():

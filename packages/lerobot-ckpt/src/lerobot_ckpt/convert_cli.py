@@ -2,8 +2,10 @@
 
 Flags follow ``lerobot-train``'s ``--name=value`` style. Usage mistakes and every problem the user
 can fix (missing shards, an existing output, a full disk) end with exit code 2 and one line
-``lerobot-convert-dcp: error: ...``, never a traceback. Parsing is torch-free, so ``--help`` and
-usage errors answer at once; torch is imported only to convert.
+``lerobot-convert-dcp: error: ...``, never a traceback. Nothing here imports torch, and neither
+does a conversion without ``--dtype`` (see :mod:`lerobot_ckpt.convert`): a CUDA build of torch
+costs ~0.6 GB resident and seconds of start-up, more than the whole merge. torch is imported only
+for a ``--dtype`` cast and for the rare chunk only ``torch.load`` can decode.
 """
 
 from __future__ import annotations

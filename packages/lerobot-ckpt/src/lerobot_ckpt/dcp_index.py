@@ -9,24 +9,39 @@ at a time instead of the whole state (``_EmptyStateDictLoadPlanner`` materialise
 
 The layout read here is DCP's own, as ``FileSystemWriter`` (default ``TORCH_SAVE`` serialisation,
 no stream extensions) writes it in torch 2.x; anything else is refused with a clear error.
+
+Torch-free at import: ``.metadata`` is read by :mod:`lerobot_ckpt.dcp_metadata` (a restricted
+unpickler with stand-ins for DCP's classes, so no torch and no code from the file runs) and
+dtypes are :class:`lerobot_ckpt.dtypes.DType`, so the offline converter's default path, which only
+copies bytes, never pays the ~0.6 GB a CUDA build of torch costs. Only decoding a chunk with
+``torch.load`` (:meth:`ChunkReader.read` and the helpers built on it) imports torch.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import pickle
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
-import torch
 from attrs import define
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 
-from lerobot_ckpt.errors import CorruptCheckpointError, MissingCheckpointFileError, UnsupportedCheckpointError
+from lerobot_ckpt.dcp_metadata import load_metadata
+from lerobot_ckpt.dtypes import DType, dtype_of
+from lerobot_ckpt.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    UnsupportedCheckpointError,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 METADATA_FILE = ".metadata"
+MODEL_KEY = "model"  # the one top-level key of each DCP directory (accelerate's nesting)
+OPTIMIZER_KEY = "optimizer"
 PathKey = tuple[str | int, ...]
 
 
@@ -48,7 +63,7 @@ class StoredChunk:
 @define(frozen=True)
 class StoredTensor:
     path: PathKey  # e.g. ("model", "encoder.0.weight") or ("optimizer", "state", "fc.weight", "exp_avg")
-    dtype: torch.dtype
+    dtype: DType  # .torch for the torch.dtype
     shape: tuple[int, ...]
     chunks: tuple[StoredChunk, ...]
 
@@ -78,37 +93,44 @@ class DcpIndex:
             raise MissingCheckpointFileError(
                 meta_path, f"{directory.name}/ has no {METADATA_FILE}: the save that wrote it did not finish "
                 "or the directory was copied incompletely")
+        metadata = load_metadata(meta_path)
         try:
-            with open(meta_path, "rb") as f:
-                metadata = pickle.load(f)
-        except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing
-            raise CorruptCheckpointError(meta_path, f"not readable DCP metadata: {type(exc).__name__}: {exc}") from None
-        if not isinstance(metadata, Metadata):
-            raise CorruptCheckpointError(meta_path, f"expected DCP Metadata, found {type(metadata).__name__}")
-        return cls._from_metadata(directory, metadata)
+            return cls.from_metadata(directory, metadata)
+        except CheckpointError:
+            raise
+        except (AttributeError, TypeError, ValueError) as exc:  # a pickle of the right classes, wrongly filled
+            raise CorruptCheckpointError(meta_path, f"malformed DCP metadata: {type(exc).__name__}: {exc}") from None
 
     @classmethod
-    def _from_metadata(cls, directory: Path, metadata: Metadata) -> DcpIndex:
+    def from_metadata(cls, directory: Path, metadata: Any) -> DcpIndex:
+        """The index of a ``Metadata``: the stand-in :func:`load_metadata` returns, or torch's own
+        (attribute names are the same; both are read by name, never imported here)."""
+        directory = Path(directory)
         planner = metadata.planner_data or {}
-        storage = metadata.storage_data or {}
+        storage = {(index.fqn, None if index.offset is None else tuple(index.offset)): info
+                   for index, info in (metadata.storage_data or {}).items()}
         tensors, others = [], []
-        for key, entry in metadata.state_dict_metadata.items():
+        for key, entry in (metadata.state_dict_metadata or {}).items():
             path = tuple(planner.get(key, (key,)))
-            if not isinstance(entry, TensorStorageMetadata):
+            if type(entry).__name__ != "TensorStorageMetadata":
                 others.append(path)
                 continue
             chunks = []
             for chunk in entry.chunks:
-                info = storage.get(MetadataIndex(key, chunk.offsets))
+                info = storage.get((key, tuple(chunk.offsets)))
                 if info is None:
                     raise CorruptCheckpointError(directory / METADATA_FILE, f"no storage entry for a chunk of {key}")
                 if getattr(info, "transform_descriptors", None):
                     raise UnsupportedCheckpointError(
                         f"{directory}: {key} was saved through DCP stream extensions "
                         f"({', '.join(map(str, info.transform_descriptors))}), which lerobot-ckpt does not read")
-                chunks.append(StoredChunk(tuple(chunk.offsets), tuple(chunk.sizes), str(info.relative_path),
-                                          int(info.offset), int(info.length)))
-            tensors.append(StoredTensor(path, entry.properties.dtype, tuple(entry.size), tuple(chunks)))
+                chunks.append(StoredChunk(tuple(int(o) for o in chunk.offsets), tuple(int(d) for d in chunk.sizes),
+                                          str(info.relative_path), int(info.offset), int(info.length)))
+            try:
+                dtype = dtype_of(entry.properties.dtype)
+            except TypeError as exc:
+                raise CorruptCheckpointError(directory / METADATA_FILE, f"{key}: {exc}") from None
+            tensors.append(StoredTensor(path, dtype, tuple(int(d) for d in entry.size), tuple(chunks)))
         return cls(directory, tuple(tensors), tuple(others))
 
     def under(self, prefix: str) -> dict[str, StoredTensor]:
@@ -207,6 +229,9 @@ class ChunkReader:
         return self._raw
 
     def read(self, chunk: StoredChunk, where: str) -> torch.Tensor:
+        """The chunk decoded by ``torch.load`` (imports torch)."""
+        import torch
+
         self.raw(chunk)
         try:
             tensor = torch.load(_Window(self._raw, chunk.start, chunk.length), map_location="cpu", weights_only=True)
@@ -247,12 +272,14 @@ def iter_full_tensor_pieces(reader: ChunkReader, tensor: StoredTensor, where: st
     Chunks that are not dim-0 slabs (a tensor split along another dim) are assembled into the full
     tensor first, the one case where a whole tensor is held.
     """
+    import torch
+
     slabs = row_slabs(tensor, where, reader.directory)
     if slabs is not None:
         for chunk in slabs:
             yield (chunk.offsets[0] if chunk.offsets else 0), reader.read(chunk, where)
         return
-    full = torch.empty(tensor.shape, dtype=tensor.dtype)
+    full = torch.empty(tensor.shape, dtype=tensor.dtype.torch)
     for chunk in tensor.chunks:
         index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
         full[index] = reader.read(chunk, where)
@@ -265,6 +292,8 @@ def shard_files(directory: Path) -> list[str]:
 
 def read_full_tensor(reader: ChunkReader, tensor: StoredTensor, where: str) -> torch.Tensor:
     """One whole tensor (for small states only: PEFT adapters handed to the caller's loader)."""
+    import torch
+
     pieces = list(iter_full_tensor_pieces(reader, tensor, where))
     if len(pieces) == 1 and tuple(pieces[0][1].shape) == tensor.shape:
         return pieces[0][1]

@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from lerobot_ckpt.collective import describe
-from lerobot_ckpt.dcp_index import DcpIndex
+from lerobot_ckpt.dcp_index import MODEL_KEY, OPTIMIZER_KEY, DcpIndex
 from lerobot_ckpt.errors import (
     CheckpointSaveError,
     CheckpointWriteError,
@@ -29,9 +29,6 @@ from lerobot_ckpt.errors import (
 )
 from lerobot_ckpt.model_state import few, mismatch
 from lerobot_ckpt.optimizer_state import PARAM_SHAPED
-
-MODEL_KEY = "model"
-OPTIMIZER_KEY = "optimizer"
 
 
 def _translate(exc: CheckpointException, directory: Path) -> CheckpointSaveError:

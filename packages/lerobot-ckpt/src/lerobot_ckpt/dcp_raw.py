@@ -8,9 +8,10 @@ instead of ``torch.load`` allocating a fresh tensor per chunk. That is what keep
 faster than a full load and at about zero extra memory.
 
 Only the standard library reads the record (``zipfile`` for the layout, a restricted unpickler
-that knows the three globals ``torch.save`` emits for a tensor and refuses anything else). Any
-record that does not look exactly like that (compressed, big-endian, non-contiguous, unknown
-pickle content) yields None and the caller falls back to ``torch.load``.
+that knows the three globals ``torch.save`` emits for a tensor and refuses anything else), so
+locating bytes imports no torch (dtypes are :class:`lerobot_ckpt.dtypes.DType`). Any record that
+does not look exactly like that (compressed, big-endian, non-contiguous, unknown pickle content)
+yields None and the caller falls back to ``torch.load``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ import sys
 import zipfile
 from collections import OrderedDict
 
-import torch
 from attrs import define
 
 from lerobot_ckpt.dcp_index import StoredChunk, _Window
+from lerobot_ckpt.dtypes import DTYPES, DType, by_name
 
-_STORAGE_DTYPES = {
-    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
-    "ComplexFloatStorage": torch.complex64, "ComplexDoubleStorage": torch.complex128,
-}
+_STORAGE_DTYPES = {storage: DTYPES[name] for storage, name in {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64", "ComplexDoubleStorage": "complex128",
+}.items()}
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
 
 
@@ -42,14 +43,14 @@ class RawTensor:
 
     offset: int
     nbytes: int
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
 
 
 @define(frozen=True)
 class _Storage:
     key: str
-    dtype: torch.dtype | None  # None for an untyped storage (the dtype comes with _rebuild_tensor_v3)
+    dtype: DType | None  # None for an untyped storage (the dtype comes with _rebuild_tensor_v3)
 
 
 @define(frozen=True)
@@ -58,7 +59,7 @@ class _Rebuilt:
     offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: DType
 
 
 def _rebuild_v2(storage, storage_offset, size, stride, *_rest):
@@ -83,8 +84,8 @@ class _TensorRecordUnpickler(pickle.Unpickler):
             return _STORAGE_DTYPES[name]
         if module == "torch.storage" and name == "UntypedStorage":
             return None
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if module == "torch" and (dtype := by_name(name)) is not None:
+            return dtype
         raise pickle.UnpicklingError(f"unexpected global {module}.{name}")
 
     def persistent_load(self, pid):
@@ -111,7 +112,7 @@ def _data_start(window: _Window, info: zipfile.ZipInfo) -> int:
     return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
 
 
-def locate(raw: io.RawIOBase, chunk: StoredChunk, dtype: torch.dtype) -> RawTensor | None:
+def locate(raw: io.RawIOBase, chunk: StoredChunk, dtype: DType) -> RawTensor | None:
     """The chunk's bytes in the open shard file ``raw``, or None when only ``torch.load`` can read it."""
     window = _Window(raw, chunk.start, chunk.length)
     try:

@@ -8,6 +8,11 @@ and :class:`SafetensorsStreamWriter` writes the header first, then each tensor's
 offsets with ``pwrite`` (chunks of one tensor may arrive in any order). The result is the file
 ``save_file`` writes for the same tensors, byte for byte: same compact JSON header padded with
 spaces to 8 bytes, same tensor order.
+
+Torch-free at import: dtypes may be ``torch.dtype`` (the gathered save) or
+:class:`lerobot_ckpt.dtypes.DType` (the offline converter, which copies raw bytes with
+``copy_file_range`` and so never needs torch); only :class:`ReusableBuffer` and writing a tensor
+touch torch objects.
 """
 
 from __future__ import annotations
@@ -19,16 +24,18 @@ import os
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from attrs import define, field
 
-DTYPE_CODES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64", torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
-}
+from lerobot_ckpt.dtypes import DType, dtype_of, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    AnyDType = torch.dtype | DType
+
+FORMAT_METADATA = {"format": "pt"}  # what transformers/LeRobot expect in a PyTorch safetensors header
 # safetensors' Dtype enum order; save_file lays tensors out by it (descending), then by name, which
 # puts wider types first and keeps every tensor aligned. Same order here, so the files are identical.
 _DTYPE_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
@@ -37,10 +44,14 @@ HEADER_ALIGN = 8
 _MAX_PWRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
 
 
-def dtype_code(dtype: torch.dtype, name: str = "") -> str:
-    if dtype not in DTYPE_CODES:
+def dtype_code(dtype: AnyDType, name: str = "") -> str:
+    try:
+        code = dtype_of(dtype).code
+    except TypeError:
+        code = None
+    if code is None:
         raise TypeError(f"{name or 'tensor'}: dtype {dtype} cannot be stored in safetensors")
-    return DTYPE_CODES[dtype]
+    return code
 
 
 @define(frozen=True)
@@ -48,7 +59,7 @@ class TensorSlot:
     """Where one tensor's bytes live, relative to the start of the data section."""
 
     name: str
-    dtype: torch.dtype
+    dtype: AnyDType
     shape: tuple[int, ...]
     begin: int
     end: int
@@ -65,7 +76,7 @@ class TensorSlot:
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
 
-def _ordered(specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]):
+def _ordered(specs: Iterable[tuple[str, AnyDType, tuple[int, ...]]]):
     return sorted(specs, key=lambda s: (-_DTYPE_ORDER.index(dtype_code(s[1], s[0])), s[0]))
 
 
@@ -78,7 +89,7 @@ class SafetensorsPlan:
     _by_name: dict[str, TensorSlot] = field(repr=False, eq=False)
 
     @classmethod
-    def build(cls, specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]],
+    def build(cls, specs: Iterable[tuple[str, AnyDType, tuple[int, ...]]],
               metadata: Mapping[str, str] | None = None) -> SafetensorsPlan:
         slots, offset = [], 0
         entries: dict[str, object] = {}
@@ -121,8 +132,10 @@ class ReusableBuffer:
         self.capacity = capacity
         self._bufs: dict[torch.device, torch.Tensor] = {}
 
-    def view(self, device: torch.device | str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        device = torch.device(device)
+    def view(self, device: torch.device | str, dtype: AnyDType, shape: tuple[int, ...]) -> torch.Tensor:
+        import torch
+
+        device, dtype = torch.device(device), torch_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self.capacity:
             raise ValueError(f"{nbytes} bytes do not fit a {self.capacity}-byte buffer")
@@ -132,9 +145,9 @@ class ReusableBuffer:
         return buf[:nbytes].view(dtype).view(shape)
 
 
-def pread_into(fd: int, target: torch.Tensor, offset: int) -> None:
-    """Fill a contiguous CPU tensor with ``target.nbytes`` bytes of ``fd`` at ``offset``."""
-    view = raw_bytes(target)
+def pread_into(fd: int, target: torch.Tensor | bytearray | memoryview, offset: int) -> None:
+    """Fill a contiguous CPU tensor (or a writable byte buffer) with its size in bytes of ``fd`` at ``offset``."""
+    view = memoryview(target).cast("B") if isinstance(target, bytearray | memoryview) else raw_bytes(target)
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:done + _MAX_PWRITE]], offset + done)
@@ -145,6 +158,8 @@ def pread_into(fd: int, target: torch.Tensor, offset: int) -> None:
 
 def raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy when it is already a contiguous CPU tensor."""
+    import torch
+
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
@@ -193,7 +208,7 @@ class SafetensorsStreamWriter:
         ``tensor`` must already have the slot's dtype and be a dim-0 slab of it (all other dims full).
         """
         slot = self.plan[name]
-        if tensor.dtype != slot.dtype:
+        if dtype_of(tensor.dtype) != dtype_of(slot.dtype):
             raise TypeError(f"{name}: writing {tensor.dtype} into a {slot.dtype} slot")
         data = raw_bytes(tensor)
         start = slot.begin + row * slot.row_bytes

@@ -17,8 +17,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lerobot_ckpt.errors import CorruptCheckpointError, MissingCheckpointFileError
+from lerobot_ckpt.stwriter import FORMAT_METADATA  # defined there, torch-free, for the converter
 
-FORMAT_METADATA = {"format": "pt"}  # what transformers/LeRobot expect in a PyTorch safetensors header
+__all__ = ["FORMAT_METADATA", "prepare", "read_tensors", "write_tensors"]
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
