@@ -31,7 +31,8 @@ one process, without GPU or process group; memory stays about one tensor, not th
   --dtype=DTYPE            cast floating-point weights to bfloat16, float16 or float32
                            (default: as stored, i.e. fp32 master weights)
   --delete_dcp=true        after the output is written and verified, remove the shard directory and
-                           update training_step.json (the checkpoint stays resumable and loadable)
+                           update training_step.json (the checkpoint stays resumable and loadable;
+                           with a --dtype cast, resuming continues from the rounded weights)
   --push_to_hub=REPO_ID    upload the converted pretrained_model/ (weights, config and processor
                            files, a model card; never shards) to the Hub model repo REPO_ID
   --private=true           create the Hub repository as private
@@ -165,6 +166,9 @@ def run(args: ConvertArgs) -> int:
     extra = "; verified and removed the DCP shards" if result.deleted_dcp else ""
     print(f"{PROG}: wrote {result.output} ({result.tensors} tensors, {result.bytes / 1e6:.1f} MB) "
           f"in {result.seconds:.1f} s{extra}")
+    if result.deleted_dcp and args.dtype not in (None, "float32"):
+        print(f"{PROG}: warning: the fp32 master weights are gone; this checkpoint now holds {args.dtype} "
+              "weights only, and a resume from it continues from the rounded values", file=sys.stderr)
     if args.push_to_hub:
         try:
             uploaded = push_to_hub(locate(args.checkpoint_dir).pretrained, args.push_to_hub, private=args.private)

@@ -7,6 +7,9 @@ failing later inside a model loader that has never heard of DCP.
 
 from __future__ import annotations
 
+import json
+import struct
+from collections import Counter
 from pathlib import Path
 
 from lerobot_ckpt.errors import MissingCheckpointFileError, UnsupportedCheckpointError
@@ -18,6 +21,7 @@ from lerobot_ckpt.layout import (
 )
 
 CONVERTER = "lerobot-convert-dcp"
+_FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
 def pretrained_dir_of(path: Path | str) -> Path:
@@ -43,3 +47,16 @@ def pretrained_weights_file(path: Path | str) -> Path:
             f"{CONVERTER} --checkpoint_dir={directory}"
         )
     raise MissingCheckpointFileError(directory / MODEL_WEIGHTS, f"no {MODEL_WEIGHTS} or {ADAPTER_WEIGHTS} in {directory}")
+
+
+def stored_float_dtype(weights: Path | str) -> str:
+    """The dtype most floating tensors of a safetensors file are stored in (``float32`` if none).
+
+    Read from the header alone (8-byte length + JSON): no tensor is loaded, torch is not needed.
+    """
+    with Path(weights).open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    counts = Counter(_FLOAT_DTYPES[v["dtype"]] for k, v in header.items()
+                     if k != "__metadata__" and v.get("dtype") in _FLOAT_DTYPES)
+    return counts.most_common(1)[0][0] if counts else "float32"

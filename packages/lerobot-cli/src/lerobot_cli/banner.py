@@ -46,7 +46,8 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_peft_lines(cfg),
         effective_batch_line(cfg.batch_size, p.dp_world_size, k),
-        f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer updates"
+        f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer "
+        f"update{'' if cfg.steps // k == 1 else 's'}"
         + (f"; resuming at step {start_step}" if start_step else ""),
         "Note: the learning rate and step count are not rescaled for the effective batch size; "
         "adjust --optimizer.lr / --steps yourself when you scale out.",

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lerobot_ckpt import Parallelism, ResumeState, RunInfo, load_checkpoint, save_checkpoint
+from lerobot_ckpt import CheckpointPaths, Parallelism, ResumeState, RunInfo, load_checkpoint, save_checkpoint
+from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.wrap import unwrap_model
 from lerobot_trainloop.loop import TrainLoop
@@ -85,6 +86,19 @@ def _adapter_state(model: nn.Module):
     return adapter_state(peft_model)
 
 
+def _warn_rounded_weights(checkpoint_dir: Path, state: ResumeState, warn: Callable[[str], None]) -> None:
+    """Training keeps fp32 master weights; a ``model.safetensors`` cast by ``lerobot-convert-dcp
+    --dtype`` (its shards deleted) no longer holds them, and resuming must not pass for exact."""
+    art = state.record.artifacts
+    if art.model_dcp or art.peft_adapter or not art.model_safetensors:
+        return
+    weights = CheckpointPaths(checkpoint_dir).model_weights
+    dtype = stored_float_dtype(weights) if weights.is_file() else "float32"
+    if dtype != "float32":
+        warn(f"resuming from {weights}, which holds {dtype} weights (converted with --dtype), not the run's fp32 "
+             "master weights: training continues from the rounded values")
+
+
 class Checkpointer:
     """Saves at ``save_freq`` and at the last step; restores a run from a checkpoint directory."""
 
@@ -130,6 +144,7 @@ class Checkpointer:
                 loop.sampler.load_state_dict(state.sampler_state)
             finally:
                 sampler_log.setLevel(level)
+        _warn_rounded_weights(checkpoint_dir, state, warn)
         changes = state.record.changes_for(self.info)
         if changes:
             warn(

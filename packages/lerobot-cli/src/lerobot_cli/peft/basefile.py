@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-import struct
-from collections import Counter
 from pathlib import Path
 
 from lerobot_ckpt.layout import ADAPTER_CONFIG
+from lerobot_ckpt.pretrained import stored_float_dtype
+
+__all__ = ["PeftSetupError", "base_reference", "check_base_precision", "is_adapter_dir", "recorded_base",
+           "stored_float_dtype"]
 
 BASE_KEY = "base_model_name_or_path"
-FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
 
 
@@ -49,17 +50,6 @@ def base_reference(directory: str | Path) -> str:
     if match:
         return f"{match['owner']}/{match['name']}"
     return str(resolved)
-
-
-def stored_float_dtype(weights: str | Path) -> str:
-    """The dtype most floating tensors of a safetensors file are stored in (``float32`` if none)."""
-    path = Path(weights)
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    counts = Counter(FLOAT_DTYPES[v["dtype"]] for k, v in header.items()
-                     if k != "__metadata__" and v.get("dtype") in FLOAT_DTYPES)
-    return counts.most_common(1)[0][0] if counts else "float32"
 
 
 def check_base_precision(base_dtype: str, mixed_precision: str, source: str) -> None:
