@@ -23,6 +23,27 @@ def _policy_class_for_help(flags: dict[str, str]):
     return None
 
 
+def _format_for_resume(cfg, flags: dict[str, str]):
+    """A sharded run's ``dcp``/``safetensors_dcp`` format, inherited from its ``train_config.json``,
+    cannot apply when the resumed run is not sharded: write ``safetensors`` instead (and say so)
+    rather than refusing. An explicit ``--checkpoint_format`` is still checked as given."""
+    if not cfg.resume or "checkpoint_format" in flags or cfg.checkpoint_format.value == "safetensors":
+        return cfg
+    from attrs import evolve
+    from lerobot_parallel.launch_env import LaunchEnv
+
+    try:
+        sharded = cfg.parallelism.resolve(LaunchEnv.from_environ().world_size).is_sharded
+    except ValueError:
+        return cfg  # bad degrees: the runner reports them
+    if sharded:
+        return cfg
+    if os.environ.get("RANK", "0") == "0":
+        warn(f"the resumed run is not sharded, so its checkpoints are written as safetensors (the saved "
+             f"config's checkpoint_format={cfg.checkpoint_format.value} applies to sharded runs only)")
+    return evolve(cfg, checkpoint_format="safetensors")
+
+
 def warn(message: str) -> None:
     print(f"{PROG}: warning: {message}", file=sys.stderr)
 
@@ -44,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         for message in result.warnings:
             warn(message)
         cfg = result.config.finalized()
+        cfg = _format_for_resume(cfg, parsed.flags)
         check_runnable(cfg, result.config_path)
         from lerobot_parallel.env_guard import enforce_accelerate_env_guard
 
