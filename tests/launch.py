@@ -1,7 +1,9 @@
 """Launch real multi-process jobs from tests, with a hard timeout and a watchdog.
 
-Every launch runs in its own session (process group) so a timeout kills the launcher *and*
-its workers; a test can never leave orphaned ranks holding a port or a core. The scripts
+Every launch runs in its own session (process group) so a timeout kills the launcher; torchrun
+starts its workers in sessions of their own, so they are found by their ``MASTER_PORT`` and killed
+too (before the output pipes they hold are drained). A test can never leave orphaned ranks holding
+a port or a core, nor hang on them. The scripts
 launched also arm ``faulthandler`` (see ``multiproc/_common.py``) so a hung rank dumps its
 stack before the outer timeout fires.
 """
@@ -58,8 +60,25 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _kill_ranks(master_port: int) -> None:
+    """SIGKILL every process whose environment names this job's ``MASTER_PORT`` (torchrun starts its
+    workers in their own sessions, so killing the launcher's process group can leave them running)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"MASTER_PORT={master_port}".encode() in environ:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = None,
-                cwd: Path = REPO) -> Launched:
+                cwd: Path = REPO, master_port: int | None = None) -> Launched:
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -69,21 +88,26 @@ def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None 
     except subprocess.TimeoutExpired:
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
+        if master_port is not None:  # before reading on: the ranks hold the output pipes open
+            _kill_ranks(master_port)
         out, err = proc.communicate()
     finally:
         try:  # workers that outlived a crashed launcher
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if master_port is not None:
+            _kill_ranks(master_port)
     return Launched(proc.returncode, out, err, time.monotonic() - t0, timed_out, time.time())
 
 
 def torchrun(script: Path | str, *args: str, nproc: int = 2, timeout_s: float = 90,
              env: dict[str, str] | None = None) -> Launched:
     """``python -m torch.distributed.run --nproc-per-node=N --master-port=<free> script args``."""
-    cmd = [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}",
+    port = free_port()
+    cmd = [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
            "--monitor-interval=0.2", str(script), *args]
-    return run_command(cmd, timeout_s=timeout_s, env=env)
+    return run_command(cmd, timeout_s=timeout_s, env=env, master_port=port)
 
 
 def accelerate_launch(script: Path | str, *args: str, launch_args: tuple[str, ...] = (), timeout_s: float = 90,
