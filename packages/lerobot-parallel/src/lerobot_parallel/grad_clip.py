@@ -53,7 +53,10 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, norm_typ
     params = [p for p in parameters if p.grad is not None]
     total = total_grad_norm(params, norm_type)
     coef = (float(max_norm) / (total + 1e-6)).clamp(max=1.0)
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
     for p in params:  # local shards: every rank scales its own slice by the same coefficient
         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        g.mul_(coef.to(g.device))
+        by_device.setdefault(g.device, []).append(g)
+    for device, grads in by_device.items():  # one fused multiply per device, not one kernel per tensor
+        torch._foreach_mul_(grads, coef.to(device))
     return total
