@@ -139,6 +139,7 @@ def test_checkpoint_contents_per_format(runs, base):
         config = json.loads((ckpt / "adapter_config.json").read_text())
         assert config["base_model_name_or_path"] == str(base) and config["peft_type"] == "LORA"
         assert config["r"] == 4 and config["modules_to_save"] == ["action_head"]
+        assert json.loads((ckpt / "config.json").read_text())["use_peft"] is True  # LeRobot's make_policy marker
         optimizer = _tensors(ckpt.parent / "training_state" / "optimizer_state.safetensors")
         assert len({k.split("/")[1] for k in optimizer}) == len(peft_names)  # state for trainable params only
     assert all(k.startswith("base_model.model.") and ".default." not in k for k in peft_names)

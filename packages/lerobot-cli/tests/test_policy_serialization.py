@@ -57,7 +57,7 @@ def test_file_round_trip(tmp_path):
 
 
 def test_lerobot_written_config_loads_and_warns_about_unknown_keys():
-    with pytest.warns(UnknownConfigKeysWarning, match="pretrained_revision, use_peft"):
+    with pytest.warns(UnknownConfigKeysWarning, match="pretrained_revision"):
         cfg = load_policy_config(LEROBOT_DIR)
     assert isinstance(cfg, ACTConfig)
     assert cfg.input_features["observation.environment_state"] == PolicyFeature(FeatureType.ENV, (3,))

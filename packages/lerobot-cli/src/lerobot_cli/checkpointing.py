@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 from lerobot_ckpt import CheckpointPaths, Parallelism, ResumeState, RunInfo, load_checkpoint, save_checkpoint
 from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_parallel.runtime import ParallelRuntime
@@ -64,6 +65,8 @@ def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: Processor
     """Files of ``pretrained_model/`` besides the weights, written by the main rank while staging
     (a PEFT run adds ``adapter_config.json``, which names the base policy)."""
     peft_model = peft_model_of(policy) if policy is not None else None
+    if peft_model is not None:  # LeRobot's make_policy loads base + adapter when config.json says so
+        policy_cfg = attrs.evolve(policy_cfg, use_peft=True)
 
     def write(directory: Path) -> None:
         save_policy_config(policy_cfg, directory)

@@ -47,6 +47,11 @@ class PolicyConfig:
     tags: list[str] | None = field(default=None, metadata={"help": "Hub model card tags."})
     license: str | None = field(default=None, metadata={"help": "Hub model card license."})
     pretrained_path: str | None = field(default=None, metadata={"help": "Set by --policy.path: where weights load from."})
+    use_peft: bool = field(
+        default=False,
+        metadata={"help": "Written true into a PEFT run's config.json (LeRobot's marker that the directory is an "
+                          "adapter); PEFT runs are chosen with --peft.*, not with this."},
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.n_obs_steps < 1:

@@ -4,7 +4,7 @@ A policy config unstructures to a flat dict whose first key is ``"type"`` (the r
 by every attrs field; features become ``{"type": "STATE", "shape": [..]}`` and enums their values — the
 shape LeRobot's draccus writes, so files cross between the two projects. Structuring against the base
 ``PolicyConfig`` picks the concrete class from ``"type"`` through the registry. Keys the class does not
-have (LeRobot grows fields such as ``use_peft``) are dropped with an ``UnknownConfigKeysWarning``
+have (LeRobot grows fields such as ``pretrained_revision``) are dropped with an ``UnknownConfigKeysWarning``
 instead of failing, since refusing a LeRobot checkpoint over a flag we do not use helps nobody.
 
 ``configure_converter`` installs these hooks on any converter, so the CLI's ``train_config.json``
