@@ -13,39 +13,18 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
 
-# Loaded at interpreter start-up in every launched process (PYTHONPATH): the real huggingface_hub code
-# path runs, only its two network calls are replaced by recorders.
-FAKE_HUB = '''
-import json, os, huggingface_hub
-LOG = os.environ["FAKE_HUB_LOG"]
-def _record(kind, **kw):
-    with open(LOG, "a") as f:
-        f.write(json.dumps({"call": kind, "rank": os.environ.get("RANK", "0"), **kw}) + "\\n")
-def create_repo(self, repo_id, **kw):
-    _record("create_repo", repo_id=repo_id, private=kw.get("private"))
-def create_commit(self, repo_id, operations, **kw):
-    files = {}
-    for op in operations:
-        src = op.path_or_fileobj
-        files[op.path_in_repo] = src.decode() if isinstance(src, bytes) else os.path.basename(src)
-    _record("create_commit", repo_id=repo_id, files=files)
-huggingface_hub.HfApi.create_repo = create_repo
-huggingface_hub.HfApi.create_commit = create_commit
-'''
+FAKE_HUB_DIR = Path(__file__).resolve().parent / "fake_hub"  # sitecustomize.py records Hub calls
 
 
 @pytest.mark.slow
 def test_final_policy_is_published_from_the_main_rank_only(launch, tmp_path):
-    fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "sitecustomize.py").write_text(FAKE_HUB)
     log = tmp_path / "hub.jsonl"
     out = tmp_path / "run"
     res = launch.torchrun(
         SCRIPT, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
         "--policy.type=mlp", "--policy.repo_id=me/demo_policy", "--policy.private=true", "--steps=3",
         "--log_freq=0", f"--output_dir={out}", nproc=2, timeout_s=180,
-        env={"PYTHONPATH": str(fake), "FAKE_HUB_LOG": str(log)},
+        env={"PYTHONPATH": str(FAKE_HUB_DIR), "FAKE_HUB_LOG": str(log)},
     )
     assert res.returncode == 0, res.describe()
     calls = [json.loads(line) for line in log.read_text().splitlines()]

@@ -1,0 +1,34 @@
+"""Loaded at interpreter start-up by processes a test launches with this directory on PYTHONPATH.
+
+The real huggingface_hub code path runs; only its two network calls are replaced by recorders that
+append one JSON line per call to ``$FAKE_HUB_LOG`` (with the calling rank), so a test can check
+exactly what would have been uploaded, and by whom. Used by tests/test_publish.py and the guide tests.
+"""
+
+import json
+import os
+
+import huggingface_hub
+
+LOG = os.environ["FAKE_HUB_LOG"]
+
+
+def _record(kind, **kw):
+    with open(LOG, "a") as f:
+        f.write(json.dumps({"call": kind, "rank": os.environ.get("RANK", "0"), **kw}) + "\n")
+
+
+def create_repo(self, repo_id, **kw):
+    _record("create_repo", repo_id=repo_id, private=kw.get("private"))
+
+
+def create_commit(self, repo_id, operations, **kw):
+    files = {}  # path in repo -> the uploaded text (bytes) or the local file's name
+    for op in operations:
+        src = op.path_or_fileobj
+        files[op.path_in_repo] = src.decode() if isinstance(src, bytes) else os.path.basename(src)
+    _record("create_commit", repo_id=repo_id, files=files)
+
+
+huggingface_hub.HfApi.create_repo = create_repo
+huggingface_hub.HfApi.create_commit = create_commit
