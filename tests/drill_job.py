@@ -17,15 +17,6 @@ import time
 from pathlib import Path
 
 
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, or not ours
-        return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
-
-
 def _parent_of(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -35,7 +26,8 @@ def _parent_of(pid: int) -> int | None:
 
 
 class DrillJob:
-    def __init__(self, cmd: list[str], workdir: Path, env: dict[str, str], master_port: int) -> None:
+    def __init__(self, cmd: list[str], workdir: Path, env: dict[str, str], master_port: int, launch) -> None:
+        self._launch = launch  # tests/launch.py (the ``launch`` fixture): finds this job's ranks in /proc
         self.master_port = str(master_port)
         self.stdout_path, self.stderr_path = workdir / "job.stdout", workdir / "job.stderr"
         self._out, self._err = self.stdout_path.open("w"), self.stderr_path.open("w")
@@ -47,7 +39,7 @@ class DrillJob:
         found: dict[int, list[int]] = {}
         for name in os.listdir("/proc"):
             if name.isdigit() and _parent_of(int(name)) == self.proc.pid:
-                env = _environ(int(name))
+                env = self._launch.process_environ(int(name))
                 if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
                     found.setdefault(int(env["RANK"]), []).append(int(name))
         assert sorted(found) == list(range(nproc)) and all(len(p) == 1 for p in found.values()), found
@@ -84,13 +76,7 @@ class DrillJob:
 
     def _running(self) -> dict[int, int]:
         """``{pid: rank}`` of every process whose environment says it is a rank of this job."""
-        out = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                env = _environ(int(name))
-                if env.get("MASTER_PORT") == self.master_port and "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
-                    out[int(name)] = int(env["RANK"])
-        return out
+        return self._launch.job_ranks(self.master_port)
 
     def close(self) -> None:
         """Kill whatever is left of the job (a stopped rank too: SIGKILL needs no SIGCONT)."""

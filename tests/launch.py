@@ -60,21 +60,34 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _kill_ranks(master_port: int) -> None:
-    """SIGKILL every process whose environment names this job's ``MASTER_PORT`` (torchrun starts its
-    workers in their own sessions, so killing the launcher's process group can leave them running)."""
+def process_environ(pid: int) -> dict[str, str]:
+    """A process's environment from /proc ({} when it is gone or not ours)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def job_ranks(master_port: int | str) -> dict[int, int]:
+    """``{pid: rank}`` of the torchrun workers of the job using ``master_port``, wherever they were
+    reparented: torchrun starts each worker in a session of its own, so a process group misses them."""
+    out = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
+        if name.isdigit() and int(name) != os.getpid():
+            env = process_environ(int(name))
+            if env.get("MASTER_PORT") == str(master_port) and "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+                out[int(name)] = int(env["RANK"])
+    return out
+
+
+def _kill_ranks(master_port: int) -> None:
+    for pid in job_ranks(master_port):
         try:
-            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"MASTER_PORT={master_port}".encode() in environ:
-            try:
-                os.kill(int(name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = None,

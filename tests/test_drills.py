@@ -55,7 +55,7 @@ def _start_training(launch, tmp_path: Path, nproc: int, *extra: str):
     port = launch.free_port()
     cmd = [launch.PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
            "--monitor-interval=0.2", SCRIPT, *MLP, "--steps=1000000", "--log_freq=1", "--save_checkpoint=false", f"--output_dir={out}", *extra]
-    job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port)
+    job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port, launch)
     job.wait_for(lambda: _metrics_lines(out) >= 2, STARTUP_S, "two metrics lines")
     return job
 

@@ -17,7 +17,7 @@ arm_watchdog(150)
 
 import torch
 import torch.distributed as dist
-from fsdp_workload import CollectiveSpy, full, json_ready, train, train_act
+from fsdp_workload import CollectiveSpy, accumulation_trace, full, json_ready, train, train_act
 from lerobot_parallel import FSDPConfig, MixedPrecisionPolicyConfig, ParallelismConfig, ShardingError
 from lerobot_parallel.memory import measure_rank_bytes
 from lerobot_parallel.plan import build_plan
@@ -76,16 +76,7 @@ def main() -> None:
         res["fp32"]["shards"] = shards
 
         # Gradient accumulation, B=2 x K=2: no reduce-scatter on the first micro-batch of each window.
-        with CollectiveSpy() as spy:
-            seen: list[dict] = []
-
-            def per_step(loop, out):
-                seen.append({"synced": out.synced, "reduce_scatters": len(spy.calls),
-                                 "all_reduces": spy.all_reduces})
-                spy.clear()
-
-            res["accum"] = json_ready(train(rt, batch_size=2, grad_accum=2, steps=6, on_step=per_step))
-            res["accum"]["per_step"] = seen
+        res["accum"] = accumulation_trace(rt, batch_size=2, grad_accum=2, steps=6)
 
         # Clipping over DTensor gradients (and over DTensor + plain ones with an ignored module).
         res["clip"] = json_ready(train(rt, batch_size=4, steps=3, grad_clip_norm=0.05))

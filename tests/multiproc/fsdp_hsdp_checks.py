@@ -12,7 +12,7 @@ arm_watchdog(150)
 
 import torch
 import torch.distributed as dist
-from fsdp_workload import CollectiveSpy, json_ready, train
+from fsdp_workload import accumulation_trace, json_ready, train
 from lerobot_parallel import FSDPConfig, ParallelismConfig
 from lerobot_parallel.teardown import parallel_session
 from torch.distributed.tensor import DTensor
@@ -37,16 +37,7 @@ def main() -> None:
         res["fp32"]["shards"] = local_shards(run["model"])  # after training: replicas must hold equal shards
         # Accumulation B=1 x K=2 over 4 workers: 3 updates of 8 samples; no reduce-scatter (nor
         # all-reduce) on the first micro-batch of a window.
-        with CollectiveSpy() as spy:
-            per_step: list[dict] = []
-
-            def count(loop, out):
-                per_step.append({"synced": out.synced, "reduce_scatters": len(spy.calls),
-                                 "all_reduces": spy.all_reduces})
-                spy.clear()
-
-            res["accum"] = json_ready(train(rt, batch_size=1, grad_accum=2, steps=6, on_step=count))
-            res["accum"]["per_step"] = per_step
+        res["accum"] = accumulation_trace(rt, batch_size=1, grad_accum=2, steps=6)
         # Ignored module under HSDP: gradients averaged over all 4 dp ranks, head identical everywhere.
         head: list[list[float]] = []
         ign = train(rt, batch_size=2, steps=3, grad_clip_norm=0.05, fsdp=FSDPConfig(ignored_modules="head"),

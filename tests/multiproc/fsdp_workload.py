@@ -164,6 +164,21 @@ def train_act(runtime: ParallelRuntime, *, batch_size: int, steps: int, mixed_pr
             "param_types": sorted({type(p).__name__ for p in model.parameters()})}
 
 
+def accumulation_trace(runtime: ParallelRuntime, **train_kwargs) -> dict:
+    """``train(...)`` (JSON-ready) plus, per loop step, whether it synchronised and how many
+    reduce-scatters and all-reduces it issued: what gradient accumulation must skip."""
+    per_step: list[dict] = []
+    with CollectiveSpy() as spy:
+
+        def count(loop, out) -> None:
+            per_step.append({"synced": out.synced, "reduce_scatters": len(spy.calls), "all_reduces": spy.all_reduces})
+            spy.clear()
+
+        result = json_ready(train(runtime, on_step=count, **train_kwargs))
+    result["per_step"] = per_step
+    return result
+
+
 def json_ready(result: dict) -> dict:
     """``train``'s result without the live objects."""
     return {k: v for k, v in result.items() if k not in ("model", "optimizer")}
