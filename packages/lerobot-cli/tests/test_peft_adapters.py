@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_cli.peft.adapters import (
     adapter_state,
     default_target_modules,
@@ -20,7 +21,6 @@ from lerobot_cli.peft.basefile import (
     check_base_precision,
     is_adapter_dir,
     recorded_base,
-    stored_float_dtype,
 )
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies.features import PolicyFeature

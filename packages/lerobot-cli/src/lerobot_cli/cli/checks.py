@@ -44,14 +44,9 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
 def check_peft(cfg: TrainConfig) -> None:
     """``--peft.*`` adapts a pretrained base; refuse what would train the wrong thing, before torch."""
     from lerobot_ckpt.errors import CheckpointError
-    from lerobot_ckpt.pretrained import pretrained_weights_file
+    from lerobot_ckpt.pretrained import pretrained_weights_file, stored_float_dtype
 
-    from lerobot_cli.peft.basefile import (
-        PeftSetupError,
-        check_base_precision,
-        is_adapter_dir,
-        stored_float_dtype,
-    )
+    from lerobot_cli.peft.basefile import PeftSetupError, check_base_precision, is_adapter_dir
 
     base = cfg.policy.pretrained_path
     if not base:

@@ -16,16 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lerobot_ckpt.pretrained import pretrained_weights_file, stored_float_dtype
+from lerobot_parallel.sharding import upcast_trainable
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from torch import nn
 
-from lerobot_cli.peft.basefile import (
-    PeftSetupError,
-    base_reference,
-    check_base_precision,
-    recorded_base,
-    stored_float_dtype,
-)
+from lerobot_cli.peft.basefile import PeftSetupError, base_reference, check_base_precision, recorded_base
 from lerobot_cli.peft.config import PeftConfig
 
 ADAPTER_NAME = "default"
@@ -67,13 +63,6 @@ def lora_config(cfg: PeftConfig, policy: nn.Module) -> LoraConfig:
         raise PeftSetupError(f"--peft: {exc}") from None
 
 
-@torch.no_grad()
-def upcast_trainable(model: nn.Module) -> None:
-    for p in model.parameters():
-        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
-            p.data = p.data.to(torch.float32)
-
-
 def _matching_dtype(policy: nn.Module, base_dtype: str, mixed_precision: str, source: str) -> nn.Module:
     check_base_precision(base_dtype, mixed_precision, source)
     dtype = getattr(torch, base_dtype)
@@ -84,7 +73,7 @@ def wrap_with_peft(policy: nn.Module, cfg: PeftConfig, *, base_dir: Path, mixed_
     """``policy`` (loaded from ``base_dir``, in fp32) with LoRA adapters; the base frozen in its stored dtype."""
     source = str(base_dir)
     config = lora_config(cfg, policy)
-    policy = _matching_dtype(policy, stored_float_dtype(_weights(base_dir)), mixed_precision, source)
+    policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, source)
     try:
         model = get_peft_model(policy, config, adapter_name=ADAPTER_NAME)
     except ValueError as exc:  # e.g. target modules that match nothing: peft's message lists what it looked for
@@ -93,12 +82,6 @@ def wrap_with_peft(policy: nn.Module, cfg: PeftConfig, *, base_dir: Path, mixed_
     if mixed_precision != "no":
         upcast_trainable(model)
     return model
-
-
-def _weights(directory: Path) -> Path:
-    from lerobot_ckpt import pretrained_weights_file
-
-    return pretrained_weights_file(directory)
 
 
 def adapter_state(model: nn.Module) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -126,7 +109,7 @@ def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False
     """
     from lerobot_cli.policies.pretrained import load_pretrained
 
-    _weights(directory)  # a dcp-only checkpoint: one sentence saying to convert it first
+    pretrained_weights_file(directory)  # a dcp-only checkpoint: one sentence saying to convert it first
     base = recorded_base(directory)
     if resolve_base is None:
         from lerobot_cli.cli.paths import resolve_policy_dir as resolve_base
@@ -137,7 +120,7 @@ def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False
                              f"cannot be loaded: {exc}") from None
     config, policy = load_pretrained(base_dir, config=config)  # fp32, as for any pretrained policy
     if trainable:  # training keeps the frozen base in its stored dtype, as wrap_with_peft does
-        policy = _matching_dtype(policy, stored_float_dtype(_weights(base_dir)), mixed_precision, str(base_dir))
+        policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, str(base_dir))
     model = PeftModel.from_pretrained(policy, str(directory), adapter_name=ADAPTER_NAME, is_trainable=trainable,
                                       autocast_adapter_dtype=True)
     if trainable and mixed_precision != "no":

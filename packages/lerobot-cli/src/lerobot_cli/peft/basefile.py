@@ -2,8 +2,9 @@
 
 A PEFT ``pretrained_model/`` is recognised by ``adapter_config.json``, and its base policy is the
 path that file records in ``base_model_name_or_path``. The base's storage dtype decides whether
-mixed precision is required, and it is read from the safetensors header alone (8-byte length +
-JSON), so the check costs no tensor reads and happens before any process group exists.
+mixed precision is required; it is read from the safetensors header alone
+(``lerobot_ckpt.pretrained.stored_float_dtype``), so the check costs no tensor reads and happens
+before any process group exists.
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ import re
 from pathlib import Path
 
 from lerobot_ckpt.layout import ADAPTER_CONFIG
-from lerobot_ckpt.pretrained import stored_float_dtype
-
-__all__ = ["PeftSetupError", "base_reference", "check_base_precision", "is_adapter_dir", "recorded_base",
-           "stored_float_dtype"]
 
 BASE_KEY = "base_model_name_or_path"
 _HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
