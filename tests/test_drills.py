@@ -126,6 +126,79 @@ def test_a_stopped_rank_hits_the_collective_timeout(launch, tmp_path):
     assert job.proc.returncode != 0
 
 
+STEP_DIR = re.compile(r"\d+")
+
+
+def _committed_steps(ckpts: Path) -> set[str]:
+    """Step directories in ``checkpoints/`` (a save is staged under a dot-name until it is renamed)."""
+    try:
+        return {p.name for p in ckpts.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()}
+    except FileNotFoundError:
+        return set()
+
+
+def _wait_for_new_step(job, ckpts: Path, known: set[str], timeout_s: float) -> set[str]:
+    """Poll (20 Hz) until a step directory beyond ``known`` is committed; returns the new listing."""
+    deadline = time.monotonic() + timeout_s
+    while (steps := _committed_steps(ckpts)) <= known:
+        assert job.proc.poll() is None, f"job ended (rc={job.proc.returncode}) before saving:\n{job.output()}"
+        assert time.monotonic() < deadline, f"no new checkpoint after {timeout_s:.0f} s:\n{job.output()}"
+        time.sleep(0.05)
+    return steps
+
+
+@pytest.mark.parametrize("target", ["launcher", "process-group"])
+def test_sigkill_of_the_launcher_ends_every_rank_without_a_new_checkpoint(launch, tmp_path, target):
+    """``kill -9`` of torchrun (or of its process group, which holds no rank: torchrun starts every
+    worker in a session of its own) used to leave the ranks training and saving, orphaned. Each rank
+    now watches its parent (lerobot_parallel.watchdog) and hard-exits: no teardown, no save.
+
+    Saves run every ``SAVE_FREQ`` steps (seconds apart at this model's ~100 steps/s), and the kill
+    lands right after one is committed, so a rank that kept training would commit the next one
+    long before the 30 s bound: the step directories must be exactly those committed at the kill,
+    each complete, with ``last`` on the newest. (A kill in the middle of a save leaves only a
+    dot-named staging directory: tested with SIGKILLs at random points in test_ckpt_atomic.py.)
+    """
+    save_freq = 400
+    job = _start_training(launch, tmp_path, 2, "--save_checkpoint=true", f"--save_freq={save_freq}")
+    ckpts = tmp_path / "run" / "checkpoints"
+    try:
+        first = _wait_for_new_step(job, ckpts, set(), STARTUP_S)
+        at_kill = _wait_for_new_step(job, ckpts, first, 120)  # two saves: the loop saves during the run
+        ranks = job.find_workers(2)
+        if target == "launcher":
+            os.kill(job.proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(job.proc.pid, signal.SIGKILL)  # DrillJob starts the launcher as a session leader
+        t0 = time.monotonic()
+        job.proc.wait(10)
+        while job.alive_workers() and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        gone_after = time.monotonic() - t0
+        left = job.alive_workers()
+        output = job.output()
+    finally:
+        job.close()
+    after = _committed_steps(ckpts)
+    debris = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("."))
+    lines = [ln for ln in output.splitlines() if "is gone; exiting" in ln]
+    print(f"\n[drill kill launcher, {target}] SIGKILL of pid {job.proc.pid} with rank pids {sorted(ranks.values())} "
+          f"training -> every rank gone after {gone_after:.1f} s; checkpoints at the kill {sorted(at_kill)}, "
+          f"after {sorted(after)}, staging leftovers {debris}\n  " + "\n  ".join(lines))
+    assert left == [], f"ranks {left} outlived the launcher by {gone_after:.0f} s:\n{output[-4000:]}"
+    assert gone_after < 30, output[-4000:]
+    assert sorted(lines) == [f"[rank {r}/2] the launcher (pid {job.proc.pid}) is gone; exiting" for r in (0, 1)], \
+        output[-4000:]
+    assert "failed with" not in output, output[-4000:]  # a peer's exit is not reported as this rank's failure
+    assert after == at_kill, f"a checkpoint was committed after the launcher was killed: {sorted(after - at_kill)}"
+    newest = max(after, key=int)
+    assert (ckpts / "last").resolve().name == newest
+    layouts = {step: sorted(str(p.relative_to(ckpts / step)) for p in (ckpts / step).rglob("*")) for step in after}
+    assert all(layout == layouts[newest] for layout in layouts.values()), layouts
+    step = json.loads((ckpts / newest / "training_state" / "training_step.json").read_text())
+    assert step["step"] == int(newest) and int(newest) % save_freq == 0
+
+
 SET_FILE_LIMIT = (
     "import os, resource, signal, sys\n"
     "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG\n"

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from lerobot_parallel import (
     AcceleratorConfig,
     LaunchEnv,
+    LaunchEnvError,
     ParallelismConfig,
     ParallelismError,
     effective_batch_line,
@@ -53,6 +54,25 @@ def test_launch_env_mpi_names():
 def test_launch_env_rejects_inconsistent_values(bad):
     with pytest.raises(ValueError):
         LaunchEnv.from_environ(bad)
+
+
+@pytest.mark.parametrize(("env", "missing"), [
+    ({"WORLD_SIZE": "2"}, "RANK/MASTER_ADDR/MASTER_PORT are not"),
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK/MASTER_PORT are not"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT is not"),
+])
+def test_world_size_without_a_launcher_is_a_usage_error_before_any_group(env, missing):
+    # Typed by hand or left in a shell: torch would fail in env:// rendezvous, or wait for peers forever.
+    with pytest.raises(LaunchEnvError, match=f"WORLD_SIZE=2 is set but {missing}: start the processes with torchrun"):
+        LaunchEnv.from_environ(env)
+    assert issubclass(LaunchEnvError, ParallelismError)  # a CLI exits 2 on it
+
+
+def test_a_hand_made_complete_launch_env_is_accepted():
+    # A batch script exporting all four itself (no TORCHELASTIC_RUN_ID) is a valid env:// launch.
+    env = LaunchEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (env.rank, env.world_size, env.master_port) == (1, 2, 29500)
+    assert LaunchEnv.from_environ({"WORLD_SIZE": "1"}).world_size == 1
 
 
 def test_single_process_runtime_has_no_process_group():

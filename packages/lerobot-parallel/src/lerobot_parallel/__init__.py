@@ -1,8 +1,10 @@
 """Topology, device mesh and model wrapping for data-parallel training (DDP, FSDP2, HSDP).
 
 Importing the package does not import torch (a CLI's ``--help`` must stay fast): configs,
-the env guard, launch-env parsing and batch arithmetic are eager; the torch-using names
-(runtime, teardown, wrapping, sharding plan, clipping, precision) load on first attribute access.
+the env guard, launch-env parsing, the launcher watch and batch arithmetic are eager; the
+torch-using names (runtime, teardown, wrapping, sharding plan, clipping, precision) load on
+first attribute access. The launcher watch is eager also because importing it records the
+parent process, as early as possible.
 """
 
 from lerobot_parallel.batching import effective_batch_line, effective_batch_size, samples_per_loop_step
@@ -24,7 +26,8 @@ from lerobot_parallel.env_guard import (
     enforce_accelerate_env_guard,
     guard_message,
 )
-from lerobot_parallel.launch_env import LaunchEnv
+from lerobot_parallel.launch_env import LaunchEnv, LaunchEnvError
+from lerobot_parallel.watchdog import LAUNCHER_GONE_EXIT_CODE, LauncherWatch, launcher_watch_wanted
 
 __version__ = "0.1.0"
 
@@ -70,6 +73,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ALLOW_ENV_VAR",
+    "LAUNCHER_GONE_EXIT_CODE",
     "AccelerateEnvError",
     "AcceleratorConfig",
     "DDPConfig",
@@ -77,6 +81,8 @@ __all__ = [
     "FSDPConfig",
     "GradientAccumulationConfig",
     "LaunchEnv",
+    "LaunchEnvError",
+    "LauncherWatch",
     "MemoryEstimate",
     "MixedPrecisionPolicyConfig",
     "ParallelRuntime",
@@ -98,6 +104,7 @@ __all__ = [
     "gradient_sync",
     "guard_message",
     "init_runtime",
+    "launcher_watch_wanted",
     "measure_rank_bytes",
     "parallel_session",
     "parameters_for_clipping",

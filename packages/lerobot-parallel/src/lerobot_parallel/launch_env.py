@@ -9,6 +9,11 @@ A plain ``accelerate launch --num_processes=N`` on a machine without GPUs starts
 and exports ``MASTER_ADDR``/``MASTER_PORT`` but no rank or world size: that is a
 single-process run, which is why the world size, not the presence of ``MASTER_ADDR``,
 decides whether a process group is needed.
+
+The reverse, a world size above 1 without the rank and rendezvous address that go with it
+(``WORLD_SIZE=2 lerobot-train …`` typed by hand, or left over in a shell), is refused here:
+torch would otherwise fail deep in ``init_process_group`` with a traceback, or wait forever
+for peers that were never started.
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ from collections.abc import Mapping
 
 from attrs import define
 
+from lerobot_parallel.config import ParallelismError
+
 _RANK = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 _WORLD = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _LOCAL_RANK = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
 _LOCAL_WORLD = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+class LaunchEnvError(ParallelismError):
+    """The launcher's variables cannot describe a job (a usage error: a CLI exits 2, no traceback)."""
 
 
 def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> tuple[int, str | None]:
@@ -31,8 +42,25 @@ def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> 
             try:
                 return int(raw), name
             except ValueError:
-                raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+                raise LaunchEnvError(f"environment variable {name}={raw!r} is not an integer") from None
     return default, None
+
+
+def _check_rendezvous(env: Mapping[str, str], world: int, has_rank: bool) -> None:
+    """Several processes need a rank each and one address to meet at; torchrun sets all of them.
+
+    Only for the torchrun names: MPI always sets its rank with its size, and a missing
+    ``MASTER_ADDR`` there is reported by ``init_runtime``, still before any process group.
+    """
+    missing = [] if has_rank else ["RANK"]
+    missing += [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name, "").strip()]
+    if not missing:
+        return
+    verb = "is" if len(missing) == 1 else "are"
+    raise LaunchEnvError(
+        f"WORLD_SIZE={world} is set but {'/'.join(missing)} {verb} not: start the processes with torchrun "
+        "or accelerate launch (they set all of these), or unset WORLD_SIZE to train in one process"
+    )
 
 
 @define(frozen=True)
@@ -55,15 +83,17 @@ class LaunchEnv:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
         env = os.environ if environ is None else environ
         world, world_name = _first_int(env, _WORLD, 1)
-        rank, _ = _first_int(env, _RANK, 0)
+        rank, rank_name = _first_int(env, _RANK, 0)
         local_rank, _ = _first_int(env, _LOCAL_RANK, 0)
         local_world, _ = _first_int(env, _LOCAL_WORLD, world)
         if world < 1:
-            raise ValueError(f"{world_name}={world} is not a valid world size (must be ≥ 1)")
+            raise LaunchEnvError(f"{world_name}={world} is not a valid world size (must be ≥ 1)")
         if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is outside the world of {world} process(es) exported by the launcher")
+            raise LaunchEnvError(f"rank {rank} is outside the world of {world} process(es) exported by the launcher")
         if not 0 <= local_rank < max(local_world, 1):
-            raise ValueError(f"local rank {local_rank} is outside the {local_world} process(es) on this node")
+            raise LaunchEnvError(f"local rank {local_rank} is outside the {local_world} process(es) on this node")
+        if world > 1 and world_name == "WORLD_SIZE":
+            _check_rendezvous(env, world, rank_name is not None)
         port_raw = env.get("MASTER_PORT", "").strip()
         launcher = "none"
         if world_name == "WORLD_SIZE" or "TORCHELASTIC_RUN_ID" in env:

@@ -223,7 +223,7 @@ def init_runtime(
         backend = dist.get_backend()
     else:
         if launch.master_addr is None or launch.master_port is None:
-            raise ValueError(
+            raise ParallelismError(  # a usage error, before any process group: a CLI exits 2
                 f"{world} processes were launched but MASTER_ADDR/MASTER_PORT are not set; "
                 "launch with torchrun or accelerate launch"
             )

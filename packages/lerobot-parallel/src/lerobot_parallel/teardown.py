@@ -10,6 +10,11 @@ Two failure modes motivate this module:
   (torchrun's agent) kills the surviving ranks when one exits non-zero, so the failing rank
   must exit rather than hang in teardown: no barrier here, ever, and ``destroy`` on gloo and
   nccl is local.
+
+A third one: a rank whose launcher was killed (``kill -9`` of torchrun, which starts every worker
+in a session of its own) would train on, orphaned. The session arms a :class:`LauncherWatch`
+for ranks a launcher started and stops it first thing in teardown, so it cannot fire during a
+clean exit.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch.distributed as dist
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig, ParallelismError
 from lerobot_parallel.launch_env import LaunchEnv
 from lerobot_parallel.runtime import ParallelRuntime, init_runtime
+from lerobot_parallel.watchdog import LauncherWatch, launcher_watch_wanted, start_launcher_watch
 
 DEFAULT_SETTLE_S = 0.5
 
@@ -62,28 +68,41 @@ def parallel_session(
     device: str | torch.device | None = None,
     launch: LaunchEnv | None = None,
     settle_s: float = DEFAULT_SETTLE_S,
+    watch_launcher: bool | None = None,
 ) -> Iterator[ParallelRuntime]:
     """``with parallel_session(...) as rt:`` — init, yield the runtime, always tear down.
 
     On an exception the rank and error are printed before re-raising, so the job log names
     the rank even when the launcher's own summary is terse; ``KeyboardInterrupt`` and
     ``SystemExit`` are passed through quietly.
+
+    ``watch_launcher``: exit hard when the parent process (the launcher) is gone. ``None`` arms it
+    when a launcher started this process (``launcher_watch_wanted``) and the process group is not
+    a foreign trainer's; ``True``/``False`` force it on/off. Armed before the rendezvous, which
+    would otherwise wait for a store the dead launcher hosted.
     """
     launch = launch or LaunchEnv.from_environ()
     runtime = None
     foreign_group = dist.is_available() and dist.is_initialized()
+    if watch_launcher is None:
+        watch_launcher = not foreign_group and launcher_watch_wanted(launch)
+    watch: LauncherWatch | None = start_launcher_watch(launch) if watch_launcher else None
     try:
         runtime = init_runtime(parallelism, accelerator, device=device, launch=launch)
         yield runtime
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
+        if watch is not None and watch.parent_is_gone():
+            watch.exit_now()  # a peer saw the launcher gone first and its exit broke our collective
         # A topology or device refused before the runtime exists is a usage error, the same on every
         # rank: the caller prints it once; a failure report with a traceback would bury it.
         if launch.world_size > 1 and not (runtime is None and isinstance(exc, ParallelismError)):
             report_rank_failure(launch.rank, launch.world_size, exc)
         raise
     finally:
+        if watch is not None:
+            watch.stop()
         if runtime is not None:
             shutdown_process_group(runtime, settle_s)
         elif not foreign_group:
