@@ -200,6 +200,22 @@ def test_accelerate_merge_fsdp_weights_reads_our_shards(chain):
 
 
 @pytest.mark.slow
+def test_a_garbled_shard_is_the_same_corrupt_checkpoint_error_on_every_rank_before_any_change(chain):
+    out, report = chain
+    r0, r1 = report("save", 0)["garbled"], report("save", 1)["garbled"]
+    for what, relative in (("model", "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp"),
+                           ("optimizer", "training_state/optimizer_0/__0_0.distcp")):
+        assert r0[what] == r1[what], what
+        kind, message = r0[what]
+        assert kind == "CorruptCheckpointError" and "\n" not in message, message
+        named = message.removeprefix("checkpoint file is unreadable or corrupt: ").split(": ")[0]
+        assert Path(named).resolve() == _step(out, f"garbled_{what}") / relative, message
+        assert f": the record of {what}." in message, message
+        assert "is not a torch.save record" in message and "restore the directory from an intact copy" in message
+        assert r0[f"{what}_unchanged"] and r1[f"{what}_unchanged"], what
+
+
+@pytest.mark.slow
 def test_a_write_failing_on_one_rank_raises_the_same_error_on_every_rank(chain):
     _, report = chain
     r0, r1 = report("save", 0), report("save", 1)

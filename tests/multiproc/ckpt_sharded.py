@@ -2,7 +2,8 @@
 
 * ``save``   (torchrun ×2, FSDP2 on a 1-D mesh): gather peak memory; train 3 steps and save in each
   ``checkpoint_format``; same-topology resume (bitwise state, next loss equal to the uninterrupted
-  run's); a DCP write failing on rank 1 and a gathered write failing on rank 0; a fake PEFT adapter.
+  run's); resumes from a garbled model / optimizer shard; a DCP write failing on rank 1 and a
+  gathered write failing on rank 0; a fake PEFT adapter.
 * ``single`` (one process, no process group; the test calls :func:`run` in its own process):
   resume every checkpoint, then save a non-sharded checkpoint.
 * ``hsdp``   (torchrun ×4, 2-D mesh 2×2): resume everything, the adapter too; save a
@@ -192,7 +193,38 @@ def mode_save() -> dict:
             r["after_equals_uninterrupted"] = diff(uninterrupted["model"], r["_after"], "model")
         r["loss_equals_uninterrupted"] = r["next_loss"] == res["uninterrupted_loss4"]
         res["same_topology"][fmt] = strip(r)
+    res["garbled"] = garbled_resumes(mesh, rank)
     res.update(failure_drills(model, opt, sched, rank))
+    return res
+
+
+GARBLED = {"model": "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp",
+           "optimizer": "training_state/optimizer_0/__0_0.distcp"}
+
+
+def garbled_resumes(mesh, rank: int) -> dict:
+    """Resume copies of the dcp checkpoint with one shard file overwritten by random bytes of the same size:
+    every rank must raise the same CorruptCheckpointError naming that file, before changing anything."""
+    import random
+    import shutil
+
+    if rank == 0:
+        for what, relative in GARBLED.items():
+            shutil.copytree(OUT / "fmt_dcp", OUT / f"garbled_{what}", symlinks=True)
+            shard = last(f"garbled_{what}") / relative
+            shard.write_bytes(random.Random(0).randbytes(shard.stat().st_size))
+    dist.barrier()
+    res = {}
+    for what in GARBLED:
+        model, opt, sched = build("fsdp", mesh)
+        before = [p.to_local().clone() for p in model.parameters()]
+        try:
+            load_checkpoint(last(f"garbled_{what}"), model=model, optimizer=opt, scheduler=sched)
+            res[what] = None
+        except CheckpointError as exc:
+            res[what] = [type(exc).__name__, str(exc)]
+        res[f"{what}_unchanged"] = all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters(),
+                                                                                   strict=True)) and not opt.state
     return res
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from lerobot_ckpt import (
+    CorruptCheckpointError,
     MissingCheckpointFileError,
     ModelMismatchError,
     OptimizerMismatchError,
@@ -97,6 +98,11 @@ def test_a_loaded_optimizer_without_state_is_restored_even_after_a_backward(save
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
 
 
+def _garble(path):
+    """Random bytes of the same size: every size check passes, nothing in it is a record."""
+    path.write_bytes(random.Random(0).randbytes(path.stat().st_size))
+
+
 def _snapshot(model, opt):
     return ({k: v.clone() for k, v in model.state_dict().items()}, repr(opt.state_dict()), torch.get_rng_state(),
             random.getstate(), np.random.get_state()[1].copy())
@@ -114,6 +120,10 @@ def _unchanged(before, model, opt):
      "shard file.s. missing or truncated: __0_0.distcp is missing"),
     (lambda step: (step / "training_state/optimizer_0/.metadata").unlink(), MissingCheckpointFileError,
      "optimizer_0/ has no .metadata"),
+    (lambda step: _garble(step / "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp"), CorruptCheckpointError,
+     r"pytorch_model_fsdp_0/__0_0.distcp: the record of model\.\S+ at byte \d+ is not a torch.save record"),
+    (lambda step: _garble(step / "training_state/optimizer_0/__0_0.distcp"), CorruptCheckpointError,
+     r"optimizer_0/__0_0.distcp: the record of optimizer\.\S+ at byte \d+ is not a torch.save record"),
 ])
 def test_refusals_happen_before_anything_changes(saved, break_it, error, match):
     step, _, _ = saved
@@ -125,6 +135,22 @@ def test_refusals_happen_before_anything_changes(saved, break_it, error, match):
         load_checkpoint(step, model=model, optimizer=opt)
     _unchanged(before, model, opt)
     assert not opt.state  # torch's state initialisation did not run either
+
+
+def test_a_record_damaged_inside_is_one_corrupt_checkpoint_error_not_a_dcp_dump(saved):
+    """Damage the framing checks cannot see (inside a record's pickle) fails in DCP's read: translated."""
+    from lerobot_ckpt.dcp_index import DcpIndex
+
+    step, _, _ = saved
+    shards = step / "pretrained_model/pytorch_model_fsdp_0"
+    chunk = DcpIndex.read(shards).tensors[0].chunks[0]
+    data = bytearray((shards / chunk.file).read_bytes())
+    data[chunk.start + 60:chunk.start + 90] = b"\xff" * 30
+    (shards / chunk.file).write_bytes(bytes(data))
+    model = _model()
+    with pytest.raises(CorruptCheckpointError, match=r"pytorch_model_fsdp_0: rank 0 could not decode a shard "
+                                                     r"\(UnpicklingError: [^)]*\); the files were damaged"):
+        load_checkpoint(step, model=model, optimizer=torch.optim.AdamW(model.parameters()))
 
 
 def test_optimizer_of_another_model_is_refused(saved):

@@ -43,6 +43,19 @@ METADATA_FILE = ".metadata"
 MODEL_KEY = "model"  # the one top-level key of each DCP directory (accelerate's nesting)
 OPTIMIZER_KEY = "optimizer"
 PathKey = tuple[str | int, ...]
+_ZIP_HEAD = b"PK\x03\x04"  # a zip local file header: how every torch.save record starts
+_ZIP_END = b"PK\x05\x06"  # the end-of-central-directory signature, in a record's last 22 bytes (no comment)
+_ZIP_END_SIZE = 22
+_RECORD_MIN = 30 + _ZIP_END_SIZE  # one local header and the end record
+
+
+def _dotted(path: PathKey) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _read_at(f, offset: int, n: int = 4) -> bytes:
+    f.seek(offset)
+    return f.read(n)
 
 
 @define(frozen=True)
@@ -82,6 +95,7 @@ class DcpIndex:
     directory: Path
     tensors: tuple[StoredTensor, ...]
     other_paths: tuple[PathKey, ...]
+    other_records: tuple[tuple[PathKey, StoredChunk], ...] = ()  # where the non-tensor entries are stored
 
     @classmethod
     def read(cls, directory: Path) -> DcpIndex:
@@ -109,11 +123,14 @@ class DcpIndex:
         planner = metadata.planner_data or {}
         storage = {(index.fqn, None if index.offset is None else tuple(index.offset)): info
                    for index, info in (metadata.storage_data or {}).items()}
-        tensors, others = [], []
+        tensors, others, other_records = [], [], []
         for key, entry in (metadata.state_dict_metadata or {}).items():
             path = tuple(planner.get(key, (key,)))
             if type(entry).__name__ != "TensorStorageMetadata":
                 others.append(path)
+                if (info := storage.get((key, None))) is not None:
+                    other_records.append((path, StoredChunk((), (), str(info.relative_path), int(info.offset),
+                                                            int(info.length))))
                 continue
             chunks = []
             for chunk in entry.chunks:
@@ -131,7 +148,7 @@ class DcpIndex:
             except TypeError as exc:
                 raise CorruptCheckpointError(directory / METADATA_FILE, f"{key}: {exc}") from None
             tensors.append(StoredTensor(path, dtype, tuple(int(d) for d in entry.size), tuple(chunks)))
-        return cls(directory, tuple(tensors), tuple(others))
+        return cls(directory, tuple(tensors), tuple(others), tuple(other_records))
 
     def under(self, prefix: str) -> dict[str, StoredTensor]:
         """Tensors nested under ``prefix`` (``"model"`` / ``"optimizer"``), keyed by the rest of the path.
@@ -167,6 +184,43 @@ class DcpIndex:
         if problems:
             raise MissingCheckpointFileError(
                 self.directory, f"{len(problems)} shard file(s) missing or truncated: {'; '.join(problems)}")
+
+    def record_problems(self) -> list[tuple[str, str]]:
+        """``(shard file, what)`` for each file holding a record that is not framed as a ``torch.save``
+        zip: a file overwritten or damaged in place after the save, with its size intact.
+
+        Two 4-byte reads per record (its first local header and its end-of-central-directory
+        signature), no decoding: cheap enough to run before a resume changes anything. Damage inside
+        a record's payload is not seen here (DCP stores no checksums); torch reports it while reading.
+        Run :meth:`check_files` first: the ranges read here must exist.
+        """
+        by_file: dict[str, list[tuple[str, StoredChunk]]] = {}
+        for t in self.tensors:
+            for c in t.chunks:
+                by_file.setdefault(c.file, []).append((_dotted(t.path), c))
+        for path, c in self.other_records:
+            by_file.setdefault(c.file, []).append((_dotted(path), c))
+        problems = []
+        for name in sorted(by_file):
+            with open(self.directory / name, "rb") as f:
+                for where, c in sorted(by_file[name], key=lambda item: item[1].start):
+                    if c.length < _RECORD_MIN or _read_at(f, c.start) != _ZIP_HEAD or \
+                            _read_at(f, c.start + c.length - _ZIP_END_SIZE) != _ZIP_END:
+                        problems.append((name, f"the record of {where} at byte {c.start}"))
+                        break  # one per file: a damaged file is usually damaged throughout
+        return problems
+
+    def check_records(self) -> None:
+        """Raise :class:`CorruptCheckpointError` naming the first damaged shard file (see
+        :meth:`record_problems`); what would be valid is the file as the save wrote it."""
+        problems = self.record_problems()
+        if problems:
+            name, what = problems[0]
+            others = f"; {len(problems) - 1} more shard file(s) are damaged too" if len(problems) > 1 else ""
+            raise CorruptCheckpointError(
+                self.directory / name,
+                f"{what} is not a torch.save record, so the file was overwritten or damaged after the save"
+                f"{others}; restore the directory from an intact copy of the checkpoint or resume from another one")
 
 
 class _Window(io.RawIOBase):

@@ -24,6 +24,7 @@ from lerobot_ckpt.dcp_index import MODEL_KEY, OPTIMIZER_KEY, DcpIndex
 from lerobot_ckpt.errors import (
     CheckpointSaveError,
     CheckpointWriteError,
+    CorruptCheckpointError,
     ModelMismatchError,
     OptimizerMismatchError,
 )
@@ -57,16 +58,35 @@ def save_dcp(directory: Path, key: str, state: dict[str, Any]) -> None:
         raise _translate(exc, directory) from None
 
 
+def _translate_read(exc: CheckpointException, directory: Path) -> CorruptCheckpointError:
+    """A failed DCP read as one line: the lowest failing rank's error (DCP gathers every rank's, so
+    all ranks of a collective read build the same message)."""
+    failures = exc.failures or {}
+    if not failures:
+        return CorruptCheckpointError(directory, f"a shard could not be read: {str(exc).splitlines()[0]}")
+    rank = min(failures)
+    inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+    cause = describe(inner).split(". ")[0][:160]  # torch's own advice after the first sentence does not apply
+    return CorruptCheckpointError(
+        directory, f"rank {rank} could not decode a shard ({cause}); the files were damaged after the save: "
+        "restore the directory from an intact copy of the checkpoint or resume from another one")
+
+
 def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: bool) -> None:
     """Read ``directory`` into ``targets`` in place; DCP reads only each rank's part of each tensor.
 
     ``collective=False`` (plain tensors: one process, or each DDP rank on its own) skips DCP's
-    planning collectives, so it also works without a process group.
+    planning collectives, so it also works without a process group. A shard torch cannot decode
+    (damage the framing checks before the read did not see) raises :class:`CorruptCheckpointError`,
+    not DCP's multi-rank traceback dump; ``targets`` may then be partly loaded.
     """
     holder = {key: targets}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(holder, storage_reader=dcp.FileSystemReader(directory), no_dist=not collective)
+        try:
+            dcp.load(holder, storage_reader=dcp.FileSystemReader(directory), no_dist=not collective)
+        except CheckpointException as exc:
+            raise _translate_read(exc, directory) from None
     if holder[key] is not targets:  # DCP replaces non-tensor leaves; keep the caller's dict current
         targets.clear()
         targets.update(holder[key])

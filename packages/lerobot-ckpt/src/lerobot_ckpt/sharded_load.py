@@ -11,9 +11,9 @@ shards on an FSDP2/HSDP one. The checkpoint is then read *into* them:
   (index-keyed: re-keyed by FQN, then every rank hands the full state to
   ``set_optimizer_state_dict(full_state_dict=True)``, which keeps each rank's shard).
 
-Everything is checked first (DCP metadata: keys, global shapes, every shard file present and long
-enough; safetensors headers; optimizer groups and shapes), so a mismatch raises before anything
-changes. After the checks, reading happens in place: an I/O error in the middle of it (a disk
+Everything is checked first (DCP metadata: keys, global shapes, every shard file present, long
+enough and framed as ``torch.save`` records; safetensors headers; optimizer groups and shapes), so a
+mismatch or a shard overwritten with other bytes raises before anything changes. After the checks, reading happens in place: an I/O error in the middle of it (a disk
 failing during the resume) can leave a partly loaded model, which the raised error makes visible.
 """
 
@@ -123,6 +123,7 @@ def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Modul
     if art.model_dcp:
         index = DcpIndex.read(paths.model_dcp)
         index.check_files()
+        index.check_records()
         if by_caller:
             with ChunkReader(index.directory) as reader:
                 tensors = {k: read_full_tensor(reader, t, k) for k, t in index.under(MODEL_KEY).items()}
@@ -152,6 +153,7 @@ def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Mod
     if art.optimizer_dcp:
         index = DcpIndex.read(paths.optimizer_dcp)
         index.check_files()
+        index.check_records()
         check_optimizer(index, {f: tuple(p.shape) for f, p in zip(fqns, params, strict=True)},
                         len(optimizer.param_groups))
         stored = set(stored_optimizer_fqns(index))
