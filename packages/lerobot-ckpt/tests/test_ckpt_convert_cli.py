@@ -5,6 +5,7 @@ code builds are the exact upload, checked file by file.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,9 +93,12 @@ def test_installed_script_usage_error_has_no_traceback():
 def test_installed_script_converts_casts_verifies_and_deletes(tmp_path):
     state = {"enc.weight": torch.randn(7, 5), "enc.bias": torch.randn(7), "steps": torch.tensor([3])}
     step = make_checkpoint(tmp_path, state)
+    # stderr is a pipe (a log file, CI): no progress bar, even where colours are forced
     proc = subprocess.run([SCRIPT, f"--checkpoint_dir={step}", "--dtype=bfloat16", "--delete_dcp=true"],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "FORCE_COLOR": "1"})
     assert proc.returncode == 0, proc.stderr
+    assert not any(c in proc.stderr for c in ("\r", "\x1b", "━")), repr(proc.stderr)
     weights = step / "pretrained_model" / "model.safetensors"
     assert proc.stdout.strip() == (f"lerobot-convert-dcp: wrote {weights} (3 tensors, 0.0 MB) in "
                                                     f"{proc.stdout.split(' in ')[-1].split(' s;')[0]} s; verified and "
@@ -106,6 +110,22 @@ def test_installed_script_converts_casts_verifies_and_deletes(tmp_path):
     assert not (step / "pretrained_model" / "pytorch_model_fsdp_0").exists()
     art = read_training_step(step).artifacts
     assert art.model_safetensors and not art.model_dcp
+
+
+def test_progress_on_a_non_terminal_is_a_plain_line_at_most_every_period():
+    import io
+
+    from lerobot_ckpt.convert import Progress
+    from lerobot_ckpt.convert_cli import _Lines
+
+    now, stream = [0.0], io.StringIO()
+    lines = _Lines(period_s=10, stream=stream, clock=lambda: now[0])
+    for i, t in enumerate((1.0, 9.0, 12.0, 15.0, 23.0, 40.0), start=1):
+        now[0] = t
+        lines(Progress(i, 6, i * 2_000_000, 12_000_000, f"w{i}"))
+    # at 12 s and 23 s; the last tensor is left to the summary line
+    assert stream.getvalue() == ("lerobot-convert-dcp: merged 6.0/12.0 MB, 3/6 tensors\n"
+                                 "lerobot-convert-dcp: merged 10.0/12.0 MB, 5/6 tensors\n")
 
 
 MEASURE = r"""

@@ -11,6 +11,7 @@ for a ``--dtype`` cast and for the rare chunk only ``torch.load`` can decode.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from attrs import define, field
@@ -107,9 +108,30 @@ def parse_args(argv: list[str]) -> ConvertArgs:
     return ConvertArgs(**values)
 
 
+class _Lines:
+    """Progress for a stderr that is not a terminal (a log file, a pipe, CI): a plain line at most
+    every ``period_s``, never a redrawn bar, whose carriage returns and escape codes garble a log.
+    A conversion shorter than the period prints nothing beyond the final summary on stdout."""
+
+    def __init__(self, period_s: float = 10.0, stream=None, clock=time.monotonic) -> None:
+        self.period_s, self.stream, self.clock = period_s, stream or sys.stderr, clock
+        self.last = clock()
+
+    def __call__(self, p) -> None:
+        now = self.clock()
+        if now - self.last < self.period_s or p.tensors_done >= p.tensors_total:
+            return
+        self.last = now
+        print(f"{PROG}: merged {p.bytes_done / 1e6:.1f}/{p.bytes_total / 1e6:.1f} MB, "
+              f"{p.tensors_done}/{p.tensors_total} tensors", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
 class _Bar:
-    """rich progress (bytes and tensors), shown from the first merged tensor on, so that an error
-    found while checking the shards prints alone."""
+    """rich progress (bytes and tensors) on a terminal's stderr, shown from the first merged tensor
+    on, so that an error found while checking the shards prints alone."""
 
     def __init__(self) -> None:
         from rich.console import Console
@@ -157,7 +179,7 @@ def run(args: ConvertArgs) -> int:
     from lerobot_ckpt.hub import push_to_hub
 
     release_freed_tensors_to_the_os()
-    bar = _Bar()
+    bar = _Bar() if sys.stderr.isatty() else _Lines()
     try:
         result = convert_dcp(args.checkpoint_dir, dtype=args.dtype, delete_dcp=args.delete_dcp,
                              overwrite=args.overwrite, progress=bar)
