@@ -27,7 +27,7 @@ def test_trackio_logs_what_metrics_jsonl_says_from_the_main_rank(launch, tmp_pat
             "print(json.dumps({'runs': runs, 'logs': S.get_logs('demo', runs[0]),"
             " 'config': S.get_run_config('demo', runs[0])}, default=str))")
     proc = subprocess.run([sys.executable, "-c", code], env={"TRACKIO_DIR": str(store), "PATH": ""},
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     assert data["runs"] == ["lerobot_demo_reach_mlp"]  # one run: only the main rank logged
@@ -42,8 +42,26 @@ def test_trackio_missing_is_a_usage_error(tmp_path):
     code = ("import sys; sys.modules['trackio'] = None\n"  # as if the extra were not installed
             "from lerobot_cli.train import main\n"
             f"main({argv!r})\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("lerobot-train: error: --trackio.enable=true needs the trackio package")
     assert "lerobot-cli[trackio]" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_finish_ends_the_line_trackio_leaves_open(monkeypatch, capsys):
+    """trackio may print "… (please wait...)" without a newline on finish: the next line must not be glued to it."""
+    import types
+
+    from lerobot_cli.tracking import TrackioTracker
+
+    fake = types.SimpleNamespace(init=lambda **_kw: object(), log=lambda *_a, **_kw: None,
+                                 finish=lambda: print("* Run finished. Uploading logs (please wait...)", end=""))
+    monkeypatch.setitem(sys.modules, "trackio", fake)
+    tracker = TrackioTracker("p", "r", {})
+    tracker.finish()
+    print("checkpoint: next line")
+    assert capsys.readouterr().out == "* Run finished. Uploading logs (please wait...)\ncheckpoint: next line\n"
+    fake.finish = lambda: print("* done")  # a line already ended gets no blank line after it
+    tracker.finish()
+    assert capsys.readouterr().out == "* done\n"

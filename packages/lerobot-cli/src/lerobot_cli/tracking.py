@@ -7,8 +7,11 @@ installed is a usage error caught before training starts.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 INSTALL_HINT = "pip install 'lerobot-cli[trackio]' (in this repository: uv sync --all-packages --extra trackio)"
 
@@ -37,4 +40,33 @@ class TrackioTracker:
         self._trackio.log({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
 
     def finish(self) -> None:
-        self._trackio.finish()
+        """End the run; whatever trackio prints meanwhile ("… (please wait...)") ends its line, so the
+        next output, ours or the shell's, starts on a line of its own."""
+        with _LineEnder(sys.stdout) as out, contextlib.redirect_stdout(out):
+            self._trackio.finish()
+
+
+class _LineEnder(io.TextIOBase):
+    """A stdout pass-through that remembers whether the last write left a line open and, on exit,
+    closes it with a newline (and flushes, so it comes out before a later stderr line)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream, self._open = stream, False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            self._stream.write(text)
+            self._open = not text.endswith("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self._open:
+            self._stream.write("\n")
+        self._stream.flush()
