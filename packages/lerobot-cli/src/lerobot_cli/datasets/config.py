@@ -28,6 +28,9 @@ class DatasetConfig:
     )
 
     def __attrs_post_init__(self) -> None:
+        if self.episodes is not None and not self.episodes:
+            raise ValueError("--dataset.episodes=[] selects no episode: give a non-empty JSON list of episode "
+                             "indices, e.g. '[0,3,5]', or leave it unset to train on all episodes")
         if self.episodes is not None:
             bad = [e for e in self.episodes if isinstance(e, bool) or not isinstance(e, int) or e < 0]
             if bad or len(set(self.episodes)) != len(self.episodes):

@@ -270,6 +270,9 @@ class DatasetMeta:
         """The same metadata restricted to ``episodes`` (dataset order kept); unknown indices fail."""
         if episodes is None:
             return self
+        if not len(episodes):
+            raise DatasetError(f"--dataset.episodes selects no episode of {self.root}: give at least one "
+                               "episode index, or leave it unset for all episodes")
         have = self.episodes[L.EP_INDEX]
         unknown = sorted(set(episodes) - set(have.tolist()))
         if unknown:

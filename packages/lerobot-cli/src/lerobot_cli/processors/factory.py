@@ -22,6 +22,23 @@ PREPROCESSOR_NAME = "policy_preprocessor"
 POSTPROCESSOR_NAME = "policy_postprocessor"
 
 
+class MissingStatsError(ValueError):
+    """Statistics lack what the policy's normalization needs; the fields let a caller that knows where
+    the statistics came from (the dataset's ``meta/stats.json``) name that file and the fix."""
+
+    def __init__(self, missing: list[tuple[str, str]], *, absent: list[str], mapping: dict[str, str],
+                 feature_types: dict[str, str]) -> None:
+        self.missing = missing  # (feature, stat) pairs
+        self.absent = absent  # features with no statistics at all
+        self.mapping = mapping  # feature type -> normalization mode
+        self.feature_types = feature_types  # feature -> feature type
+        super().__init__(
+            f"dataset statistics lack {', '.join(f'{k}.{s}' for k, s in missing)}, needed by the policy's "
+            f"normalization_mapping ({mapping}); use IDENTITY for that feature type or recompute the dataset's "
+            "meta/stats.json"
+        )
+
+
 def make_pre_post_processors(
     config: PolicyConfig,
     dataset_stats: Mapping[str, Mapping[str, Any]] | None,
@@ -38,10 +55,10 @@ def make_pre_post_processors(
     normalizer = NormalizerStep(features=features, norm_map=config.normalization_mapping, stats=stats)
     missing = normalizer.missing_stats()
     if missing:
-        raise ValueError(
-            f"dataset statistics lack {', '.join(missing)}, needed by the policy's normalization_mapping "
-            f"({ {k: v.value for k, v in config.normalization_mapping.items()} }); use IDENTITY for that "
-            "feature type or recompute the dataset's meta/stats.json"
+        raise MissingStatsError(
+            [tuple(m.rsplit(".", 1)) for m in missing], absent=[k for k in features if k not in stats],
+            mapping={k: v.value for k, v in config.normalization_mapping.items()},
+            feature_types={k: f.type.value for k, f in features.items()},
         )
     unnormalizer = UnnormalizerStep(
         features=dict(config.output_features), norm_map=config.normalization_mapping,
