@@ -153,6 +153,8 @@ def test_bad_input_gives_one_clear_error_and_changes_nothing(case, rows):
     assert case["fragment"] in first, f"{case['fragment']!r} not in {first!r}"
     for fragment in case.get("also", []):
         assert fragment in res.stderr, f"{fragment!r} not in stderr:\n{res.stderr}"
+    if case.get("once"):  # an error every rank raises is printed by one of them
+        assert res.stderr.count(f"{program}: error: ") == 1, res.describe()
     assert "Traceback" not in without_launcher_traceback(res.output), res.describe()
     after = {path: setup_lib.snapshot(Path(path)) for path in before}
     assert after == before, "a refused run modified files it was given"
@@ -165,7 +167,7 @@ def test_table_is_large_distinct_and_well_formed():
     ids = [c["id"] for c in cases]
     assert len(ids) == len(set(ids)) and len(cases) >= 30
     allowed = {"id", "category", "program", "base", "args", "env", "nproc", "setup", "fragment", "also",
-               "xfail", "note"}
+               "once", "xfail", "note"}
     for c in cases:
         assert set(c) <= allowed and c["fragment"], c
         assert c.get("base") is None or c["base"] in TABLE["bases"], c
