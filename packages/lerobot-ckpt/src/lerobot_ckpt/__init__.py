@@ -29,7 +29,7 @@ from lerobot_ckpt.errors import (
 from lerobot_ckpt.formats import CheckpointFormat
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
 from lerobot_ckpt.pretrained import pretrained_weights_file
-from lerobot_ckpt.record import Artifacts, Parallelism, RunInfo, TrainingStepRecord
+from lerobot_ckpt.record import Artifacts, BaseModel, Parallelism, RunInfo, TrainingStepRecord
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,7 @@ _LAZY = {
 
 __all__ = [
     "Artifacts",
+    "BaseModel",
     "CheckpointConfigError",
     "CheckpointError",
     "CheckpointFormat",

@@ -19,6 +19,7 @@ from lerobot_ckpt.layout import (
     PRETRAINED_MODEL_DIR,
     TRAINING_STATE_DIR,
     checkpoints_dir,
+    is_transient_name,
     parse_step_dir_name,
 )
 
@@ -119,3 +120,16 @@ def resolve_checkpoint_dir(path: Path | str) -> Path:
         f"{given} is not a checkpoint: expected a step directory (with {TRAINING_STATE_DIR}/ and "
         f"{PRETRAINED_MODEL_DIR}/), its {PRETRAINED_MODEL_DIR}/train_config.json, or checkpoints/last"
     )
+
+
+def newer_checkpoints(checkpoints: Path | str, step: int) -> list[Path]:
+    """Committed step directories after ``step`` (what resuming from ``step`` in place would supersede)."""
+    return [p for p in list_checkpoints(checkpoints) if (parse_step_dir_name(p.name) or 0) > step]
+
+
+def transient_leftovers(checkpoints: Path | str) -> list[Path]:
+    """Dot-prefixed leftovers of interrupted saves (a staging tree, a half-swapped link), oldest name first."""
+    root = Path(checkpoints)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if is_transient_name(p.name))

@@ -60,6 +60,11 @@ class ResumeState:
     def sampler_state(self) -> dict[str, Any]:
         return self.record.sampler
 
+    @property
+    def loop_state(self) -> dict[str, Any]:
+        """The trainer's own counters as saved (``save_checkpoint(loop_state=...)``); {} when none were."""
+        return self.record.loop
+
 
 def read_training_step(checkpoint: Path | str) -> TrainingStepRecord:
     """The record of the checkpoint a user path names (see ``resolve_checkpoint_dir``); torch-free."""

@@ -7,6 +7,7 @@ failing later inside a model loader that has never heard of DCP.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from collections import Counter
@@ -60,3 +61,24 @@ def stored_float_dtype(weights: Path | str) -> str:
     counts = Counter(_FLOAT_DTYPES[v["dtype"]] for k, v in header.items()
                      if k != "__metadata__" and v.get("dtype") in _FLOAT_DTYPES)
     return counts.most_common(1)[0][0] if counts else "float32"
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def weights_sha256(weights: Path | str) -> str:
+    """SHA-256 of a weights file: what pins a frozen base so that a moved or retrained one is noticed.
+
+    A file in the Hugging Face cache is a link to ``blobs/<sha256>``, named by the digest of its
+    content (git-LFS), so that name is used without reading gigabytes; any other file is hashed
+    (about 1 GB/s).
+    """
+    path = Path(weights)
+    real = path.resolve()
+    if real.parent.name == "blobs" and len(real.name) == 64 and set(real.name) <= _HEX:
+        return real.name
+    digest = hashlib.sha256()
+    with real.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -89,6 +89,25 @@ class Artifacts:
     scaler: bool = False
 
 
+def _sha256(inst, attribute, value) -> None:
+    if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+        raise CheckpointConfigError(f"{attribute.name} must be a lowercase hex SHA-256 digest, got {value!r}")
+
+
+@define(frozen=True)
+class BaseModel:
+    """The frozen base a PEFT run adapts, pinned by what cannot move.
+
+    ``reference`` is where the base was loaded from, with symlinks resolved (a step directory, never
+    ``checkpoints/last``) or a Hub repo id; ``weights_sha256`` is the SHA-256 of its weights file. A
+    resume (or a further fine-tune) verifies the digest, so a base that was retrained, replaced or
+    re-pointed in the meantime is refused instead of silently swapped under the adapter.
+    """
+
+    reference: str = field(validator=attrs.validators.instance_of(str))
+    weights_sha256: str = field(validator=_sha256)
+
+
 def _default_parallelism(run: RunInfo) -> Parallelism:
     valid = isinstance(run.world_size, int) and not isinstance(run.world_size, bool) and run.world_size >= 1
     return Parallelism(dp_replicate=run.world_size if valid else 1, dp_shard=1)  # world_size's own validator reports
@@ -105,6 +124,7 @@ class RunInfo:
     parallelism: Parallelism = field(default=Factory(_default_parallelism, takes_self=True))
     checkpoint_format: CheckpointFormat = field(default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat)
     versions: dict[str, str] = field(factory=dict, validator=_str_map)
+    base_model: BaseModel | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.world_size % self.parallelism.dp_world_size:
@@ -138,16 +158,18 @@ class TrainingStepRecord:
     checkpoint_format: CheckpointFormat = field(converter=CheckpointFormat)
     artifacts: Artifacts
     sampler: dict[str, Any] = field(factory=dict, validator=_json_safe)
+    loop: dict[str, Any] = field(factory=dict, validator=_json_safe)  # the step loop's own counters
     versions: dict[str, str] = field(factory=dict, validator=_str_map)
+    base_model: BaseModel | None = None
 
     @classmethod
     def for_run(cls, run: RunInfo, *, step: int, artifacts: Artifacts, sampler: dict[str, Any] | None,
-                versions: dict[str, str]) -> TrainingStepRecord:
+                versions: dict[str, str], loop: dict[str, Any] | None = None) -> TrainingStepRecord:
         return cls(
             step=step, world_size=run.world_size, dp_world_size=run.dp_world_size, batch_size=run.batch_size,
             grad_accum_steps=run.grad_accum_steps, mixed_precision=run.mixed_precision,
             parallelism=run.parallelism, checkpoint_format=run.checkpoint_format, artifacts=artifacts,
-            sampler=dict(sampler or {}), versions=dict(versions),
+            sampler=dict(sampler or {}), loop=dict(loop or {}), versions=dict(versions), base_model=run.base_model,
         )
 
     @property

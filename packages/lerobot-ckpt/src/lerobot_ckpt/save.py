@@ -55,7 +55,7 @@ def _scaler_enabled(scaler: Stateful | None) -> bool:
     return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
 
 
-def _validate(run: RunInfo, comm: Collective, model, scaler, sampler_state, adapter_state) -> None:
+def _validate(run: RunInfo, comm: Collective, model, scaler, sampler_state, loop_state, adapter_state) -> None:
     """Checks every rank makes identically, so a refusal needs no collective to be unanimous."""
     if comm.distributed and run.world_size != comm.world_size:
         raise CheckpointConfigError(
@@ -89,8 +89,9 @@ def _validate(run: RunInfo, comm: Collective, model, scaler, sampler_state, adap
             f"an enabled loss scaler was passed but mixed_precision={run.mixed_precision}; "
             "scaler_state.json is written for fp16 runs only"
         )
-    # A trial record, so a sampler_state that JSON cannot hold fails here on every rank.
-    TrainingStepRecord.for_run(run, step=0, artifacts=Artifacts(), sampler=dict(sampler_state or {}), versions={})
+    # A trial record, so a sampler_state or loop_state that JSON cannot hold fails here on every rank.
+    TrainingStepRecord.for_run(run, step=0, artifacts=Artifacts(), sampler=dict(sampler_state or {}), versions={},
+                               loop=dict(loop_state or {}))
 
 
 def _as_save_error(exc: Exception, comm: Collective, step: int, committed: bool) -> CheckpointSaveError:
@@ -111,7 +112,7 @@ def _as_save_error(exc: Exception, comm: Collective, step: int, committed: bool)
 
 
 def _write_rest(paths: CheckpointPaths, *, run: RunInfo, step: int, scheduler, scaler, sampler_state,
-                rng_states, artifacts: Artifacts) -> None:
+                loop_state, rng_states, artifacts: Artifacts) -> None:
     """The main rank's part after the weights and optimizer: RNG, scheduler, scaler, then the record."""
     with _writing(paths.rng_state):
         write_tensors(paths.rng_state, rng_state.pack(rng_states))
@@ -125,13 +126,13 @@ def _write_rest(paths: CheckpointPaths, *, run: RunInfo, step: int, scheduler, s
     versions = {**run.versions, "torch": torch.__version__, "safetensors": safetensors.__version__,
                 **package_versions()}
     record = TrainingStepRecord.for_run(run, step=step, artifacts=artifacts, sampler=sampler_state,
-                                        versions=versions)
+                                        versions=versions, loop=loop_state)
     with _writing(paths.training_step):
         write_record(paths.training_step, record)
 
 
 def _write_main(paths: CheckpointPaths, *, run: RunInfo, step: int, model, optimizer, scheduler, scaler,
-                sampler_state, write_pretrained: WritePretrained | None, rng_states,
+                sampler_state, loop_state, write_pretrained: WritePretrained | None, rng_states,
                 adapter_state: AdapterState | None) -> None:
     """Everything the main rank of a non-sharded run writes into the staging directory."""
     if write_pretrained is not None:
@@ -154,7 +155,7 @@ def _write_main(paths: CheckpointPaths, *, run: RunInfo, step: int, model, optim
     artifacts = Artifacts(model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file(),
                           optimizer_single_file=optimizer is not None)
     _write_rest(paths, run=run, step=step, scheduler=scheduler, scaler=scaler, sampler_state=sampler_state,
-                rng_states=rng_states, artifacts=artifacts)
+                loop_state=loop_state, rng_states=rng_states, artifacts=artifacts)
 
 
 def save_checkpoint(
@@ -169,6 +170,7 @@ def save_checkpoint(
     sampler_state: Mapping[str, Any] | None = None,
     write_pretrained: WritePretrained | None = None,
     adapter_state: AdapterState | None = None,
+    loop_state: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``<output_dir>/checkpoints/<step>/`` and point ``last`` at it; returns the step directory.
 
@@ -183,15 +185,17 @@ def save_checkpoint(
     written as ``adapter_model.safetensors`` and/or adapter-only DCP shards. Raises
     :class:`CheckpointWriteError` (disk full, permissions) or :class:`CheckpointSaveError` on every
     rank when any rank failed; the previous checkpoint and ``last`` are then untouched.
+    ``loop_state`` is the trainer's own JSON-able counters (step, updates, accumulation position),
+    stored in ``training_step.json`` beside ``sampler_state`` and returned by ``ResumeState.loop_state``.
     """
     comm = Collective.current()
     step_dir_name(step)  # validates step
-    _validate(run, comm, model, scaler, sampler_state, adapter_state)
+    _validate(run, comm, model, scaler, sampler_state, loop_state, adapter_state)
     target = checkpoints_dir(output_dir)
     if run.parallelism.is_sharded:
         def finish_main(paths, rng_states, artifacts):
             _write_rest(paths, run=run, step=step, scheduler=scheduler, scaler=scaler, sampler_state=sampler_state,
-                        rng_states=rng_states, artifacts=artifacts)
+                        loop_state=loop_state, rng_states=rng_states, artifacts=artifacts)
 
         return save_sharded(target, step, run=run, model=model, optimizer=optimizer, scheduler=scheduler,
                             scaler=scaler, sampler_state=sampler_state, write_pretrained=write_pretrained,
@@ -211,8 +215,8 @@ def save_checkpoint(
         try:
             staged = StagedCheckpoint.begin(target, step)
             _write_main(staged.paths, run=run, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        scaler=scaler, sampler_state=sampler_state, write_pretrained=write_pretrained,
-                        rng_states=rng_states, adapter_state=adapter_state)
+                        scaler=scaler, sampler_state=sampler_state, loop_state=loop_state,
+                        write_pretrained=write_pretrained, rng_states=rng_states, adapter_state=adapter_state)
             staged.commit()
             staged.finish()
         except Exception as exc:  # noqa: BLE001 - peers must hear of any failure, or they hang
