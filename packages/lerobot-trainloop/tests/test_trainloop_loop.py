@@ -147,16 +147,39 @@ def test_run_reiterates_finite_data_and_rejects_empty():
         loop.run([], 6)
 
 
-def test_state_round_trip_and_misaligned_resume_warning(caplog):
+def test_state_round_trip_at_a_window_boundary():
+    loop, _, _ = run(4, 2, 4)
+    state = loop.state_dict()
+    assert state == {"step": 4, "optimizer_steps": 2, "skipped_updates": 0, "grad_accum_steps": 2, "accumulated": 0}
+    fresh = TrainLoop(TinyRegressor(), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), RT, accelerator=acc(2))
+    assert fresh.load_state_dict(state) == []
+    assert fresh.state_dict() == state
+    assert not fresh.is_sync_step() and fresh.is_sync_step(6)
+
+
+def test_state_saved_inside_a_window_restarts_a_full_window_and_says_what_was_lost(caplog):
     loop, _, _ = run(4, 2, 3)
     state = loop.state_dict()
-    assert state["step"] == 3 and state["optimizer_steps"] == 1
+    assert (state["step"], state["optimizer_steps"], state["accumulated"]) == (3, 1, 1)
     fresh = TrainLoop(TinyRegressor(), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), RT, accelerator=acc(2))
-    with caplog.at_level(logging.WARNING, logger="lerobot_trainloop.loop"):
-        fresh.load_state_dict(state)
-    assert fresh.step == 3 and fresh.optimizer_steps == 1
-    assert "inside a 2-step accumulation window" in caplog.text
-    assert fresh.is_sync_step() and not fresh.is_sync_step(5)  # step 4 closes the window
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        notes = fresh.load_state_dict(state)
+    assert caplog.text == ""  # the caller says it, once
+    assert len(notes) == 2 and "inside a 2-step gradient-accumulation window" in notes[0]
+    assert "last 1 micro-batch(es) (steps 3-3) were not saved" in notes[0]
+    assert "the first update after the resume (at step 4) uses the 1 micro-batch(es) of steps 4-4, not 2" in notes[1]
+    assert fresh.step == 3 and fresh.optimizer_steps == 1 and not fresh.at_window_boundary
+    assert fresh.is_sync_step()  # windows stay aligned to multiples of K: step 4 closes this one
+
+
+def test_state_resumed_with_another_accumulation_says_the_first_window_is_short():
+    loop, _, _ = run(4, 2, 6)  # boundary under K=2
+    fresh = TrainLoop(TinyRegressor(), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), RT, accelerator=acc(4))
+    notes = fresh.load_state_dict(loop.state_dict())
+    assert notes == ["the first update after the resume (at step 8) uses the 2 micro-batch(es) of steps 7-8, not 4: "
+                     "step 6 is not a multiple of the 4 accumulation steps"]
+    assert fresh.optimizer_steps == 3 and not fresh.is_sync_step() and fresh.is_sync_step(8)
 
 
 def test_invalid_clip_norm():

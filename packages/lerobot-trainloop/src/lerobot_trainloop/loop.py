@@ -122,9 +122,23 @@ class TrainLoop:
         self.hooks.append(schedule(fn, every=every, at=at, metrics=metrics))
 
     def is_sync_step(self, step: int | None = None) -> bool:
-        """Whether loop step ``step`` (1-based; default: the next one) closes an accumulation window."""
+        """Whether loop step ``step`` (1-based; default: the next one) closes an accumulation window.
+
+        Windows are aligned to multiples of K from step 0, whatever resumes happened in between, so
+        checkpoints taken every multiple of K are always at window boundaries.
+        """
         step = self.step + 1 if step is None else step
         return step % self.grad_accum_steps == 0
+
+    @property
+    def accumulated(self) -> int:
+        """Micro-batches already accumulated in the open window (0 at a window boundary)."""
+        return self.step % self.grad_accum_steps
+
+    @property
+    def at_window_boundary(self) -> bool:
+        """No gradient is pending: a checkpoint taken now resumes exactly."""
+        return self.accumulated == 0
 
     # -- one step -------------------------------------------------------------------------
     def train_step(self, batch: Any, data_s: float = 0.0) -> StepOutput:
@@ -224,10 +238,11 @@ class TrainLoop:
         A finite iterable is iterated again when exhausted (a DataLoader reshuffles); one that
         yields nothing stops the run with an error.
         """
-        if (num_steps - self.step) % self.grad_accum_steps or self.step % self.grad_accum_steps:
+        if not self.is_sync_step(num_steps) and num_steps > self.step:
             logger.warning(
-                "loop steps %d..%d do not align with %d gradient-accumulation steps: a partial window's "
-                "micro-batches are not applied by an update in this run", self.step, num_steps, self.grad_accum_steps)
+                "loop step %d is not the end of a %d-step gradient-accumulation window: the last %d "
+                "micro-batch(es) of this run are not applied by an update", num_steps, self.grad_accum_steps,
+                num_steps % self.grad_accum_steps)
         it = iter(batches)
         fresh = True
         while self.step < num_steps:
@@ -245,14 +260,36 @@ class TrainLoop:
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The loop's own counters, JSON-able (the scaler, optimizer and sampler have their own states)."""
         return {"step": self.step, "optimizer_steps": self.optimizer_steps, "skipped_updates": self.skipped_updates,
-                "scaler": self.precision.state_dict()}
+                "grad_accum_steps": self.grad_accum_steps, "accumulated": self.accumulated}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+    def load_state_dict(self, state: dict) -> list[str]:
+        """Continue from ``state``; returns what a resume should tell the user (nothing is logged here).
+
+        A state saved at a window boundary, resumed with the same K, continues exactly. Otherwise
+        the notes say what differs from an uninterrupted run: a state saved inside a window (by a
+        trainer that saves mid-window) lacks that window's gradients, which no checkpoint holds;
+        and a step that is not a multiple of the (new) K makes the first window after it short.
+        """
+        step = int(state["step"])
+        if step < 0:
+            raise ValueError(f"invalid loop state: step={step}")
+        k = self.grad_accum_steps
+        saved_k = max(int(state.get("grad_accum_steps", k)), 1)
+        pending = int(state["accumulated"]) if "accumulated" in state else step % saved_k
+        self.step = step
+        self.optimizer_steps = int(state.get("optimizer_steps", (step - pending) // saved_k))
         self.skipped_updates = int(state.get("skipped_updates", 0))
-        self.precision.load_state_dict(state.get("scaler") or {})
-        if self.step % self.grad_accum_steps:
-            logger.warning("resumed at loop step %d, inside a %d-step accumulation window: the first update "
-                           "will use fewer micro-batches", self.step, self.grad_accum_steps)
+        notes = []
+        if pending:
+            notes.append(
+                f"the checkpoint was saved at loop step {step}, inside a {saved_k}-step gradient-accumulation window: "
+                f"the gradients of its last {pending} micro-batch(es) (steps {step - pending + 1}-{step}) were not "
+                "saved and are not applied")
+        if step % k:
+            first = step + k - step % k
+            notes.append(
+                f"the first update after the resume (at step {first}) uses the {first - step} micro-batch(es) of "
+                f"steps {step + 1}-{first}, not {k}: step {step} is not a multiple of the {k} accumulation steps")
+        return notes

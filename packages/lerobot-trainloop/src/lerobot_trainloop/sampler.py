@@ -27,13 +27,10 @@ step loop does it for you); :meth:`state_dict` reports the consumed position, an
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
-
-logger = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -165,34 +162,38 @@ class ShardedBatchSampler(Sampler[list[int]]):
             "dp_world_size": self.dp_world_size,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue at the saved (epoch, offset) of the saved permutation.
+    def load_state_dict(self, state: dict) -> list[str]:
+        """Continue at the saved (epoch, offset) of the saved permutation; returns what changed.
 
         The seed and shuffle flag are taken from the state (they define the permutation); a
-        different dataset size cannot be resumed, a different batch or world size can.
+        different dataset size cannot be resumed, a different batch or world size can. Nothing is
+        logged here: the caller folds the returned notes into its one resume message.
         """
         if int(state["num_samples"]) != self.num_samples:
             raise ValueError(
                 f"sampler state was saved for {state['num_samples']} samples, but the dataset has "
                 f"{self.num_samples}; the saved position does not apply to this dataset"
             )
+        notes = []
         if (state.get("seed", self.seed), state.get("shuffle", self.shuffle)) != (self.seed, self.shuffle):
-            logger.warning("sampler: resuming with the checkpoint's seed=%s shuffle=%s (configured: seed=%s "
-                           "shuffle=%s) so the epoch permutation is the same", state.get("seed"),
-                           state.get("shuffle"), self.seed, self.shuffle)
+            notes.append(f"the data order keeps the checkpoint's seed={state.get('seed')} "
+                         f"shuffle={state.get('shuffle')} (configured: seed={self.seed} shuffle={self.shuffle}), "
+                         "so the epoch permutation is the same")
             self.seed = int(state.get("seed", self.seed))
             self.shuffle = bool(state.get("shuffle", self.shuffle))
             self._perms.clear()
         saved = (state.get("batch_size"), state.get("dp_world_size"))
         if None not in saved and tuple(saved) != (self.batch_size, self.dp_world_size):
-            logger.warning(
-                "sampler: resumed with batch_size=%d x dp_world_size=%d, saved with %s x %s: continuing at the "
-                "same global offset of the same epoch permutation, but samples are grouped into different "
-                "batches than in an uninterrupted run", self.batch_size, self.dp_world_size, *saved)
+            notes.append(
+                f"the data order continues at the same global sample offset of the same epoch, but with "
+                f"batch_size={self.batch_size} x dp_world_size={self.dp_world_size} (saved: {saved[0]} x {saved[1]}) "
+                "samples are grouped into different batches than in an uninterrupted run, so per-rank "
+                "sample-exactness is lost")
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if epoch < 0 or not 0 <= offset < self.num_samples:
             raise ValueError(f"invalid sampler position epoch={epoch} offset={offset}")
         self._position = epoch * self.num_samples + offset
+        return notes
 
 
 class _FlatSampler(Sampler[int]):
