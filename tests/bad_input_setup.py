@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import warnings
 from collections.abc import Callable
@@ -39,9 +40,10 @@ def fill(value: Any, places: dict[str, Path]) -> Any:
     return value
 
 
-def _json_edit(path: Path, dotted: str, fn: Callable[[dict, str], None]) -> None:
+def _json_edit(path: Path, dotted: str | list[str], fn: Callable[[dict, str], None]) -> None:
+    """``dotted``: ``"a.b.c"``, or a list of keys when a key itself has dots (``["observation.state", "std"]``)."""
     data = json.loads(path.read_text())
-    *parents, leaf = dotted.split(".")
+    *parents, leaf = dotted if isinstance(dotted, list) else dotted.split(".")
     node = data
     for part in parents:
         node = node[part]
@@ -97,6 +99,8 @@ def apply_edit(root: Path, edit: dict[str, Any]) -> None:
     elif op == "truncate":
         data = target.read_bytes()
         target.write_bytes(data[: len(data) // 2])
+    elif op == "garble":  # same size, other bytes: every size check passes, the content is garbage
+        target.write_bytes(random.Random(0).randbytes(target.stat().st_size))
     elif op == "write":
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(args[1])
@@ -110,6 +114,15 @@ def apply_edit(root: Path, edit: dict[str, Any]) -> None:
         _dcp_from_model(target)
     elif op == "to_dtype":
         _to_dtype(target, args[1])
+    elif op in ("copy", "move"):  # [source, destination], both relative to the setup directory
+        destination = root / args[1]
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if op == "move":
+            shutil.move(target, destination)
+        elif target.is_dir():
+            shutil.copytree(target, destination, symlinks=True)
+        else:
+            shutil.copy2(target, destination)
     else:
         raise AssertionError(f"recipe error: unknown edit {op!r}")
 

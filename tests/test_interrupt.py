@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
 ARGS = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
-        "--policy.hidden_dim=32", "--batch_size=4", "--log_freq=1", "--save_freq=0", "--steps=100000"]
+        "--policy.hidden_dim=32", "--batch_size=4", "--log_freq=1", "--save_freq=0", "--steps=100000",
+        "--accelerator.gradient_accumulation.steps=4"]
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +60,10 @@ def test_signal_saves_a_consistent_checkpoint_and_resume_continues(launch, tmp_p
     last = out / "checkpoints" / "last"
     step = json.loads((last / "training_state" / "training_step.json").read_text())["step"]
     assert step >= 5 and f"at step {step}" in stdout
+    assert step % 4 == 0  # the interrupt finished its accumulation window, so the checkpoint resumes exactly
     # resume from it, a few more steps
-    res = launch.run_command([SCRIPT, "--resume=true", f"--config_path={last}", f"--steps={step + 3}"],
+    res = launch.run_command([SCRIPT, "--resume=true", f"--config_path={last}", f"--steps={step + 4}"],
                              timeout_s=120)
     assert res.returncode == 0, res.describe()
     assert f"resuming at step {step}" in res.stdout
-    assert (out / "checkpoints" / f"{step + 3:06d}").is_dir()
+    assert (out / "checkpoints" / f"{step + 4:06d}").is_dir()

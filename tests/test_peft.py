@@ -212,3 +212,54 @@ def test_bf16_base_under_fsdp2_keeps_its_dtype_and_trains_fp32_adapters(launch, 
         assert {v["dtype"] for v in trainable.values()} == {"torch.float32"}
         assert all(v["moved"] for k, v in trainable.items() if ".lora_B." in k or ".modules_to_save." in k)
     assert all(math.isfinite(loss) for loss in run.losses.values()) and sorted(run.losses) == [1, 2]
+
+
+def _perturbed_copy(src: Path, dst: Path) -> None:
+    """Step directory ``src`` copied to ``dst`` with one weight changed: a base that was trained further."""
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    file = dst / "pretrained_model" / "model.safetensors"
+    weights = _tensors(file)
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name] = weights[name] + 1.0
+    save_file(weights, str(file), metadata={"format": "pt"})
+
+
+def test_resume_pins_the_frozen_base_and_refuses_one_that_changed(launch, base, tmp_path):
+    import hashlib
+    import os
+
+    checkpoints = tmp_path / "base_run" / "checkpoints"  # a base run whose `last` will move on
+    shutil.copytree(base, checkpoints / "000001" / "pretrained_model")
+    os.symlink("000001", checkpoints / "last")
+    pinned = checkpoints / "000001" / "pretrained_model"
+    train = [str(BIN / "lerobot-train"), *DATA, *LORA[:-1], "--batch_size=2"]
+    out = tmp_path / "lora"
+    job = launch.run_command([*train, f"--policy.path={checkpoints / 'last' / 'pretrained_model'}", "--steps=2",
+                              f"--output_dir={out}"], timeout_s=180)
+    assert job.returncode == 0, job.describe()
+    ckpt = out / "checkpoints" / "000002"
+    record = json.loads((ckpt / "training_state" / "training_step.json").read_text())
+    digest = hashlib.sha256((pinned / "model.safetensors").read_bytes()).hexdigest()
+    assert record["base_model"] == {"reference": str(pinned), "weights_sha256": digest}
+    assert json.loads((ckpt / "pretrained_model" / "train_config.json").read_text())["policy"]["pretrained_path"] \
+        == str(pinned)
+    # The base run moves on: `last` now names other weights. The resume keeps training on 000001.
+    _perturbed_copy(pinned.parent, checkpoints / "000002")
+    os.unlink(checkpoints / "last")
+    os.symlink("000002", checkpoints / "last")
+    resume = [str(BIN / "lerobot-train"), "--resume=true", f"--config_path={out / 'checkpoints' / 'last'}"]
+    job = launch.run_command([*resume, "--steps=3"], timeout_s=180)
+    assert job.returncode == 0 and "warning" not in job.stderr, job.describe()
+    config = json.loads((out / "checkpoints/000003/pretrained_model/adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(pinned)
+    # The pinned base itself is rewritten in place: the adapter's base is gone, so the resume refuses.
+    shutil.rmtree(pinned.parent)
+    _perturbed_copy(checkpoints / "000002", pinned.parent)
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    job = launch.run_command([*resume, "--steps=4"], timeout_s=180)
+    assert job.returncode == 2, job.describe()
+    (line,) = job.stderr.strip().splitlines()
+    assert "the frozen base policy of this PEFT run changed" in line and f"{digest[:12]}…" in line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before

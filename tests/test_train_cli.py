@@ -108,7 +108,8 @@ def test_resume_on_another_world_size_warns_once(launch, tmp_path):
     two, _ = train(launch, tmp_path, "two", *args, "--steps=4", nproc=2)
     _, res = train(launch, tmp_path, "resumed", "--resume=true", f"--config_path={two}/checkpoints/last",
                    "--steps=6")
-    warnings = [ln for ln in res.stderr.splitlines() if "WARNING" in ln]
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("lerobot-train: warning:")]
+    assert "WARNING" not in res.stderr  # one style for every warning
     assert len(warnings) == 1, res.stderr
     assert "world_size: 2 → 1" in warnings[0] and "sample-exactness is lost" in warnings[0]
     step = json.loads((two / "checkpoints/last/training_state/training_step.json").read_text())
@@ -128,7 +129,9 @@ def test_policy_path_fine_tunes_from_the_saved_weights_and_processors(launch, tm
     b = load_file(tuned / "checkpoints" / "last" / "pretrained_model" / "model.safetensors")
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
     saved = json.loads((tuned / "checkpoints/last/pretrained_model/train_config.json").read_text())
-    assert saved["policy"]["pretrained_path"] == str(pretrained) and saved["policy"]["hidden_dim"] == 32
+    # `last` resolved: the run records the step directory it really loaded, which cannot move on
+    assert saved["policy"]["pretrained_path"] == str(pretrained.resolve()) and saved["policy"]["hidden_dim"] == 32
+    assert pretrained.resolve().parent.name == "000003"
     for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
         assert (tuned / "checkpoints/last/pretrained_model" / name).read_text() == (pretrained / name).read_text()
 

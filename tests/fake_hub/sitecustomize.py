@@ -1,6 +1,6 @@
 """Loaded at interpreter start-up by processes a test launches with this directory on PYTHONPATH.
 
-The real huggingface_hub code path runs; only its two network calls are replaced by recorders that
+The real huggingface_hub code path runs; only its network calls are replaced by recorders that
 append one JSON line per call to ``$FAKE_HUB_LOG`` (with the calling rank), so a test can check
 exactly what would have been uploaded, and by whom. Used by tests/test_publish.py and the guide tests.
 """
@@ -30,5 +30,14 @@ def create_commit(self, repo_id, operations, **kw):
     _record("create_commit", repo_id=repo_id, files=files)
 
 
+def _inner_whoami(self, token=None):
+    """The /whoami-v2 request behind ``HfApi.whoami`` (the token check before it stays real)."""
+    _record("whoami")
+    return {"name": "me", "type": "user"}
+
+
+# The test user is logged in: a token exists, so the real credential lookup finds one.
+os.environ.setdefault("HF_TOKEN", "hf_fake_token_of_the_test_user")
+huggingface_hub.HfApi._inner_whoami = _inner_whoami
 huggingface_hub.HfApi.create_repo = create_repo
 huggingface_hub.HfApi.create_commit = create_commit

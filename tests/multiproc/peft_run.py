@@ -26,6 +26,7 @@ from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.peft.adapters import adapter_state, base_policy
 from lerobot_cli.runner import train
+from lerobot_cli.runplan import plan_run
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import unwrap_model
 from safetensors.torch import save_file
@@ -72,11 +73,13 @@ def checks(model, base_file: Path) -> dict:
 
 def main() -> None:
     out, base_dir, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
-    result = build_train_config(split_argv(argv).flags)
+    flags = split_argv(argv).flags
+    result = build_train_config(flags)
     cfg = result.config.finalized()
     check_runnable(cfg, result.config_path)
+    plan = plan_run(cfg, flags, result.config_path)  # the base pin, as lerobot-train makes it
     with parallel_session(cfg.parallelism, cfg.accelerator, device="cpu") as runtime:
-        loop = train(cfg, runtime, result.config_path)
+        loop = train(plan, runtime)
         model = loop.model
         report = checks(model, base_dir / "model.safetensors")
         adapter = {k: full(v.detach()).contiguous() for k, v in

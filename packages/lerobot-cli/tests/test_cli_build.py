@@ -127,7 +127,7 @@ def every_section_non_default() -> TrainConfig:
             output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))},
             normalization_mapping={"STATE": NormalizationMode.MIN_MAX, "ACTION": NormalizationMode.IDENTITY},
         ),
-        output_dir="outputs/x", job_name="job", resume=True, seed=7, steps=123, batch_size=4, num_workers=0,
+        output_dir="outputs/x", job_name="job", resume=True, abandon_newer_checkpoints=True, seed=7, steps=123, batch_size=4, num_workers=0,
         log_freq=3, save_freq=50, save_checkpoint=False, save_on_interrupt=False,
         checkpoint_format=CheckpointFormat.SAFETENSORS_DCP,
         optimizer=OptimizerConfig(type="adam", lr=0.1, weight_decay=0.2, betas=(0.8, 0.9), eps=1e-6,

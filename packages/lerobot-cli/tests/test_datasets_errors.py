@@ -118,3 +118,40 @@ def test_delta_timestamps_must_fit_fps_and_features(root: Path) -> None:
 def test_corrupt_parquet_is_named(root: Path) -> None:
     (root / FIRST_DATA).write_bytes(b"not parquet")
     assert str(root / FIRST_DATA) in _error(root)
+
+
+def test_an_empty_episode_selection_is_refused() -> None:
+    from lerobot_cli.datasets import DatasetConfig
+
+    with pytest.raises(ValueError, match=r"--dataset.episodes=\[\] selects no episode: give a non-empty JSON list"):
+        DatasetConfig(repo_id="lerobot/demo_reach", episodes=[])
+    assert "selects no episode" in _error(DEMO, episodes=[])  # the reader itself, called without the config
+
+
+def _workload_error(root: Path) -> str:
+    from lerobot_cli.config import TrainConfig
+    from lerobot_cli.datasets import DatasetConfig
+    from lerobot_cli.policies.mlp.config import MLPConfig
+    from lerobot_cli.workload import build_workload
+
+    cfg = TrainConfig(dataset=DatasetConfig(repo_id="lerobot/demo_reach", root=str(root)),
+                      policy=MLPConfig(hidden_dim=8))
+    with pytest.raises(DatasetError) as caught:
+        build_workload(cfg, device="cpu")
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda stats: stats["observation.state"].pop("std"), "'observation.state' has no 'std'"),
+    (lambda stats: stats.pop("action"), "no statistics for 'action'"),
+])
+def test_stats_missing_what_the_policy_normalizes_names_file_feature_and_key(root: Path, edit, says) -> None:
+    _edit_json(root / "meta/stats.json", edit)
+    message = _workload_error(root)
+    assert message.startswith(f"{root / 'meta/stats.json'}: {says}"), message
+    kind = "STATE" if "state" in says else "ACTION"
+    assert f"{kind} features are normalized with MEAN_STD, which needs mean and std" in message
+    assert '--policy.normalization_mapping=\'{"VISUAL": "MEAN_STD", "STATE": ' in message
+    assert f'"{kind}": "IDENTITY"' in message and f"to leave {kind} unnormalized" in message

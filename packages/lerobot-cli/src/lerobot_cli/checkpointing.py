@@ -14,7 +14,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import attrs
-from lerobot_ckpt import CheckpointPaths, Parallelism, ResumeState, RunInfo, load_checkpoint, save_checkpoint
+from lerobot_ckpt import (
+    BaseModel,
+    CheckpointPaths,
+    Parallelism,
+    ResumeState,
+    RunInfo,
+    TrainingStepRecord,
+    load_checkpoint,
+    save_checkpoint,
+)
 from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.wrap import unwrap_model
@@ -42,14 +51,14 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def run_info(cfg: TrainConfig, runtime: ParallelRuntime) -> RunInfo:
+def run_info(cfg: TrainConfig, runtime: ParallelRuntime, base_model: BaseModel | None = None) -> RunInfo:
     p = runtime.parallelism
     return RunInfo(
         world_size=runtime.world_size, batch_size=cfg.batch_size,
         grad_accum_steps=cfg.accelerator.gradient_accumulation.steps,
         mixed_precision=cfg.accelerator.mixed_precision,
         parallelism=Parallelism(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard),
-        checkpoint_format=cfg.checkpoint_format, versions=package_versions(),
+        checkpoint_format=cfg.checkpoint_format, versions=package_versions(), base_model=base_model,
     )
 
 
@@ -102,16 +111,27 @@ def _warn_rounded_weights(checkpoint_dir: Path, state: ResumeState, warn: Callab
              "master weights: training continues from the rounded values")
 
 
+def _legacy_loop_state(record: TrainingStepRecord) -> dict:
+    """Loop counters of a checkpoint written before they were saved: derived from its record."""
+    return {"step": record.step, "grad_accum_steps": record.grad_accum_steps}
+
+
+def _exactness_lost(record: TrainingStepRecord, run: RunInfo) -> bool:
+    """Only the per-rank slicing of the data decides sample-exactness: the dp world and batch sizes.
+    DDP → FSDP2 at the same world size continues bitwise, so it must not be warned about."""
+    return (record.dp_world_size, record.batch_size) != (run.dp_world_size, run.batch_size)
+
+
 class Checkpointer:
     """Saves at ``save_freq`` and at the last step; restores a run from a checkpoint directory."""
 
     def __init__(self, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop,
-                 write_pretrained: Callable[[Path], None]) -> None:
+                 write_pretrained: Callable[[Path], None], base_model: BaseModel | None = None) -> None:
         self.cfg = cfg
         self.runtime = runtime
         self.loop = loop
         self.write_pretrained = write_pretrained
-        self.info = run_info(cfg, runtime)
+        self.info = run_info(cfg, runtime, base_model)
         self.last_saved: int | None = None
         self.last_path: Path | None = None
 
@@ -126,35 +146,41 @@ class Checkpointer:
             Path(self.cfg.output_dir), step, run=self.info, model=loop.model, optimizer=loop.optimizer,
             scheduler=loop.scheduler, scaler=loop.precision.scaler,
             sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
-            write_pretrained=self.write_pretrained, adapter_state=_adapter_state(loop.model),
+            loop_state=loop.state_dict(), write_pretrained=self.write_pretrained,
+            adapter_state=_adapter_state(loop.model),
         )
         self.last_saved, self.last_path = step, path
         return path
 
-    def resume(self, checkpoint_dir: Path, warn: Callable[[str], None]) -> ResumeState:
+    def resume(self, checkpoint_dir: Path, warn: Callable[[str], None],
+               settings_changed: tuple[str, ...] = ()) -> ResumeState:
+        """Restore everything, then say in one warning what differs from an uninterrupted run.
+
+        ``settings_changed`` lists optimizer/scheduler settings the new config changes: the restored
+        param groups would silently keep the old ones, so the configured values are written back.
+        """
+        from lerobot_cli.optim.factory import optimizer_settings, reapply_settings
+
         loop = self.loop
+        configured = optimizer_settings(loop.optimizer)
         state = load_checkpoint(
             checkpoint_dir, model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
             scaler=loop.precision.scaler, rank=self.runtime.rank, adapter_state=_adapter_state(loop.model),
         )
-        loop.step = state.step
-        loop.optimizer_steps = state.step // self.cfg.accelerator.gradient_accumulation.steps
+        notes = loop.load_state_dict(state.loop_state or _legacy_loop_state(state.record))
         if loop.sampler is not None and state.sampler_state:
-            sampler_log = logging.getLogger(type(loop.sampler).__module__)
-            level = sampler_log.level
-            sampler_log.setLevel(logging.ERROR)  # its batch-size note is part of the one warning below
-            try:
-                loop.sampler.load_state_dict(state.sampler_state)
-            finally:
-                sampler_log.setLevel(level)
+            notes += loop.sampler.load_state_dict(state.sampler_state)
+        self.last_saved = state.step  # the resumed step is committed already: never saved again
         _warn_rounded_weights(checkpoint_dir, state, warn)
         changes = state.record.changes_for(self.info)
-        if changes:
-            warn(
-                f"resuming {checkpoint_dir} with a different setup ({'; '.join(changes)})"
-                + ("; the data order continues at the same global sample offset of the same epoch, but "
-                   "per-rank sample-exactness is lost" if any(c.startswith(("world_size", "dp_", "batch_size"))
-                                                              for c in changes) else "")
-            )
+        if not _exactness_lost(state.record, self.info):
+            notes = [n for n in notes if "sample-exactness" not in n]
+        if changes or notes:
+            head = (f"resuming {checkpoint_dir} with a different setup ({'; '.join(changes)})" if changes
+                    else f"resuming {checkpoint_dir}")
+            warn(head + "".join(f"; {n}" for n in notes))
+        if settings_changed:
+            reapply_settings(loop.optimizer, loop.scheduler, configured)
+            warn(f"resuming with changed optimizer/scheduler settings, applied from step {state.step} on: "
+                 f"{'; '.join(settings_changed)} (the restored optimizer moments are kept)")
         return state
-

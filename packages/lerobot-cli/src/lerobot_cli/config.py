@@ -32,6 +32,15 @@ def _count(flag: str, minimum: int):
     return check
 
 
+def _path_or_none(flag: str):
+    def check(inst, attribute, value) -> None:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{flag} must name a directory, got {value!r}; leave it out for the default "
+                             "outputs/train/<date>/<time>_<job_name>")
+
+    return check
+
+
 def _h(text: str, **extra) -> dict:
     return {"help": text, **extra}
 
@@ -41,10 +50,16 @@ class TrainConfig:
     dataset: DatasetConfig = field(factory=DatasetConfig)
     policy: PolicyConfig | None = field(default=None, metadata=_h("The policy (choose with --policy.type or --policy.path)."))
     output_dir: str | None = field(
-        default=None, metadata=_h("Run directory (default outputs/train/<date>/<time>_<job_name>).")
+        default=None, validator=_path_or_none("--output_dir"),
+        metadata=_h("Run directory (default outputs/train/<date>/<time>_<job_name>)."),
     )
     job_name: str | None = field(default=None, metadata=_h("Run name (default <dataset>_<policy type>)."))
     resume: bool = field(default=False, metadata=_h("Continue the checkpoint named by --config_path."))
+    abandon_newer_checkpoints: bool = field(
+        default=False,
+        metadata=_h("On resume from an older checkpoint, move the newer ones to <output_dir>/abandoned/ instead of "
+                    "refusing (never recorded as true)."),
+    )
     seed: int = field(default=1000, metadata=_h("Seed of model init, data order and dropout."))
     steps: int = field(
         default=100_000, validator=_count("--steps", 1),

@@ -16,14 +16,14 @@ from lerobot_parallel.batching import effective_batch_size
 from lerobot_parallel.runtime import ParallelRuntime
 
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.hubcheck import wants_publish
 
 
 class PublishError(RuntimeError):
     pass
 
 
-def wants_publish(cfg: TrainConfig) -> bool:
-    return bool(cfg.policy is not None and cfg.policy.repo_id and cfg.policy.push_to_hub)
+__all__ = ["PublishError", "model_card", "publish", "wants_publish"]
 
 
 def model_card(cfg: TrainConfig, runtime: ParallelRuntime) -> str:

@@ -45,10 +45,9 @@ class Reporter:
         self._jsonl = None
         self._t0 = time.perf_counter()
         self._start = start_step
+        self._metrics_path = output_dir / METRICS_FILE
         if not enabled:
             return
-        output_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (output_dir / METRICS_FILE).open("a", encoding="utf-8")
         if self.stream.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -81,6 +80,9 @@ class Reporter:
         self.print(format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else ""))
         record = {"step": step, "time_s": round(elapsed, 4),
                   **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        if self._jsonl is None:  # opened at the first record: a run that fails before it leaves no empty file
+            self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            self._jsonl = self._metrics_path.open("a", encoding="utf-8")
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         if self.tracker is not None:

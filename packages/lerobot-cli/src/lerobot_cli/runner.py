@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, resolve_checkpoint_dir
+from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, ModelMismatchError
 from lerobot_parallel import ParallelismError
+from lerobot_parallel.job_message import print_once_per_job
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
@@ -23,7 +25,9 @@ from lerobot_trainloop.sampler import ShardedBatchSampler
 from torch.utils.data import DataLoader
 
 from lerobot_cli.banner import banner_lines
+from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
+from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
@@ -32,41 +36,62 @@ from lerobot_cli.optim.factory import build_optimizer, build_scheduler
 from lerobot_cli.peft.basefile import PeftSetupError
 from lerobot_cli.publish import PublishError, publish, wants_publish
 from lerobot_cli.reporting import Reporter
+from lerobot_cli.rundir import RunDirWork
+from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
 from lerobot_cli.workload import build_workload
 
 PROG = "lerobot-train"
 USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError,
-                                                PeftSetupError)
+                                                PeftSetupError, UsageError)
 
 
-def _exit(message: str, code: int) -> None:
+_ON_EXIT: list = []  # run(): release the run directory first, so a killed-after-exit rank 0 leaves nothing
+
+
+def _exit(message: str, code: int, runtime: ParallelRuntime | None = None) -> None:
+    """One ``lerobot-train: error:`` line per job (the main rank's; see ``print_once_per_job``), then exit."""
+    while _ON_EXIT:
+        _ON_EXIT.pop()()
     lines = [ln for ln in message.strip().splitlines() if ln.strip()]
-    print(f"{PROG}: error: {lines[-1] if lines else message}", file=sys.stderr)
-    sys.stderr.flush()
+    print_once_per_job(f"{PROG}: error: {lines[-1] if lines else message}", runtime, stream=sys.stderr)
     raise SystemExit(code)
+
+
+class _LowerLevelFormatter(logging.Formatter):
+    """``lerobot-train: warning: …``, the one style of every warning the CLI prints."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{PROG}: {record.levelname.lower()}: {record.getMessage()}"
 
 
 def _setup_logging(is_main: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    handler.setFormatter(_LowerLevelFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING if is_main else logging.ERROR)
 
 
-def run(cfg: TrainConfig, config_path: Path | None = None) -> int:
+def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], None] | None = None) -> int:
+    """Every rank: the whole run; ``work`` is what the main rank does to the run directory first, and
+    ``release`` gives the run directory up (called before an error is printed: once the line is out,
+    the launcher may kill this rank)."""
+    cfg, resume = plan.cfg, plan.resume
+    _ON_EXIT[:] = [release] if release is not None else []
     try:
         with parallel_session(cfg.parallelism, cfg.accelerator, device=cfg.policy.device) as runtime:
             _setup_logging(runtime.is_main)
             try:
-                train(cfg, runtime, config_path)
+                train(plan, runtime, work)
             except (CheckpointSaveError, PublishError) as exc:
-                _exit(str(exc), 1)
+                _exit(str(exc), 1, runtime)
+            except ModelMismatchError as exc:
+                _exit(str(exc) + (resume.mismatch_hint(cfg) if resume else ""), 2, runtime)
             except USER_ERRORS as exc:
-                _exit(str(exc), 2)
+                _exit(str(exc), 2, runtime)
     except ParallelismError as exc:  # topology refused before the process group existed
-        _exit(str(exc), 2)
+        _exit(str(exc) + (resume.topology_hint() if resume else ""), 2)
     return 0
 
 
@@ -88,15 +113,17 @@ def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: Pa
     )
 
 
-def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None = None) -> TrainLoop:
+def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = None) -> TrainLoop:
     """Train on this rank; returns the finished loop (its ``model`` is still wrapped and sharded)."""
+    cfg, resume = plan.cfg, plan.resume
     run_info(cfg, runtime)  # checkpoint format vs the resolved topology: refuse before any work
-    resume_dir = resolve_checkpoint_dir(config_path) if cfg.resume else None
     set_seed(cfg.seed)
-    processors_from = CheckpointPaths(resume_dir).pretrained_model if resume_dir else None
-    workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from)
-    plan = sharding_plan(cfg, workload.policy, runtime.parallelism)
-    model = wrap_model(workload.policy, runtime, cfg.accelerator.ddp, cfg.accelerator.fsdp, plan=plan)
+    processors_from = CheckpointPaths(resume.checkpoint).pretrained_model if resume else None
+    workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from,
+                              resuming=resume is not None)
+    check_batch_fits(cfg.batch_size, runtime.dp_world_size, len(workload.dataset), cfg.dataset.episodes)
+    plan_ = sharding_plan(cfg, workload.policy, runtime.parallelism)
+    model = wrap_model(workload.policy, runtime, cfg.accelerator.ddp, cfg.accelerator.fsdp, plan=plan_)
     policy = unwrap_model(model)
     opt_cfg = cfg.optimizer or OptimizerConfig()
     optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
@@ -110,9 +137,13 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         grad_clip_norm=opt_cfg.grad_clip_norm, allow_nonfinite_loss=cfg.allow_nonfinite_loss, sampler=sampler,
     )
     checkpointer = Checkpointer(cfg, runtime, loop, pretrained_writer(
-        cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy))
-    if resume_dir is not None:
-        checkpointer.resume(resume_dir, logging.getLogger(PROG).warning)
+        cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy),
+        base_model=plan.base_model)
+    warn = logging.getLogger(PROG).warning
+    if resume is not None:
+        checkpointer.resume(resume.checkpoint, warn, resume.settings_changed)
+    for note in work.apply() if work is not None and runtime.is_main else ():
+        warn(note)
     tracker = None
     if cfg.trackio.enable and runtime.is_main:
         from lerobot_cli.configio import unstructure_train_config
@@ -126,7 +157,7 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
                                  workload.dataset.meta.num_episodes, loop.step):
             reporter.print(line)
         if runtime.parallelism.is_sharded:
-            for line in plan.describe():
+            for line in plan_.describe():
                 reporter.print(line)
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.loss, ev.output.lr), every=1)
         if cfg.log_freq > 0:
@@ -134,7 +165,8 @@ def train(cfg: TrainConfig, runtime: ParallelRuntime, config_path: Path | None =
         if cfg.save_checkpoint:
             loop.add_hook(lambda ev: reporter.print(f"checkpoint: {checkpointer.save(ev.step)}"),
                           every=cfg.save_freq or None, at=[cfg.steps])
-        loop.add_hook(lambda ev: watch.check(), every=1)
+        # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
+        loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1)
         pre = workload.preprocessor
         loader = _loader(workload.dataset, sampler, cfg, runtime)
         with watch:

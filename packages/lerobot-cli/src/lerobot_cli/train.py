@@ -38,14 +38,40 @@ def _format_for_resume(cfg, flags: dict[str, str]):
         return cfg  # bad degrees: the runner reports them
     if sharded:
         return cfg
-    if os.environ.get("RANK", "0") == "0":
-        warn(f"the resumed run is not sharded, so its checkpoints are written as safetensors (the saved "
-             f"config's checkpoint_format={cfg.checkpoint_format.value} applies to sharded runs only)")
+    warn(f"the resumed run is not sharded, so its checkpoints are written as safetensors (the saved "
+         f"config's checkpoint_format={cfg.checkpoint_format.value} applies to sharded runs only)")
     return evolve(cfg, checkpoint_format="safetensors")
 
 
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 def warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
+    """One warning, from the main rank only (every rank parses the same flags and files)."""
+    if _is_main_rank():
+        print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def _claim_run_dir(plan):
+    """Main rank: lock the run directory, then check what may be done to it (nothing is moved yet).
+
+    Other ranks take no lock: they write no run files. A refusal here ends this rank with exit 2
+    before a process group exists, and the launcher ends the others, so it is printed once.
+    """
+    from lerobot_ckpt.runlock import RunDirectoryError, RunLock
+
+    from lerobot_cli.rundir import inspect_run_dir
+
+    try:
+        lock = RunLock.acquire(plan.cfg.output_dir)
+    except RunDirectoryError as exc:
+        raise UsageError(f"--output_dir: {exc}") from None
+    try:
+        return lock, inspect_run_dir(plan, lock.stale)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         check_runnable(cfg, result.config_path)
         from lerobot_parallel.env_guard import enforce_accelerate_env_guard
 
-        main_rank = os.environ.get("RANK", "0") == "0"
-        enforce_accelerate_env_guard(cfg.accelerator.mixed_precision, warn=warn if main_rank else lambda _m: None)
+        enforce_accelerate_env_guard(cfg.accelerator.mixed_precision, warn=warn)
+        from lerobot_cli.runplan import plan_run
+
+        plan = plan_run(cfg, parsed.flags, result.config_path)
+        cfg = plan.cfg
     except (UsageError, ValueError) as exc:
         exit_usage(PROG, str(exc))
     if cfg.dry_run:
@@ -81,9 +110,25 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run(cfg)
         except (DatasetError, ValueError) as exc:
             exit_usage(PROG, str(exc))
-    from lerobot_cli.runner import run
+    lock = work = None
+    try:
+        if _is_main_rank():
+            try:
+                from lerobot_cli.hubcheck import check_publish_target, wants_publish
 
-    return run(cfg, config_path=result.config_path)
+                if wants_publish(cfg):
+                    check_publish_target(cfg.policy.repo_id)
+                lock, work = _claim_run_dir(plan)
+            except UsageError as exc:
+                exit_usage(PROG, str(exc))
+        for note in plan.notes:
+            warn(note)
+        from lerobot_cli.runner import run
+
+        return run(plan, work, release=lock.release if lock is not None else None)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":

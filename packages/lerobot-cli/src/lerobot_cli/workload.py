@@ -7,15 +7,18 @@ feed the normalization processors, except when fine-tuning a policy that ships i
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import attrs
 from attrs import define
+from lerobot_ckpt.layout import POLICY_CONFIG
 from torch import nn
 
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import (
+    DatasetError,
     LeRobotDataset,
     dataset_to_policy_features,
     load_meta,
@@ -24,10 +27,15 @@ from lerobot_cli.datasets import (
     resolve_delta_timestamps,
     split_policy_features,
 )
+from lerobot_cli.datasets.layout import STATS_PATH
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.pretrained import build_policy, load_pretrained
+from lerobot_cli.policies.features import FeatureType, NormalizationMode
+from lerobot_cli.policies.pretrained import build_policy, load_pretrained, without_init_only_fields
+from lerobot_cli.policies.serialization import load_policy_config
 from lerobot_cli.processors import load_processors, make_pre_post_processors
+from lerobot_cli.processors.factory import MissingStatsError
+from lerobot_cli.processors.normalize import REQUIRED_STATS
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 
 log = logging.getLogger(__name__)
@@ -54,18 +62,45 @@ def policy_config_for_dataset(policy: PolicyConfig, features: dict) -> PolicyCon
     )
 
 
+def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source: str) -> None:
+    """A policy whose features were fixed elsewhere (a checkpoint, ``--policy.path``) must find them in
+    the dataset: otherwise it fails later as a shape error deep in the model, or as weights that
+    "do not match", neither of which names the real cause (another dataset)."""
+    available = dataset_to_policy_features(features)
+    problems = []
+    for key, feature in {**policy.input_features, **policy.output_features}.items():
+        have = available.get(key)
+        if have is None:
+            problems.append(f"{key} is missing")
+        elif feature.type is FeatureType.VISUAL and have.shape[:1] != feature.shape[:1]:
+            problems.append(f"{key} has {have.shape[0]} channels, not {feature.shape[0]}")
+        elif feature.type is not FeatureType.VISUAL and have.shape != feature.shape:
+            problems.append(f"{key} has shape {list(have.shape)}, not {list(feature.shape)}")
+    if problems:
+        raise DatasetError(
+            f"the dataset at {root} does not fit the {policy.type} policy of {source}: {'; '.join(problems)}; use the "
+            "dataset that policy was trained on, or train a new policy with --policy.type"
+        )
+
+
 def _has_processors(directory: Path) -> bool:
     return (directory / "policy_preprocessor.json").is_file() and (directory / "policy_postprocessor.json").is_file()
 
 
-def build_policy_for(cfg: TrainConfig, features: dict) -> tuple[PolicyConfig, nn.Module]:
+def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -> tuple[PolicyConfig, nn.Module]:
     """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset.
 
     With ``--peft.*`` the ``--policy.path`` policy is the frozen base of new LoRA adapters; a
     ``--policy.path`` that is itself a PEFT output trains its adapter further (on its recorded base).
+    ``resuming``: the checkpoint's weights replace whatever the policy starts with, so a full fine-tune
+    does not read its original ``--policy.path`` weights again (they may have moved or been deleted)
+    and nothing is initialised from pretrained files; a PEFT run still needs its frozen base.
     """
     policy_cfg = policy_config_for_dataset(cfg.policy, features)
     precision = cfg.accelerator.mixed_precision
+    peft_run = cfg.peft is not None or bool(policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path))
+    if resuming and not peft_run:
+        return policy_cfg, build_policy(without_init_only_fields(policy_cfg))
     if policy_cfg.pretrained_path:
         directory = Path(policy_cfg.pretrained_path)
         if is_adapter_dir(directory):
@@ -81,10 +116,20 @@ def build_policy_for(cfg: TrainConfig, features: dict) -> tuple[PolicyConfig, nn
     return policy_cfg, build_policy(policy_cfg)
 
 
-def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None = None) -> Workload:
-    """``processors_from``: a ``pretrained_model/`` whose processors to use (a resumed checkpoint)."""
-    meta = load_meta(resolve_dataset_root(cfg.dataset))
-    policy_cfg, policy = build_policy_for(cfg, meta.features)
+def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None = None,
+                   resuming: bool = False) -> Workload:
+    """``processors_from``: a ``pretrained_model/`` whose processors to use (a resumed checkpoint);
+    ``resuming``: its weights will be loaded over the policy (see ``build_policy_for``)."""
+    root = resolve_dataset_root(cfg.dataset)
+    meta = load_meta(root)
+    reference, source = cfg.policy, (f"--policy.path={cfg.policy.pretrained_path}" if cfg.policy.pretrained_path
+                                     else "--policy.input_features/output_features")
+    if resuming and processors_from is not None and (processors_from / POLICY_CONFIG).is_file():
+        # the features the checkpoint's weights were built for (train_config.json may leave them to the dataset)
+        reference, source = load_policy_config(processors_from / POLICY_CONFIG), "the checkpoint being resumed"
+    if reference.input_features or reference.output_features:
+        check_features_fit(reference, meta.features, root, source)
+    policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
     delta = resolve_delta_timestamps(
         meta.features, meta.fps,
         observation_delta_indices=policy_cfg.observation_delta_indices,
@@ -97,5 +142,26 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
     if source is not None and _has_processors(source):
         pre, post = load_processors(source, device=device)
     else:
-        pre, post = make_pre_post_processors(policy_cfg, dataset.meta.stats, device=device)
+        try:
+            pre, post = make_pre_post_processors(policy_cfg, dataset.meta.stats, device=device)
+        except MissingStatsError as exc:
+            raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
     return Workload(dataset, policy_cfg, policy, pre, post)
+
+
+def stats_error_message(path: Path, exc: MissingStatsError) -> str:
+    """One sentence: which feature lacks which statistic in ``path``, why the policy needs it, and the
+    two valid ways out (complete statistics, or no normalization for that feature type)."""
+    by_feature: dict[str, list[str]] = {}
+    for key, stat in exc.missing:
+        by_feature.setdefault(key, []).append(stat)
+    lacks = "; ".join(
+        f"no statistics for {key!r}" if key in exc.absent else f"{key!r} has no {', '.join(map(repr, stats))}"
+        for key, stats in by_feature.items())
+    types = list(dict.fromkeys(exc.feature_types[k] for k in by_feature))
+    needs = "; ".join(f"{t} features are normalized with {exc.mapping[t]}, which needs "
+                      f"{' and '.join(REQUIRED_STATS[NormalizationMode(exc.mapping[t])])}" for t in types)
+    identity = json.dumps({t: ("IDENTITY" if t in types else m) for t, m in exc.mapping.items()})
+    return (f"{path}: {lacks} ({needs}); valid: {path.name} with those statistics for every normalized feature "
+            f"(recompute the dataset's statistics), or --policy.normalization_mapping='{identity}' to leave "
+            f"{' and '.join(types)} unnormalized")

@@ -88,7 +88,9 @@ def _load_policy(path_flag: str, messages: list[str]) -> dict[str, Any]:
             raise UsageError(f"--policy.path {file}: {exc}") from None
     messages += [f"--policy.path {file}: {w.message}" for w in caught if issubclass(w.category, UnknownConfigKeysWarning)]
     data = configio.unstructure_policy_config(policy)
-    data["pretrained_path"] = str(directory)
+    # Symlinks resolved (`checkpoints/last` → the step directory): the config names the weights it really
+    # loaded, which a later save of that run cannot move on.
+    data["pretrained_path"] = str(directory.resolve())
     return data
 
 

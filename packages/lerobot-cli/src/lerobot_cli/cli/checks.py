@@ -33,12 +33,6 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
 
         if not trackio_available():
             raise UsageError(missing_trackio_message())
-    out = Path(cfg.output_dir) if cfg.output_dir else None
-    if out is not None and not cfg.resume and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(
-            f"--output_dir={cfg.output_dir} already exists and is not empty; pass --resume=true "
-            f"--config_path=… to continue that run, or choose another --output_dir (nothing was changed)"
-        )
 
 
 def check_peft(cfg: TrainConfig) -> None:

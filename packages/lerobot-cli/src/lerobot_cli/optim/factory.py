@@ -51,3 +51,34 @@ def build_scheduler(
         return None
     factors = [lr_factor(cfg, group["lr"], total_steps) for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factors)
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The hyperparameters of each param group as configured (everything but the parameters)."""
+    return [{k: v for k, v in g.items() if k not in ("params", "initial_lr")} for g in optimizer.param_groups]
+
+
+def reapply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+                     settings: list[dict[str, Any]]) -> None:
+    """Make a resumed optimizer use the run's configured hyperparameters again.
+
+    ``load_state_dict`` restores the saved param groups, lr and betas included, so a changed
+    ``--optimizer.lr`` would be ignored. This writes ``settings`` (taken from the optimizer as built
+    from the new config, before the load) back into the groups, keeps the restored moments and
+    step counts, and puts the schedule on the new base lrs at the restored step.
+    """
+    if len(settings) != len(optimizer.param_groups):
+        raise ValueError(f"{len(settings)} configured param groups for {len(optimizer.param_groups)} restored ones")
+    for group, wanted in zip(optimizer.param_groups, settings, strict=True):
+        group.update(wanted)
+    if scheduler is None:
+        return
+    base = [w["lr"] for w in settings]
+    scheduler.base_lrs = list(base)
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is None:
+        raise TypeError(f"cannot re-base a {type(scheduler).__name__}; only LambdaLR schedules are built here")
+    lrs = [b * lam(scheduler.last_epoch) for b, lam in zip(base, lambdas, strict=True)]
+    for group, b, lr in zip(optimizer.param_groups, base, lrs, strict=True):
+        group["initial_lr"], group["lr"] = b, lr
+    scheduler._last_lr = list(lrs)

@@ -21,7 +21,12 @@ from lerobot_parallel.sharding import upcast_trainable
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from torch import nn
 
-from lerobot_cli.peft.basefile import PeftSetupError, base_reference, check_base_precision, recorded_base
+from lerobot_cli.peft.basefile import (
+    PeftSetupError,
+    base_reference,
+    check_base_precision,
+    resolve_recorded_base,
+)
 from lerobot_cli.peft.config import PeftConfig
 
 ADAPTER_NAME = "default"
@@ -110,14 +115,9 @@ def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False
     from lerobot_cli.policies.pretrained import load_pretrained
 
     pretrained_weights_file(directory)  # a dcp-only checkpoint: one sentence saying to convert it first
-    base = recorded_base(directory)
     if resolve_base is None:
         from lerobot_cli.cli.paths import resolve_policy_dir as resolve_base
-    try:
-        base_dir = resolve_base(base)
-    except ValueError as exc:
-        raise PeftSetupError(f"{Path(directory) / 'adapter_config.json'} names its base policy {base!r}, which "
-                             f"cannot be loaded: {exc}") from None
+    base_dir = resolve_recorded_base(directory, resolve_base)
     config, policy = load_pretrained(base_dir, config=config)  # fp32, as for any pretrained policy
     if trainable:  # training keeps the frozen base in its stored dtype, as wrap_with_peft does
         policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, str(base_dir))

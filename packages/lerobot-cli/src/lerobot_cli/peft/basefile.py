@@ -39,6 +39,16 @@ def recorded_base(directory: str | Path) -> str:
     return base
 
 
+def resolve_recorded_base(directory: str | Path, resolve) -> Path:
+    """The local directory of the base an adapter directory names (``resolve``: path or Hub id → dir)."""
+    base = recorded_base(directory)
+    try:
+        return Path(resolve(base))
+    except ValueError as exc:
+        raise PeftSetupError(f"{Path(directory) / ADAPTER_CONFIG} names its base policy {base!r}, which cannot be "
+                             f"loaded: {exc}") from None
+
+
 def base_reference(directory: str | Path) -> str:
     """How ``adapter_config.json`` names the base: the Hub repo id when the base came from the Hub
     cache (so the adapter loads on another machine), else the absolute local path."""

@@ -1,0 +1,146 @@
+"""The run directory: what a fresh run may reuse, and what a resume sets aside before step 1.
+
+One run owns its ``output_dir`` (``lerobot_ckpt.runlock``). Under that lock the main rank decides,
+from the files alone, whether the directory may be used:
+
+* a fresh run takes an empty directory, or one an earlier run left without any committed
+  checkpoint (a failed start, a run killed before or during its first save): that run's
+  ``metrics.jsonl`` is kept under ``abandoned/`` and its interrupted save removed, with one note;
+  anything else (checkpoints, files of the user's) is refused;
+* a resume in place removes interrupted saves, moves checkpoints newer than the one it resumes
+  from (only when asked, see ``runplan``) and the ``metrics.jsonl`` lines after its step (the
+  part of the run that is being redone) under ``abandoned/``: nothing is deleted that a user
+  could want, and no step appears twice in ``metrics.jsonl``.
+
+Checks happen before the model is built; the moves happen just before the first step (``apply``),
+so a run refused in between leaves the directory as it was.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+
+from attrs import define
+from lerobot_ckpt.discovery import list_checkpoints, read_last, transient_leftovers
+from lerobot_ckpt.fsio import fsync_dir, remove_quietly
+from lerobot_ckpt.layout import CHECKPOINTS_DIR, LAST_LINK, RUN_LOCK, step_dir_name
+from lerobot_ckpt.runlock import LockHolder
+from lerobot_ckpt.setaside import set_aside
+
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.reporting import METRICS_FILE
+from lerobot_cli.runplan import RunPlan
+
+ABANDONED_DIR = "abandoned"
+
+
+def _metrics_lines(path: Path) -> list[str]:
+    try:
+        return [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _line_step(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@define
+class RunDirWork:
+    """What the main rank does to the run directory before the first step."""
+
+    directory: Path
+    leftovers: tuple[Path, ...] = ()  # interrupted saves' dot-named leftovers in checkpoints/
+    earlier_metrics: int = 0  # fresh run: lines of an earlier run (without checkpoints) to set aside
+    set_aside_steps: tuple[Path, ...] = ()  # resume: newer checkpoints the user asked to set aside
+    resume_checkpoint: Path | None = None
+    stale_lock: LockHolder | None = None
+
+    def _aside(self, resume_step: int | None) -> Path:
+        now = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = f"{now}-after-{step_dir_name(resume_step)}" if resume_step is not None else f"{now}-earlier-run"
+        return self.directory / ABANDONED_DIR / name
+
+    def apply(self) -> list[str]:
+        """Do it; returns the notes to print once."""
+        notes = []
+        if self.stale_lock is not None:
+            notes.append(f"the run directory's lock was left by {self.stale_lock.describe()}, which ended without "
+                         "releasing it (killed or crashed); this run took it over")
+        for path in self.leftovers:
+            remove_quietly(path)
+        if self.leftovers:
+            notes.append(f"removed what an interrupted save left in {self.directory / CHECKPOINTS_DIR}: "
+                         + ", ".join(p.name for p in self.leftovers))
+        metrics = self.directory / METRICS_FILE
+        if self.resume_checkpoint is None:
+            if self.earlier_metrics:
+                aside = self._aside(None)
+                aside.mkdir(parents=True, exist_ok=True)
+                os.replace(metrics, aside / METRICS_FILE)
+                notes.append(f"{self.directory} held an earlier run that committed no checkpoint: starting afresh "
+                             f"there; its {METRICS_FILE} ({self.earlier_metrics} lines) was moved to {aside}")
+            return notes
+        step = int(self.resume_checkpoint.name)
+        aside = self._aside(step)
+        if self.set_aside_steps:
+            moved = set_aside(list(self.set_aside_steps), aside / CHECKPOINTS_DIR, point_last_at=self.resume_checkpoint)
+            notes.append(f"set aside the checkpoints newer than {self.resume_checkpoint.name} "
+                         f"({', '.join(p.name for p in moved)}) in {aside / CHECKPOINTS_DIR}")
+        lines = _metrics_lines(metrics)
+        later = [ln for ln in lines if (_line_step(ln) or 0) > step]
+        if later:
+            aside.mkdir(parents=True, exist_ok=True)
+            _write_lines(aside / METRICS_FILE, later)
+            _write_lines(metrics, [ln for ln in lines if (_line_step(ln) or 0) <= step])
+            notes.append(f"{METRICS_FILE} had {len(later)} line(s) after step {step}, from the part of the run this "
+                         f"resume redoes; they were moved to {aside / METRICS_FILE}")
+        return notes
+
+
+def _not_empty(directory: Path, why: str) -> UsageError:
+    return UsageError(
+        f"--output_dir={directory} already exists and {why}; pass --resume=true --config_path=… to continue that "
+        f"run, or choose another --output_dir (nothing was changed)"
+    )
+
+
+def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunDirWork:
+    """Decide (read-only) what the run may do to its directory; raises UsageError when it may not."""
+    cfg = plan.cfg
+    directory = Path(cfg.output_dir)
+    checkpoints = directory / CHECKPOINTS_DIR
+    leftovers = tuple(transient_leftovers(checkpoints))
+    resume = plan.resume
+    if resume is not None and resume.in_place:
+        return RunDirWork(directory=directory, leftovers=leftovers, set_aside_steps=resume.abandon,
+                          resume_checkpoint=resume.checkpoint, stale_lock=stale_lock)
+    entries = {p.name: p for p in directory.iterdir()} if directory.is_dir() else {}
+    entries.pop(RUN_LOCK, None)
+    committed = list_checkpoints(checkpoints) or ([read_last(checkpoints)] if read_last(checkpoints) else [])
+    if committed:
+        raise _not_empty(directory, f"holds checkpoints of an earlier run ({checkpoints / LAST_LINK} or "
+                                    f"{committed[-1].name})")
+    if CHECKPOINTS_DIR in entries and any(p not in leftovers for p in checkpoints.iterdir()):
+        raise _not_empty(directory, f"is not empty ({checkpoints} holds files that are not checkpoints)")
+    others = sorted(set(entries) - {CHECKPOINTS_DIR, METRICS_FILE, ABANDONED_DIR})
+    if others:
+        raise _not_empty(directory, f"is not empty (it holds {', '.join(others[:5])})")
+    if METRICS_FILE in entries and not entries[METRICS_FILE].is_file():
+        raise _not_empty(directory, f"is not empty ({METRICS_FILE} is not a file)")
+    earlier = len(_metrics_lines(directory / METRICS_FILE)) if METRICS_FILE in entries else 0
+    return RunDirWork(directory=directory, leftovers=leftovers, earlier_metrics=earlier, stale_lock=stale_lock)
