@@ -274,6 +274,9 @@ def environment(ctx: Context, cmd: Command, needs_hub: bool) -> dict[str, str]:
         "TRACKIO_DIR": str(ctx.workdir / "trackio"),
     }
     if needs_hub:
+        # The fake Hub answers every request a publish makes (whoami, create_repo, create_commit);
+        # offline mode would (rightly) make lerobot-train refuse --policy.repo_id at start-up.
+        extra["HF_HUB_OFFLINE"] = "0"
         extra["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKE_HUB_DIR), os.environ.get("PYTHONPATH")]))
         extra["FAKE_HUB_LOG"] = str(ctx.workdir / "hub.jsonl")
     return {**extra, **cmd.env}

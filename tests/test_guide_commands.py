@@ -16,7 +16,8 @@ command per line) and rewritten generically:
 * launchers get a free port; ``uv sync`` runs as ``--locked --dry-run --offline`` (it must not change the
   shared environment); ``source X`` checks that X activates an environment holding ``lerobot-train``.
 * every command runs in a per-chain work directory (relative ``outputs/...`` land there), with no GPU
-  visible, ``HF_HUB_OFFLINE=1``, and the Hub's two write calls recorded instead of sent.
+  visible, ``HF_HUB_OFFLINE=1`` (``0`` for a command that publishes: the fake Hub then answers its
+  whoami and records its two write calls instead of sending them).
 
 An HTML comment on the line directly above a block tunes it (all keys optional, values may be quoted):
 
@@ -140,7 +141,7 @@ def check_command(cmd: Command, out: str, ctx: Context, where: str) -> None:
         repo = cmd.flag("push_to_hub")
         if repo:
             assert f"to https://hf.byter.me/{repo}" in out, f"{what}: no upload line:\n{out}"
-            commits = [c for c in _hub_calls(ctx) if c["call"] == "create_commit" and c["repo_id"] == repo]
+            commits = [c for c in _hub_calls(ctx) if c["call"] == "create_commit" and c.get("repo_id") == repo]
             assert commits and "model.safetensors" in commits[-1]["files"], f"{what}: nothing uploaded"
             assert not any("pytorch_model_fsdp_0" in f for f in commits[-1]["files"])
     elif cmd.kind == "train":
@@ -154,7 +155,7 @@ def check_command(cmd: Command, out: str, ctx: Context, where: str) -> None:
         repo = cmd.flag("policy.repo_id")
         if repo and cmd.flag("policy.push_to_hub") not in ("false", "0"):
             assert f"published to {repo}" in out, f"{what}: not published:\n{out}"
-            calls = [c for c in _hub_calls(ctx) if c["repo_id"] == repo]
+            calls = [c for c in _hub_calls(ctx) if c.get("repo_id") == repo]
             assert [c["call"] for c in calls][-2:] == ["create_repo", "create_commit"], calls
             assert {c["rank"] for c in calls} == {"0"}, f"{what}: a rank other than the main one uploaded"
         if cmd.flag("trackio.enable") == "true":

@@ -90,10 +90,11 @@ def copy_run(src: Path, dst: Path) -> Path:
 def test_same_topology_continues_bitwise_in_place(launch, runs):
     root, full, half = runs
     run = copy_run(half, root / "same")
-    res = resume(launch, run / "checkpoints" / "last", "--steps=8")
+    res = resume(launch, run / "checkpoints" / "last", "--steps=8", "--output_dir=null")  # null: not given
     assert warnings_of(res.stderr) == [] and "WARNING" not in res.stderr, res.stderr
     assert len(warnings_of(res.stderr, copied=True)) == 1  # a copy of `half`: said once, and it writes here
     assert "resuming at step 4" in res.stdout and f"→  {run}" in res.stdout
+    assert "on gradient-accumulation window boundaries" in res.stdout  # the banner says where saves land
     assert losses(run) == losses(full)  # bitwise: the same floats, step by step
     step = json.loads((run / "checkpoints/last/training_state/training_step.json").read_text())
     assert step["loop"] == {"step": 8, "optimizer_steps": 4, "skipped_updates": 0, "grad_accum_steps": 2,

@@ -52,4 +52,8 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         "Note: the learning rate and step count are not rescaled for the effective batch size; "
         "adjust --optimizer.lr / --steps yourself when you scale out.",
     ]
+    if k > 1 and cfg.save_checkpoint:
+        every = f"every {cfg.save_freq} loop steps and " if cfg.save_freq else ""
+        lines.append(f"Checkpoints: {every}at step {cfg.steps}, on gradient-accumulation window boundaries (an "
+                     f"interrupt finishes its window of {k} micro-batches before it saves)")
     return lines

@@ -20,8 +20,10 @@ from lerobot_ckpt import (
     Parallelism,
     ResumeState,
     RunInfo,
+    StateMismatchError,
     TrainingStepRecord,
     load_checkpoint,
+    read_training_step,
     save_checkpoint,
 )
 from lerobot_ckpt.pretrained import stored_float_dtype
@@ -163,6 +165,15 @@ class Checkpointer:
 
         loop = self.loop
         configured = optimizer_settings(loop.optimizer)
+        saved = read_training_step(checkpoint_dir).sampler
+        if loop.sampler is not None and saved.get("num_samples", loop.sampler.num_samples) != loop.sampler.num_samples:
+            # Before anything is loaded: the saved data position means nothing in another dataset.
+            raise StateMismatchError(
+                f"{checkpoint_dir} was trained on {saved['num_samples']} samples, but this run's dataset has "
+                f"{loop.sampler.num_samples} (another --dataset.episodes selection, or another dataset): its data "
+                "position does not apply; resume on the same data, or start a new run from its weights with "
+                f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
+            )
         state = load_checkpoint(
             checkpoint_dir, model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
             scaler=loop.precision.scaler, rank=self.runtime.rank, adapter_state=_adapter_state(loop.model),

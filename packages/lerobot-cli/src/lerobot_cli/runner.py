@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from lerobot_cli.banner import banner_lines
 from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.cli.errors import UsageError, is_quiet_rank, leave_quietly
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
@@ -53,6 +53,8 @@ def _exit(message: str, code: int, runtime: ParallelRuntime | None = None) -> No
     """One ``lerobot-train: error:`` line per job (the main rank's; see ``print_once_per_job``), then exit."""
     while _ON_EXIT:
         _ON_EXIT.pop()()
+    if runtime is None and is_quiet_rank():  # refused before the group exists: the node's first rank says it
+        leave_quietly(code)
     lines = [ln for ln in message.strip().splitlines() if ln.strip()]
     print_once_per_job(f"{PROG}: error: {lines[-1] if lines else message}", runtime, stream=sys.stderr)
     raise SystemExit(code)
