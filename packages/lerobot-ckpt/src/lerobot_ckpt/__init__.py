@@ -29,14 +29,21 @@ from lerobot_ckpt.errors import (
 from lerobot_ckpt.formats import CheckpointFormat
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
 from lerobot_ckpt.pretrained import pretrained_weights_file
-from lerobot_ckpt.record import Artifacts, BaseModel, Parallelism, RunInfo, TrainingStepRecord
+from lerobot_ckpt.record import (
+    Artifacts,
+    BaseModel,
+    Parallelism,
+    RunInfo,
+    TrainingStepRecord,
+    package_versions,
+    read_training_step,
+)
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "save_checkpoint": "lerobot_ckpt.save",
     "load_checkpoint": "lerobot_ckpt.load",
-    "read_training_step": "lerobot_ckpt.load",
     "ResumeState": "lerobot_ckpt.load",
     "unwrap_model": "lerobot_ckpt.model_state",
     "convert_dcp": "lerobot_ckpt.convert",
@@ -72,6 +79,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "package_versions",
     "pretrained_weights_file",
     "read_training_step",
     "resolve_checkpoint_dir",

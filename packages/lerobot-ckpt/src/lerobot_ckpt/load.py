@@ -22,7 +22,7 @@ import torch
 from attrs import define
 from torch import nn
 
-from lerobot_ckpt import jsonstate, rng_state
+from lerobot_ckpt import rng_state
 from lerobot_ckpt.collective import Collective, describe
 from lerobot_ckpt.discovery import resolve_checkpoint_dir
 from lerobot_ckpt.dstate import AdapterState, is_sharded_model
@@ -31,13 +31,13 @@ from lerobot_ckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
     MissingCheckpointFileError,
-    StateMismatchError,
 )
 from lerobot_ckpt.layout import CheckpointPaths
-from lerobot_ckpt.model_state import apply_weights, few, read_checked_weights
+from lerobot_ckpt.model_state import apply_weights, read_checked_weights
 from lerobot_ckpt.optimizer_state import apply_optimizer, read_optimizer
 from lerobot_ckpt.record import TrainingStepRecord, read_record
 from lerobot_ckpt.sharded_load import prepare_state
+from lerobot_ckpt.stateful import Stateful, read_state, scaler_enabled
 from lerobot_ckpt.tensorfile import read_tensors
 
 ApplyAdapter = Callable[[dict[str, torch.Tensor]], None]
@@ -66,75 +66,77 @@ class ResumeState:
         return self.record.loop
 
 
-def read_training_step(checkpoint: Path | str) -> TrainingStepRecord:
-    """The record of the checkpoint a user path names (see ``resolve_checkpoint_dir``); torch-free."""
-    return read_record(CheckpointPaths(resolve_checkpoint_dir(checkpoint)))
+@define(frozen=True, kw_only=True, eq=False)
+class LoadRequest:
+    """What one :func:`load_checkpoint` call restores, and into what; it travels as one value."""
+
+    model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Stateful | None = None
+    scaler: Stateful | None = None
+    apply_adapter: ApplyAdapter | None = None
+    adapter_state: AdapterState | None = None
+    restore_rng: bool = True
+    rank: int = 0
+
+    def reads_shards(self, record: TrainingStepRecord) -> bool:
+        """True when model or optimizer go through :mod:`lerobot_ckpt.sharded_load` (FQN-keyed, resharding)."""
+        art = record.artifacts
+        wants_weights = self.model is not None or self.apply_adapter is not None
+        return (
+            (self.model is not None and is_sharded_model(self.model))
+            or self.adapter_state is not None
+            or (wants_weights and art.model_dcp)
+            or (self.optimizer is not None and art.optimizer_dcp and not art.optimizer_single_file)
+        )
 
 
-def _enabled(scaler: Any) -> bool:
-    return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
-
-
-def _required_files(paths: CheckpointPaths, record: TrainingStepRecord, *, model, apply_adapter, optimizer,
-                    scheduler, scaler, restore_rng) -> list[Path]:
+def _weight_and_optimizer_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> list[Path]:
+    """The whole-file weights and optimizer a non-sharded load reads (the sharded path checks its own)."""
     art, files = record.artifacts, []
     if art.peft_adapter:
-        if model is not None and apply_adapter is None:
+        if request.model is not None and request.apply_adapter is None:
             raise CheckpointConfigError(
                 f"{paths.root} holds a PEFT adapter, not full weights: pass apply_adapter= to load it"
             )
-        if apply_adapter is not None:
+        if request.apply_adapter is not None:
             files.append(paths.adapter_weights)
-    elif apply_adapter is not None:
+    elif request.apply_adapter is not None:
         raise CheckpointConfigError(f"apply_adapter was given but {paths.root} holds no PEFT adapter")
-    elif model is not None:
+    elif request.model is not None:
         if art.model_safetensors:
             files.append(paths.model_weights)
         else:
             raise CorruptCheckpointError(paths.training_step, "it records no model weights")
-    if optimizer is not None:
+    if request.optimizer is not None:
         if art.optimizer_single_file:
             files += [paths.optimizer_state, paths.optimizer_param_groups]
         else:
             raise MissingCheckpointFileError(paths.optimizer_state, "the run was saved without optimizer state")
-    if scheduler is not None:
-        if not art.scheduler:
+    return files
+
+
+def _state_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> list[Path]:
+    """Scheduler, scaler and RNG files, which every load path reads whole."""
+    files = []
+    if request.scheduler is not None:
+        if not record.artifacts.scheduler:
             raise MissingCheckpointFileError(paths.scheduler_state, "the run was saved without a scheduler")
         files.append(paths.scheduler_state)
-    if _enabled(scaler) and (art.scaler or record.mixed_precision == "fp16"):
+    if scaler_enabled(request.scaler) and (record.artifacts.scaler or record.mixed_precision == "fp16"):
         files.append(paths.scaler_state)
-    if restore_rng:
+    if request.restore_rng:
         files.append(paths.rng_state)
     return files
 
 
-def _json_state(path: Path, obj: Any, what: str) -> dict[str, Any]:
-    """A saved ``state_dict`` typed like ``obj``'s, refused when its public keys differ (another class)."""
-    saved = jsonstate.read(path)
-    if not isinstance(saved, dict) or not saved:
-        raise CorruptCheckpointError(path, f"expected a non-empty JSON object of {what} state")
-    current = obj.state_dict()
-    def public(keys) -> set[str]:
-        return {k for k in keys if not str(k).startswith("_")}
-
-    missing, extra = public(current) - public(saved), public(saved) - public(current)
-    if missing or extra:
-        raise StateMismatchError(
-            f"{path} does not match this {type(obj).__name__}: "
-            + "; ".join(p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p)
-        )
-    return jsonstate.like(saved, current)
-
-
-def _uses_distributed_path(record: TrainingStepRecord, *, model, optimizer, apply_adapter, adapter_state) -> bool:
-    art = record.artifacts
-    wants_weights = model is not None or apply_adapter is not None
-    return (
-        (model is not None and is_sharded_model(model))
-        or adapter_state is not None
-        or (wants_weights and art.model_dcp)
-        or (optimizer is not None and art.optimizer_dcp and not art.optimizer_single_file)
-    )
+def _present(files: list[Path]) -> list[Path]:
+    """``files``, once each one is checked to exist; the error names the first missing and lists the rest."""
+    missing = [p for p in files if not p.is_file()]
+    if missing:
+        others = f"also missing: {', '.join(p.name for p in missing[1:])}" if len(missing) > 1 else ""
+        raise MissingCheckpointFileError(missing[0], others)
+    return files
 
 
 def _read_rng(paths: CheckpointPaths, rank: int) -> dict[str, torch.Tensor] | None:
@@ -143,6 +145,32 @@ def _read_rng(paths: CheckpointPaths, rank: int) -> dict[str, torch.Tensor] | No
     if rng is None and rank == 0:
         raise CorruptCheckpointError(paths.rng_state, f"missing entries among {', '.join(rng_state.REQUIRED)}")
     return rng
+
+
+@define(frozen=True, eq=False)
+class _States:
+    """Scheduler, scaler and RNG state, read and checked; :meth:`restore` applies them last."""
+
+    scheduler: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    rng: dict[str, torch.Tensor] | None
+
+    @classmethod
+    def read(cls, paths: CheckpointPaths, files: list[Path], request: LoadRequest) -> _States:
+        scheduler = read_state(paths.scheduler_state, request.scheduler, "scheduler") if request.scheduler is not None else None
+        scaler = read_state(paths.scaler_state, request.scaler, "scaler") if paths.scaler_state in files else None
+        return cls(scheduler, scaler, _read_rng(paths, request.rank) if request.restore_rng else None)
+
+    def restore(self, paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> ResumeState:
+        """RNG at the very end: nothing may draw after it."""
+        if self.scheduler is not None:
+            request.scheduler.load_state_dict(self.scheduler)
+        if self.scaler is not None:
+            request.scaler.load_state_dict(self.scaler)
+        if self.rng is not None:
+            rng_state.restore(self.rng)
+        return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=self.rng is not None,
+                           scaler_restored=self.scaler is not None)
 
 
 def load_checkpoint(
@@ -173,29 +201,31 @@ def load_checkpoint(
     paths = CheckpointPaths(resolve_checkpoint_dir(checkpoint))
     record = read_record(paths)
     comm = Collective.current()
-    rank = comm.rank if rank is None else rank
-    if not _uses_distributed_path(record, model=model, optimizer=optimizer, apply_adapter=apply_adapter,
-                                  adapter_state=adapter_state):
-        return _load_single(paths, record, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                            apply_adapter=apply_adapter, restore_rng=restore_rng, rank=rank)
+    request = LoadRequest(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                          apply_adapter=apply_adapter, adapter_state=adapter_state, restore_rng=restore_rng,
+                          rank=comm.rank if rank is None else rank)
+    if not request.reads_shards(record):
+        return _load_whole_files(paths, record, request)
+    return _load_resharded(paths, record, request, comm)
 
-    collective = model is not None and is_sharded_model(model)
+
+def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest,
+                    comm: Collective) -> ResumeState:
+    """Model and optimizer through :mod:`lerobot_ckpt.sharded_load`; collective for a sharded model,
+    whose ranks agree on the checks' outcome before any of them enters a DCP read."""
+    collective = request.model is not None and is_sharded_model(request.model)
     error: CheckpointError | None = None
     try:
-        files = _required_files(paths, record, model=None, apply_adapter=None, optimizer=None, scheduler=scheduler,
-                                scaler=scaler, restore_rng=restore_rng)
-        missing = [p for p in files if not p.is_file()]
-        if missing:
-            raise MissingCheckpointFileError(missing[0])
-        prepared = prepare_state(paths, record, model=model, optimizer=optimizer, adapter_state=adapter_state,
-                                 apply_adapter=apply_adapter, collective=collective)
-        sched_sd = _json_state(paths.scheduler_state, scheduler, "scheduler") if scheduler is not None else None
-        scaler_sd = _json_state(paths.scaler_state, scaler, "scaler") if paths.scaler_state in files else None
-        rng = _read_rng(paths, rank) if restore_rng else None
+        files = _present(_state_files(paths, record, request))
+        prepared = prepare_state(paths, record, model=request.model, optimizer=request.optimizer,
+                                 adapter_state=request.adapter_state, apply_adapter=request.apply_adapter,
+                                 collective=collective)
+        states = _States.read(paths, files, request)
     except CheckpointError as exc:
         error = exc
     except Exception as exc:  # noqa: BLE001 - peers must hear of it before they enter a collective read
-        error = CheckpointError(f"rank {rank}: could not prepare the resume from {paths.root}: {describe(exc)}")
+        error = CheckpointError(f"rank {request.rank}: could not prepare the resume from {paths.root}: "
+                                f"{describe(exc)}")
         error.__cause__ = exc
     if collective:
         comm.agree(error)
@@ -203,43 +233,22 @@ def load_checkpoint(
         raise error
 
     prepared.apply()
-    return _restore_rest(paths, record, scheduler, sched_sd, scaler, scaler_sd, rng)
+    return states.restore(paths, record, request)
 
 
-def _load_single(paths: CheckpointPaths, record: TrainingStepRecord, *, model, optimizer, scheduler, scaler,
-                 apply_adapter, restore_rng: bool, rank: int) -> ResumeState:
+def _load_whole_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> ResumeState:
     """Non-sharded model from a checkpoint without DCP artifacts: whole files, no collective."""
-    files = _required_files(paths, record, model=model, apply_adapter=apply_adapter, optimizer=optimizer,
-                            scheduler=scheduler, scaler=scaler, restore_rng=restore_rng)
-    missing = [p for p in files if not p.is_file()]
-    if missing:
-        others = f"also missing: {', '.join(p.name for p in missing[1:])}" if len(missing) > 1 else ""
-        raise MissingCheckpointFileError(missing[0], others)
-
+    files = _present(_weight_and_optimizer_files(paths, record, request) + _state_files(paths, record, request))
+    model, optimizer = request.model, request.optimizer
     weights = read_checked_weights(paths.model_weights, model) if paths.model_weights in files else None
     adapter = read_tensors(paths.adapter_weights)[0] if paths.adapter_weights in files else None
     optim_sd = read_optimizer(paths, optimizer) if optimizer is not None else None
-    sched_sd = _json_state(paths.scheduler_state, scheduler, "scheduler") if scheduler is not None else None
-    scaler_sd = _json_state(paths.scaler_state, scaler, "scaler") if paths.scaler_state in files else None
-    rng = _read_rng(paths, rank) if restore_rng else None
+    states = _States.read(paths, files, request)
 
     if adapter is not None:  # first: the caller's code is the one step that may still refuse
-        apply_adapter(adapter)
+        request.apply_adapter(adapter)
     if weights is not None:
         apply_weights(model, weights)
     if optim_sd is not None:
         apply_optimizer(optimizer, optim_sd)
-    return _restore_rest(paths, record, scheduler, sched_sd, scaler, scaler_sd, rng)
-
-
-def _restore_rest(paths: CheckpointPaths, record: TrainingStepRecord, scheduler, sched_sd, scaler, scaler_sd,
-                  rng) -> ResumeState:
-    """The states every load path restores last, RNG at the very end (nothing may draw after it)."""
-    if sched_sd is not None:
-        scheduler.load_state_dict(sched_sd)
-    if scaler_sd is not None:
-        scaler.load_state_dict(scaler_sd)
-    if rng is not None:
-        rng_state.restore(rng)
-    return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=rng is not None,
-                       scaler_restored=scaler_sd is not None)
+    return states.restore(paths, record, request)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lerobot_ckpt.errors import ModelMismatchError
-from lerobot_ckpt.tensorfile import read_tensors, write_tensors
+from lerobot_ckpt.tensorfile import read_tensors
 
 SHOWN = 5  # names listed per kind of mismatch; the rest are counted
 
@@ -54,10 +54,6 @@ def mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Ten
     if shapes:
         parts.append(f"{len(shapes)} with another shape: {few(shapes)}")
     return "; ".join(parts) or None
-
-
-def save_model_weights(path: Path, state_dict: Mapping[str, torch.Tensor]) -> None:
-    write_tensors(path, state_dict)
 
 
 def read_checked_weights(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ from attrs import Factory, define, field
 from cattrs import transform_error
 from cattrs.errors import ClassValidationError, IterableValidationError
 
+from lerobot_ckpt.discovery import resolve_checkpoint_dir
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
     CorruptCheckpointError,
@@ -87,6 +88,10 @@ class Artifacts:
     peft_adapter: bool = False
     scheduler: bool = False
     scaler: bool = False
+
+    def __or__(self, other: Artifacts) -> Artifacts:
+        """What two writers wrote together: a flag is set when either set it."""
+        return Artifacts(**{a.name: getattr(self, a.name) or getattr(other, a.name) for a in attrs.fields(Artifacts)})
 
 
 def _sha256(inst, attribute, value) -> None:
@@ -212,14 +217,22 @@ def _make_converter() -> cattrs.Converter:
 converter = _make_converter()
 
 
-def package_versions() -> dict[str, str]:
-    """The version of lerobot-ckpt itself, as installed (the source tree's when run from a checkout)."""
-    try:
-        return {"lerobot-ckpt": importlib.metadata.version("lerobot-ckpt")}
-    except importlib.metadata.PackageNotFoundError:
-        from lerobot_ckpt import __version__
+def package_versions(*names: str) -> dict[str, str]:
+    """``{distribution: version}`` of those of ``names`` that are installed, for ``RunInfo.versions``."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
 
-        return {"lerobot-ckpt": __version__}
+
+def own_version() -> str:
+    """The version of lerobot-ckpt itself, as installed (the source tree's when run from a checkout)."""
+    from lerobot_ckpt import __version__
+
+    return package_versions("lerobot-ckpt").get("lerobot-ckpt", __version__)
 
 
 def write_record(path: Path, record: TrainingStepRecord) -> None:
@@ -275,6 +288,11 @@ def read_record(paths: CheckpointPaths) -> TrainingStepRecord:
         raise CorruptCheckpointError(path, "; ".join(transform_error(exc, path="training_step"))) from None
     except (CheckpointConfigError, TypeError, ValueError) as exc:
         raise CorruptCheckpointError(path, str(exc)) from None
+
+
+def read_training_step(checkpoint: Path | str) -> TrainingStepRecord:
+    """The record of the checkpoint a user path names (see ``resolve_checkpoint_dir``); torch-free."""
+    return read_record(CheckpointPaths(resolve_checkpoint_dir(checkpoint)))
 
 
 def update_artifacts(paths: CheckpointPaths, **changes: bool) -> TrainingStepRecord:

@@ -1,97 +1,128 @@
-"""Collective save: every rank calls :func:`save_checkpoint`, the main rank writes, all agree.
+"""The save transaction: every rank calls :func:`save_checkpoint`, the ranks agree, once per save.
 
-1. every rank captures its RNG state and the states are gathered (ranks are seeded apart);
-2. the main rank stages ``checkpoints/.tmp-<step>-<pid>/``, writes the caller's ``pretrained_model``
-   files, the weights, optimizer, RNG, scheduler and scaler state and ``training_step.json``, then
-   commits (fsync, rename, swap ``last``);
-3. one agreement ends the save on every rank: an all-reduce of an error flag, which is also the
-   barrier. A failure anywhere is raised on every rank with the same message, never a hang.
+One sequence, whatever the topology:
 
-Sharded runs (``run.parallelism.dp_shard > 1``) split 2 (see :mod:`lerobot_ckpt.sharded_save`):
-after staging, an agreement and a broadcast of the staging path, collective writers on all ranks
-(DCP into ``pytorch_model_fsdp_0/`` and ``optimizer_0/``, a tensor-by-tensor gather for
-``model.safetensors``), another agreement, then the same commit.
+1. **gather** what every rank must contribute: its RNG state (ranks are seeded apart), all-gathered;
+2. **stage** (main rank): ``checkpoints/.tmp-<step>-<pid>/`` and the caller's ``write_pretrained``;
+3. **writers** (:mod:`lerobot_ckpt._writers`): *collective* ones on every rank, after the staging
+   path is broadcast and agreed, with a second agreement after them (a sharded run: DCP shards, the
+   tensor-by-tensor gather); then the main rank's own (a non-sharded run: weights and optimizer);
+4. **finish** (main rank): RNG, scheduler and scaler state, ``training_step.json``;
+5. **commit** (main rank): fsync, rename, swap ``last``;
+6. **agree**: an all-reduce of an error flag, which is also the barrier.
+
+A non-sharded run is the case with no collective writers: its only collectives are the gather and
+the final agreement. A failure anywhere is raised on every rank with the same message, after the
+main rank removed the staging tree, never a hang; until the rename nothing visible changed, so the
+previous checkpoint and ``last`` stay valid.
+
+This is the one transaction the next features plug into, not a second save path: an asynchronous
+save runs the same phases in the background once the state is snapshotted (the same crash-safe
+commit either way), and an EMA shadow is one more state, i.e. one more writer (collective when the
+model is sharded).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import safetensors
 import torch
-from safetensors import SafetensorError
+from attrs import define, field
 from torch import nn
 
-from lerobot_ckpt import jsonstate, rng_state
+from lerobot_ckpt import rng_state
+from lerobot_ckpt._writers import ShardedState, WholeOptimizer, WholeWeights, Writer, writing
 from lerobot_ckpt.collective import Collective, describe
 from lerobot_ckpt.dstate import AdapterState, is_sharded_model
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointSaveError, CheckpointWriteError
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
-from lerobot_ckpt.model_state import save_model_weights, unwrap_model
-from lerobot_ckpt.optimizer_state import save_optimizer
-from lerobot_ckpt.record import Artifacts, RunInfo, TrainingStepRecord, package_versions, write_record
-from lerobot_ckpt.sharded_save import save_sharded
+from lerobot_ckpt.record import Artifacts, RunInfo, TrainingStepRecord, own_version, write_record
 from lerobot_ckpt.staging import StagedCheckpoint
+from lerobot_ckpt.stateful import Stateful, scaler_enabled, write_state
 from lerobot_ckpt.tensorfile import write_tensors
 
-Stateful = Any  # anything with state_dict()/load_state_dict(): LR schedulers, GradScaler
 WritePretrained = Callable[[Path], None]
+T = TypeVar("T")
 
 
-@contextmanager
-def _writing(path: Path) -> Iterator[None]:
-    """Name the file in the error: safetensors' own errors do not, and the user needs the path."""
-    try:
-        yield
-    except (OSError, SafetensorError) as exc:
-        raise CheckpointWriteError(f"could not write {path}: {describe(exc)}", path=path, os_error=exc) from exc
+@define(frozen=True, kw_only=True, eq=False)
+class SaveRequest:
+    """What one :func:`save_checkpoint` call asks for; it travels through the transaction as one value."""
 
+    run: RunInfo
+    step: int
+    model: nn.Module | Mapping[str, torch.Tensor] | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Stateful | None = None
+    scaler: Stateful | None = None
+    sampler_state: Mapping[str, Any] | None = None
+    loop_state: Mapping[str, Any] | None = None
+    write_pretrained: WritePretrained | None = None
+    adapter_state: AdapterState | None = None
 
-def _scaler_enabled(scaler: Stateful | None) -> bool:
-    return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
+    @property
+    def scaler_enabled(self) -> bool:
+        return scaler_enabled(self.scaler)
 
-
-def _validate(run: RunInfo, comm: Collective, model, scaler, sampler_state, loop_state, adapter_state) -> None:
-    """Checks every rank makes identically, so a refusal needs no collective to be unanimous."""
-    if comm.distributed and run.world_size != comm.world_size:
-        raise CheckpointConfigError(
-            f"run.world_size={run.world_size} but torch.distributed has {comm.world_size} processes"
-        )
-    if model is not None and not isinstance(model, nn.Module | Mapping):
-        raise CheckpointConfigError(f"model must be an nn.Module or a state dict, got {type(model).__name__}")
-    sharded_model = isinstance(model, nn.Module) and is_sharded_model(model)
-    if run.parallelism.is_sharded:
-        if not comm.distributed:
+    def validate(self, comm: Collective) -> None:
+        """Checks every rank makes identically, so a refusal needs no collective to be unanimous."""
+        run, model = self.run, self.model
+        step_dir_name(self.step)  # validates step
+        if comm.distributed and run.world_size != comm.world_size:
             raise CheckpointConfigError(
-                f"dp_shard={run.parallelism.dp_shard}: a sharded (FSDP/HSDP) save is collective and needs "
-                "torch.distributed initialised on every rank; it is not"
+                f"run.world_size={run.world_size} but torch.distributed has {comm.world_size} processes"
             )
-        if not sharded_model:
+        if model is not None and not isinstance(model, nn.Module | Mapping):
+            raise CheckpointConfigError(f"model must be an nn.Module or a state dict, got {type(model).__name__}")
+        sharded_model = isinstance(model, nn.Module) and is_sharded_model(model)
+        if run.parallelism.is_sharded:
+            if not comm.distributed:
+                raise CheckpointConfigError(
+                    f"dp_shard={run.parallelism.dp_shard}: a sharded (FSDP/HSDP) save is collective and needs "
+                    "torch.distributed initialised on every rank; it is not"
+                )
+            if not sharded_model:
+                raise CheckpointConfigError(
+                    f"dp_shard={run.parallelism.dp_shard} but the model has no DTensor parameters: pass the module "
+                    "sharded with fully_shard (FSDP2/HSDP), not a state dict or an unsharded copy"
+                )
+        elif sharded_model:
             raise CheckpointConfigError(
-                f"dp_shard={run.parallelism.dp_shard} but the model has no DTensor parameters: pass the module "
-                "sharded with fully_shard (FSDP2/HSDP), not a state dict or an unsharded copy"
+                "the model is sharded (DTensor parameters) but run.parallelism has dp_shard=1: pass the run's "
+                "resolved Parallelism(dp_replicate, dp_shard)"
             )
-    elif sharded_model:
-        raise CheckpointConfigError(
-            "the model is sharded (DTensor parameters) but run.parallelism has dp_shard=1: pass the run's "
-            "resolved Parallelism(dp_replicate, dp_shard)"
-        )
-    if adapter_state is not None and not isinstance(model, nn.Module):
-        raise CheckpointConfigError("adapter_state= needs the model (an nn.Module) to take the adapter from")
-    if run.mixed_precision == "fp16" and not _scaler_enabled(scaler):
-        raise CheckpointConfigError("mixed_precision=fp16 needs its loss scaler: pass scaler= (an enabled GradScaler)")
-    if run.mixed_precision != "fp16" and _scaler_enabled(scaler):
-        raise CheckpointConfigError(
-            f"an enabled loss scaler was passed but mixed_precision={run.mixed_precision}; "
-            "scaler_state.json is written for fp16 runs only"
-        )
-    # A trial record, so a sampler_state or loop_state that JSON cannot hold fails here on every rank.
-    TrainingStepRecord.for_run(run, step=0, artifacts=Artifacts(), sampler=dict(sampler_state or {}), versions={},
-                               loop=dict(loop_state or {}))
+        if self.adapter_state is not None and not isinstance(model, nn.Module):
+            raise CheckpointConfigError("adapter_state= needs the model (an nn.Module) to take the adapter from")
+        if run.mixed_precision == "fp16" and not self.scaler_enabled:
+            raise CheckpointConfigError(
+                "mixed_precision=fp16 needs its loss scaler: pass scaler= (an enabled GradScaler)")
+        if run.mixed_precision != "fp16" and self.scaler_enabled:
+            raise CheckpointConfigError(
+                f"an enabled loss scaler was passed but mixed_precision={run.mixed_precision}; "
+                "scaler_state.json is written for fp16 runs only"
+            )
+        # A trial record, so a sampler_state or loop_state that JSON cannot hold fails here on every rank.
+        TrainingStepRecord.for_run(run, step=0, artifacts=Artifacts(), sampler=dict(self.sampler_state or {}),
+                                   versions={}, loop=dict(self.loop_state or {}))
+
+    def writers(self) -> tuple[Writer, ...]:
+        """What this save writes between staging and finishing (see :mod:`lerobot_ckpt._writers`)."""
+        if self.run.parallelism.is_sharded:
+            return (ShardedState(self.run, self.model, self.optimizer, self.adapter_state),)
+        whole_optimizer = () if self.optimizer is None else (WholeOptimizer(self.optimizer),)
+        return (WholeWeights(self.model, self.adapter_state), *whole_optimizer)
+
+    def record(self, artifacts: Artifacts) -> TrainingStepRecord:
+        """``training_step.json`` for what the writers wrote."""
+        artifacts = attrs.evolve(artifacts, scheduler=self.scheduler is not None, scaler=self.scaler_enabled)
+        versions = {**self.run.versions, "torch": torch.__version__, "safetensors": safetensors.__version__,
+                    "lerobot-ckpt": own_version()}
+        return TrainingStepRecord.for_run(self.run, step=self.step, artifacts=artifacts, sampler=self.sampler_state,
+                                          versions=versions, loop=self.loop_state)
 
 
 def _as_save_error(exc: Exception, comm: Collective, step: int, committed: bool) -> CheckpointSaveError:
@@ -111,51 +142,128 @@ def _as_save_error(exc: Exception, comm: Collective, step: int, committed: bool)
     return error
 
 
-def _write_rest(paths: CheckpointPaths, *, run: RunInfo, step: int, scheduler, scaler, sampler_state,
-                loop_state, rng_states, artifacts: Artifacts) -> None:
-    """The main rank's part after the weights and optimizer: RNG, scheduler, scaler, then the record."""
-    with _writing(paths.rng_state):
-        write_tensors(paths.rng_state, rng_state.pack(rng_states))
-    if scheduler is not None:
-        with _writing(paths.scheduler_state):
-            jsonstate.write(paths.scheduler_state, scheduler.state_dict(), "scheduler")
-    if _scaler_enabled(scaler):
-        with _writing(paths.scaler_state):
-            jsonstate.write(paths.scaler_state, scaler.state_dict(), "scaler")
-    artifacts = attrs.evolve(artifacts, scheduler=scheduler is not None, scaler=_scaler_enabled(scaler))
-    versions = {**run.versions, "torch": torch.__version__, "safetensors": safetensors.__version__,
-                **package_versions()}
-    record = TrainingStepRecord.for_run(run, step=step, artifacts=artifacts, sampler=sampler_state,
-                                        versions=versions, loop=loop_state)
-    with _writing(paths.training_step):
-        write_record(paths.training_step, record)
+@define
+class _Transaction:
+    """One save on one rank: the phases of the module docstring, in order (:meth:`run`).
 
+    ``error`` is this rank's first failure; it is never raised alone but joined to the next
+    agreement, so every rank keeps calling the same collectives whatever happened locally.
+    """
 
-def _write_main(paths: CheckpointPaths, *, run: RunInfo, step: int, model, optimizer, scheduler, scaler,
-                sampler_state, loop_state, write_pretrained: WritePretrained | None, rng_states,
-                adapter_state: AdapterState | None) -> None:
-    """Everything the main rank of a non-sharded run writes into the staging directory."""
-    if write_pretrained is not None:
-        write_pretrained(paths.pretrained_model)
-    if model is not None and adapter_state is not None:
-        with _writing(paths.adapter_weights):
-            write_tensors(paths.adapter_weights, adapter_state(unwrap_model(model).state_dict()))
-    elif model is not None:
-        state = unwrap_model(model).state_dict() if isinstance(model, nn.Module) else model
-        with _writing(paths.model_weights):
-            save_model_weights(paths.model_weights, state)
-    if not (paths.model_weights.is_file() or paths.adapter_weights.is_file()):
-        raise CheckpointConfigError(
-            "the checkpoint would hold no weights: pass model=, or write model.safetensors or a PEFT "
-            "adapter (adapter_model.safetensors) from write_pretrained"
-        )
-    if optimizer is not None:
-        with _writing(paths.optimizer_state):
-            save_optimizer(paths, optimizer)
-    artifacts = Artifacts(model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file(),
-                          optimizer_single_file=optimizer is not None)
-    _write_rest(paths, run=run, step=step, scheduler=scheduler, scaler=scaler, sampler_state=sampler_state,
-                loop_state=loop_state, rng_states=rng_states, artifacts=artifacts)
+    checkpoints: Path
+    request: SaveRequest
+    comm: Collective
+    staged: StagedCheckpoint | None = field(default=None)  # main rank, once staging began
+    error: CheckpointSaveError | None = field(default=None)
+
+    def run(self) -> Path:
+        writers = self.request.writers()
+        rng_states = self._gather()
+        self._stage(rng_states)
+        shared = self._write_collectively([w for w in writers if w.collective])
+        main = [w for w in writers if not w.collective]
+        written = self._on_main(lambda paths: self._write(main, paths, shared))
+        self._on_main(lambda paths: self._finish(paths, rng_states, written))
+        self._on_main(lambda paths: self._commit())
+        self.comm.agree(self.error)
+        return self.checkpoints / step_dir_name(self.request.step)
+
+    def _fail(self, exc: Exception) -> None:
+        """Record this rank's failure for the next agreement (which raises it on every rank)."""
+        committed = self.staged is not None and self.staged.renamed
+        self.error = _as_save_error(exc, self.comm, self.request.step, committed)
+
+    def _abort(self) -> None:
+        """Remove the staging tree (main rank): after a failure nothing may be committed from it."""
+        if self.staged is not None:
+            self.staged.abort()
+
+    def _gather(self) -> list[Any]:
+        """Every rank's RNG state on every rank; a rank whose capture failed contributes None."""
+        mine = None
+        try:
+            mine = rng_state.capture()
+        except Exception as exc:  # noqa: BLE001 - joined to the next agreement, never raised alone
+            self._fail(exc)
+        return self.comm.all_gather_object(mine)
+
+    def _stage(self, rng_states: list[Any]) -> None:
+        """The main rank opens the staging tree, unless a rank could not contribute (it reports that itself)."""
+        if not self.comm.is_main or self.error is not None or any(s is None for s in rng_states):
+            return
+        try:
+            self.staged = StagedCheckpoint.begin(self.checkpoints, self.request.step)
+            if self.request.write_pretrained is not None:
+                self.request.write_pretrained(self.staged.paths.pretrained_model)
+        except Exception as exc:  # noqa: BLE001 - peers must hear of any failure, or they hang
+            self._fail(exc)
+            self._abort()
+
+    def _on_main(self, phase: Callable[[CheckpointPaths], T]) -> T | None:
+        """Run one main-rank phase on the staging tree, unless there is none here or a phase failed."""
+        if self.staged is None or self.error is not None:
+            return None
+        try:
+            return phase(self.staged.paths)
+        except Exception as exc:  # noqa: BLE001 - peers must hear of any failure, or they hang
+            self._fail(exc)
+            self._abort()
+            return None
+
+    def _write_collectively(self, writers: list[Writer]) -> Artifacts:
+        """Every rank writes into the main rank's staging tree, between two agreements.
+
+        A writer failing on one rank is only recorded: the other ranks may still be inside a
+        collective with it, so the staging tree is removed once all have agreed, not before.
+        """
+        if not writers:
+            return Artifacts()
+        staged = self.staged is not None and self.error is None
+        staging = self.comm.broadcast_object(str(self.staged.staging) if staged else None)
+        self._agree_or_abort()
+        if staging is None:  # a rank's RNG capture failed: it reported that above, so this is unreachable
+            raise CheckpointSaveError(f"checkpoint {step_dir_name(self.request.step)} was not saved: "
+                                      "no staging directory")
+        artifacts = Artifacts()
+        try:
+            artifacts = self._write(writers, CheckpointPaths(Path(staging)), artifacts)
+        except Exception as exc:  # noqa: BLE001 - joined to the agreement below
+            self._fail(exc)
+        self._agree_or_abort()
+        return artifacts
+
+    def _agree_or_abort(self) -> None:
+        """An agreement that, on failure, removes the staging tree (main rank) before any rank raises."""
+        try:
+            self.comm.agree(self.error)
+        except CheckpointSaveError:
+            self._abort()
+            self.comm.barrier()  # peers return only once the staging directory is gone
+            raise
+
+    def _write(self, writers: list[Writer], paths: CheckpointPaths, artifacts: Artifacts) -> Artifacts:
+        for writer in writers:
+            artifacts |= writer.write(paths, self.comm)
+        return artifacts
+
+    def _finish(self, paths: CheckpointPaths, rng_states: list[Any], artifacts: Artifacts) -> None:
+        """The main rank's files after the writers: RNG, scheduler, scaler, then the record."""
+        request = self.request
+        with writing(paths.rng_state):
+            write_tensors(paths.rng_state, rng_state.pack(rng_states))
+        if request.scheduler is not None:
+            with writing(paths.scheduler_state):
+                write_state(paths.scheduler_state, request.scheduler, "scheduler")
+        if request.scaler_enabled:
+            with writing(paths.scaler_state):
+                write_state(paths.scaler_state, request.scaler, "scaler")
+        with writing(paths.training_step):
+            write_record(paths.training_step, request.record(artifacts))
+
+    def _commit(self) -> None:
+        """Make the staging tree the step directory and point ``last`` at it."""
+        self.staged.commit()
+        self.staged.finish()
 
 
 def save_checkpoint(
@@ -188,40 +296,9 @@ def save_checkpoint(
     ``loop_state`` is the trainer's own JSON-able counters (step, updates, accumulation position),
     stored in ``training_step.json`` beside ``sampler_state`` and returned by ``ResumeState.loop_state``.
     """
+    request = SaveRequest(run=run, step=step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                          sampler_state=sampler_state, loop_state=loop_state, write_pretrained=write_pretrained,
+                          adapter_state=adapter_state)
     comm = Collective.current()
-    step_dir_name(step)  # validates step
-    _validate(run, comm, model, scaler, sampler_state, loop_state, adapter_state)
-    target = checkpoints_dir(output_dir)
-    if run.parallelism.is_sharded:
-        def finish_main(paths, rng_states, artifacts):
-            _write_rest(paths, run=run, step=step, scheduler=scheduler, scaler=scaler, sampler_state=sampler_state,
-                        loop_state=loop_state, rng_states=rng_states, artifacts=artifacts)
-
-        return save_sharded(target, step, run=run, model=model, optimizer=optimizer, scheduler=scheduler,
-                            scaler=scaler, sampler_state=sampler_state, write_pretrained=write_pretrained,
-                            adapter_state=adapter_state, comm=comm, writing=_writing, finish_main=finish_main,
-                            as_error=lambda exc, committed: _as_save_error(exc, comm, step, committed))
-
-    error: CheckpointSaveError | None = None
-    try:
-        mine = rng_state.capture()
-    except Exception as exc:  # noqa: BLE001 - joined to the agreement below, never raised alone
-        mine, error = None, _as_save_error(exc, comm, step, committed=False)
-    rng_states = comm.all_gather_object(mine)
-
-    staged: StagedCheckpoint | None = None
-    # A rank that could not capture its RNG reports that itself; the main rank then writes nothing.
-    if comm.is_main and error is None and all(s is not None for s in rng_states):
-        try:
-            staged = StagedCheckpoint.begin(target, step)
-            _write_main(staged.paths, run=run, step=step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        scaler=scaler, sampler_state=sampler_state, loop_state=loop_state,
-                        write_pretrained=write_pretrained, rng_states=rng_states, adapter_state=adapter_state)
-            staged.commit()
-            staged.finish()
-        except Exception as exc:  # noqa: BLE001 - peers must hear of any failure, or they hang
-            error = _as_save_error(exc, comm, step, committed=staged is not None and staged.renamed)
-            if staged is not None:
-                staged.abort()
-    comm.agree(error)
-    return target / step_dir_name(step)
+    request.validate(comm)
+    return _Transaction(checkpoints_dir(output_dir), request, comm).run()

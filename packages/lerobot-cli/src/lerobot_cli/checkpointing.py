@@ -7,7 +7,6 @@ onto the loop, sampler and scaler.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import sys
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from lerobot_ckpt import (
     StateMismatchError,
     TrainingStepRecord,
     load_checkpoint,
+    package_versions,
     read_training_step,
     save_checkpoint,
 )
@@ -43,16 +43,6 @@ log = logging.getLogger(__name__)
 _PACKAGES = ("torch", "lerobot-parallel", "lerobot-ckpt", "lerobot-trainloop", "lerobot-cli")
 
 
-def package_versions() -> dict[str, str]:
-    out = {}
-    for name in _PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
-
-
 def run_info(cfg: TrainConfig, runtime: ParallelRuntime, base_model: BaseModel | None = None) -> RunInfo:
     p = runtime.parallelism
     return RunInfo(
@@ -60,7 +50,7 @@ def run_info(cfg: TrainConfig, runtime: ParallelRuntime, base_model: BaseModel |
         grad_accum_steps=cfg.accelerator.gradient_accumulation.steps,
         mixed_precision=cfg.accelerator.mixed_precision,
         parallelism=Parallelism(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard),
-        checkpoint_format=cfg.checkpoint_format, versions=package_versions(), base_model=base_model,
+        checkpoint_format=cfg.checkpoint_format, versions=package_versions(*_PACKAGES), base_model=base_model,
     )
 
 

@@ -1,0 +1,135 @@
+"""The writers a save runs between staging and finishing: each writes one part of the state.
+
+A writer is either the main rank's alone (the non-sharded weights and optimizer files) or
+*collective*, called on every rank in the same order (DCP shards, the tensor-by-tensor gather of a
+sharded model). :mod:`lerobot_ckpt.save` runs them in one transaction and only has to know which
+kind each is: collective writers get the staging path broadcast and an agreement before and after,
+main-rank writers run inside the main rank's part of it. Each returns the :class:`Artifacts` it
+wrote, so ``training_step.json`` records exactly what is on disk. A further state (an EMA shadow,
+say) is one more writer of either kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+import torch
+from attrs import define
+from safetensors import SafetensorError
+from torch import nn
+
+from lerobot_ckpt.collective import Collective, describe
+from lerobot_ckpt.dcp_io import MODEL_KEY, OPTIMIZER_KEY, save_dcp
+from lerobot_ckpt.dstate import AdapterState, model_state, optimizer_state, tied_aliases
+from lerobot_ckpt.errors import CheckpointConfigError, CheckpointWriteError
+from lerobot_ckpt.gather import write_gathered
+from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.model_state import unwrap_model
+from lerobot_ckpt.optimizer_state import save_optimizer
+from lerobot_ckpt.record import Artifacts, RunInfo
+from lerobot_ckpt.tensorfile import write_tensors
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Name the file in the error: safetensors' own errors do not, and the user needs the path."""
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointWriteError(f"could not write {path}: {describe(exc)}", path=path, os_error=exc) from exc
+
+
+class Writer(Protocol):
+    """One part of a checkpoint, written into the staging tree ``paths`` points at."""
+
+    collective: ClassVar[bool]  # True: every rank calls write(); False: the main rank alone
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts: ...
+
+
+@define(frozen=True, eq=False)
+class WholeWeights:
+    """Non-sharded weights: ``model.safetensors``, or the PEFT adapter's file through ``adapter_state``.
+
+    Weights the caller's ``write_pretrained`` already wrote (a PEFT ``save_pretrained``) count too;
+    a checkpoint with none at all is refused, since it could never be loaded.
+    """
+
+    model: nn.Module | Mapping[str, torch.Tensor] | None
+    adapter_state: AdapterState | None
+    collective: ClassVar[bool] = False
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        if self.model is not None and self.adapter_state is not None:
+            with writing(paths.adapter_weights):
+                write_tensors(paths.adapter_weights, self.adapter_state(unwrap_model(self.model).state_dict()))
+        elif self.model is not None:
+            state = unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else self.model
+            with writing(paths.model_weights):
+                write_tensors(paths.model_weights, state)
+        if not (paths.model_weights.is_file() or paths.adapter_weights.is_file()):
+            raise CheckpointConfigError(
+                "the checkpoint would hold no weights: pass model=, or write model.safetensors or a PEFT "
+                "adapter (adapter_model.safetensors) from write_pretrained"
+            )
+        return Artifacts(model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file())
+
+
+@define(frozen=True, eq=False)
+class WholeOptimizer:
+    """A non-sharded optimizer: ``optimizer_state.safetensors`` + ``optimizer_param_groups.json``."""
+
+    optimizer: torch.optim.Optimizer
+    collective: ClassVar[bool] = False
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        with writing(paths.optimizer_state):
+            save_optimizer(paths, self.optimizer)
+        return Artifacts(optimizer_single_file=True)
+
+
+@define(frozen=True, eq=False)
+class ShardedState:
+    """A sharded (FSDP2/HSDP) model and its optimizer, from every rank.
+
+    The weights per ``run.checkpoint_format`` (DCP into ``pytorch_model_fsdp_0/`` and/or the gathered
+    ``model.safetensors``), the optimizer as DCP into ``optimizer_0/``. DCP fails symmetrically (it
+    raises on every rank when any failed). The gather's write can fail on the main rank alone; that
+    error is held until the optimizer's collective save has been joined too, so no peer is left
+    waiting in it.
+    """
+
+    run: RunInfo
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    adapter_state: AdapterState | None
+    collective: ClassVar[bool] = True
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        state = model_state(self.model, self.adapter_state)
+        fmt, peft = self.run.checkpoint_format, self.adapter_state is not None
+        weights = paths.adapter_weights if peft else paths.model_weights
+        if fmt.writes_dcp:
+            save_dcp(paths.model_dcp, MODEL_KEY, state)
+        held: Exception | None = None
+        if fmt.writes_safetensors:
+            aliases = {} if peft else tied_aliases(self.model, state)
+            try:
+                with writing(weights):
+                    write_gathered(weights if comm.is_main else None, state, aliases=aliases, is_main=comm.is_main)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the remaining collectives
+                held = exc
+        del state
+        if self.optimizer is not None:
+            try:
+                save_dcp(paths.optimizer_dcp, OPTIMIZER_KEY, optimizer_state(self.model, self.optimizer))
+            except Exception:
+                if held is None:
+                    raise
+        if held is not None:
+            raise held
+        return Artifacts(model_safetensors=fmt.writes_safetensors and not peft, model_dcp=fmt.writes_dcp,
+                         optimizer_dcp=self.optimizer is not None, peft_adapter=peft)

@@ -1,0 +1,48 @@
+"""Schedulers and loss scalers: objects with ``state_dict()`` whose state is a small JSON file.
+
+Save and load must agree on one thing besides the file format: when a scaler counts. A disabled
+``GradScaler`` (``enabled=False``, the non-fp16 default) has nothing to resume, so it is treated
+like no scaler at all on both sides; :func:`scaler_enabled` is that rule, in one place. Reading
+checks the saved keys against the live object's, so a checkpoint of another scheduler class is
+refused by name instead of being half-applied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lerobot_ckpt import jsonstate
+from lerobot_ckpt.errors import CorruptCheckpointError, StateMismatchError
+from lerobot_ckpt.model_state import few
+
+Stateful = Any  # anything with state_dict()/load_state_dict(): LR schedulers, GradScaler
+
+
+def scaler_enabled(scaler: Stateful | None) -> bool:
+    """A scaler that has state worth saving (``GradScaler.is_enabled()``; objects without it count as on)."""
+    return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
+
+
+def write_state(path: Path, obj: Stateful, what: str) -> None:
+    """``obj.state_dict()`` as JSON; ``what`` names the object in errors (``scheduler``, ``scaler``)."""
+    jsonstate.write(path, obj.state_dict(), what)
+
+
+def read_state(path: Path, obj: Stateful, what: str) -> dict[str, Any]:
+    """A saved ``state_dict`` typed like ``obj``'s, refused when its public keys differ (another class)."""
+    saved = jsonstate.read(path)
+    if not isinstance(saved, dict) or not saved:
+        raise CorruptCheckpointError(path, f"expected a non-empty JSON object of {what} state")
+    current = obj.state_dict()
+
+    def public(keys) -> set[str]:
+        return {k for k in keys if not str(k).startswith("_")}
+
+    missing, extra = public(current) - public(saved), public(saved) - public(current)
+    if missing or extra:
+        raise StateMismatchError(
+            f"{path} does not match this {type(obj).__name__}: "
+            + "; ".join(p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p)
+        )
+    return jsonstate.like(saved, current)
