@@ -15,14 +15,12 @@ from typing import Any
 import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from lerobot_ckpt.layout import TRAIN_CONFIG
 
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import configure_converter
-
-TRAIN_CONFIG_NAME = "train_config.json"
-POLICY_CONFIG_NAME = "config.json"
 
 
 class ConfigFileError(ValueError):
@@ -94,7 +92,7 @@ def unstructure_train_config(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def save_train_config(cfg: TrainConfig, directory: Path) -> Path:
-    path = Path(directory) / TRAIN_CONFIG_NAME
+    path = Path(directory) / TRAIN_CONFIG
     path.write_text(json.dumps(unstructure_train_config(cfg), indent=4) + "\n")
     return path
 

@@ -16,10 +16,10 @@ import torch
 from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, ModelMismatchError
 from lerobot_parallel import ParallelismError
 from lerobot_parallel.job_message import print_once_per_job
-from lerobot_parallel.plan import build_plan
+from lerobot_parallel.plan import ShardingPlan, build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
-from lerobot_parallel.wrap import unwrap_model, wrap_model
+from lerobot_parallel.wrap import wrap_model
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler
 from torch.utils.data import DataLoader
@@ -97,10 +97,10 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
     return 0
 
 
-def sharding_plan(cfg: TrainConfig, policy, parallelism):
+def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> ShardingPlan:
     """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
     inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
-    return build_plan(policy, parallelism, cfg.accelerator.fsdp, cfg.accelerator.mixed_precision,
+    return build_plan(policy, runtime, cfg.accelerator,
                       default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None))
 
 
@@ -124,9 +124,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from,
                               resuming=resume is not None)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, len(workload.dataset), cfg.dataset.episodes)
-    plan_ = sharding_plan(cfg, workload.policy, runtime.parallelism)
-    model = wrap_model(workload.policy, runtime, cfg.accelerator.ddp, cfg.accelerator.fsdp, plan=plan_)
-    policy = unwrap_model(model)
+    plan_ = sharding_plan(cfg, workload.policy, runtime)
+    wrapped = wrap_model(workload.policy, runtime, plan_)
+    policy = wrapped.module
     opt_cfg = cfg.optimizer or OptimizerConfig()
     optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
     scheduler = build_scheduler(cfg.scheduler, optimizer, cfg.steps)
@@ -135,7 +135,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         seed=cfg.seed,
     )
     loop = TrainLoop(
-        model, optimizer, runtime, scheduler=scheduler, accelerator=cfg.accelerator,
+        wrapped, optimizer, scheduler=scheduler, accelerator=cfg.accelerator,
         grad_clip_norm=opt_cfg.grad_clip_norm, allow_nonfinite_loss=cfg.allow_nonfinite_loss, sampler=sampler,
     )
     checkpointer = Checkpointer(cfg, runtime, loop, pretrained_writer(
@@ -174,7 +174,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         with watch:
             loop.run((pre(batch) for batch in loader), cfg.steps)
         if wants_publish(cfg) and checkpointer.last_path is not None:
-            uploaded = publish(cfg, runtime, checkpointer.last_path / "pretrained_model")
+            uploaded = publish(cfg, runtime, CheckpointPaths(checkpointer.last_path).pretrained_model)
             reporter.print(f"published to {cfg.policy.repo_id}: {', '.join(uploaded or [])}")
         if runtime.is_distributed:
             torch.distributed.barrier()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 from attrs import define
-from lerobot_ckpt.layout import POLICY_CONFIG
+from lerobot_ckpt.layout import POLICY_CONFIG, POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 from torch import nn
 
 from lerobot_cli.config import TrainConfig
@@ -31,8 +31,8 @@ from lerobot_cli.datasets.layout import STATS_PATH
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode
-from lerobot_cli.policies.pretrained import build_policy, load_pretrained, without_init_only_fields
 from lerobot_cli.policies.serialization import load_policy_config
+from lerobot_cli.policies.weights import build_policy, load_policy, without_init_only_fields
 from lerobot_cli.processors import load_processors, make_pre_post_processors
 from lerobot_cli.processors.factory import MissingStatsError
 from lerobot_cli.processors.normalize import REQUIRED_STATS
@@ -84,7 +84,7 @@ def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source:
 
 
 def _has_processors(directory: Path) -> bool:
-    return (directory / "policy_preprocessor.json").is_file() and (directory / "policy_postprocessor.json").is_file()
+    return (directory / PREPROCESSOR_CONFIG).is_file() and (directory / POSTPROCESSOR_CONFIG).is_file()
 
 
 def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -> tuple[PolicyConfig, nn.Module]:
@@ -107,7 +107,7 @@ def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -
             from lerobot_cli.peft.adapters import load_adapter_policy
 
             return load_adapter_policy(directory, config=policy_cfg, trainable=True, mixed_precision=precision)
-        policy_cfg, policy = load_pretrained(directory, config=policy_cfg)
+        policy_cfg, policy = load_policy(directory, config=policy_cfg)
         if cfg.peft is not None:
             from lerobot_cli.peft.adapters import wrap_with_peft
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import cattrs
+from lerobot_ckpt.layout import POLICY_CONFIG
 
 from lerobot_cli import configio
 from lerobot_cli.cli.errors import UsageError
@@ -78,7 +79,7 @@ def _set(tree: dict[str, Any], path: str, value: Any) -> None:
 
 def _load_policy(path_flag: str, messages: list[str]) -> dict[str, Any]:
     directory = resolve_policy_dir(path_flag)
-    file = directory / configio.POLICY_CONFIG_NAME
+    file = directory / POLICY_CONFIG
     configio.read_json(file, "--policy.path config")  # missing / not JSON → one sentence naming the file
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnknownConfigKeysWarning)
@@ -108,10 +109,11 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
     if "config_path" in flags:
         config_path = resolve_config_path(flags.pop("config_path"))
         tree = configio.read_json(config_path, "--config_path") if config_path else {}
-        source = f"--config_path {config_path}"
         _structure(tree, f"--config_path {config_path}")  # file problems named as such, before flags mix in
     else:
         tree = configio.unstructure_train_config(TrainConfig())
+    # The file alone was valid, so whatever fails from here on comes from the flags mixed into it: those
+    # messages name the flag (a flag's bad value must not be blamed on the file).
     source = ""
     from_file = config_path is not None
 

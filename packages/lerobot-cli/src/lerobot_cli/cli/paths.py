@@ -1,51 +1,43 @@
-"""Where ``--config_path`` and ``--policy.path`` point: files, checkpoint dirs, or Hub repos."""
+"""Where ``--config_path`` and ``--policy.path`` point: files, checkpoint dirs, or Hub repos.
+
+Checkpoint layouts are ``lerobot_ckpt``'s: a checkpoint is found by its discovery function, and no
+file name is spelled here.
+"""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from lerobot_cli.cli.errors import UsageError
-from lerobot_cli.configio import POLICY_CONFIG_NAME, TRAIN_CONFIG_NAME
+from lerobot_ckpt import CheckpointError, CheckpointPaths, resolve_checkpoint_dir
+from lerobot_ckpt.layout import TRAIN_CONFIG
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.policies.location import PolicyLocationError
+from lerobot_cli.policies.location import resolve_policy_dir as _resolve_policy_dir
 
 
 def resolve_config_path(value: str) -> Path:
-    """Accept the file itself, ``pretrained_model/``, a step dir or ``checkpoints/last``."""
+    """A ``train_config.json`` file, a directory holding one, or any path to a checkpoint
+    (``pretrained_model/``, a step dir, ``checkpoints/last``, the run directory)."""
     path = Path(value).expanduser()
     if path.is_file():
         return path
-    for candidate in (path / TRAIN_CONFIG_NAME, path / "pretrained_model" / TRAIN_CONFIG_NAME):
-        if candidate.is_file():
-            return candidate
-    if path.is_dir():
-        raise UsageError(
-            f"--config_path={value}: no {TRAIN_CONFIG_NAME} in that directory or its pretrained_model/"
-        )
-    raise UsageError(f"--config_path={value} does not exist")
+    if (path / TRAIN_CONFIG).is_file():
+        return path / TRAIN_CONFIG
+    if not path.exists() and not path.is_symlink():
+        raise UsageError(f"--config_path={value} does not exist")
+    try:
+        candidate = CheckpointPaths(resolve_checkpoint_dir(path)).train_config
+    except CheckpointError:
+        candidate = None
+    if candidate is not None and candidate.is_file():
+        return candidate
+    raise UsageError(f"--config_path={value}: no {TRAIN_CONFIG} in that directory, and it is not a checkpoint that has one")
 
 
 def resolve_policy_dir(value: str) -> Path:
     """A local pretrained_model dir (or a step dir holding one), else a Hub model repo id."""
-    path = Path(value).expanduser()
-    for candidate in (path, path / "pretrained_model"):
-        if (candidate / POLICY_CONFIG_NAME).is_file():
-            return candidate
-    if path.exists():
-        raise UsageError(f"--policy.path={value}: no {POLICY_CONFIG_NAME} there or in its pretrained_model/")
-    if not _REPO_ID.match(value):
-        raise UsageError(f"--policy.path={value} is neither an existing directory nor a Hub repo id (owner/name)")
-    return _download_policy(value)
-
-
-def _download_policy(repo_id: str) -> Path:
     try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id=repo_id, repo_type="model"))
-    except Exception as exc:  # any transport or auth failure is one user-facing sentence
-        raise UsageError(
-            f"--policy.path={repo_id}: not a local directory, and downloading it from the Hub failed "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'})"
-        ) from None
+        return _resolve_policy_dir(value)
+    except PolicyLocationError as exc:
+        raise UsageError(f"--policy.path={exc}") from None

@@ -28,6 +28,7 @@ from lerobot_cli.peft.basefile import (
     resolve_recorded_base,
 )
 from lerobot_cli.peft.config import PeftConfig
+from lerobot_cli.policies.weights import load_policy
 
 ADAPTER_NAME = "default"
 TARGETS_ATTR = "_peft_target_modules"  # policy class attribute: peft target_modules (list or regex)
@@ -107,18 +108,16 @@ def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False
                         mixed_precision: str = "no", resolve_base: Callable[[str], Path] | None = None):
     """``(policy config, PeftModel)`` for an adapter directory: its recorded base, then the adapter.
 
-    ``config`` overrides the directory's ``config.json`` as in ``load_pretrained``;
+    ``config`` overrides the directory's ``config.json`` as in ``load_policy``;
     ``resolve_base`` maps the recorded base (path or Hub id) to a local directory (default: the way
     ``--policy.path`` is resolved, Hub download included). For inference
     (``trainable=False``) everything is fp32, like any loaded policy.
     """
-    from lerobot_cli.policies.pretrained import load_pretrained
-
     pretrained_weights_file(directory)  # a dcp-only checkpoint: one sentence saying to convert it first
     if resolve_base is None:
-        from lerobot_cli.cli.paths import resolve_policy_dir as resolve_base
+        from lerobot_cli.policies.location import resolve_policy_dir as resolve_base
     base_dir = resolve_recorded_base(directory, resolve_base)
-    config, policy = load_pretrained(base_dir, config=config)  # fp32, as for any pretrained policy
+    config, policy = load_policy(base_dir, config=config)  # fp32, as for any pretrained policy
     if trainable:  # training keeps the frozen base in its stored dtype, as wrap_with_peft does
         policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, str(base_dir))
     model = PeftModel.from_pretrained(policy, str(directory), adapter_name=ADAPTER_NAME, is_trainable=trainable,

@@ -23,12 +23,13 @@ import attrs
 import cattrs
 from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+from lerobot_ckpt.layout import POLICY_CONFIG
 
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import PolicyFeature
 
-CONFIG_NAME = "config.json"
+CONFIG_NAME = POLICY_CONFIG  # LeRobot's name, spelled by lerobot_ckpt.layout
 
 
 class UnknownConfigKeysWarning(UserWarning):

@@ -13,13 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lerobot_ckpt.layout import POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
+
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 from lerobot_cli.processors.steps import AddBatchDimensionStep, DeviceStep, RenameObservationsStep
 
-PREPROCESSOR_NAME = "policy_preprocessor"
-POSTPROCESSOR_NAME = "policy_postprocessor"
+# Pipeline names are LeRobot's file stems (policy_preprocessor.json, policy_preprocessor_step_*.safetensors).
+PREPROCESSOR_NAME = Path(PREPROCESSOR_CONFIG).stem
+POSTPROCESSOR_NAME = Path(POSTPROCESSOR_CONFIG).stem
 
 
 class MissingStatsError(ValueError):
@@ -84,8 +87,8 @@ def load_processors(directory: str | Path, *, device: str | None = None) -> tupl
 
     ``device`` overrides where the pre-processor puts batches (the saved value is the training device).
     """
-    pre = ProcessorPipeline.from_pretrained(directory, f"{PREPROCESSOR_NAME}.json")
-    post = ProcessorPipeline.from_pretrained(directory, f"{POSTPROCESSOR_NAME}.json")
+    pre = ProcessorPipeline.from_pretrained(directory, PREPROCESSOR_CONFIG)
+    post = ProcessorPipeline.from_pretrained(directory, POSTPROCESSOR_CONFIG)
     if device is not None:
         for step in pre.steps:
             if isinstance(step, DeviceStep):

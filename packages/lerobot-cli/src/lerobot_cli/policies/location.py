@@ -1,0 +1,45 @@
+"""Where a pretrained policy lives: a local ``pretrained_model/`` (or a step directory holding one),
+else a Hugging Face Hub model repo, downloaded into the Hub cache.
+
+A layer below the command line: the PEFT loader resolves the base an adapter names the same way a
+``--policy.path`` is resolved, without reaching up into the CLI. Errors are plain sentences about
+the value; the CLI adds the flag.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lerobot_ckpt.layout import POLICY_CONFIG
+from lerobot_ckpt.pretrained import pretrained_dir_of
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class PolicyLocationError(ValueError):
+    """The value names neither a local pretrained policy nor a downloadable Hub repo."""
+
+
+def resolve_policy_dir(value: str) -> Path:
+    path = Path(value).expanduser()
+    directory = pretrained_dir_of(path)
+    if (directory / POLICY_CONFIG).is_file():
+        return directory
+    if path.exists():
+        raise PolicyLocationError(f"{value}: no {POLICY_CONFIG} there or in its pretrained_model/")
+    if not _REPO_ID.match(value):
+        raise PolicyLocationError(f"{value} is neither an existing directory nor a Hub repo id (owner/name)")
+    return _download_policy(value)
+
+
+def _download_policy(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=repo_id, repo_type="model"))
+    except Exception as exc:  # noqa: BLE001 - any transport or auth failure is one user-facing sentence
+        detail = str(exc).splitlines()[0] if str(exc) else "no detail"
+        raise PolicyLocationError(
+            f"{repo_id}: not a local directory, and downloading it from the Hub failed ({type(exc).__name__}: {detail})"
+        ) from None
