@@ -129,3 +129,27 @@ def test_use_fsdp_launch_is_refused_before_torch_is_imported(launch, tmp_path):
     assert "ACCELERATE_USE_FSDP=true" in err and "FSDP_SHARDING_STRATEGY=" in err
     assert "LEROBOT_ALLOW_ACCELERATE_ENV=1" in err and "--parallelism." in err
     assert "exitcode  : 2" in job.output
+
+
+def test_lerobot_train_refuses_the_fsdp_env_before_importing_torch(launch, tmp_path):
+    """The claim is about ``lerobot-train`` itself, so it runs with exactly the variables
+    ``accelerate launch --use_fsdp`` exports and a ``torch`` that cannot be imported: any import of
+    torch before the refusal would end in that ImportError instead of the guard's line."""
+    import shutil
+    import sys
+
+    poisoned = tmp_path / "poisoned"
+    (poisoned / "torch").mkdir(parents=True)
+    (poisoned / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    exported = _exported_by_accelerate(["--use_fsdp", "--num_processes=2"])
+    env = {k: v for k, v in exported.items() if k.startswith(("ACCELERATE_", "FSDP_"))}
+    assert env.get("ACCELERATE_USE_FSDP") == "true", exported
+    script = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
+    demo = Path(__file__).resolve().parents[1] / "data" / "lerobot" / "demo_reach"
+    res = launch.run_command([script, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={demo}",
+                              "--policy.type=mlp", f"--output_dir={tmp_path / 'out'}"], timeout_s=60,
+                             env={**env, "PYTHONPATH": str(poisoned), **NO_GPU})
+    assert res.returncode == 2, res.describe()
+    assert "torch was imported" not in res.output and "Traceback" not in res.output, res.describe()
+    assert res.stderr.startswith("lerobot-train: error: Refusing to start") and "ACCELERATE_USE_FSDP=true" in res.stderr
+    assert not (tmp_path / "out").exists()

@@ -56,7 +56,9 @@ def test_signal_saves_a_consistent_checkpoint_and_resume_continues(launch, tmp_p
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0, (stdout, stderr)
-    assert f"interrupted by {sig.name}" in stdout, (stdout, stderr)
+    if nproc == 1:  # the guide's promise; torchrun reports its own code for the job
+        assert proc.returncode == 128 + sig, (proc.returncode, stdout, stderr)
+    assert stdout.count(f"interrupted by {sig.name}") == 1, (stdout, stderr)  # one common stop, said once
     last = out / "checkpoints" / "last"
     step = json.loads((last / "training_state" / "training_step.json").read_text())["step"]
     assert step >= 5 and f"at step {step}" in stdout

@@ -75,10 +75,21 @@ def test_invalid_values_name_the_flag(kwargs, flag):
         ACTConfig(**kwargs)
 
 
-def test_valid_edge_cases():
-    ACTConfig(temporal_ensemble_coeff=0.01, n_action_steps=1)
-    ACTConfig(vision_backbone="resnet50", replace_final_stride_with_dilation=True)
-    ACTConfig(use_vae=False, n_vae_encoder_layers=0)
+@pytest.mark.parametrize(
+    ("kwargs", "neighbour"),
+    [  # each accepted edge, and the step just past it that is refused
+        ({"temporal_ensemble_coeff": 0.01, "n_action_steps": 1}, {"temporal_ensemble_coeff": 0.01, "n_action_steps": 2}),
+        ({"vision_backbone": "resnet50", "replace_final_stride_with_dilation": True},
+         {"vision_backbone": "resnet18", "replace_final_stride_with_dilation": True}),
+        ({"use_vae": False, "n_vae_encoder_layers": 0}, {"use_vae": True, "n_vae_encoder_layers": 0}),
+        ({"n_action_steps": 100}, {"n_action_steps": 101}),
+    ],
+)
+def test_valid_edge_cases_are_kept_as_given_and_their_neighbours_refused(kwargs, neighbour):
+    cfg = ACTConfig(**kwargs)
+    assert all(getattr(cfg, k) == v for k, v in kwargs.items())
+    with pytest.raises(ValueError, match=r"--policy\."):
+        ACTConfig(**neighbour)
 
 
 def test_validate_features_needs_camera_or_env_and_action():
