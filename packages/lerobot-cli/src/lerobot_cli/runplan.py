@@ -152,7 +152,7 @@ def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[s
         return cfg, None
     try:
         if adapter:  # training an adapter further: its base is the one its own files name
-            from lerobot_cli.cli.paths import resolve_policy_dir
+            from lerobot_cli.policies.location import resolve_policy_dir
 
             base_dir = resolve_recorded_base(path, resolve_policy_dir)
             expected = record.base_model if record is not None else _recorded_pin(Path(path))
