@@ -84,7 +84,8 @@ def _worker(out: Path) -> None:
     import signal
     import time
 
-    import lerobot_ckpt.save as save_module
+    import lerobot_ckpt.safetensors.files as tensor_files
+    import lerobot_ckpt.state.rng as rng_module
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -94,7 +95,6 @@ def _worker(out: Path) -> None:
         load_checkpoint,
         resolve_last,
         save_checkpoint,
-        tensorfile,
     )
     from safetensors import safe_open
     from torch import nn
@@ -117,13 +117,13 @@ def _worker(out: Path) -> None:
 
     sys.addaudithook(audit)
     calls = {"n": 0}
-    real_save_file = tensorfile.save_file
+    real_save_file = tensor_files.save_file
 
     def counting_save_file(*a, **k):
         calls["n"] += 1
         return real_save_file(*a, **k)
 
-    tensorfile.save_file = counting_save_file  # safetensors writes from Rust, invisible to the audit hook
+    tensor_files.save_file = counting_save_file  # safetensors writes from Rust, invisible to the audit hook
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
@@ -188,19 +188,19 @@ def _worker(out: Path) -> None:
 
     # rank 1 fails before rank 0 writes anything: rank 0 must not write and must raise too
     res["save_file_calls_before_rank1_failure"] = calls["n"]
-    real_capture = save_module.rng_state.capture
+    real_capture = rng_module.capture
     if rank == 1:
         def broken_capture():
             raise RuntimeError("injected")
 
-        save_module.rng_state.capture = broken_capture
+        rng_module.capture = broken_capture
     try:
         save_checkpoint(run_dir, 4, run=run, model=model, optimizer=opt)
         res["rank1_failure"] = None
     except CheckpointError as exc:
         res["rank1_failure"] = [type(exc).__name__, str(exc)]
     finally:
-        save_module.rng_state.capture = real_capture
+        rng_module.capture = real_capture
     res["save_file_calls_after_rank1_failure"] = calls["n"]
     res["after_failures"] = {"last": resolve_last(ckpts).name, "entries": sorted(os.listdir(ckpts))}
 

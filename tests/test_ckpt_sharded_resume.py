@@ -22,7 +22,7 @@ RESUMED = [f"fmt_{f}" for f in FORMATS] + ["converted"]
 
 
 def _tensors(path: Path) -> dict:
-    from lerobot_ckpt.tensorfile import read_tensors
+    from lerobot_ckpt import read_tensors
 
     return read_tensors(path)[0]
 
@@ -76,7 +76,7 @@ def chain(tmp_path_factory, launch):
 
     # offline, between the launches: convert a copy of the dcp checkpoint and delete its shards (the
     # console script itself runs in packages/lerobot-ckpt/tests/test_ckpt_convert_cli.py)
-    from lerobot_ckpt.convert import convert_dcp
+    from lerobot_ckpt import convert_dcp
 
     shutil.copytree(out / "fmt_dcp", out / "converted", symlinks=True)
     convert_dcp(out / "converted" / "checkpoints" / "last", delete_dcp=True)
@@ -245,7 +245,7 @@ def test_peft_adapter_shards_gather_convert_and_reshard(chain, tmp_path):
     assert sorted(gathered) == sorted(f"base_model.model.blocks.{i}.fc1.{p}" for i in (0, 1) for p in ("bias", "weight"))
     copy = tmp_path / "peft_step"
     shutil.copytree(step, copy)
-    from lerobot_ckpt.convert import convert_dcp
+    from lerobot_ckpt import convert_dcp
 
     result = convert_dcp(copy, overwrite=True)
     assert result.output == copy / "pretrained_model" / "adapter_model.safetensors"

@@ -20,7 +20,7 @@ from _common import arm_watchdog, rank, write_json
 arm_watchdog(300)
 
 import torch
-from lerobot_ckpt.tensorfile import read_tensors
+from lerobot_ckpt import read_tensors
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable

@@ -57,8 +57,8 @@ def status(field):
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field + ":"))
     return int(line.split()[1]) * 1024
 if sys.argv[1] == "ours":
-    from lerobot_ckpt.convert_cli import main
-    import lerobot_ckpt.convert, rich.progress
+    from lerobot_ckpt.convert.cli import main
+    import lerobot_ckpt.convert.merge, rich.progress
     if sys.argv[3:]:
         import torch  # a --dtype cast computes with torch: imported before the baseline
     run = lambda: main(["--checkpoint_dir=" + sys.argv[2], "--overwrite=true", *sys.argv[3:]])

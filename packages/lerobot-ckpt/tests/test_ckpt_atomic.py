@@ -213,7 +213,7 @@ def test_leftovers_are_ignored_then_cleaned_but_last_target_spared(tmp_path):
 
 def test_replacing_without_atomic_exchange(tmp_path, monkeypatch):
     """File systems without renameat2(RENAME_EXCHANGE) (e.g. NFS) take the two-rename path."""
-    from lerobot_ckpt import staging
+    from lerobot_ckpt.commit import staging
 
     model, opt = _first_checkpoint(tmp_path)
     monkeypatch.setattr(staging, "exchange", lambda a, b: False)

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from lerobot_ckpt import Parallelism, RunInfo, read_training_step
-from lerobot_ckpt.convert_cli import main, parse_args
-from lerobot_ckpt.record import Artifacts, TrainingStepRecord, write_record
+from lerobot_ckpt.convert.cli import main, parse_args
+from lerobot_ckpt.state.record import Artifacts, TrainingStepRecord, write_record
 from safetensors.torch import load_file
 
 SCRIPT = str(Path(sys.executable).parent / "lerobot-convert-dcp")
@@ -115,8 +115,8 @@ def test_installed_script_converts_casts_verifies_and_deletes(tmp_path):
 def test_progress_on_a_non_terminal_is_a_plain_line_at_most_every_period():
     import io
 
-    from lerobot_ckpt.convert import Progress
-    from lerobot_ckpt.convert_cli import _Lines
+    from lerobot_ckpt.convert.cli import _Lines
+    from lerobot_ckpt.convert.merge import Progress
 
     now, stream = [0.0], io.StringIO()
     lines = _Lines(period_s=10, stream=stream, clock=lambda: now[0])
@@ -131,8 +131,8 @@ def test_progress_on_a_non_terminal_is_a_plain_line_at_most_every_period():
 MEASURE = r"""
 import sys
 from pathlib import Path
-import rich.progress, lerobot_ckpt.convert  # what the conversion imports (not torch), before the baseline
-from lerobot_ckpt.convert_cli import main
+import rich.progress, lerobot_ckpt.convert.merge  # what the conversion imports (not torch), before the baseline
+from lerobot_ckpt.convert.cli import main
 
 def status(field):
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field + ":"))

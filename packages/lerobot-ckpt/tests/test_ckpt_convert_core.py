@@ -18,12 +18,12 @@ from lerobot_ckpt import (
     MissingCheckpointFileError,
     Parallelism,
     RunInfo,
+    convert_dcp,
     load_checkpoint,
     read_training_step,
 )
-from lerobot_ckpt.convert import convert_dcp
 from lerobot_ckpt.errors import InsufficientDiskSpaceError, OutputExistsError
-from lerobot_ckpt.record import Artifacts, TrainingStepRecord, write_record
+from lerobot_ckpt.state.record import Artifacts, TrainingStepRecord, write_record
 from safetensors.torch import load_file
 from torch import nn
 
@@ -91,8 +91,8 @@ def test_every_copy_route_writes_the_same_file(tmp_path, monkeypatch, route):
     copy_file_range get plain reads and writes. Both give the file the kernel copy gives."""
     import errno
 
-    import lerobot_ckpt.convert as convert_module
-    import lerobot_ckpt.stwriter as stwriter_module
+    import lerobot_ckpt.convert.merge as convert_module
+    import lerobot_ckpt.safetensors.stream as stream_module
 
     reference = make_checkpoint(tmp_path / "a")
     convert_dcp(reference)
@@ -103,7 +103,7 @@ def test_every_copy_route_writes_the_same_file(tmp_path, monkeypatch, route):
         def unsupported(*a):
             raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-        monkeypatch.setattr(stwriter_module.os, "copy_file_range", unsupported)
+        monkeypatch.setattr(stream_module.os, "copy_file_range", unsupported)
     convert_dcp(step)
     name = "pretrained_model/model.safetensors"
     assert (step / name).read_bytes() == (reference / name).read_bytes()
@@ -137,7 +137,7 @@ def test_delete_dcp_verifies_then_removes_the_shards_and_the_checkpoint_still_lo
 
 
 def test_delete_dcp_keeps_the_shards_when_verification_fails(tmp_path, monkeypatch):
-    import lerobot_ckpt.convert as convert_module
+    import lerobot_ckpt.convert.merge as convert_module
 
     step = make_checkpoint(tmp_path)
     real = convert_module.SafetensorsStreamWriter.copy_range
@@ -225,7 +225,7 @@ def test_existing_output_needs_overwrite(tmp_path):
 
 
 def test_not_enough_disk_space_is_refused_before_writing(tmp_path, monkeypatch):
-    import lerobot_ckpt.convert as convert_module
+    import lerobot_ckpt.convert.merge as convert_module
 
     step = make_checkpoint(tmp_path)
     real = shutil.disk_usage

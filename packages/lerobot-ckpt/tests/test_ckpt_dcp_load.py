@@ -20,10 +20,10 @@ from lerobot_ckpt import (
     Parallelism,
     RunInfo,
     load_checkpoint,
-    rng_state,
+    write_tensors,
 )
-from lerobot_ckpt.record import Artifacts, TrainingStepRecord, write_record
-from lerobot_ckpt.tensorfile import write_tensors
+from lerobot_ckpt.state import rng
+from lerobot_ckpt.state.record import Artifacts, TrainingStepRecord, write_record
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -57,7 +57,7 @@ def saved(tmp_path):
              no_dist=True)
     dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
              storage_writer=dcp.FileSystemWriter(ts / "optimizer_0"), no_dist=True)
-    write_tensors(ts / "rng_state.safetensors", rng_state.pack([rng_state.capture()]))
+    write_tensors(ts / "rng_state.safetensors", rng.pack([rng.capture()]))
     run = RunInfo(world_size=2, batch_size=4, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
     write_record(ts / "training_step.json", TrainingStepRecord.for_run(
         run, step=2, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={"offset": 8}, versions={}))
@@ -139,7 +139,7 @@ def test_refusals_happen_before_anything_changes(saved, break_it, error, match):
 
 def test_a_record_damaged_inside_is_one_corrupt_checkpoint_error_not_a_dcp_dump(saved):
     """Damage the framing checks cannot see (inside a record's pickle) fails in DCP's read: translated."""
-    from lerobot_ckpt.dcp_index import DcpIndex
+    from lerobot_ckpt.dcp.index import DcpIndex
 
     step, _, _ = saved
     shards = step / "pretrained_model/pytorch_model_fsdp_0"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from lerobot_ckpt.dcp_index import DcpIndex
-from lerobot_ckpt.dcp_metadata import load_metadata
-from lerobot_ckpt.dtypes import ALIASES, DTYPES, by_name, dtype_of
+from lerobot_ckpt._dtypes import ALIASES, DTYPES, by_name, dtype_of
+from lerobot_ckpt.dcp.index import DcpIndex
+from lerobot_ckpt.dcp.metadata import load_metadata
 from lerobot_ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
-from lerobot_ckpt.stwriter import dtype_code
+from lerobot_ckpt.safetensors.stream import dtype_code
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -154,7 +154,7 @@ def test_truncated_metadata_is_corrupt(tmp_path):
 
 WITHOUT_TORCH = r"""
 import sys
-from lerobot_ckpt.convert_cli import main
+from lerobot_ckpt.convert.cli import main
 code = main(sys.argv[1:])
 print(code, sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
@@ -193,5 +193,5 @@ def test_the_installed_script_imports_no_torch(tmp_path):
                           check=False, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 0, proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert {"lerobot_ckpt.convert", "lerobot_ckpt.dcp_metadata", "lerobot_ckpt.dcp_raw"} <= imported
+    assert {"lerobot_ckpt.convert.merge", "lerobot_ckpt.dcp.metadata", "lerobot_ckpt.dcp.raw"} <= imported
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}

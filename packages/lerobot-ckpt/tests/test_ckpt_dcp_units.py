@@ -4,10 +4,10 @@
 import pytest
 import torch
 from lerobot_ckpt import MissingCheckpointFileError, UnsupportedCheckpointError
-from lerobot_ckpt.collective import _rebuild
+from lerobot_ckpt._collective import _rebuild
 from lerobot_ckpt.errors import CheckpointWriteError, CorruptCheckpointError
 from lerobot_ckpt.pretrained import pretrained_weights_file
-from lerobot_ckpt.stwriter import SafetensorsPlan, SafetensorsStreamWriter
+from lerobot_ckpt.safetensors.stream import SafetensorsPlan, SafetensorsStreamWriter
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 

@@ -17,13 +17,13 @@ from lerobot_ckpt import (
     MissingCheckpointFileError,
     ModelMismatchError,
     OptimizerMismatchError,
+    Parallelism,
     RunInfo,
     StateMismatchError,
     UnsupportedCheckpointError,
     load_checkpoint,
     save_checkpoint,
 )
-from lerobot_ckpt.record import Parallelism
 from torch import nn
 
 

@@ -1,5 +1,4 @@
 import pytest
-
 from lerobot_ckpt import CheckpointFormat
 
 

@@ -24,8 +24,8 @@ sys.meta_path.insert(0, Block())
 import lerobot_ckpt
 print("torch-free import:", "torch" not in sys.modules)
 import importlib, pkgutil  # noqa: E401
-for info in pkgutil.iter_modules(lerobot_ckpt.__path__):  # every module, torch-using ones included
-    importlib.import_module(f"lerobot_ckpt.{info.name}")
+for info in pkgutil.walk_packages(lerobot_ckpt.__path__, "lerobot_ckpt."):  # every module, torch-using ones too
+    importlib.import_module(info.name)
 code = open(sys.argv[1]).read()
 for _ in range(2):
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})

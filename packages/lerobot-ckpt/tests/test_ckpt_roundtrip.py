@@ -8,8 +8,14 @@ import random
 import numpy as np
 import pytest
 import torch
-from lerobot_ckpt import CheckpointPaths, RunInfo, load_checkpoint, read_training_step, save_checkpoint
-from lerobot_ckpt.record import Parallelism
+from lerobot_ckpt import (
+    CheckpointPaths,
+    Parallelism,
+    RunInfo,
+    load_checkpoint,
+    read_training_step,
+    save_checkpoint,
+)
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model
 from torch import nn

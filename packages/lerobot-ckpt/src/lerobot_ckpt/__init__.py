@@ -1,15 +1,33 @@
 """Checkpoint layout, formats and conversion for LeRobot training runs (no accelerate, no CLI).
 
-``import lerobot_ckpt`` stays torch-free (a CLI resolves paths and reads records before paying
-for torch); the torch-using API below is imported on first attribute access.
+This namespace is the package's API; the modules behind it are laid out by concept (see the
+README's "Layout"): ``layout``/``discovery``/``pretrained`` name and find checkpoints, ``save``/
+``load`` are the transactions, ``commit/`` the crash-safe file-system work, ``state/`` each kind of
+training state, ``safetensors/`` and ``dcp/`` the two file formats, ``convert/`` the offline merger.
+
+``import lerobot_ckpt`` stays torch-free (a CLI resolves paths, reads records and takes the run
+lock before paying for torch), so the torch-using names in ``_LAZY`` are imported on first
+attribute access; the ``TYPE_CHECKING`` block names the same imports for readers and type checkers.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lerobot_ckpt.discovery import latest_checkpoint, list_checkpoints, resolve_checkpoint_dir, resolve_last
+from lerobot_ckpt.commit.filesystem import fsync_dir, remove_quietly
+from lerobot_ckpt.commit.run_lock import LockHolder, RunDirectoryError, RunDirectoryLockedError, RunLock
+from lerobot_ckpt.commit.set_aside import set_aside
+from lerobot_ckpt.convert.hub import push_to_hub
+from lerobot_ckpt.discovery import (
+    latest_checkpoint,
+    list_checkpoints,
+    newer_checkpoints,
+    read_last,
+    resolve_checkpoint_dir,
+    resolve_last,
+    transient_leftovers,
+)
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
     CheckpointError,
@@ -26,12 +44,12 @@ from lerobot_ckpt.errors import (
     StateMismatchError,
     UnsupportedCheckpointError,
 )
-from lerobot_ckpt.formats import CheckpointFormat
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
-from lerobot_ckpt.pretrained import pretrained_weights_file
-from lerobot_ckpt.record import (
+from lerobot_ckpt.pretrained import pretrained_weights_file, stored_float_dtype, weights_sha256
+from lerobot_ckpt.state.record import (
     Artifacts,
     BaseModel,
+    CheckpointFormat,
     Parallelism,
     RunInfo,
     TrainingStepRecord,
@@ -39,15 +57,24 @@ from lerobot_ckpt.record import (
     read_training_step,
 )
 
+if TYPE_CHECKING:
+    from lerobot_ckpt.convert.merge import ConvertResult, convert_dcp
+    from lerobot_ckpt.load import ResumeState, load_checkpoint
+    from lerobot_ckpt.safetensors.files import read_tensors, write_tensors
+    from lerobot_ckpt.save import save_checkpoint
+    from lerobot_ckpt.state.model import unwrap_model
+
 __version__ = "0.1.0"
 
 _LAZY = {
     "save_checkpoint": "lerobot_ckpt.save",
     "load_checkpoint": "lerobot_ckpt.load",
     "ResumeState": "lerobot_ckpt.load",
-    "unwrap_model": "lerobot_ckpt.model_state",
-    "convert_dcp": "lerobot_ckpt.convert",
-    "ConvertResult": "lerobot_ckpt.convert",
+    "unwrap_model": "lerobot_ckpt.state.model",
+    "read_tensors": "lerobot_ckpt.safetensors.files",
+    "write_tensors": "lerobot_ckpt.safetensors.files",
+    "convert_dcp": "lerobot_ckpt.convert.merge",  # torch-free itself, but it loads the DCP reader
+    "ConvertResult": "lerobot_ckpt.convert.merge",
 }
 
 __all__ = [
@@ -64,30 +91,46 @@ __all__ = [
     "CorruptCheckpointError",
     "InsufficientDiskSpaceError",
     "LegacyCheckpointError",
+    "LockHolder",
     "MissingCheckpointFileError",
     "ModelMismatchError",
     "OptimizerMismatchError",
     "OutputExistsError",
     "Parallelism",
     "ResumeState",
+    "RunDirectoryError",
+    "RunDirectoryLockedError",
     "RunInfo",
+    "RunLock",
     "StateMismatchError",
     "TrainingStepRecord",
     "UnsupportedCheckpointError",
     "checkpoints_dir",
     "convert_dcp",
+    "fsync_dir",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "newer_checkpoints",
     "package_versions",
     "pretrained_weights_file",
+    "push_to_hub",
+    "read_last",
+    "read_tensors",
     "read_training_step",
+    "remove_quietly",
     "resolve_checkpoint_dir",
     "resolve_last",
     "save_checkpoint",
+    "set_aside",
     "step_dir_name",
+    "stored_float_dtype",
+    "transient_leftovers",
     "unwrap_model",
+    "weights_sha256",
+    "write_tensors",
 ]
+
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:

@@ -21,16 +21,16 @@ from attrs import define
 from safetensors import SafetensorError
 from torch import nn
 
-from lerobot_ckpt.collective import Collective, describe
-from lerobot_ckpt.dcp_io import MODEL_KEY, OPTIMIZER_KEY, save_dcp
-from lerobot_ckpt.dstate import AdapterState, model_state, optimizer_state, tied_aliases
+from lerobot_ckpt._collective import Collective, describe
+from lerobot_ckpt.dcp.save_load import MODEL_KEY, OPTIMIZER_KEY, save_dcp
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointWriteError
-from lerobot_ckpt.gather import write_gathered
 from lerobot_ckpt.layout import CheckpointPaths
-from lerobot_ckpt.model_state import unwrap_model
-from lerobot_ckpt.optimizer_state import save_optimizer
-from lerobot_ckpt.record import Artifacts, RunInfo
-from lerobot_ckpt.tensorfile import write_tensors
+from lerobot_ckpt.safetensors.files import write_tensors
+from lerobot_ckpt.safetensors.gather import write_gathered
+from lerobot_ckpt.state.fqn import AdapterState, model_state, optimizer_state, tied_aliases
+from lerobot_ckpt.state.model import unwrap_model
+from lerobot_ckpt.state.optimizer import save_optimizer
+from lerobot_ckpt.state.record import Artifacts, RunInfo
 
 
 @contextmanager

@@ -41,7 +41,7 @@ def read_last(checkpoints: Path | str) -> Path | None:
     """Where ``checkpoints/last`` points, or None when there is no usable pointer.
 
     A dangling pointer only occurs on file systems without atomic directory exchange (see
-    :mod:`lerobot_ckpt.fsio`) when a save replacing that very step was killed; callers fall back to
+    :mod:`lerobot_ckpt.commit.filesystem`) when a save replacing that very step was killed; callers fall back to
     the newest step directory.
     """
     link = Path(checkpoints) / LAST_LINK

@@ -7,7 +7,7 @@ scaler and RNGs exactly as they were. Loading needs no collective in non-sharded
 reads the same files and restores its own RNG state.
 
 A sharded model (DTensor parameters) or a checkpoint whose weights/optimizer are DCP shards goes
-through :mod:`lerobot_ckpt.sharded_load` (FQN-keyed, resharding onto the current topology). For a
+through :mod:`lerobot_ckpt._reshard` (FQN-keyed, resharding onto the current topology). For a
 sharded model that path is collective: the checks' outcome is agreed first, so a problem seen by
 one rank is raised on all of them before any rank enters a DCP read.
 """
@@ -22,10 +22,9 @@ import torch
 from attrs import define
 from torch import nn
 
-from lerobot_ckpt import rng_state
-from lerobot_ckpt.collective import Collective, describe
+from lerobot_ckpt._collective import Collective, describe
+from lerobot_ckpt._reshard import prepare_state
 from lerobot_ckpt.discovery import resolve_checkpoint_dir
-from lerobot_ckpt.dstate import AdapterState, is_sharded_model
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
     CheckpointError,
@@ -33,12 +32,13 @@ from lerobot_ckpt.errors import (
     MissingCheckpointFileError,
 )
 from lerobot_ckpt.layout import CheckpointPaths
-from lerobot_ckpt.model_state import apply_weights, read_checked_weights
-from lerobot_ckpt.optimizer_state import apply_optimizer, read_optimizer
-from lerobot_ckpt.record import TrainingStepRecord, read_record
-from lerobot_ckpt.sharded_load import prepare_state
-from lerobot_ckpt.stateful import Stateful, read_state, scaler_enabled
-from lerobot_ckpt.tensorfile import read_tensors
+from lerobot_ckpt.safetensors.files import read_tensors
+from lerobot_ckpt.state import rng as rng_state
+from lerobot_ckpt.state.fqn import AdapterState, is_sharded_model
+from lerobot_ckpt.state.model import apply_weights, read_checked_weights
+from lerobot_ckpt.state.optimizer import apply_optimizer, read_optimizer
+from lerobot_ckpt.state.record import TrainingStepRecord, read_record
+from lerobot_ckpt.state.scheduler_scaler import Stateful, read_state, scaler_enabled
 
 ApplyAdapter = Callable[[dict[str, torch.Tensor]], None]
 
@@ -80,7 +80,7 @@ class LoadRequest:
     rank: int = 0
 
     def reads_shards(self, record: TrainingStepRecord) -> bool:
-        """True when model or optimizer go through :mod:`lerobot_ckpt.sharded_load` (FQN-keyed, resharding)."""
+        """True when model or optimizer go through :mod:`lerobot_ckpt._reshard` (FQN-keyed, resharding)."""
         art = record.artifacts
         wants_weights = self.model is not None or self.apply_adapter is not None
         return (
@@ -211,7 +211,7 @@ def load_checkpoint(
 
 def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest,
                     comm: Collective) -> ResumeState:
-    """Model and optimizer through :mod:`lerobot_ckpt.sharded_load`; collective for a sharded model,
+    """Model and optimizer through :mod:`lerobot_ckpt._reshard`; collective for a sharded model,
     whose ranks agree on the checks' outcome before any of them enters a DCP read."""
     collective = request.model is not None and is_sharded_model(request.model)
     error: CheckpointError | None = None

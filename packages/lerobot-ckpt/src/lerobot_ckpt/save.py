@@ -34,16 +34,16 @@ import torch
 from attrs import define, field
 from torch import nn
 
-from lerobot_ckpt import rng_state
+from lerobot_ckpt._collective import Collective, describe
 from lerobot_ckpt._writers import ShardedState, WholeOptimizer, WholeWeights, Writer, writing
-from lerobot_ckpt.collective import Collective, describe
-from lerobot_ckpt.dstate import AdapterState, is_sharded_model
+from lerobot_ckpt.commit.staging import StagedCheckpoint
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointSaveError, CheckpointWriteError
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
-from lerobot_ckpt.record import Artifacts, RunInfo, TrainingStepRecord, own_version, write_record
-from lerobot_ckpt.staging import StagedCheckpoint
-from lerobot_ckpt.stateful import Stateful, scaler_enabled, write_state
-from lerobot_ckpt.tensorfile import write_tensors
+from lerobot_ckpt.safetensors.files import write_tensors
+from lerobot_ckpt.state import rng as rng_state
+from lerobot_ckpt.state.fqn import AdapterState, is_sharded_model
+from lerobot_ckpt.state.record import Artifacts, RunInfo, TrainingStepRecord, own_version, write_record
+from lerobot_ckpt.state.scheduler_scaler import Stateful, scaler_enabled, write_state
 
 WritePretrained = Callable[[Path], None]
 T = TypeVar("T")

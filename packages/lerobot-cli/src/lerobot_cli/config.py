@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 
 from attrs import define, evolve, field
-from lerobot_ckpt.formats import CheckpointFormat
+from lerobot_ckpt import CheckpointFormat
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
 
 from lerobot_cli.datasets.config import DatasetConfig

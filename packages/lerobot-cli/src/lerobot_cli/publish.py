@@ -1,7 +1,7 @@
 """Publish the final policy to the Hub from the main rank, as one collective step of the run.
 
 Only ``pretrained_model/`` goes up (weights, configs, processor files, a model card written from the run's
-facts), never training state or shards; ``lerobot_ckpt.hub`` picks the files by name. Every rank takes
+facts), never training state or shards; ``lerobot_ckpt.push_to_hub`` picks the files by name. Every rank takes
 part so that a failed upload ends the whole job with the same error instead of leaving ranks waiting.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from lerobot_ckpt.hub import push_to_hub
+from lerobot_ckpt import push_to_hub
 from lerobot_parallel.batching import effective_batch_size
 from lerobot_parallel.runtime import ParallelRuntime
 

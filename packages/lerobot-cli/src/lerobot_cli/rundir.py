@@ -1,6 +1,6 @@
 """The run directory: what a fresh run may reuse, and what a resume sets aside before step 1.
 
-One run owns its ``output_dir`` (``lerobot_ckpt.runlock``). Under that lock the main rank decides,
+One run owns its ``output_dir`` (``lerobot_ckpt.RunLock``). Under that lock the main rank decides,
 from the files alone, whether the directory may be used:
 
 * a fresh run takes an empty directory, or one an earlier run left without any committed
@@ -24,11 +24,17 @@ import os
 from pathlib import Path
 
 from attrs import define
-from lerobot_ckpt.discovery import list_checkpoints, read_last, transient_leftovers
-from lerobot_ckpt.fsio import fsync_dir, remove_quietly
-from lerobot_ckpt.layout import CHECKPOINTS_DIR, LAST_LINK, RUN_LOCK, step_dir_name
-from lerobot_ckpt.runlock import LockHolder
-from lerobot_ckpt.setaside import set_aside
+from lerobot_ckpt import (
+    LockHolder,
+    fsync_dir,
+    list_checkpoints,
+    read_last,
+    remove_quietly,
+    set_aside,
+    step_dir_name,
+    transient_leftovers,
+)
+from lerobot_ckpt.layout import CHECKPOINTS_DIR, LAST_LINK, RUN_LOCK
 
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.reporting import METRICS_FILE

@@ -59,7 +59,7 @@ def _claim_run_dir(plan):
     Other ranks take no lock: they write no run files. A refusal here ends this rank with exit 2
     before a process group exists, and the launcher ends the others, so it is printed once.
     """
-    from lerobot_ckpt.runlock import RunDirectoryError, RunLock
+    from lerobot_ckpt import RunDirectoryError, RunLock
 
     from lerobot_cli.rundir import inspect_run_dir
 

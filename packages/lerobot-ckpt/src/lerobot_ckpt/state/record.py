@@ -8,6 +8,7 @@ training state has a different layout. Torch-free, so a CLI can read it before i
 
 from __future__ import annotations
 
+import enum
 import importlib.metadata
 import json
 import os
@@ -20,6 +21,7 @@ from attrs import Factory, define, field
 from cattrs import transform_error
 from cattrs.errors import ClassValidationError, IterableValidationError
 
+from lerobot_ckpt.commit.filesystem import fsync_dir, write_json
 from lerobot_ckpt.discovery import resolve_checkpoint_dir
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
@@ -28,12 +30,29 @@ from lerobot_ckpt.errors import (
     MissingCheckpointFileError,
     UnsupportedCheckpointError,
 )
-from lerobot_ckpt.formats import CheckpointFormat
-from lerobot_ckpt.fsio import fsync_dir, write_json
 from lerobot_ckpt.layout import MODEL_DCP_DIR, OPTIMIZER_DCP_DIR, CheckpointPaths
 
 RECORD_FORMAT_VERSION = 1
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+
+
+class CheckpointFormat(str, enum.Enum):
+    """``safetensors``: one gathered file; ``dcp``: DCP shards only; ``safetensors_dcp``: both."""
+
+    SAFETENSORS = "safetensors"
+    DCP = "dcp"
+    SAFETENSORS_DCP = "safetensors_dcp"
+
+    @property
+    def writes_safetensors(self) -> bool:
+        return self in (CheckpointFormat.SAFETENSORS, CheckpointFormat.SAFETENSORS_DCP)
+
+    @property
+    def writes_dcp(self) -> bool:
+        return self in (CheckpointFormat.DCP, CheckpointFormat.SAFETENSORS_DCP)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def _at_least(minimum: int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lerobot_ckpt.fsio import fsync_dir, swap_symlink
+from lerobot_ckpt.commit.filesystem import fsync_dir, swap_symlink
 from lerobot_ckpt.layout import LAST_LINK, link_staging_name
 
 

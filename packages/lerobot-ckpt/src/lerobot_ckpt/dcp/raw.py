@@ -9,7 +9,7 @@ faster than a full load and at about zero extra memory.
 
 Only the standard library reads the record (``zipfile`` for the layout, a restricted unpickler
 that knows the three globals ``torch.save`` emits for a tensor and refuses anything else), so
-locating bytes imports no torch (dtypes are :class:`lerobot_ckpt.dtypes.DType`). Any record that
+locating bytes imports no torch (dtypes are :class:`lerobot_ckpt._dtypes.DType`). Any record that
 does not look exactly like that (compressed, big-endian, non-contiguous, unknown pickle content)
 yields None and the caller falls back to ``torch.load``.
 """
@@ -25,8 +25,8 @@ from collections import OrderedDict
 
 from attrs import define
 
-from lerobot_ckpt.dcp_index import StoredChunk, _Window
-from lerobot_ckpt.dtypes import DTYPES, DType, by_name
+from lerobot_ckpt._dtypes import DTYPES, DType, by_name
+from lerobot_ckpt.dcp.index import StoredChunk, _Window
 
 _STORAGE_DTYPES = {storage: DTYPES[name] for storage, name in {
     "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",

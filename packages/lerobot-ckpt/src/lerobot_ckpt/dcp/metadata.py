@@ -9,13 +9,13 @@ pickles to a plain stand-in with the same attribute names, and refuses every oth
 * the dataclasses ``Metadata``, ``TensorStorageMetadata``, ``BytesStorageMetadata``,
   ``ChunkStorageMetadata``, ``TensorProperties`` (its tuple state, 5 or 6 fields), ``MetadataIndex``,
   ``StorageMeta`` and ``filesystem._StorageInfo`` → attribute bags filled by the pickle's ``BUILD``;
-* ``torch.<dtype>`` (a dtype pickles as a global by name) → :class:`lerobot_ckpt.dtypes.DType`;
+* ``torch.<dtype>`` (a dtype pickles as a global by name) → :class:`lerobot_ckpt._dtypes.DType`;
 * ``torch.Size`` → ``tuple``; ``torch.serialization._get_layout`` and ``_MEM_FORMAT_ENCODING``
   (deprecated fields) → their argument; ``pathlib`` paths (``StorageMeta.checkpoint_id``) → pure paths.
 
 Anything else (a newer torch's new class, a custom planner's, or a malicious ``os.system``) raises
 :class:`UnsupportedCheckpointError` naming it; nothing outside this list is ever imported or called.
-:meth:`lerobot_ckpt.dcp_index.DcpIndex.from_metadata` reads the stand-ins and torch's own objects
+:meth:`lerobot_ckpt.dcp.index.DcpIndex.from_metadata` reads the stand-ins and torch's own objects
 alike, which is how the tests check both parses agree on real checkpoints.
 """
 
@@ -26,7 +26,7 @@ from collections import OrderedDict
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from lerobot_ckpt.dtypes import by_name
+from lerobot_ckpt._dtypes import by_name
 from lerobot_ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
 
 _DCP = "torch.distributed.checkpoint.metadata"

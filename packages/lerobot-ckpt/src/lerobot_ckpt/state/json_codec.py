@@ -88,7 +88,7 @@ def like(value: Any, template: Any, fetch: FetchTensor = inline_fetch) -> Any:
 
 
 def write(path: Path, state: Any, what: str) -> None:
-    from lerobot_ckpt.fsio import write_json
+    from lerobot_ckpt.commit.filesystem import write_json
 
     write_json(path, to_json(state, what))
 

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from lerobot_ckpt.model_state import unwrap_model
+from lerobot_ckpt.state.model import unwrap_model
 
 AdapterState = Callable[[dict[str, Any]], dict[str, Any]]
 

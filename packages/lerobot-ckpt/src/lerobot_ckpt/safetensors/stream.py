@@ -10,7 +10,7 @@ offsets with ``pwrite`` (chunks of one tensor may arrive in any order). The resu
 spaces to 8 bytes, same tensor order.
 
 Torch-free at import: dtypes may be ``torch.dtype`` (the gathered save) or
-:class:`lerobot_ckpt.dtypes.DType` (the offline converter, which copies raw bytes with
+:class:`lerobot_ckpt._dtypes.DType` (the offline converter, which copies raw bytes with
 ``copy_file_range`` and so never needs torch); only :class:`ReusableBuffer` and writing a tensor
 touch torch objects.
 """
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from attrs import define, field
 
-from lerobot_ckpt.dtypes import DType, dtype_of, torch_dtype
+from lerobot_ckpt._dtypes import DType, dtype_of, torch_dtype
 
 if TYPE_CHECKING:
     import torch

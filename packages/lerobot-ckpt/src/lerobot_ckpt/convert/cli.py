@@ -1,9 +1,9 @@
-"""``lerobot-convert-dcp``: the console script around :func:`lerobot_ckpt.convert.convert_dcp`.
+"""``lerobot-convert-dcp``: the console script around :func:`lerobot_ckpt.convert.merge.convert_dcp`.
 
 Flags follow ``lerobot-train``'s ``--name=value`` style. Usage mistakes and every problem the user
 can fix (missing shards, an existing output, a full disk) end with exit code 2 and one line
 ``lerobot-convert-dcp: error: ...``, never a traceback. Nothing here imports torch, and neither
-does a conversion without ``--dtype`` (see :mod:`lerobot_ckpt.convert`): a CUDA build of torch
+does a conversion without ``--dtype`` (see :mod:`lerobot_ckpt.convert.merge`): a CUDA build of torch
 costs ~0.6 GB resident and seconds of start-up, more than the whole merge. torch is imported only
 for a ``--dtype`` cast and for the rare chunk only ``torch.load`` can decode.
 """
@@ -175,8 +175,8 @@ def release_freed_tensors_to_the_os(threshold: int = 1 << 20) -> bool:
 
 
 def run(args: ConvertArgs) -> int:
-    from lerobot_ckpt.convert import convert_dcp, locate
-    from lerobot_ckpt.hub import push_to_hub
+    from lerobot_ckpt.convert.hub import push_to_hub
+    from lerobot_ckpt.convert.merge import convert_dcp, locate
 
     release_freed_tensors_to_the_os()
     bar = _Bar() if sys.stderr.isatty() else _Lines()

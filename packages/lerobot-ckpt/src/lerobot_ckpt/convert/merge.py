@@ -3,13 +3,13 @@
 accelerate's ``merge_fsdp_weights`` (``dcp_to_torch_save`` underneath) loads the whole state dict
 and then serialises it, so it needs about twice the model in RAM. Here the output file is laid out
 from the DCP metadata alone (shapes and dtypes give every byte offset), then filled one stored
-chunk at a time: each chunk's raw bytes are located in its shard file (:mod:`lerobot_ckpt.dcp_raw`)
+chunk at a time: each chunk's raw bytes are located in its shard file (:mod:`lerobot_ckpt.dcp.raw`)
 and copied in the kernel, so the conversion itself holds almost no memory; with ``--dtype`` a
 chunk goes through two reused buffers (the largest chunk and its cast), and a record only
 ``torch.load`` can read costs one chunk. Whatever the model size, that is the peak.
 
 That default path (no ``--dtype``) imports no torch at all: the metadata is read by a restricted
-unpickler (:mod:`lerobot_ckpt.dcp_metadata`), dtypes are plain values (:mod:`lerobot_ckpt.dtypes`),
+unpickler (:mod:`lerobot_ckpt.dcp.metadata`), dtypes are plain values (:mod:`lerobot_ckpt._dtypes`),
 and ``--delete_dcp``'s verification compares bytes. Importing a CUDA build of torch alone is
 ~0.6 GB resident, more than the whole merge; torch is imported only where it computes: a
 ``--dtype`` cast (torch's own rounding, so the output equals ``tensor.to(dtype)`` bitwise), a
@@ -32,8 +32,10 @@ from pathlib import Path
 
 from attrs import define, field
 
-from lerobot_ckpt import dcp_raw
-from lerobot_ckpt.dcp_index import (
+from lerobot_ckpt._dtypes import DType, dtype_of
+from lerobot_ckpt.commit.filesystem import fsync_dir, remove_quietly
+from lerobot_ckpt.dcp import raw as dcp_raw
+from lerobot_ckpt.dcp.index import (
     MODEL_KEY,
     ChunkReader,
     DcpIndex,
@@ -42,7 +44,6 @@ from lerobot_ckpt.dcp_index import (
     iter_full_tensor_pieces,
     row_slabs,
 )
-from lerobot_ckpt.dtypes import DType, dtype_of
 from lerobot_ckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -50,7 +51,6 @@ from lerobot_ckpt.errors import (
     MissingCheckpointFileError,
     OutputExistsError,
 )
-from lerobot_ckpt.fsio import fsync_dir, remove_quietly
 from lerobot_ckpt.layout import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -60,8 +60,7 @@ from lerobot_ckpt.layout import (
     TRAINING_STATE_DIR,
     CheckpointPaths,
 )
-from lerobot_ckpt.record import update_artifacts
-from lerobot_ckpt.stwriter import (
+from lerobot_ckpt.safetensors.stream import (
     FORMAT_METADATA,
     ReusableBuffer,
     SafetensorsPlan,
@@ -69,6 +68,7 @@ from lerobot_ckpt.stwriter import (
     TensorSlot,
     pread_into,
 )
+from lerobot_ckpt.state.record import update_artifacts
 
 DTYPES = {name: dtype_of(name) for name in ("bfloat16", "float16", "float32")}
 DISK_RESERVE = 64 * 2**20  # left free besides the output: the file system needs room for metadata

@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lerobot_ckpt.errors import CorruptCheckpointError, MissingCheckpointFileError
-from lerobot_ckpt.stwriter import FORMAT_METADATA  # defined there, torch-free, for the converter
+from lerobot_ckpt.safetensors.stream import FORMAT_METADATA  # defined there, torch-free, for the converter
 
 __all__ = ["FORMAT_METADATA", "prepare", "read_tensors", "write_tensors"]
 

@@ -1,6 +1,6 @@
 """Resume model and optimizer onto any topology: 1 process, DDP N, FSDP2 N, HSDP R×S, from any of them.
 
-The live model and optimizer are asked for their FQN-keyed state (:mod:`lerobot_ckpt.dstate`),
+The live model and optimizer are asked for their FQN-keyed state (:mod:`lerobot_ckpt.state.fqn`),
 whose tensors alias their storage: full tensors on a plain or DDP model, this rank's DTensor
 shards on an FSDP2/HSDP one. The checkpoint is then read *into* them:
 
@@ -27,8 +27,8 @@ from attrs import define, field
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from lerobot_ckpt.dcp_index import ChunkReader, DcpIndex, read_full_tensor
-from lerobot_ckpt.dcp_io import (
+from lerobot_ckpt.dcp.index import ChunkReader, DcpIndex, read_full_tensor
+from lerobot_ckpt.dcp.save_load import (
     MODEL_KEY,
     OPTIMIZER_KEY,
     check_model,
@@ -36,7 +36,14 @@ from lerobot_ckpt.dcp_io import (
     load_dcp,
     stored_optimizer_fqns,
 )
-from lerobot_ckpt.dstate import (
+from lerobot_ckpt.errors import (
+    CheckpointConfigError,
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    ModelMismatchError,
+)
+from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.state.fqn import (
     AdapterState,
     apply_optimizer_state,
     index_state_to_fqn,
@@ -46,16 +53,9 @@ from lerobot_ckpt.dstate import (
     optimizer_state,
     param_fqns,
 )
-from lerobot_ckpt.errors import (
-    CheckpointConfigError,
-    CorruptCheckpointError,
-    MissingCheckpointFileError,
-    ModelMismatchError,
-)
-from lerobot_ckpt.layout import CheckpointPaths
-from lerobot_ckpt.model_state import mismatch
-from lerobot_ckpt.optimizer_state import apply_optimizer, read_optimizer
-from lerobot_ckpt.record import TrainingStepRecord
+from lerobot_ckpt.state.model import mismatch
+from lerobot_ckpt.state.optimizer import apply_optimizer, read_optimizer
+from lerobot_ckpt.state.record import TrainingStepRecord
 
 Step = Callable[[], None]
 
@@ -135,7 +135,7 @@ def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Modul
         raise CorruptCheckpointError(paths.training_step, "it records no model weights")
     file = paths.adapter_weights if art.peft_adapter else paths.model_weights
     if by_caller:
-        from lerobot_ckpt.tensorfile import read_tensors
+        from lerobot_ckpt.safetensors.files import read_tensors
 
         tensors = read_tensors(file)[0]
         return lambda: apply_adapter(tensors)

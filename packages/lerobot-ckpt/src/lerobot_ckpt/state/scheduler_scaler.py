@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lerobot_ckpt import jsonstate
 from lerobot_ckpt.errors import CorruptCheckpointError, StateMismatchError
-from lerobot_ckpt.model_state import few
+from lerobot_ckpt.state import json_codec
+from lerobot_ckpt.state.model import few
 
 Stateful = Any  # anything with state_dict()/load_state_dict(): LR schedulers, GradScaler
 
@@ -26,12 +26,12 @@ def scaler_enabled(scaler: Stateful | None) -> bool:
 
 def write_state(path: Path, obj: Stateful, what: str) -> None:
     """``obj.state_dict()`` as JSON; ``what`` names the object in errors (``scheduler``, ``scaler``)."""
-    jsonstate.write(path, obj.state_dict(), what)
+    json_codec.write(path, obj.state_dict(), what)
 
 
 def read_state(path: Path, obj: Stateful, what: str) -> dict[str, Any]:
     """A saved ``state_dict`` typed like ``obj``'s, refused when its public keys differ (another class)."""
-    saved = jsonstate.read(path)
+    saved = json_codec.read(path)
     if not isinstance(saved, dict) or not saved:
         raise CorruptCheckpointError(path, f"expected a non-empty JSON object of {what} state")
     current = obj.state_dict()
@@ -45,4 +45,4 @@ def read_state(path: Path, obj: Stateful, what: str) -> dict[str, Any]:
             f"{path} does not match this {type(obj).__name__}: "
             + "; ".join(p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p)
         )
-    return jsonstate.like(saved, current)
+    return json_codec.like(saved, current)

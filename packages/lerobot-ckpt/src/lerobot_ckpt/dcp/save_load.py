@@ -19,8 +19,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from lerobot_ckpt.collective import describe
-from lerobot_ckpt.dcp_index import MODEL_KEY, OPTIMIZER_KEY, DcpIndex
+from lerobot_ckpt._collective import describe
+from lerobot_ckpt.dcp.index import MODEL_KEY, OPTIMIZER_KEY, DcpIndex
 from lerobot_ckpt.errors import (
     CheckpointSaveError,
     CheckpointWriteError,
@@ -28,8 +28,8 @@ from lerobot_ckpt.errors import (
     ModelMismatchError,
     OptimizerMismatchError,
 )
-from lerobot_ckpt.model_state import few, mismatch
-from lerobot_ckpt.optimizer_state import PARAM_SHAPED
+from lerobot_ckpt.state.model import few, mismatch
+from lerobot_ckpt.state.optimizer import PARAM_SHAPED
 
 
 def _translate(exc: CheckpointException, directory: Path) -> CheckpointSaveError:

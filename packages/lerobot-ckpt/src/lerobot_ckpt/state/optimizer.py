@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from lerobot_ckpt import jsonstate
 from lerobot_ckpt.errors import CheckpointConfigError, CorruptCheckpointError, OptimizerMismatchError
 from lerobot_ckpt.layout import CheckpointPaths
-from lerobot_ckpt.model_state import few
-from lerobot_ckpt.tensorfile import read_tensors, write_tensors
+from lerobot_ckpt.safetensors.files import read_tensors, write_tensors
+from lerobot_ckpt.state import json_codec
+from lerobot_ckpt.state.model import few
 
 NON_TENSOR_KEY = "lerobot_ckpt.non_tensor_state"
 NESTED_PREFIX = "nested/"
@@ -46,13 +46,13 @@ def save_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> 
             if isinstance(value, torch.Tensor):
                 tensors[f"state/{index}/{name}"] = value
             else:
-                non_tensor.setdefault(str(index), {})[name] = jsonstate.to_json(
+                non_tensor.setdefault(str(index), {})[name] = json_codec.to_json(
                     value, f"optimizer.state.{index}.{name}", store)
-    groups = [jsonstate.to_json(group, f"optimizer.param_groups[{g}]", store)
+    groups = [json_codec.to_json(group, f"optimizer.param_groups[{g}]", store)
               for g, group in enumerate(sd["param_groups"])]
     metadata = {NON_TENSOR_KEY: json.dumps(non_tensor)} if non_tensor else {}
     write_tensors(paths.optimizer_state, tensors, metadata)
-    jsonstate.write(paths.optimizer_param_groups, groups, "optimizer.param_groups")
+    json_codec.write(paths.optimizer_param_groups, groups, "optimizer.param_groups")
 
 
 def read_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -74,15 +74,15 @@ def read_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> 
     try:
         non_tensor = json.loads(metadata.get(NON_TENSOR_KEY, "{}"))
         for index, entries in non_tensor.items():
-            state.setdefault(int(index), {}).update(jsonstate.like(entries, None, fetch))
+            state.setdefault(int(index), {}).update(json_codec.like(entries, None, fetch))
     except (ValueError, AttributeError) as exc:
         raise CorruptCheckpointError(paths.optimizer_state, f"bad {NON_TENSOR_KEY} header entry: {exc}") from None
-    raw_groups = jsonstate.read(paths.optimizer_param_groups)
+    raw_groups = json_codec.read(paths.optimizer_param_groups)
     if not isinstance(raw_groups, list) or not all(isinstance(g, dict) and "params" in g for g in raw_groups):
         raise CorruptCheckpointError(paths.optimizer_param_groups, "expected a list of param groups with 'params'")
     _check_fits(paths, raw_groups, state, optimizer)
     current = optimizer.state_dict()["param_groups"]
-    groups = [jsonstate.like(group, current[g], fetch) for g, group in enumerate(raw_groups)]
+    groups = [json_codec.like(group, current[g], fetch) for g, group in enumerate(raw_groups)]
     return {"state": {i: state[i] for i in sorted(state)}, "param_groups": groups}
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from lerobot_ckpt.errors import ModelMismatchError
-from lerobot_ckpt.tensorfile import read_tensors
+from lerobot_ckpt.safetensors.files import read_tensors
 
 SHOWN = 5  # names listed per kind of mismatch; the rest are counted
 

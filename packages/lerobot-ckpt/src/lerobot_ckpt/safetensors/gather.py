@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from lerobot_ckpt.errors import CheckpointConfigError
-from lerobot_ckpt.stwriter import ReusableBuffer, SafetensorsPlan, SafetensorsStreamWriter
-from lerobot_ckpt.tensorfile import FORMAT_METADATA
+from lerobot_ckpt.safetensors.files import FORMAT_METADATA
+from lerobot_ckpt.safetensors.stream import ReusableBuffer, SafetensorsPlan, SafetensorsStreamWriter
 
 Piece = tuple[int, int, int]  # (global rank, first row, rows)
 

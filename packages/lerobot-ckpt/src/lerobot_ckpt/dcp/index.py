@@ -10,9 +10,9 @@ at a time instead of the whole state (``_EmptyStateDictLoadPlanner`` materialise
 The layout read here is DCP's own, as ``FileSystemWriter`` (default ``TORCH_SAVE`` serialisation,
 no stream extensions) writes it in torch 2.x; anything else is refused with a clear error.
 
-Torch-free at import: ``.metadata`` is read by :mod:`lerobot_ckpt.dcp_metadata` (a restricted
+Torch-free at import: ``.metadata`` is read by :mod:`lerobot_ckpt.dcp.metadata` (a restricted
 unpickler with stand-ins for DCP's classes, so no torch and no code from the file runs) and
-dtypes are :class:`lerobot_ckpt.dtypes.DType`, so the offline converter's default path, which only
+dtypes are :class:`lerobot_ckpt._dtypes.DType`, so the offline converter's default path, which only
 copies bytes, never pays the ~0.6 GB a CUDA build of torch costs. Only decoding a chunk with
 ``torch.load`` (:meth:`ChunkReader.read` and the helpers built on it) imports torch.
 """
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 from attrs import define
 
-from lerobot_ckpt.dcp_metadata import load_metadata
-from lerobot_ckpt.dtypes import DType, dtype_of
+from lerobot_ckpt._dtypes import DType, dtype_of
+from lerobot_ckpt.dcp.metadata import load_metadata
 from lerobot_ckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attrs import define, field
 
-from lerobot_ckpt.fsio import exchange, fsync_dir, fsync_tree, remove_quietly, swap_symlink
+from lerobot_ckpt.commit.filesystem import exchange, fsync_dir, fsync_tree, remove_quietly, swap_symlink
 from lerobot_ckpt.layout import (
     LAST_LINK,
     CheckpointPaths,
