@@ -243,12 +243,13 @@ def test_act_default_size_plan():
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
     from lerobot_cli.policies.features import PolicyFeature
-    from lerobot_parallel import ParallelismConfig, build_plan
+    from lerobot_parallel import AcceleratorConfig, ParallelismConfig, build_plan
 
     policy = ACTPolicy(ACTConfig(input_features={"observation.state": PolicyFeature("STATE", (14,)),
                                                  "observation.images.top": PolicyFeature("VISUAL", (3, 96, 96))},
                                  output_features={"action": PolicyFeature("ACTION", (14,))}))
-    plan = build_plan(policy, ParallelismConfig(dp_shard=4), mixed_precision="bf16")
+    plan = build_plan(policy, ParallelRuntime.preview(ParallelismConfig(dp_shard=4)),
+                      AcceleratorConfig(mixed_precision="bf16"))
     assert [u.class_name for u in plan.units] == ["ACTEncoderLayer"] * 8 + ["ACTDecoderLayer"]
     assert {u.path for u in plan.units} >= {"model.encoder.layers.3", "model.vae_encoder.layers.0",
                                             "model.decoder.layers.0"}

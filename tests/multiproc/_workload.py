@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from lerobot_parallel import AcceleratorConfig, GradientAccumulationConfig
+from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.wrap import unwrap_model, wrap_model
 from lerobot_trainloop import ShardedBatchSampler, TrainLoop
@@ -28,17 +29,19 @@ def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int
     ds = SyntheticRegression(NUM_SAMPLES, seed=DATA_SEED)
     sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
                                   dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
-    model = wrap_model(TinyRegressor(seed=MODEL_SEED), runtime)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9) if scheduler else None
     acc = AcceleratorConfig(mixed_precision=mixed_precision,
                             gradient_accumulation=GradientAccumulationConfig(grad_accum))
+    model = TinyRegressor(seed=MODEL_SEED)
+    wrapped = wrap_model(model, runtime, build_plan(model, runtime, acc))
+    model = wrapped.model
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9) if scheduler else None
     precision = None
     if precision_kwargs:
         from lerobot_parallel.precision import build_precision
 
         precision = build_precision(mixed_precision, runtime.device, **precision_kwargs)
-    loop = TrainLoop(model, opt, runtime, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision)
+    loop = TrainLoop(wrapped, opt, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision)
     losses: list[float] = []
     outputs: list[dict] = []
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)

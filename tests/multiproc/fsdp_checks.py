@@ -18,7 +18,13 @@ arm_watchdog(150)
 import torch
 import torch.distributed as dist
 from fsdp_workload import CollectiveSpy, accumulation_trace, full, json_ready, train, train_act
-from lerobot_parallel import FSDPConfig, MixedPrecisionPolicyConfig, ParallelismConfig, ShardingError
+from lerobot_parallel import (
+    AcceleratorConfig,
+    FSDPConfig,
+    MixedPrecisionPolicyConfig,
+    ParallelismConfig,
+    ShardingError,
+)
 from lerobot_parallel.memory import measure_rank_bytes
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.teardown import parallel_session
@@ -62,8 +68,8 @@ def main() -> None:
                           "mesh_shape": list(rt.mesh.shape), "dp_rank": rt.dp_rank, "dp_world_size": rt.dp_world_size}
 
         # Refusals happen before any collective, identically on every rank.
-        for key, make in (("no_units", lambda: wrap_model(PlainRegressor(), rt)),
-                          ("tied", lambda: wrap_model(TiedTokenModel(), rt))):
+        for key, make in (("no_units", lambda: build_plan(PlainRegressor(), rt)),
+                          ("tied", lambda: build_plan(TiedTokenModel(), rt))):
             try:
                 make()
                 res[key] = "accepted"
@@ -94,7 +100,7 @@ def main() -> None:
         res["ignored"]["head_types"] = head_types
 
         # Size-based units and no resharding after forward: same numbers, other wrapping.
-        plan = build_plan(PlainRegressor(), rt.parallelism, FSDPConfig(min_num_params=300))
+        plan = build_plan(PlainRegressor(), rt, AcceleratorConfig(fsdp=FSDPConfig(min_num_params=300)))
         res["min_params_units"] = [u.path for u in plan.units]
         res["min_params"] = json_ready(train(rt, batch_size=4, steps=3, model_factory=PlainRegressor,
                                              fsdp=FSDPConfig(min_num_params=300, reshard_after_forward=False)))
@@ -133,7 +139,8 @@ def main() -> None:
         loss, _ = off["model"]({"x": torch.randn(4, 8), "y": torch.randn(4, 4)})
         loss.backward()
         res["offload"]["measured_with_grads"] = measure_rank_bytes(off["model"], off["optimizer"])
-        est = build_plan(BlockRegressor(), rt.parallelism, FSDPConfig(cpu_offload=True), optimizer_states=2).memory
+        est = build_plan(BlockRegressor(), rt, AcceleratorConfig(fsdp=FSDPConfig(cpu_offload=True)),
+                         optimizer_states=2).memory
         res["offload"]["estimate"] = {"params": est.params, "grads": est.grads, "optimizer": est.optimizer,
                                       "unsharded_total": est.unsharded_total, "location": est.location}
 
@@ -142,7 +149,9 @@ def main() -> None:
         res["act_bf16"] = train_act(rt, batch_size=2, steps=3, mixed_precision="bf16")
 
         # Tied weights inside one unit (the root) are fine: the tie survives sharding and trains.
-        tied = wrap_model(TiedTokenModel(), rt, fsdp=FSDPConfig(wrap_modules=("Block",)))
+        tied = TiedTokenModel()
+        only_blocks = AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("Block",)))
+        tied = wrap_model(tied, rt, build_plan(tied, rt, only_blocks)).model
         loss, _ = tied({"tokens": torch.arange(8).reshape(2, 4) % 11})
         loss.backward()
         res["tied_in_root"] = {"same_object": tied.head.proj.weight is tied.embed.weight,

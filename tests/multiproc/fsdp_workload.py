@@ -10,6 +10,7 @@ from typing import Self
 import torch
 import torch.distributed as dist
 from lerobot_parallel import AcceleratorConfig, FSDPConfig, GradientAccumulationConfig
+from lerobot_parallel.plan import build_plan
 from lerobot_parallel.precision import build_precision
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.testing import BlockRegressor
@@ -75,16 +76,18 @@ def train(runtime: ParallelRuntime, *, batch_size: int, steps: int, grad_accum: 
     ds = SyntheticRegression(NUM_SAMPLES, seed=DATA_SEED)
     sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
                                   dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
-    model = wrap_model(model_factory(seed=MODEL_SEED), runtime, fsdp=fsdp, mixed_precision=mixed_precision)
+    acc = AcceleratorConfig(mixed_precision=mixed_precision, fsdp=fsdp,
+                            gradient_accumulation=GradientAccumulationConfig(grad_accum))
+    model = model_factory(seed=MODEL_SEED)
+    wrapped = wrap_model(model, runtime, build_plan(model, runtime, acc))
+    model = wrapped.model
     if on_wrapped is not None:
         on_wrapped(model)
     opt = (torch.optim.AdamW(model.parameters(), lr=0.01) if optimizer == "adamw"
            else torch.optim.SGD(model.parameters(), lr=LR))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9) if scheduler else None
-    acc = AcceleratorConfig(mixed_precision=mixed_precision, fsdp=fsdp,
-                            gradient_accumulation=GradientAccumulationConfig(grad_accum))
     precision = build_precision(mixed_precision, runtime.device, **scaler_kwargs) if scaler_kwargs else None
-    loop = TrainLoop(model, opt, runtime, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision,
+    loop = TrainLoop(wrapped, opt, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision,
                      grad_clip_norm=grad_clip_norm)
     losses: list[float] = []
     outputs: list[dict] = []
@@ -153,10 +156,12 @@ def train_act(runtime: ParallelRuntime, *, batch_size: int, steps: int, mixed_pr
     ds = ACTData()
     sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
                                   dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
-    model = wrap_model(small_act(), runtime, mixed_precision=mixed_precision)
+    acc = AcceleratorConfig(mixed_precision=mixed_precision)
+    policy = small_act()
+    wrapped = wrap_model(policy, runtime, build_plan(policy, runtime, acc))
+    model = wrapped.model
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    loop = TrainLoop(model, opt, runtime, accelerator=AcceleratorConfig(mixed_precision=mixed_precision),
-                     sampler=sampler, grad_clip_norm=10.0)
+    loop = TrainLoop(wrapped, opt, accelerator=acc, sampler=sampler, grad_clip_norm=10.0)
     losses: list[float] = []
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
     loop.run((ds.batch(ix) for ix in sampler), steps)

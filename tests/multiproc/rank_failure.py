@@ -11,7 +11,7 @@ from _common import arm_watchdog
 arm_watchdog(120)  # the test demands far less; this only bounds a broken teardown
 
 import torch
-from lerobot_parallel import parallel_session, wrap_model
+from lerobot_parallel import build_plan, parallel_session, wrap_model
 from lerobot_trainloop import ShardedBatchSampler, TrainLoop
 from lerobot_trainloop.testing import SyntheticRegression, TinyRegressor
 
@@ -35,8 +35,9 @@ def main() -> None:
     with parallel_session(device="cpu") as rt:
         ds = SyntheticRegression(64)
         sampler = ShardedBatchSampler(len(ds), 4, dp_rank=rt.dp_rank, dp_world_size=rt.dp_world_size)
-        model = wrap_model(FailingOnRank1(rt.rank), rt)
-        loop = TrainLoop(model, torch.optim.SGD(model.parameters(), lr=0.01), rt, sampler=sampler)
+        model = FailingOnRank1(rt.rank)
+        wrapped = wrap_model(model, rt, build_plan(model, rt))
+        loop = TrainLoop(wrapped, torch.optim.SGD(model.parameters(), lr=0.01), sampler=sampler)
         loop.run((ds.batch(ix) for ix in sampler), 1000)
     print("UNREACHABLE: training finished", file=sys.stderr)
 

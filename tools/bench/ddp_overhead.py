@@ -31,16 +31,23 @@ def _free_port() -> int:
 
 def worker(args: argparse.Namespace) -> None:
     import torch
-    from lerobot_parallel import AcceleratorConfig, GradientAccumulationConfig, parallel_session, wrap_model
+    from lerobot_parallel import (
+        AcceleratorConfig,
+        GradientAccumulationConfig,
+        build_plan,
+        parallel_session,
+        wrap_model,
+    )
     from lerobot_trainloop import TrainLoop
     from lerobot_trainloop.testing import TinyRegressor
 
     accel = AcceleratorConfig(mixed_precision=args.mixed_precision,
                               gradient_accumulation=GradientAccumulationConfig(args.grad_accum))
     with parallel_session(accelerator=accel, device=args.device) as rt:
-        model = wrap_model(TinyRegressor(in_dim=args.hidden, hidden=args.hidden, out_dim=args.hidden), rt)
+        model = TinyRegressor(in_dim=args.hidden, hidden=args.hidden, out_dim=args.hidden)
+        wrapped = wrap_model(model, rt, build_plan(model, rt, accel))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        loop = TrainLoop(model, opt, rt, accelerator=accel)
+        loop = TrainLoop(wrapped, opt, accelerator=accel)
         g = torch.Generator().manual_seed(rt.dp_rank)
         batches = [{"x": torch.randn(args.batch_size, args.hidden, generator=g),
                     "y": torch.randn(args.batch_size, args.hidden, generator=g)} for _ in range(8)]

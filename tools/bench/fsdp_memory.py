@@ -45,15 +45,15 @@ def _act(image_size: int):
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-    from lerobot_parallel import FSDPConfig, ParallelismConfig, build_plan, parallel_session, wrap_model
+    from lerobot_parallel import ParallelismConfig, build_plan, parallel_session, wrap_model
     from lerobot_parallel.memory import measure_rank_bytes
 
     parallelism = ParallelismConfig(dp_shard=args.dp_shard)
     with parallel_session(parallelism, device=args.device) as rt:
         torch.manual_seed(0)
         cfg, policy = _act(args.image_size)
-        plan = build_plan(policy, rt.parallelism, FSDPConfig(), default_wrap_modules=type(policy)._fsdp_wrap_modules)
-        model = wrap_model(policy, rt, plan=plan)
+        plan = build_plan(policy, rt, default_wrap_modules=type(policy)._fsdp_wrap_modules)
+        model = wrap_model(policy, rt, plan).model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=1e-4)
         g = torch.Generator().manual_seed(rt.dp_rank)
         batch = {

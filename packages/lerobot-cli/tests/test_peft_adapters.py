@@ -27,8 +27,9 @@ from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.mlp.modeling import MLPPolicy
 from lerobot_cli.policies.pretrained import load_pretrained, save_pretrained
-from lerobot_parallel.config import FSDPConfig, ParallelismConfig
+from lerobot_parallel.config import AcceleratorConfig, FSDPConfig, ParallelismConfig
 from lerobot_parallel.plan import build_plan
+from lerobot_parallel.runtime import ParallelRuntime
 from safetensors.torch import save_file
 from torch import nn
 
@@ -142,9 +143,13 @@ def test_ignored_modules_patterns_see_peft_names(base):
     which start with ``base_model.model.``: a pattern written for the bare policy must start with ``.*``."""
     _, policy = load_pretrained(base)
     model = wrap_with_peft(policy, PeftConfig(r=2), base_dir=base, mixed_precision="no")
-    sharded = ParallelismConfig(dp_shard=2).resolve(2)
-    plan = build_plan(model, sharded, FSDPConfig(ignored_modules=r".*action_head"), default_wrap_modules=["MLPBlock"])
+    sharded = ParallelRuntime.preview(ParallelismConfig(dp_shard=2).resolve(2))
+
+    def ignoring(pattern: str) -> AcceleratorConfig:
+        return AcceleratorConfig(fsdp=FSDPConfig(ignored_modules=pattern))
+
+    plan = build_plan(model, sharded, ignoring(r".*action_head"), default_wrap_modules=["MLPBlock"])
     assert [m.path for m in plan.ignored] == ["base_model.model.action_head"]
     assert [m.path for m in plan.units][:1] == ["base_model.model.blocks.0"]
     with pytest.raises(Exception, match="action_head"):
-        build_plan(model, sharded, FSDPConfig(ignored_modules="action_head"), default_wrap_modules=["MLPBlock"])
+        build_plan(model, sharded, ignoring("action_head"), default_wrap_modules=["MLPBlock"])

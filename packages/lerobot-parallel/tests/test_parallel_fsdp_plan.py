@@ -6,20 +6,30 @@ import pytest
 import torch
 from lerobot_parallel import (
     AcceleratorConfig,
+    DDPConfig,
     FSDPConfig,
     MixedPrecisionPolicyConfig,
     ParallelismConfig,
-    ParallelismError,
     ShardingError,
     build_plan,
 )
 from lerobot_parallel.fsdp_precision import resolve_sharded_precision
 from lerobot_parallel.memory import estimate_memory, padded_shard_numel
+from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.testing import BlockRegressor, TiedTokenModel
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-FSDP2, HSDP = ParallelismConfig(dp_shard=2), ParallelismConfig(dp_replicate=2, dp_shard=2)
+
+def preview(dp_replicate: int = 1, dp_shard: int = 1) -> ParallelRuntime:
+    return ParallelRuntime.preview(ParallelismConfig(dp_replicate=dp_replicate, dp_shard=dp_shard))
+
+
+def fsdp_settings(mixed_precision: str = "no", **fsdp) -> AcceleratorConfig:
+    return AcceleratorConfig(mixed_precision=mixed_precision, fsdp=FSDPConfig(**fsdp))
+
+
+FSDP2, HSDP = preview(dp_shard=2), preview(dp_replicate=2, dp_shard=2)
 
 
 def test_fsdp_plan_lists_units_counts_and_checks():
@@ -38,7 +48,7 @@ def test_fsdp_plan_lists_units_counts_and_checks():
 
 
 def test_hsdp_plan_shards_over_dp_shard_only():
-    fsdp4 = build_plan(BlockRegressor(), ParallelismConfig(dp_shard=4))
+    fsdp4 = build_plan(BlockRegressor(), preview(dp_shard=4))
     hsdp = build_plan(BlockRegressor(), HSDP)
     fsdp2 = build_plan(BlockRegressor(), FSDP2)
     assert (hsdp.mode, hsdp.mesh_dim_names, hsdp.mesh_shape) == ("hsdp", ("dp_replicate", "dp_shard"), (2, 2))
@@ -46,14 +56,14 @@ def test_hsdp_plan_shards_over_dp_shard_only():
     assert fsdp4.memory.total < fsdp2.memory.total
 
 
-def test_non_sharded_plans_and_unresolved_degrees():
-    ddp = build_plan(BlockRegressor(), ParallelismConfig(dp_replicate=2))
+def test_non_sharded_plans():
+    settings = AcceleratorConfig(ddp=DDPConfig(find_unused_parameters=True))
+    ddp = build_plan(BlockRegressor(), preview(dp_replicate=2), settings)
     assert ddp.mode == "ddp" and not ddp.units and ddp.memory.ratio == 1.0
+    assert ddp.ddp.find_unused_parameters  # the DDP wrapper's settings are part of the plan
     assert "no sharding" in ddp.describe()[0]
     # the policy is not asked for units when nothing is sharded
-    assert build_plan(nn.Linear(3, 3), ParallelismConfig()).mode == "single"
-    with pytest.raises(ParallelismError, match="resolve"):
-        build_plan(BlockRegressor(), ParallelismConfig(dp_shard=-1))
+    assert build_plan(nn.Linear(3, 3), preview()).mode == "single"
 
 
 def test_padded_shard_sizes():
@@ -86,7 +96,7 @@ def test_estimate_ratio_approaches_one_over_n_for_large_params():
 
 
 def test_plan_with_ignored_modules_and_precision():
-    plan = build_plan(BlockRegressor(), HSDP, FSDPConfig(ignored_modules="head"), "bf16")
+    plan = build_plan(BlockRegressor(), HSDP, fsdp_settings("bf16", ignored_modules="head"))
     assert [(m.path, m.class_name, m.num_params) for m in plan.ignored] == [("head", "Head", 82)]
     assert plan.root.num_params == 117  # the head is no longer the root's
     text = "\n".join(plan.describe())
@@ -95,17 +105,17 @@ def test_plan_with_ignored_modules_and_precision():
 
 
 def test_units_inside_ignored_modules_are_dropped_and_all_ignored_is_refused():
-    plan = build_plan(BlockRegressor(), FSDP2, FSDPConfig(wrap_modules=("Block", "Head"), ignored_modules="head"))
+    plan = build_plan(BlockRegressor(), FSDP2, fsdp_settings(wrap_modules=("Block", "Head"), ignored_modules="head"))
     assert [u.path for u in plan.units] == ["blocks.0", "blocks.1", "blocks.2"]
     with pytest.raises(ShardingError, match="lies inside"):
-        build_plan(BlockRegressor(), FSDP2, FSDPConfig(ignored_modules="blocks"))
+        build_plan(BlockRegressor(), FSDP2, fsdp_settings(ignored_modules="blocks"))
 
 
 def test_plan_refuses_what_sharding_cannot_do():
     with pytest.raises(ShardingError, match="embed.weight"):
         build_plan(TiedTokenModel(), FSDP2)
     with pytest.raises(ShardingError, match="fp16 is not supported"):
-        build_plan(BlockRegressor(), FSDP2, FSDPConfig(ignored_modules="head"), "fp16")
+        build_plan(BlockRegressor(), FSDP2, fsdp_settings("fp16", ignored_modules="head"))
 
 
 def test_many_units_are_grouped_by_class():

@@ -21,9 +21,10 @@ from lerobot_parallel import (
     effective_batch_size,
     samples_per_loop_step,
 )
+from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime, backend_for, init_runtime, resolve_device
 from lerobot_parallel.teardown import parallel_session, shutdown_process_group
-from lerobot_parallel.wrap import gradient_sync, unwrap_model, wrap_model
+from lerobot_parallel.wrap import WrappedModel, unwrap_model, wrap_model
 
 TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
@@ -159,28 +160,49 @@ def test_session_reraises_and_cleans_up():
 def test_wrap_single_process_returns_the_plain_module():
     model = torch.nn.Linear(3, 2)
     rt = ParallelRuntime.single("cpu")
-    wrapped = wrap_model(model, rt)
-    assert wrapped is model and unwrap_model(wrapped) is model
-    with gradient_sync(wrapped, enabled=False):  # nothing to suppress: still computes gradients
-        wrapped(torch.ones(1, 3)).sum().backward()
+    wrapped = wrap_model(model, rt, build_plan(model, rt))
+    assert isinstance(wrapped, WrappedModel) and wrapped.model is model and wrapped.module is model
+    assert unwrap_model(wrapped.model) is model and wrapped.runtime is rt and wrapped.ignored == ()
+    with wrapped.gradient_sync(enabled=False):  # nothing to suppress: still computes gradients
+        wrapped.model(torch.ones(1, 3)).sum().backward()
     assert model.weight.grad is not None
+    assert wrapped.parameters_for_clipping() == [model.weight, model.bias]
+
+
+def test_the_runtime_decides_the_topology_once():
+    """Degrees resolved for the world size, and one definition of the mesh dims for mesh and plan."""
+    from lerobot_parallel.testing import BlockRegressor
+
+    with pytest.raises(ParallelismError, match="resolved for that world size"):
+        ParallelRuntime(rank=0, world_size=4, local_rank=0, device=torch.device("cpu"), backend=None,
+                        parallelism=ParallelismConfig(dp_shard=2), mesh=None)
+    dims = {(r, s): ParallelRuntime.preview(ParallelismConfig(dp_replicate=r, dp_shard=s)).mesh_dims
+            for r, s in ((1, 1), (2, 1), (1, 2), (2, 2))}
+    assert dims == {(1, 1): (("dp_replicate", 1),), (2, 1): (("dp_replicate", 2),), (1, 2): (("dp_shard", 2),),
+                    (2, 2): (("dp_replicate", 2), ("dp_shard", 2))}
+    preview = ParallelRuntime.preview(ParallelismConfig(dp_replicate=2, dp_shard=2))
+    assert (preview.world_size, preview.mesh, preview.mode) == (4, None, "hsdp")
+    plan = build_plan(BlockRegressor(), preview)
+    assert tuple(zip(plan.mesh_dim_names, plan.mesh_shape, strict=True)) == preview.mesh_dims
+    with pytest.raises(ParallelismError, match="ParallelRuntime.preview is for planning only"):
+        wrap_model(BlockRegressor(), preview, plan)
 
 
 @pytest.mark.parametrize("degrees", [(1, 2), (2, 2)])
 def test_sharded_request_is_checked_before_any_collective(degrees):
     """No mesh or process group is needed to refuse a model without wrap units, or a plan built for
     another topology: every rank fails the same way before the first all-gather."""
-    from lerobot_parallel import ShardingError, build_plan
+    from lerobot_parallel import ShardingError
     from lerobot_parallel.testing import BlockRegressor
 
     r, s = degrees
     rt = ParallelRuntime(rank=0, world_size=r * s, local_rank=0, device=torch.device("cpu"), backend="gloo",
                          parallelism=ParallelismConfig(dp_replicate=r, dp_shard=s), mesh=None)
     with pytest.raises(ParallelismError, match="needs wrap units"):
-        wrap_model(torch.nn.Linear(2, 2), rt)
-    other = build_plan(BlockRegressor(), ParallelismConfig(dp_shard=8))
+        build_plan(torch.nn.Linear(2, 2), rt)
+    other = build_plan(BlockRegressor(), ParallelRuntime.preview(ParallelismConfig(dp_shard=8)))
     with pytest.raises(ShardingError, match="plan was built for fsdp"):
-        wrap_model(BlockRegressor(), rt, plan=other)
+        wrap_model(BlockRegressor(), rt, other)
 
 
 def test_effective_batch():

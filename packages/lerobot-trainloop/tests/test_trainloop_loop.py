@@ -10,12 +10,18 @@ import pytest
 import torch
 import torch.distributed as dist
 from lerobot_parallel import AcceleratorConfig, GradientAccumulationConfig
+from lerobot_parallel.plan import build_plan
 from lerobot_parallel.precision import build_precision
 from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_parallel.wrap import wrap_model
 from lerobot_trainloop import NonFiniteLossError, ShardedBatchSampler, TrainLoop
 from lerobot_trainloop.testing import SyntheticRegression, TinyRegressor
 
 RT = ParallelRuntime.single("cpu")
+
+
+def wrapped(model):
+    return wrap_model(model, RT, build_plan(model, RT))
 
 
 def acc(k=1, mp="no"):
@@ -33,7 +39,7 @@ def run(batch_size, k, steps, *, lr=0.05, clip=None, scheduler=False, mp="no", p
     model = model or TinyRegressor(seed=2)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if scheduler else None
-    loop = TrainLoop(model, opt, RT, scheduler=sched, accelerator=acc(k, mp), grad_clip_norm=clip, sampler=sampler,
+    loop = TrainLoop(wrapped(model), opt, scheduler=sched, accelerator=acc(k, mp), grad_clip_norm=clip, sampler=sampler,
                      precision=precision, allow_nonfinite_loss=allow_nonfinite)
     outs = []
     loop.add_hook(lambda e: outs.append(e.output), every=1)
@@ -121,7 +127,7 @@ def test_hooks_schedule_and_metrics_window():
     ds = SyntheticRegression(64, seed=1)
     sampler = ShardedBatchSampler(len(ds), 8)
     model = TinyRegressor()
-    loop = TrainLoop(model, torch.optim.SGD(model.parameters(), lr=0.01), RT, sampler=sampler, grad_clip_norm=10.0)
+    loop = TrainLoop(wrapped(model), torch.optim.SGD(model.parameters(), lr=0.01), sampler=sampler, grad_clip_norm=10.0)
     logged, saved = [], []
     loop.add_hook(lambda e: logged.append((e.step, e.metrics)), every=3, metrics=True)
     loop.add_hook(lambda e: saved.append((e.step, e.metrics, sampler.state_dict()["offset"])), at=[2, 7])
@@ -140,7 +146,7 @@ def test_hooks_schedule_and_metrics_window():
 def test_run_reiterates_finite_data_and_rejects_empty():
     ds = SyntheticRegression(16, seed=1)
     model = TinyRegressor()
-    loop = TrainLoop(model, torch.optim.SGD(model.parameters(), lr=0.01), RT)
+    loop = TrainLoop(wrapped(model), torch.optim.SGD(model.parameters(), lr=0.01))
     loop.run([ds.batch([0, 1]), ds.batch([2, 3])], 5)
     assert loop.step == 5
     with pytest.raises(RuntimeError, match="yielded no batch"):
@@ -151,7 +157,7 @@ def test_state_round_trip_at_a_window_boundary():
     loop, _, _ = run(4, 2, 4)
     state = loop.state_dict()
     assert state == {"step": 4, "optimizer_steps": 2, "skipped_updates": 0, "grad_accum_steps": 2, "accumulated": 0}
-    fresh = TrainLoop(TinyRegressor(), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), RT, accelerator=acc(2))
+    fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(2))
     assert fresh.load_state_dict(state) == []
     assert fresh.state_dict() == state
     assert not fresh.is_sync_step() and fresh.is_sync_step(6)
@@ -161,7 +167,7 @@ def test_state_saved_inside_a_window_restarts_a_full_window_and_says_what_was_lo
     loop, _, _ = run(4, 2, 3)
     state = loop.state_dict()
     assert (state["step"], state["optimizer_steps"], state["accumulated"]) == (3, 1, 1)
-    fresh = TrainLoop(TinyRegressor(), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), RT, accelerator=acc(2))
+    fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(2))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         notes = fresh.load_state_dict(state)
@@ -175,7 +181,7 @@ def test_state_saved_inside_a_window_restarts_a_full_window_and_says_what_was_lo
 
 def test_state_resumed_with_another_accumulation_says_the_first_window_is_short():
     loop, _, _ = run(4, 2, 6)  # boundary under K=2
-    fresh = TrainLoop(TinyRegressor(), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), RT, accelerator=acc(4))
+    fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(4))
     notes = fresh.load_state_dict(loop.state_dict())
     assert notes == ["the first update after the resume (at step 8) uses the 2 micro-batch(es) of steps 7-8, not 4: "
                      "step 6 is not a multiple of the 4 accumulation steps"]
@@ -185,4 +191,6 @@ def test_state_resumed_with_another_accumulation_says_the_first_window_is_short(
 def test_invalid_clip_norm():
     m = TinyRegressor()
     with pytest.raises(ValueError, match="grad_clip_norm"):
-        TrainLoop(m, torch.optim.SGD(m.parameters(), lr=0.1), RT, grad_clip_norm=0.0)
+        TrainLoop(wrapped(m), torch.optim.SGD(m.parameters(), lr=0.1), grad_clip_norm=0.0)
+    with pytest.raises(TypeError, match="what lerobot_parallel.wrap_model returns"):
+        TrainLoop(m, torch.optim.SGD(m.parameters(), lr=0.1))

@@ -25,12 +25,14 @@ def preview_world_size(cfg: TrainConfig, launched: int) -> int:
 def dry_run(cfg: TrainConfig) -> int:
     print(json.dumps(unstructure_train_config(cfg), indent=2))
     resolved = cfg.parallelism.resolve(preview_world_size(cfg, LaunchEnv.from_environ().world_size))
+    from lerobot_parallel.runtime import ParallelRuntime
+
     from lerobot_cli.datasets import load_meta, resolve_dataset_root
     from lerobot_cli.runner import sharding_plan
     from lerobot_cli.workload import build_policy_for
 
     meta = load_meta(resolve_dataset_root(cfg.dataset))
     _, policy = build_policy_for(cfg, meta.features)
-    plan = sharding_plan(cfg, policy, resolved)
+    plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))
     print("\n".join(plan.describe()))
     return 0

@@ -1,10 +1,12 @@
-"""The wrap plan: everything sharding will do, decided and checked before any collective.
+"""The wrap plan: everything wrapping will do, decided and checked before any collective.
 
-:func:`build_plan` looks only at the module tree and the config, so it runs the same in every
-rank (same model, same answer) and in a single process for ``--dry_run``. All refusals happen
-here (no units, unknown class names, tied weights across units, an ignored-modules pattern that
-matches nothing, fp16 loss scaling over mixed sharded/unsharded gradients), so a bad config ends
-every rank before the first all-gather instead of hanging one of them.
+:func:`build_plan` looks only at the module tree, the runtime's topology and the config, so it runs
+the same in every rank (same model, same answer) and in a single process for ``--dry_run`` (on a
+``ParallelRuntime.preview``). It is the only place a plan is made: ``wrap_model`` applies the plan
+it is given and never builds one. All refusals happen here (no units, unknown class names, tied
+weights across units, an ignored-modules pattern that matches nothing, fp16 loss scaling over mixed
+sharded/unsharded gradients), so a bad config ends every rank before the first all-gather instead
+of hanging one of them.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from collections.abc import Sequence
 from attrs import define
 from torch import nn
 
-from lerobot_parallel.config import FSDPConfig, ParallelismConfig, ParallelismError, ShardingError
+from lerobot_parallel.config import AcceleratorConfig, DDPConfig, ShardingError
 from lerobot_parallel.fsdp_precision import ShardedPrecision, resolve_sharded_precision
 from lerobot_parallel.memory import MemoryEstimate, estimate_memory
+from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.tied_weights import ROOT_LABEL, TiedWeightCheck, check_tied_weights, owner_of
 from lerobot_parallel.wrap_units import FLAG_IGNORED, children_first, select_ignored, select_units
 
@@ -51,6 +54,7 @@ class ShardingPlan:
     reshard_after_forward: bool
     cpu_offload: bool
     memory: MemoryEstimate
+    ddp: DDPConfig  # the DDP wrapper's settings (used in ddp mode only)
 
     @property
     def is_sharded(self) -> bool:
@@ -98,13 +102,6 @@ class ShardingPlan:
         return lines
 
 
-def _mesh(parallelism: ParallelismConfig) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """The dims :func:`lerobot_parallel.runtime.build_mesh` creates (size-1 dims left out)."""
-    dims = [(n, s) for n, s in (("dp_replicate", parallelism.dp_replicate), ("dp_shard", parallelism.dp_shard))
-            if s > 1] or [("dp_replicate", 1)]
-    return tuple(n for n, _ in dims), tuple(s for _, s in dims)
-
-
 def _group_sizes(model: nn.Module, units: Sequence[str], ignored: frozenset[int]) -> dict[str, int]:
     """Elements each ``fully_shard`` group will own: a parameter goes to the deepest unit holding it."""
     deepest = children_first(units)
@@ -121,23 +118,24 @@ def _group_sizes(model: nn.Module, units: Sequence[str], ignored: frozenset[int]
 
 def build_plan(
     model: nn.Module,
-    parallelism: ParallelismConfig,
-    fsdp: FSDPConfig | None = None,
-    mixed_precision: str = "no",
+    runtime: ParallelRuntime,
+    accelerator: AcceleratorConfig | None = None,
     *,
     default_wrap_modules: Sequence[str] | None = None,
     optimizer_states: int = 2,
 ) -> ShardingPlan:
-    """Plan sharding of ``model`` for the *resolved* ``parallelism`` (see ``ParallelismConfig.resolve``).
+    """Plan wrapping ``model`` for ``runtime``'s topology with ``accelerator``'s DDP, FSDP and
+    precision settings (``ParallelRuntime.preview`` plans a launch from one process).
 
     ``default_wrap_modules`` replaces ``model._fsdp_wrap_modules`` (e.g. the policy class's list when
     ``model`` is a PEFT wrapper). ``optimizer_states``: state tensors per trainable parameter (AdamW 2,
     SGD with momentum 1). Raises :class:`ShardingError` for every config sharding cannot honour.
     """
-    if parallelism.dp_shard == -1:
-        raise ParallelismError("build_plan needs resolved degrees: call parallelism.resolve(world_size) first")
-    fsdp = fsdp or FSDPConfig()
-    names, shape = _mesh(parallelism)
+    accelerator = accelerator or AcceleratorConfig()
+    fsdp, mixed_precision = accelerator.fsdp, accelerator.mixed_precision
+    parallelism = runtime.parallelism
+    names = tuple(n for n, _ in runtime.mesh_dims)
+    shape = tuple(s for _, s in runtime.mesh_dims)
     params = list(model.parameters())
     if not parallelism.is_sharded:
         return ShardingPlan(
@@ -148,6 +146,7 @@ def build_plan(
             precision=resolve_sharded_precision("no"), reshard_after_forward=fsdp.reshard_after_forward,
             cpu_offload=False,
             memory=estimate_memory(params, dp_shard=1, optimizer_states=optimizer_states),
+            ddp=accelerator.ddp,
         )
     precision = resolve_sharded_precision(mixed_precision, fsdp.mixed_precision_policy)
     ignored_paths = select_ignored(model, fsdp.ignored_modules_pattern)
@@ -181,5 +180,6 @@ def build_plan(
         memory=estimate_memory(params, dp_shard=parallelism.dp_shard, ignored=ignored_ids,
                                upcast_trainable=precision.upcast_trainable, optimizer_states=optimizer_states,
                                cpu_offload=fsdp.cpu_offload),
+        ddp=accelerator.ddp,
     )
 

@@ -5,10 +5,15 @@
 device and the mesh. It is frozen because every one of these facts is fixed at launch, and a
 copy that drifted from the process group would make ranks disagree about collectives.
 
-The mesh dims are named like the flags: ``("dp_replicate",)`` for DDP, ``("dp_shard",)`` for
-FSDP and ``("dp_replicate", "dp_shard")`` for HSDP, so the FSDP code can take
-``runtime.mesh`` as is. A single process gets no process group and no mesh: nothing in a
-one-process run needs one, and creating one would need a free port.
+The runtime owns the topology: its degrees are resolved for its world size (checked when it is
+built), :attr:`ParallelRuntime.mesh_dims` is the one definition of the mesh's shape, and
+:meth:`ParallelRuntime.build_mesh` the one place a mesh is made from it. A sharding plan reads
+the dims from the runtime and the wrapping code takes ``runtime.mesh`` as is, so nothing can
+disagree about them. The dims are named like the config fields: ``("dp_replicate",)`` for DDP,
+``("dp_shard",)`` for FSDP and ``("dp_replicate", "dp_shard")`` for HSDP. A single process gets no
+process group and no mesh: nothing in a one-process run needs one, and creating one would need a
+free port. :meth:`ParallelRuntime.preview` is a runtime for planning a launch from one process
+(``--dry_run``): the degrees and dims of that launch, no group, no mesh.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from attrs import define
+from attrs import define, evolve
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig, ParallelismError
@@ -40,11 +45,42 @@ class ParallelRuntime:
     owns_process_group: bool = False  # False when a foreign trainer created it: we must not destroy it
     launcher: str = "none"
 
+    def __attrs_post_init__(self) -> None:
+        p = self.parallelism
+        if p.dp_shard == -1 or p.dp_world_size != self.world_size:
+            raise ParallelismError(
+                f"a runtime of {self.world_size} process(es) needs degrees resolved for that world size, got "
+                f"dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard}: use parallelism.resolve(world_size)"
+            )
+
     @classmethod
     def single(cls, device: str | torch.device | None = None) -> ParallelRuntime:
         """A one-process runtime with no process group (also usable while one exists, e.g. a reference run)."""
         return cls(rank=0, world_size=1, local_rank=0, device=resolve_device(device, 0, 1), backend=None,
                    parallelism=ParallelismConfig().resolve(1), mesh=None)
+
+    @classmethod
+    def preview(cls, parallelism: ParallelismConfig) -> ParallelRuntime:
+        """The topology a launch with these *resolved* degrees would have, seen from rank 0 without
+        joining it: for planning in one process (``build_plan`` for ``--dry_run``). It has no process
+        group and no mesh, so ``wrap_model`` refuses it for anything but a single process."""
+        return cls(rank=0, world_size=parallelism.dp_world_size, local_rank=0, device=torch.device("cpu"),
+                   backend=None, parallelism=parallelism, mesh=None, launcher="preview")
+
+    @property
+    def mesh_dims(self) -> tuple[tuple[str, int], ...]:
+        """``(name, size)`` of each mesh dim, outermost first: the dp dims of size > 1, so DDP and FSDP
+        get a 1-D mesh and only HSDP a 2-D one (``(("dp_replicate", 1),)`` when every degree is 1).
+        The mesh, when there is one, has exactly these dims; a sharding plan records them."""
+        p = self.parallelism
+        dims = tuple((n, s) for n, s in (("dp_replicate", p.dp_replicate), ("dp_shard", p.dp_shard)) if s > 1)
+        return dims or (("dp_replicate", 1),)
+
+    def build_mesh(self) -> DeviceMesh:
+        """Create the device mesh of :attr:`mesh_dims` on this runtime's device type (every rank of
+        the process group must call it; :func:`init_runtime` does, once)."""
+        names, sizes = zip(*self.mesh_dims, strict=True)
+        return init_device_mesh(self.device.type, sizes, mesh_dim_names=names)
 
     @property
     def is_main(self) -> bool:
@@ -158,16 +194,6 @@ def backend_for(device: torch.device) -> str:
     return dist.get_default_backend_for_device(device)
 
 
-def build_mesh(parallelism: ParallelismConfig, device_type: str) -> DeviceMesh:
-    """Mesh with the dp dims of ``parallelism`` (resolved); dims of size 1 are left out so DDP and
-    FSDP get a 1-D mesh and only HSDP a 2-D one."""
-    dims = [(n, s) for n, s in (("dp_replicate", parallelism.dp_replicate), ("dp_shard", parallelism.dp_shard))
-            if s > 1]
-    if not dims:
-        dims = [("dp_replicate", 1)]
-    return init_device_mesh(device_type, tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
-
-
 _groups_created = 0  # process groups this process has created (see _init_process_group)
 
 
@@ -230,7 +256,7 @@ def init_runtime(
         backend = backend_for(dev)
         _init_process_group(backend, rank, world, datetime.timedelta(seconds=accelerator.timeout_s),
                             dev if backend == "nccl" else None)
-    mesh = build_mesh(resolved, dev.type)
-    return ParallelRuntime(rank=rank, world_size=world, local_rank=launch.local_rank, device=dev, backend=backend,
-                           parallelism=resolved, mesh=mesh, timeout_s=accelerator.timeout_s,
-                           owns_process_group=not adopted, launcher=launch.launcher)
+    runtime = ParallelRuntime(rank=rank, world_size=world, local_rank=launch.local_rank, device=dev,
+                              backend=backend, parallelism=resolved, mesh=None, timeout_s=accelerator.timeout_s,
+                              owns_process_group=not adopted, launcher=launch.launcher)
+    return evolve(runtime, mesh=runtime.build_mesh())

@@ -8,51 +8,28 @@ place, so the module stays the user's module and the optimizer must be built *af
 
 Ignored modules are passed as ``ignored_params``: FSDP neither shards nor moves them and, unlike
 DDP, does not reduce their gradients either. Left alone, every rank would train its own copy and
-the replicas would drift apart silently, so :func:`finish_gradient_sync` averages those gradients
-over the data-parallel group after each synchronising backward (``gradient_sync`` calls it).
+the replicas would drift apart silently, so :func:`average_gradients` averages those gradients
+over the data-parallel group after each synchronising backward. :func:`apply_sharding` returns
+them, and ``wrap_model`` keeps them on the ``WrappedModel`` whose ``gradient_sync`` does it.
 """
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from attrs import define
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-from lerobot_parallel.config import ShardingError
 from lerobot_parallel.plan import ShardingPlan
 from lerobot_parallel.runtime import ParallelRuntime
-
-
-@define(frozen=True)
-class _ShardedState:
-    ignored: tuple[nn.Parameter, ...]  # trainable ignored parameters, in model order (same on every rank)
-    group: dist.ProcessGroup | None
-    world: int
-
-
-_STATE: WeakKeyDictionary[nn.Module, _ShardedState] = WeakKeyDictionary()
 
 
 def offload_policy(cpu_offload: bool) -> OffloadPolicy:
     """``CPUOffloadPolicy`` pins host memory only when CUDA exists: pinning needs the CUDA driver and
     raises on CPU-only builds (measured on torch 2.15)."""
     return CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
-
-
-def _check_plan(plan: ShardingPlan, runtime: ParallelRuntime) -> None:
-    p = runtime.parallelism
-    if (plan.dp_replicate, plan.dp_shard) != (p.dp_replicate, p.dp_shard) or not plan.is_sharded:
-        raise ShardingError(
-            f"the sharding plan was built for {plan.mode} (dp_replicate={plan.dp_replicate} x "
-            f"dp_shard={plan.dp_shard}) but this runtime is {p.mode} (dp_replicate={p.dp_replicate} x "
-            f"dp_shard={p.dp_shard}); build the plan from runtime.parallelism"
-        )
-    if runtime.mesh is None or tuple(runtime.mesh.mesh_dim_names or ()) != plan.mesh_dim_names:
-        raise ShardingError(f"the runtime's mesh {runtime.mesh} does not have the plan's dims {plan.mesh_dim_names}")
 
 
 @torch.no_grad()
@@ -66,9 +43,11 @@ def upcast_trainable(model: nn.Module) -> list[str]:
     return changed
 
 
-def apply_sharding(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan) -> nn.Module:
-    """Shard ``model`` in place as ``plan`` says; returns ``model`` (now an ``FSDPModule``)."""
-    _check_plan(plan, runtime)
+def apply_sharding(model: nn.Module, runtime: ParallelRuntime,
+                   plan: ShardingPlan) -> tuple[nn.Module, tuple[nn.Parameter, ...]]:
+    """Shard ``model`` in place on ``runtime.mesh`` as ``plan`` says (``wrap_model`` checked that they
+    belong together). Returns ``model`` (now an ``FSDPModule``) and its trainable ignored parameters
+    in model order (the same on every rank), whose gradients FSDP will not reduce."""
     unit_mp, root_mp = plan.precision.policies()
     offload = offload_policy(plan.cpu_offload)
     ignored_modules = [model.get_submodule(m.path) for m in plan.ignored]
@@ -84,46 +63,32 @@ def apply_sharding(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPla
     for path in plan.shard_order():
         fully_shard(model.get_submodule(path), mp_policy=unit_mp, **common)
     fully_shard(model, mp_policy=root_mp, **common)
-    _STATE[model] = _ShardedState(
-        ignored=tuple(p for p in model.parameters() if p in ignored and p.requires_grad),
-        group=runtime.dp_group, world=runtime.dp_world_size,
-    )
-    return model
-
-
-def ignored_parameters(model: nn.Module) -> tuple[nn.Parameter, ...]:
-    """The trainable parameters sharding left unsharded (empty for any other model)."""
-    state = _STATE.get(model)
-    return () if state is None else state.ignored
+    return model, tuple(p for p in model.parameters() if p in ignored and p.requires_grad)
 
 
 @torch.no_grad()
-def finish_gradient_sync(model: nn.Module) -> None:
-    """Average the ignored parameters' gradients over the dp group (FSDP does the rest in backward).
+def average_gradients(params: Sequence[nn.Parameter], group: dist.ProcessGroup | None, world: int) -> None:
+    """Average the gradients of ``params`` (the ignored ones; FSDP reduces the rest in backward)
+    over ``group`` of ``world`` ranks.
 
-    Every rank sends every ignored parameter (zeros for a missing gradient), one all-reduce per
-    dtype, so the collectives match even when a branch was unused on some rank.
+    Every rank sends every parameter (zeros for a missing gradient), one all-reduce per dtype, so
+    the collectives match even when a branch was unused on some rank.
     """
-    state = _STATE.get(model)
-    if state is None or not state.ignored or state.group is None:
+    if not params or group is None:
         return
     by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-    for p in state.ignored:
+    for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)
     for dtype in sorted(by_dtype, key=str):
-        params = by_dtype[dtype]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        dist.all_reduce(flat, group=state.group)
-        flat.div_(state.world)
+        params_of = by_dtype[dtype]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params_of])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
         offset = 0
-        for p in params:
+        for p in params_of:
             chunk = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
             if p.grad is None:
                 p.grad = chunk.clone()
             else:
                 p.grad.copy_(chunk)
-
-
-def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)

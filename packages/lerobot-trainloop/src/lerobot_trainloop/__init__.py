@@ -12,7 +12,7 @@ _LAZY = {
     "StepOutput": "lerobot_trainloop.loop",
     "NonFiniteLossError": "lerobot_trainloop.loop",
     "DEFAULT_REDUCTIONS": "lerobot_trainloop.loop",
-    "StepEvent": "lerobot_trainloop.hooks",
+    "StepEvent": "lerobot_trainloop.loop",
     "MetricsTracker": "lerobot_trainloop.metrics",
     "Meter": "lerobot_trainloop.metrics",
     "move_to_device": "lerobot_trainloop.batch",

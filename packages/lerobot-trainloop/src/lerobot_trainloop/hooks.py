@@ -1,36 +1,21 @@
-"""Step hooks: callbacks the loop runs after given loop steps (logging, saving, evaluation).
+"""Hook scheduling: which loop steps a callback (logging, saving, evaluation) runs after.
 
 Hooks are scheduled by loop-step number only, so every rank runs the same hooks at the same
 steps. That matters: a hook that asks for reduced metrics triggers a collective, and saving
 is collective too; a schedule that differed between ranks would deadlock.
+
+This module knows nothing of the loop (what a hook receives, ``StepEvent``, is the loop's: see
+:mod:`lerobot_trainloop.loop`), so it imports none of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attrs import define, field
 
-if TYPE_CHECKING:
-    from lerobot_trainloop.loop import StepOutput, TrainLoop
-
-
-@define(frozen=True)
-class StepEvent:
-    """What a hook receives. ``metrics`` is the window reduced over ranks (same on every rank),
-    present when any hook due at this step asked for it."""
-
-    loop: TrainLoop
-    output: StepOutput
-    metrics: dict[str, float] | None = None
-
-    @property
-    def step(self) -> int:
-        return self.output.step
-
-
-Hook = Callable[[StepEvent], Any]
+Hook = Callable[[Any], Any]  # called with the loop's StepEvent
 
 
 @define(frozen=True)

@@ -5,7 +5,7 @@ Semantics (fixed by the user docs, and the same whatever the number of processes
 * One *loop step* = every dp worker trains on one micro-batch. ``--steps`` counts loop steps.
 * With K accumulation steps the loss is divided by K and gradients are all-reduced only on
   the K-th micro-batch (DDP ``no_sync`` / FSDP ``set_requires_gradient_sync(False)`` before it,
-  through ``lerobot_parallel.wrap.gradient_sync``); clipping, the optimizer step and ``zero_grad``
+  through ``WrappedModel.gradient_sync``); clipping, the optimizer step and ``zero_grad``
   happen on that micro-batch only. K micro-batches of B on W workers thus equal one batch of
   B·W·K samples, which the equivalence tests check. Under FSDP2/HSDP the optimizer holds the
   sharded parameters and clipping computes one global norm over the sharded (DTensor) gradients,
@@ -32,12 +32,10 @@ from attrs import define
 from lerobot_parallel.config import AcceleratorConfig
 from lerobot_parallel.grad_clip import clip_grad_norm
 from lerobot_parallel.precision import Precision, build_precision
-from lerobot_parallel.runtime import ParallelRuntime
-from lerobot_parallel.wrap import gradient_sync, parameters_for_clipping
-from torch import nn
+from lerobot_parallel.wrap import WrappedModel
 
 from lerobot_trainloop.batch import batch_size_of, move_to_device
-from lerobot_trainloop.hooks import Hook, ScheduledHook, StepEvent, schedule
+from lerobot_trainloop.hooks import Hook, ScheduledHook, schedule
 from lerobot_trainloop.metrics import MetricsTracker
 from lerobot_trainloop.sampler import ShardedBatchSampler
 
@@ -72,18 +70,33 @@ class StepOutput:
     lr: float | None
 
 
-class TrainLoop:
-    """Drives ``model`` (already wrapped by ``lerobot_parallel.wrap_model``) one loop step at a time.
+@define(frozen=True)
+class StepEvent:
+    """What a hook receives. ``metrics`` is the window reduced over ranks (same on every rank),
+    present when any hook due at this step asked for it."""
 
-    Use :meth:`run` for a whole run, or :meth:`train_step` from your own loop; both keep the
-    accumulation phase, scheduler, sampler position, metrics and hooks consistent.
+    loop: TrainLoop
+    output: StepOutput
+    metrics: dict[str, float] | None = None
+
+    @property
+    def step(self) -> int:
+        return self.output.step
+
+
+class TrainLoop:
+    """Drives a model wrapped by ``lerobot_parallel.wrap_model`` one loop step at a time.
+
+    ``wrapped`` brings the module (``self.model``), its runtime (``self.runtime``: device, dp group)
+    and its gradient synchronisation, so the loop cannot be handed a topology other than the one the
+    model was wrapped for. Use :meth:`run` for a whole run, or :meth:`train_step` from your own
+    loop; both keep the accumulation phase, scheduler, sampler position, metrics and hooks consistent.
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        wrapped: WrappedModel,
         optimizer: torch.optim.Optimizer,
-        runtime: ParallelRuntime,
         *,
         scheduler: Any | None = None,
         accelerator: AcceleratorConfig | None = None,
@@ -93,12 +106,16 @@ class TrainLoop:
         sampler: ShardedBatchSampler | None = None,
         step: int = 0,
     ) -> None:
+        if not isinstance(wrapped, WrappedModel):
+            raise TypeError(f"TrainLoop drives what lerobot_parallel.wrap_model returns (a WrappedModel), got "
+                            f"{type(wrapped).__name__}: wrap it with wrap_model(model, runtime, build_plan(...))")
         accelerator = accelerator or AcceleratorConfig()
-        self.model = model
+        self.wrapped = wrapped
+        self.model = wrapped.model
         self.optimizer = optimizer
-        self.runtime = runtime
+        self.runtime = wrapped.runtime
         self.scheduler = scheduler
-        self.precision = precision or build_precision(accelerator.mixed_precision, runtime.device)
+        self.precision = precision or build_precision(accelerator.mixed_precision, self.runtime.device)
         self.grad_accum_steps = accelerator.gradient_accumulation.steps
         if grad_clip_norm is not None and not grad_clip_norm > 0:
             raise ValueError(f"grad_clip_norm must be > 0 or None, got {grad_clip_norm!r}")
@@ -110,7 +127,7 @@ class TrainLoop:
         self.skipped_updates = 0
         self.metrics = MetricsTracker(DEFAULT_REDUCTIONS)
         self.hooks: list[ScheduledHook] = []
-        self._clip_params = parameters_for_clipping(model)
+        self._clip_params = wrapped.parameters_for_clipping()
 
     # -- schedule -------------------------------------------------------------------------
     def add_hook(self, fn: Hook, *, every: int | None = None, at: Iterable[int] = (), metrics: bool = False) -> None:
@@ -147,7 +164,7 @@ class TrainLoop:
         k = self.grad_accum_steps
         sync = self.is_sync_step()
         batch = move_to_device(batch, self.runtime.device)
-        with gradient_sync(self.model, sync):
+        with self.wrapped.gradient_sync(sync):
             with self.precision.autocast():
                 loss, info = self.model(batch)
             loss_value = float(loss.detach())
