@@ -43,6 +43,7 @@ from lerobot_ckpt.errors import (
     ModelMismatchError,
 )
 from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.safetensors.files import read_tensors
 from lerobot_ckpt.state.fqn import (
     AdapterState,
     apply_optimizer_state,
@@ -106,6 +107,14 @@ class PreparedState:
             step()
 
 
+def _checked_index(directory) -> DcpIndex:
+    """A DCP directory's index once every shard file is present, long enough and framed as a record."""
+    index = DcpIndex.read(directory)
+    index.check_files()
+    index.check_records()
+    return index
+
+
 def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Module | None,
              adapter_state: AdapterState | None, apply_adapter, collective: bool) -> Step | None:
     art = record.artifacts
@@ -121,9 +130,7 @@ def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Modul
         return None
     by_caller = art.peft_adapter and adapter_state is None  # the caller's apply_adapter gets full tensors
     if art.model_dcp:
-        index = DcpIndex.read(paths.model_dcp)
-        index.check_files()
-        index.check_records()
+        index = _checked_index(paths.model_dcp)
         if by_caller:
             with ChunkReader(index.directory) as reader:
                 tensors = {k: read_full_tensor(reader, t, k) for k, t in index.under(MODEL_KEY).items()}
@@ -135,8 +142,6 @@ def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Modul
         raise CorruptCheckpointError(paths.training_step, "it records no model weights")
     file = paths.adapter_weights if art.peft_adapter else paths.model_weights
     if by_caller:
-        from lerobot_ckpt.safetensors.files import read_tensors
-
         tensors = read_tensors(file)[0]
         return lambda: apply_adapter(tensors)
     return _SafetensorsSlices(file, model_state(model, adapter_state)).copy
@@ -151,9 +156,7 @@ def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Mod
     params = list(chain.from_iterable(g["params"] for g in optimizer.param_groups))
     fqns = param_fqns(model, optimizer)
     if art.optimizer_dcp:
-        index = DcpIndex.read(paths.optimizer_dcp)
-        index.check_files()
-        index.check_records()
+        index = _checked_index(paths.optimizer_dcp)
         check_optimizer(index, {f: tuple(p.shape) for f, p in zip(fqns, params, strict=True)},
                         len(optimizer.param_groups))
         stored = set(stored_optimizer_fqns(index))

@@ -18,7 +18,7 @@ from pathlib import Path
 from attrs import define, field
 
 CHECKPOINTS_DIR = "checkpoints"
-RUN_LOCK = ".lerobot-run.lock"  # in <output_dir>/: the run holding the directory (see runlock.py)
+RUN_LOCK = ".lerobot-run.lock"  # in <output_dir>/: the run holding the directory (see commit/run_lock.py)
 LAST_LINK = "last"
 PRETRAINED_MODEL_DIR = "pretrained_model"
 TRAINING_STATE_DIR = "training_state"

@@ -32,12 +32,20 @@ from lerobot_ckpt.state.model import few, mismatch
 from lerobot_ckpt.state.optimizer import PARAM_SHAPED
 
 
-def _translate(exc: CheckpointException, directory: Path) -> CheckpointSaveError:
+def _lowest_failure(exc: CheckpointException) -> tuple[int, BaseException] | None:
+    """The lowest failing rank and its error: DCP gathers every rank's, so all ranks pick the same."""
     failures = exc.failures or {}
     if not failures:
-        return CheckpointSaveError(f"could not write {directory}: {str(exc).splitlines()[0]}")
+        return None
     rank = min(failures)
-    inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+    return rank, failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+
+
+def _translate(exc: CheckpointException, directory: Path) -> CheckpointSaveError:
+    failure, failures = _lowest_failure(exc), exc.failures or {}
+    if failure is None:
+        return CheckpointSaveError(f"could not write {directory}: {str(exc).splitlines()[0]}")
+    rank, inner = failure
     others = f" (ranks {', '.join(map(str, sorted(failures)))} failed)" if len(failures) > 1 else ""
     message = f"could not write {directory}{others}: {describe(inner)}"
     if isinstance(inner, OSError):
@@ -59,13 +67,11 @@ def save_dcp(directory: Path, key: str, state: dict[str, Any]) -> None:
 
 
 def _translate_read(exc: CheckpointException, directory: Path) -> CorruptCheckpointError:
-    """A failed DCP read as one line: the lowest failing rank's error (DCP gathers every rank's, so
-    all ranks of a collective read build the same message)."""
-    failures = exc.failures or {}
-    if not failures:
+    """A failed DCP read as one line: the lowest failing rank's error, the same on every rank."""
+    failure = _lowest_failure(exc)
+    if failure is None:
         return CorruptCheckpointError(directory, f"a shard could not be read: {str(exc).splitlines()[0]}")
-    rank = min(failures)
-    inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+    rank, inner = failure
     cause = describe(inner).split(". ")[0][:160]  # torch's own advice after the first sentence does not apply
     return CorruptCheckpointError(
         directory, f"rank {rank} could not decode a shard ({cause}); the files were damaged after the save: "
