@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# LeRobot interop checks for CI: build (or reuse) LeRobot 0.6.1's own environment from this machine's
+# Python 3.12, then run every policy's round trip against it (tools/interop/*_lerobot_interop.py).
+#
+# The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
+# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft. No
+# Python 3.12 means no interop run: that is said in one line and fails, so a missing run is never read
+# as a pass.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+LEROBOT_VERSION="0.6.1"
+PEFT_VERSION="0.21.2"   # what lerobot-cli's lock pins, so both sides read the same adapter files
+VENV="${LEROBOT_INTEROP_VENV:-$HOME/.cache/lerobot-interop/lerobot-${LEROBOT_VERSION}-py312}"
+
+find_python312() {
+  local candidate
+  for candidate in "${LEROBOT_INTEROP_PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
+      /usr/bin/python3.12 /usr/local/bin/python3.12; do
+    [ -n "$candidate" ] || continue
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      "$candidate" -c 'import sys; print(sys.executable)'
+      return 0
+    fi
+  done
+  return 1
+}
+
+env_ok() {
+  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$LEROBOT_VERSION" "$PEFT_VERSION" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+assert version("lerobot") == sys.argv[1] and version("peft") == sys.argv[2]
+EOF
+}
+
+if ! env_ok; then
+  if ! PY312="$(find_python312)"; then
+    echo "interop: FAILED: no Python 3.12 on this machine (LeRobot ${LEROBOT_VERSION} needs it; set LEROBOT_INTEROP_PYTHON), so LeRobot cannot check our checkpoints" >&2
+    exit 1
+  fi
+  echo "interop: building LeRobot ${LEROBOT_VERSION} in ${VENV} from ${PY312}"
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  uv venv -q --python "$PY312" "$VENV"
+  uv pip install -q --python "$VENV/bin/python" "lerobot==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot ${LEROBOT_VERSION} with peft ${PEFT_VERSION}" >&2; exit 1; }
+else
+  echo "interop: reusing LeRobot ${LEROBOT_VERSION} in ${VENV}"
+fi
+
+status=0
+for check in tools/interop/*_lerobot_interop.py; do
+  echo "interop: $(basename "$check")"
+  if ! uv run --frozen python "$check" --lerobot-python "$VENV/bin/python"; then
+    echo "interop: FAILED: $(basename "$check")" >&2
+    status=1
+  fi
+done
+exit "$status"
