@@ -22,7 +22,7 @@ from lerobot_ckpt import (
     resolve_checkpoint_dir,
 )
 from lerobot_ckpt.discovery import newer_checkpoints
-from lerobot_ckpt.layout import CHECKPOINTS_DIR
+from lerobot_ckpt.layout import CHECKPOINTS_DIR, RUN_LOCK
 from lerobot_ckpt.pretrained import pretrained_weights_file, weights_sha256
 
 from lerobot_cli.cli.errors import UsageError
@@ -121,7 +121,8 @@ def _run_dir_for(checkpoint: Path, cfg: TrainConfig, flags: dict[str, str], note
         given = Path(cfg.output_dir).expanduser()
         if holder is not None and given.resolve() == holder.resolve():
             return holder
-        if given.exists() and (not given.is_dir() or any(given.iterdir())):
+        # The main rank may already hold the lock on it while a slower rank gets here: that file is no content.
+        if given.exists() and (not given.is_dir() or any(p.name != RUN_LOCK for p in given.iterdir())):
             raise UsageError(
                 f"--output_dir={cfg.output_dir} is not the run that holds {checkpoint} ({holder or 'no run'}) and "
                 "is not empty: drop --output_dir to continue that run in place, or pass a new directory to "
