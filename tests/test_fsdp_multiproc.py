@@ -84,7 +84,7 @@ def test_fsdp_runtime_and_refusals(fsdp):
         assert res["runtime"] == {"mode": "fsdp", "mesh_dim_names": ["dp_shard"], "mesh_shape": [2],
                                   "dp_rank": r, "dp_world_size": 2}
         no_units = res["no_units"]
-        for way in ("--accelerator.fsdp.wrap_modules", "--accelerator.fsdp.min_num_params", "_fsdp_wrap_modules"):
+        for way in ("accelerator.fsdp.wrap_modules", "accelerator.fsdp.min_num_params", "_fsdp_wrap_modules"):
             assert way in no_units
         assert "Block x3" in no_units  # the class names a user can pick from
         tied = res["tied"]

@@ -116,7 +116,8 @@ def test_refusal_message_lists_variables_and_both_ways_out():
     text = guard_message(result)
     assert result.names == ("ACCELERATE_MIXED_PRECISION", "PARALLELISM_CONFIG_TP_SIZE")
     assert "  ACCELERATE_MIXED_PRECISION=fp16\n  PARALLELISM_CONFIG_TP_SIZE=1" in text
-    assert "--parallelism." in text and "--accelerator." in text
+    assert "parallelism.dp_shard=N" in text and "accelerator.mixed_precision=bf16" in text
+    assert "--parallelism" not in text and "--accelerator" not in text  # config paths, not a CLI's flags
     assert f"{ALLOW_ENV_VAR}=1" in text
     for name in DYNAMO:
         assert name not in text

@@ -101,7 +101,7 @@ def test_plan_with_ignored_modules_and_precision():
     assert plan.root.num_params == 117  # the head is no longer the root's
     text = "\n".join(plan.describe())
     assert "gradients averaged over 4 dp ranks" in text and "all-gathered in bfloat16" in text
-    assert "derived from --accelerator.mixed_precision=bf16" in text
+    assert "derived from accelerator.mixed_precision=bf16" in text
 
 
 def test_units_inside_ignored_modules_are_dropped_and_all_ignored_is_refused():
@@ -157,10 +157,10 @@ def test_explicit_policy_is_built_from_its_fields_only():
 def test_explicit_policy_needs_param_dtype_and_float16_needs_fp16():
     with pytest.raises(ValueError, match="param_dtype must be set"):
         MixedPrecisionPolicyConfig(reduce_dtype="float32")
-    with pytest.raises(ValueError, match="needs --accelerator.mixed_precision=fp16"):
+    with pytest.raises(ValueError, match="needs accelerator.mixed_precision=fp16"):
         AcceleratorConfig(mixed_precision="bf16", fsdp=FSDPConfig(
             mixed_precision_policy=MixedPrecisionPolicyConfig(param_dtype="float16")))
-    with pytest.raises(ValueError, match="needs --accelerator.mixed_precision=fp16"):
+    with pytest.raises(ValueError, match="needs accelerator.mixed_precision=fp16"):
         resolve_sharded_precision("no", MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype="float16"))
     unit, _ = resolve_sharded_precision("fp16", MixedPrecisionPolicyConfig(param_dtype="float16")).policies()
     assert unit.param_dtype == torch.float16

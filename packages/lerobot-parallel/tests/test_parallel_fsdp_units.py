@@ -21,7 +21,7 @@ def test_policy_attribute_is_the_default_source():
 def test_flag_wins_over_the_policy_attribute_and_each_name_must_match():
     sel = select_units(BlockRegressor(), FSDPConfig(wrap_modules=("Block", "Head")))
     assert sel.paths == ("blocks.0", "blocks.1", "blocks.2", "head")
-    assert sel.source == "--accelerator.fsdp.wrap_modules"
+    assert sel.source == "accelerator.fsdp.wrap_modules"
     with pytest.raises(ShardingError) as err:
         select_units(BlockRegressor(), FSDPConfig(wrap_modules=("Block", "TransformerLayer")))
     msg = str(err.value)
@@ -46,7 +46,7 @@ def test_no_source_fails_naming_the_three_ways():
     with pytest.raises(ShardingError) as err:
         select_units(PlainRegressor(), FSDPConfig())
     msg = str(err.value)
-    assert "--accelerator.fsdp.wrap_modules" in msg and "--accelerator.fsdp.min_num_params" in msg
+    assert "accelerator.fsdp.wrap_modules=" in msg and "accelerator.fsdp.min_num_params=N" in msg and "--" not in msg
     assert "_fsdp_wrap_modules" in msg and "PlainRegressor" in msg
 
 

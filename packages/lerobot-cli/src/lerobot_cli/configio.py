@@ -45,6 +45,13 @@ converter = configure_converter(cattrs.Converter(forbid_extra_keys=True), strict
 resolve_all_types(TrainConfig)
 
 
+def _names_itself(message: str, path: str) -> bool:
+    """A message that starts with a flag (``--steps …``) or with its own config path (the library
+    configs' ``parallelism.dp_shard must be …``, respelled as flags when printed) needs no prefix."""
+    where = path.lstrip(".")
+    return message.startswith("--") or bool(where) and message.startswith(where)
+
+
 def _flatten_errors(exc: BaseException, path: str) -> list[str]:
     if isinstance(exc, ClassValidationError | cattrs.errors.IterableValidationError):
         out: list[str] = []
@@ -54,7 +61,8 @@ def _flatten_errors(exc: BaseException, path: str) -> list[str]:
             index = getattr(note, "index", None)
             sub_path = f"{path}.{name}" if name is not None else f"{path}[{index!r}]" if index is not None else path
             expected = getattr(note, "type", None)
-            if isinstance(sub, TypeError | ValueError) and not str(sub).startswith("--") and expected is not None:
+            named = _names_itself(str(sub), sub_path)
+            if isinstance(sub, TypeError | ValueError) and not named and expected is not None:
                 shown = getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
                 out.append(f"{sub_path.lstrip('.')}: expected {shown} ({sub})")
                 continue
@@ -68,7 +76,7 @@ def _flatten_errors(exc: BaseException, path: str) -> list[str]:
     if isinstance(exc, KeyError):
         return [f"missing required key {path.lstrip('.')}.{exc.args[0]}"]
     msg = str(exc)
-    if isinstance(exc, TypeError | ValueError) and not msg.startswith("--"):
+    if isinstance(exc, TypeError | ValueError) and not _names_itself(msg, path):
         where = path.lstrip(".")
         return [f"{where}: {msg}" if where else msg]
     return [msg]

@@ -27,6 +27,7 @@ def dry_run(cfg: TrainConfig) -> int:
     resolved = cfg.parallelism.resolve(preview_world_size(cfg, LaunchEnv.from_environ().world_size))
     from lerobot_parallel.runtime import ParallelRuntime
 
+    from lerobot_cli.cli.render import as_flags
     from lerobot_cli.datasets import load_meta, resolve_dataset_root
     from lerobot_cli.runner import sharding_plan
     from lerobot_cli.workload import build_policy_for
@@ -34,5 +35,5 @@ def dry_run(cfg: TrainConfig) -> int:
     meta = load_meta(resolve_dataset_root(cfg.dataset))
     _, policy = build_policy_for(cfg, meta.features)
     plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))
-    print("\n".join(plan.describe()))
+    print(as_flags("\n".join(plan.describe())))
     return 0

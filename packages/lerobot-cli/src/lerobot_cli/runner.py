@@ -28,6 +28,7 @@ from lerobot_cli.banner import banner_lines
 from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
 from lerobot_cli.cli.errors import UsageError, is_quiet_rank, leave_quietly
+from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
@@ -56,7 +57,7 @@ def _exit(message: str, code: int, runtime: ParallelRuntime | None = None) -> No
     if runtime is None and is_quiet_rank():  # refused before the group exists: the node's first rank says it
         leave_quietly(code)
     lines = [ln for ln in message.strip().splitlines() if ln.strip()]
-    print_once_per_job(f"{PROG}: error: {lines[-1] if lines else message}", runtime, stream=sys.stderr)
+    print_once_per_job(f"{PROG}: error: {as_flags(lines[-1] if lines else message)}", runtime, stream=sys.stderr)
     raise SystemExit(code)
 
 
@@ -64,7 +65,7 @@ class _LowerLevelFormatter(logging.Formatter):
     """``lerobot-train: warning: …``, the one style of every warning the CLI prints."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"{PROG}: {record.levelname.lower()}: {record.getMessage()}"
+        return f"{PROG}: {record.levelname.lower()}: {as_flags(record.getMessage())}"
 
 
 def _setup_logging(is_main: bool) -> None:
@@ -160,7 +161,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             reporter.print(line)
         if runtime.parallelism.is_sharded:
             for line in plan_.describe():
-                reporter.print(line)
+                reporter.print(as_flags(line))
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.loss, ev.output.lr), every=1)
         if cfg.log_freq > 0:
             loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)

@@ -6,6 +6,7 @@ import os
 import sys
 
 from lerobot_cli.cli.errors import UsageError, exit_usage
+from lerobot_cli.cli.render import as_flags
 
 PROG = "lerobot-train"
 
@@ -50,7 +51,7 @@ def _is_main_rank() -> bool:
 def warn(message: str) -> None:
     """One warning, from the main rank only (every rank parses the same flags and files)."""
     if _is_main_rank():
-        print(f"{PROG}: warning: {message}", file=sys.stderr)
+        print(f"{PROG}: warning: {as_flags(message)}", file=sys.stderr)
 
 
 def _claim_run_dir(plan):
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_run(cfg, parsed.flags, result.config_path)
         cfg = plan.cfg
     except (UsageError, ValueError) as exc:
-        exit_usage(PROG, str(exc))
+        exit_usage(PROG, as_flags(str(exc)))
     if cfg.dry_run:
         from lerobot_cli.datasets import DatasetError
         from lerobot_cli.dry_run import dry_run
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return dry_run(cfg)
         except (DatasetError, ValueError) as exc:
-            exit_usage(PROG, str(exc))
+            exit_usage(PROG, as_flags(str(exc)))
     lock = work = None
     try:
         if _is_main_rank():
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     check_publish_target(cfg.policy.repo_id)
                 lock, work = _claim_run_dir(plan)
             except UsageError as exc:
-                exit_usage(PROG, str(exc))
+                exit_usage(PROG, as_flags(str(exc)))
         for note in plan.notes:
             warn(note)
         from lerobot_cli.runner import run

@@ -15,8 +15,6 @@ from lerobot_parallel.config import (
     GradientAccumulationConfig,
     MixedPrecisionPolicyConfig,
     ParallelismConfig,
-    ParallelismError,
-    ShardingError,
 )
 from lerobot_parallel.env_guard import (
     ALLOW_ENV_VAR,
@@ -26,6 +24,7 @@ from lerobot_parallel.env_guard import (
     enforce_accelerate_env_guard,
     guard_message,
 )
+from lerobot_parallel.errors import ConfigTypeError, ParallelismError, ShardingError
 from lerobot_parallel.launch_env import LaunchEnv, LaunchEnvError
 from lerobot_parallel.watchdog import LAUNCHER_GONE_EXIT_CODE, LauncherWatch, launcher_watch_wanted
 
@@ -74,6 +73,7 @@ __all__ = [
     "LAUNCHER_GONE_EXIT_CODE",
     "AccelerateEnvError",
     "AcceleratorConfig",
+    "ConfigTypeError",
     "DDPConfig",
     "EnvGuardResult",
     "FSDPConfig",

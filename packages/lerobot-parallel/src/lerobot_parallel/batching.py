@@ -8,11 +8,7 @@ user who changes the topology sees what changed.
 
 from __future__ import annotations
 
-
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
-    return value
+from lerobot_parallel.validators import require_count as _positive
 
 
 def effective_batch_size(batch_size: int, dp_world_size: int, grad_accum_steps: int = 1) -> int:
@@ -25,7 +21,7 @@ def effective_batch_size(batch_size: int, dp_world_size: int, grad_accum_steps: 
 
 
 def samples_per_loop_step(batch_size: int, dp_world_size: int) -> int:
-    """Samples the whole cluster consumes per loop step (what ``--steps`` counts)."""
+    """Samples the whole cluster consumes per loop step (the unit a step count counts in)."""
     return _positive("batch_size", batch_size) * _positive("dp_world_size", dp_world_size)
 
 

@@ -2,7 +2,9 @@
 
 These classes are the single description of *how* a run is parallelised. They are
 plain attrs data so that a CLI can build them from flags and a foreign trainer can
-build them in code; nothing here touches torch, which keeps ``--help`` fast.
+build them in code; nothing here touches torch, which keeps ``--help`` fast. Their
+messages name fields by config path (``accelerator.fsdp.wrap_modules``; see
+:mod:`lerobot_parallel.errors`), the rules themselves are :mod:`lerobot_parallel.validators`.
 """
 
 from __future__ import annotations
@@ -12,33 +14,14 @@ from typing import Literal
 
 from attrs import define, field
 
+from lerobot_parallel.errors import ParallelismError
+from lerobot_parallel.validators import choice, count, tuple_or_none
+
 MixedPrecision = Literal["no", "bf16", "fp16"]
 DType = Literal["float32", "bfloat16", "float16"]
 MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "bf16", "fp16")
 DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-
-
-class ParallelismError(ValueError):
-    """A topology that cannot be built from the launched processes (a usage error)."""
-
-
-class ShardingError(ParallelismError):
-    """A model that cannot be sharded as asked (no wrap units, unknown class, tied weights across units …).
-
-    A subclass of :class:`ParallelismError` so a CLI that already turns topology errors into a
-    usage exit (code 2) handles these the same way.
-    """
-
-
-def _degree(minimum_message: str, allow_all: bool):
-    def check(inst, attribute, value) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"--parallelism.{attribute.name} must be an integer, got {value!r}")
-        if value >= 1 or (allow_all and value == -1):
-            return
-        raise ParallelismError(f"--parallelism.{attribute.name} must be {minimum_message}, got {value}")
-
-    return check
+MPP = "accelerator.fsdp.mixed_precision_policy"
 
 
 @define(frozen=True)
@@ -50,11 +33,11 @@ class ParallelismConfig:
     """
 
     dp_replicate: int = field(
-        default=1, validator=_degree("≥ 1", allow_all=False),
+        default=1, validator=count("parallelism.dp_replicate", "≥ 1"),
         metadata={"help": "Number of model replicas (all-reduce between them); DDP when dp_shard=1."},
     )
     dp_shard: int = field(
-        default=1, validator=_degree("≥ 1, or -1 for all launched processes", allow_all=True),
+        default=1, validator=count("parallelism.dp_shard", "≥ 1, or -1 for all launched processes", allow_all=True),
         metadata={"help": "Ranks each replica is sharded over (FSDP2); -1 = all launched processes."},
     )
 
@@ -83,7 +66,7 @@ class ParallelismConfig:
         """
         if world_size < 1:
             raise ParallelismError(f"world size must be ≥ 1, got {world_size}")
-        shown = f"--parallelism.dp_replicate={self.dp_replicate} --parallelism.dp_shard={self.dp_shard}"
+        shown = f"parallelism.dp_replicate={self.dp_replicate} parallelism.dp_shard={self.dp_shard}"
         if (self.dp_replicate, self.dp_shard) == (1, 1):
             return ParallelismConfig(dp_replicate=world_size, dp_shard=1)
         if self.dp_shard == -1:
@@ -102,32 +85,20 @@ class ParallelismConfig:
         return self
 
 
-def _choice(flag: str, choices: tuple[str, ...], optional: bool = False):
-    def check(inst, attribute, value) -> None:
-        if value is None and optional:
-            return
-        if value not in choices:
-            raise ValueError(f"{flag}: invalid choice {value!r} (choose from {', '.join(choices)})")
-
-    return check
-
-
-def _tuple_or_none(value):
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value)
+def check_float16_policy(mixed_precision: str, mpp: MixedPrecisionPolicyConfig) -> None:
+    """float16 anywhere in the explicit policy needs ``mixed_precision=fp16``, which builds the loss
+    scaler (fp16 gradients without one underflow). Checked by ``AcceleratorConfig`` and again where a
+    policy is resolved from loose arguments."""
+    if "float16" in (mpp.param_dtype, mpp.reduce_dtype, mpp.output_dtype) and mixed_precision != "fp16":
+        raise ParallelismError(
+            f"{MPP} uses float16, which needs accelerator.mixed_precision=fp16 (that builds the loss scaler)"
+        )
 
 
 @define(frozen=True)
 class GradientAccumulationConfig:
-    steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer update (loss divided by it)."})
-
-    @steps.validator
-    def _check(self, attribute, value) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"--accelerator.gradient_accumulation.steps must be an integer ≥ 1, got {value!r}")
+    steps: int = field(default=1, validator=count("accelerator.gradient_accumulation.steps"),
+                       metadata={"help": "Micro-batches per optimizer update (loss divided by it)."})
 
 
 @define(frozen=True)
@@ -136,19 +107,19 @@ class MixedPrecisionPolicyConfig:
 
     param_dtype: str | None = field(
         default=None,
-        validator=_choice("--accelerator.fsdp.mixed_precision_policy.param_dtype", DTYPE_CHOICES, True),
+        validator=choice(f"{MPP}.param_dtype", DTYPE_CHOICES, optional=True),
         metadata={"help": "Dtype of unsharded parameters in forward/backward (required once any field is set).",
                   "choices": DTYPE_CHOICES},
     )
     reduce_dtype: str | None = field(
         default=None,
-        validator=_choice("--accelerator.fsdp.mixed_precision_policy.reduce_dtype", DTYPE_CHOICES, True),
+        validator=choice(f"{MPP}.reduce_dtype", DTYPE_CHOICES, optional=True),
         metadata={"help": "Dtype of gradient reduction; unset follows torch's default for this version.",
                   "choices": DTYPE_CHOICES},
     )
     output_dtype: str | None = field(
         default=None,
-        validator=_choice("--accelerator.fsdp.mixed_precision_policy.output_dtype", DTYPE_CHOICES, True),
+        validator=choice(f"{MPP}.output_dtype", DTYPE_CHOICES, optional=True),
         metadata={"help": "Dtype the wrapped modules' outputs are cast to.", "choices": DTYPE_CHOICES},
     )
     cast_forward_inputs: bool | None = field(
@@ -162,8 +133,8 @@ class MixedPrecisionPolicyConfig:
 
     def __attrs_post_init__(self) -> None:
         if self.is_set and self.param_dtype is None:
-            raise ValueError(
-                "--accelerator.fsdp.mixed_precision_policy.param_dtype must be set when any other "
+            raise ParallelismError(
+                f"{MPP}.param_dtype must be set when any other "
                 "mixed_precision_policy field is set (the explicit policy replaces the derived one)"
             )
 
@@ -171,11 +142,12 @@ class MixedPrecisionPolicyConfig:
 @define(frozen=True)
 class FSDPConfig:
     wrap_modules: tuple[str, ...] | None = field(
-        default=None, converter=_tuple_or_none,
+        default=None, converter=tuple_or_none,
         metadata={"help": "Module class names that become FSDP units (overrides the policy's _fsdp_wrap_modules)."},
     )
     min_num_params: int | None = field(
-        default=None, metadata={"help": "Instead of names: wrap every submodule above this many parameters."}
+        default=None, validator=count("accelerator.fsdp.min_num_params", optional=True),
+        metadata={"help": "Instead of names: wrap every submodule above this many parameters."},
     )
     reshard_after_forward: bool = field(
         default=True, metadata={"help": "Free each unit's gathered parameters after forward (saves memory)."}
@@ -191,28 +163,23 @@ class FSDPConfig:
     mixed_precision_policy: MixedPrecisionPolicyConfig = field(factory=MixedPrecisionPolicyConfig)
 
     def __attrs_post_init__(self) -> None:
-        if self.wrap_modules is not None:
-            if not self.wrap_modules or not all(isinstance(n, str) and n for n in self.wrap_modules):
-                raise ValueError(
-                    "--accelerator.fsdp.wrap_modules must be a non-empty JSON list of class names, "
-                    f"e.g. '[\"ACTEncoderLayer\"]', got {list(self.wrap_modules)!r}"
-                )
-        if self.min_num_params is not None and (
-            isinstance(self.min_num_params, bool) or not isinstance(self.min_num_params, int)
-            or self.min_num_params < 1
-        ):
-            raise ValueError(f"--accelerator.fsdp.min_num_params must be an integer ≥ 1, got {self.min_num_params!r}")
-        if self.wrap_modules is not None and self.min_num_params is not None:
-            raise ValueError(
-                "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are two ways to choose "
+        names = self.wrap_modules
+        if names is not None and (not names or not all(isinstance(n, str) and n for n in names)):
+            raise ParallelismError(
+                "accelerator.fsdp.wrap_modules must be a non-empty JSON list of class names, "
+                f"e.g. '[\"ACTEncoderLayer\"]', got {list(names)!r}"
+            )
+        if names is not None and self.min_num_params is not None:
+            raise ParallelismError(
+                "accelerator.fsdp.wrap_modules and accelerator.fsdp.min_num_params are two ways to choose "
                 "wrap units; pass only one of them"
             )
         if self.ignored_modules is not None:
             try:
                 re.compile(self.ignored_modules)
             except re.error as exc:
-                raise ValueError(
-                    f"--accelerator.fsdp.ignored_modules is not a valid regular expression "
+                raise ParallelismError(
+                    f"accelerator.fsdp.ignored_modules is not a valid regular expression "
                     f"({self.ignored_modules!r}: {exc})"
                 ) from None
 
@@ -236,7 +203,7 @@ class AcceleratorConfig:
     """Precision, accumulation and wrapper settings, independent of the topology degrees."""
 
     mixed_precision: str = field(
-        default="no", validator=_choice("--accelerator.mixed_precision", MIXED_PRECISION_CHOICES),
+        default="no", validator=choice("accelerator.mixed_precision", MIXED_PRECISION_CHOICES),
         metadata={"help": "Autocast precision; fp16 adds a loss scaler, fp32 master weights are kept.",
                   "choices": MIXED_PRECISION_CHOICES},
     )
@@ -249,10 +216,5 @@ class AcceleratorConfig:
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
-            raise ValueError(f"--accelerator.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
-        mpp = self.fsdp.mixed_precision_policy
-        if "float16" in (mpp.param_dtype, mpp.reduce_dtype, mpp.output_dtype) and self.mixed_precision != "fp16":
-            raise ValueError(
-                "--accelerator.fsdp.mixed_precision_policy uses float16, which needs "
-                "--accelerator.mixed_precision=fp16 (that builds the loss scaler)"
-            )
+            raise ParallelismError(f"accelerator.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        check_float16_policy(self.mixed_precision, self.fsdp.mixed_precision_policy)

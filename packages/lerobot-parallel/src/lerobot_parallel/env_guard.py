@@ -95,7 +95,7 @@ def _offends(name: str, value: str, mixed_precision: str) -> bool:
 def check_accelerate_env(mixed_precision: str = "no", environ: Mapping[str, str] | None = None) -> EnvGuardResult:
     """Find Accelerate engine settings in ``environ`` (default: ``os.environ``).
 
-    ``mixed_precision`` is our own ``--accelerator.mixed_precision``: an
+    ``mixed_precision`` is our own ``accelerator.mixed_precision``: an
     ``ACCELERATE_MIXED_PRECISION`` equal to it says the same thing and is harmless.
     """
     env = os.environ if environ is None else environ
@@ -110,8 +110,8 @@ def guard_message(result: EnvGuardResult) -> str:
     if result.allowed:
         return (
             "Accelerate engine configuration found in the environment; it is IGNORED because "
-            f"{ALLOW_ENV_VAR} is set. These settings are overridden by the --parallelism.* / "
-            f"--accelerator.* flags of this run (train_config.json records what actually runs):\n{listing}"
+            f"{ALLOW_ENV_VAR} is set. These settings are overridden by the parallelism.* / "
+            f"accelerator.* settings of this run (train_config.json records what actually runs):\n{listing}"
         )
     return (
         "Refusing to start: Accelerate engine configuration found in the environment. Accelerate is "
@@ -119,9 +119,9 @@ def guard_message(result: EnvGuardResult) -> str:
         f"describe the run:\n{listing}\n"
         "Ways out:\n"
         "  1. unset them (do not use `accelerate config` files or `accelerate launch --use_fsdp/"
-        "--use_deepspeed/--config_file`) and choose the settings with --parallelism.* / --accelerator.* "
-        "flags instead, e.g. --parallelism.dp_shard=N, --accelerator.mixed_precision=bf16, "
-        "--accelerator.gradient_accumulation.steps=K;\n"
+        "--use_deepspeed/--config_file`) and choose the settings with parallelism.* / accelerator.* "
+        "instead, e.g. parallelism.dp_shard=N, accelerator.mixed_precision=bf16, "
+        "accelerator.gradient_accumulation.steps=K;\n"
         f"  2. or set {ALLOW_ENV_VAR}=1 to acknowledge that they are overridden and proceed."
     )
 

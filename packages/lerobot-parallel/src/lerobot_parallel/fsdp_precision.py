@@ -2,11 +2,11 @@
 
 Two routes, never mixed:
 
-* **Explicit** (any ``--accelerator.fsdp.mixed_precision_policy.*`` set): built from those fields
+* **Explicit** (any ``accelerator.fsdp.mixed_precision_policy.*`` set): built from those fields
   only; unset ones take torch's own defaults. An unset ``reduce_dtype`` therefore follows the
   installed torch: before 2.15 it followed ``param_dtype``; from 2.15 gradients are reduced in the
   parameters' own dtype (fp32 master weights → fp32 reduce-scatter; measured on 2.15 with gloo).
-* **Derived** from ``--accelerator.mixed_precision=bf16|fp16``: ``param_dtype`` = that dtype,
+* **Derived** from ``accelerator.mixed_precision=bf16|fp16``: ``param_dtype`` = that dtype,
   ``reduce_dtype`` = float32 spelled out (the same on every torch version, and accumulated
   gradients keep their precision), no ``output_dtype``. Wrap units cast their floating inputs
   (activations) to ``param_dtype``; the root does *not*, so the batch — regression targets
@@ -26,12 +26,13 @@ import torch
 from attrs import define
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from lerobot_parallel.config import MixedPrecisionPolicyConfig
+from lerobot_parallel.config import MIXED_PRECISION_CHOICES, MixedPrecisionPolicyConfig, check_float16_policy
+from lerobot_parallel.validators import require_choice
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DERIVED = {"bf16": "bfloat16", "fp16": "float16"}
-FLAG_MP = "--accelerator.mixed_precision"
-FLAG_MPP = "--accelerator.fsdp.mixed_precision_policy"
+MP = "accelerator.mixed_precision"
+MPP = "accelerator.fsdp.mixed_precision_policy"
 
 
 @define(frozen=True)
@@ -39,7 +40,7 @@ class ShardedPrecision:
     """Policy fields as dtype names (``None``: torch's default), plus where they came from."""
 
     source: str  # "none", "derived", "explicit"
-    mixed_precision: str = "no"  # --accelerator.mixed_precision (autocast), for the description
+    mixed_precision: str = "no"  # accelerator.mixed_precision (autocast), for the description
     param_dtype: str | None = None
     reduce_dtype: str | None = None
     output_dtype: str | None = None
@@ -64,7 +65,7 @@ class ShardedPrecision:
         if self.source == "none":
             return "Precision: no mixed-precision policy (parameters, gradients and reductions in the model's dtypes)"
         reduce = self.reduce_dtype or f"torch {torch.__version__.split('+')[0]}'s default (the parameters' dtype)"
-        origin = f"derived from {FLAG_MP}={self.mixed_precision}" if self.source == "derived" else f"from {FLAG_MPP}.*"
+        origin = f"derived from {MP}={self.mixed_precision}" if self.source == "derived" else f"from {MPP}.*"
         casts = ("units cast inputs, the root does not" if self.cast_forward_inputs != self.root_cast_forward_inputs
                  else f"cast_forward_inputs={self.cast_forward_inputs}")
         return (f"Precision: parameters all-gathered in {self.param_dtype}, gradients reduced in {reduce}, "
@@ -78,16 +79,14 @@ def _dtype(name: str | None) -> torch.dtype | None:
 def resolve_sharded_precision(mixed_precision: str, mpp: MixedPrecisionPolicyConfig | None = None) -> ShardedPrecision:
     """The policy fields for ``mixed_precision`` (``no``/``bf16``/``fp16``) and the explicit config."""
     mpp = mpp or MixedPrecisionPolicyConfig()
+    require_choice(MP, mixed_precision, MIXED_PRECISION_CHOICES)
     if mpp.is_set:
-        if "float16" in (mpp.param_dtype, mpp.reduce_dtype, mpp.output_dtype) and mixed_precision != "fp16":
-            raise ValueError(f"{FLAG_MPP} uses float16, which needs {FLAG_MP}=fp16 (that builds the loss scaler)")
+        check_float16_policy(mixed_precision, mpp)
         cast = True if mpp.cast_forward_inputs is None else mpp.cast_forward_inputs
         return ShardedPrecision(source="explicit", mixed_precision=mixed_precision, param_dtype=mpp.param_dtype,
                                 reduce_dtype=mpp.reduce_dtype, output_dtype=mpp.output_dtype,
                                 cast_forward_inputs=cast, root_cast_forward_inputs=cast)
     if mixed_precision == "no":
         return ShardedPrecision(source="none")
-    if mixed_precision not in _DERIVED:
-        raise ValueError(f"{FLAG_MP} must be one of no, bf16, fp16, got {mixed_precision!r}")
     return ShardedPrecision(source="derived", mixed_precision=mixed_precision, param_dtype=_DERIVED[mixed_precision],
                             reduce_dtype="float32", cast_forward_inputs=True, root_cast_forward_inputs=False)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from attrs import define
 
-from lerobot_parallel.config import ParallelismError
+from lerobot_parallel.errors import ParallelismError
 
 _RANK = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 _WORLD = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")

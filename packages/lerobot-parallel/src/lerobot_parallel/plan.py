@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from attrs import define
 from torch import nn
 
-from lerobot_parallel.config import AcceleratorConfig, DDPConfig, ShardingError
+from lerobot_parallel.config import AcceleratorConfig, DDPConfig
+from lerobot_parallel.errors import ShardingError
 from lerobot_parallel.fsdp_precision import ShardedPrecision, resolve_sharded_precision
 from lerobot_parallel.memory import MemoryEstimate, estimate_memory
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.tied_weights import ROOT_LABEL, TiedWeightCheck, check_tied_weights, owner_of
-from lerobot_parallel.wrap_units import FLAG_IGNORED, children_first, select_ignored, select_units
+from lerobot_parallel.wrap_units import IGNORED_MODULES, children_first, select_ignored, select_units
 
 MAX_LISTED_UNITS = 16
 
@@ -153,7 +154,7 @@ def build_plan(
     ignored_ids = frozenset(id(p) for path in ignored_paths for p in model.get_submodule(path).parameters())
     if ignored_ids and mixed_precision == "fp16":
         raise ShardingError(
-            f"{FLAG_IGNORED} with --accelerator.mixed_precision=fp16 is not supported: the loss scaler's "
+            f"{IGNORED_MODULES} with accelerator.mixed_precision=fp16 is not supported: the loss scaler's "
             "inf check cannot mix sharded (DTensor) and unsharded gradients in torch's GradScaler. Use bf16, "
             "or shard those modules too"
         )
@@ -162,7 +163,7 @@ def build_plan(
              if not any(p == ig or p.startswith(ig + ".") for ig in ignored_paths)]
     if not units:
         raise ShardingError(
-            f"every wrap unit from {selection.source} lies inside {FLAG_IGNORED}={fsdp.ignored_modules!r}; "
+            f"every wrap unit from {selection.source} lies inside {IGNORED_MODULES}={fsdp.ignored_modules!r}; "
             "sharding the root alone saves no memory"
         )
     tied = check_tied_weights(model, units, ignored_ids)

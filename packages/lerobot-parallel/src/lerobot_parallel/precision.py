@@ -23,6 +23,9 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from attrs import define, field
 
+from lerobot_parallel.config import MIXED_PRECISION_CHOICES
+from lerobot_parallel.validators import require_choice
+
 _AUTOCAST_DTYPES = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -77,8 +80,7 @@ class Precision:
 
 def build_precision(mixed_precision: str, device: torch.device | str, **scaler_kwargs) -> Precision:
     """``"no"`` | ``"bf16"`` | ``"fp16"`` for ``device``; ``scaler_kwargs`` go to ``GradScaler`` (fp16 only)."""
-    if mixed_precision not in _AUTOCAST_DTYPES:
-        raise ValueError(f"mixed_precision must be one of {', '.join(_AUTOCAST_DTYPES)}, got {mixed_precision!r}")
+    require_choice("accelerator.mixed_precision", mixed_precision, MIXED_PRECISION_CHOICES)
     device_type = torch.device(device).type
     scaler = torch.amp.GradScaler(device_type, **scaler_kwargs) if mixed_precision == "fp16" else None
     return Precision(mode=mixed_precision, device_type=device_type,

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from attrs import define, evolve
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig, ParallelismError
+from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.errors import ParallelismError
 from lerobot_parallel.launch_env import LaunchEnv
 
 
@@ -158,7 +159,7 @@ def resolve_device(choice: str | torch.device | None, local_rank: int, local_wor
             requested = torch.device(choice)
         except RuntimeError as exc:
             raise ParallelismError(
-                f"--policy.device={choice}: not a torch device ({str(exc).splitlines()[0]}); use cpu, cuda or auto"
+                f"device={choice}: not a torch device ({str(exc).splitlines()[0]}); use cpu, cuda or auto"
             ) from None
         if requested.type in ("cpu", "meta"):
             return torch.device(requested.type)

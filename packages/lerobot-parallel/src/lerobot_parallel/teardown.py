@@ -28,7 +28,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig, ParallelismError
+from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.errors import ParallelismError
 from lerobot_parallel.launch_env import LaunchEnv
 from lerobot_parallel.runtime import ParallelRuntime, init_runtime
 from lerobot_parallel.watchdog import LauncherWatch, launcher_watch_wanted, start_launcher_watch

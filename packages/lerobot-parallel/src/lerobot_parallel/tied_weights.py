@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from attrs import define
 from torch import nn
 
-from lerobot_parallel.config import ShardingError
+from lerobot_parallel.errors import ShardingError
 from lerobot_parallel.wrap_units import depth
 
 ROOT_LABEL = "<root>"
@@ -91,7 +91,7 @@ def check_tied_weights(model: nn.Module, unit_paths: Sequence[str],
                 f"tied weights cannot be split between FSDP units: parameter {n1[0]} (the same tensor as "
                 f"{n2[0]}) is used by {label(u1)} and by {label(u2)}. Keep both users in one unit (wrap a "
                 "common parent, or drop one class from the unit list so it joins the root), untie the "
-                "weights, or keep them unsharded with --accelerator.fsdp.ignored_modules"
+                "weights, or keep them unsharded with accelerator.fsdp.ignored_modules"
             )
         (owner, names), = owners.items()
         shared.append(SharedParameter(names=tuple(names), owner=owner))

@@ -22,7 +22,7 @@ from attrs import define
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lerobot_parallel.config import ParallelismError, ShardingError
+from lerobot_parallel.errors import ParallelismError, ShardingError
 from lerobot_parallel.plan import ShardingPlan
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.sharding import apply_sharding, average_gradients

@@ -5,7 +5,7 @@ only the root wrapped, every rank all-gathers the whole model for each forward. 
 missing unit list is an error here and never a silent fallback to the root.
 
 Three sources, first one given wins (the order of the user docs):
-``--accelerator.fsdp.wrap_modules`` (class names; each must match), ``--accelerator.fsdp.min_num_params``
+``accelerator.fsdp.wrap_modules`` (class names; each must match), ``accelerator.fsdp.min_num_params``
 (size-based, bottom-up), the policy class's ``_fsdp_wrap_modules`` (at least one must match: a
 policy may declare units for optional sub-architectures it did not build this time).
 
@@ -22,12 +22,14 @@ from collections.abc import Iterable, Sequence
 from attrs import define
 from torch import nn
 
-from lerobot_parallel.config import FSDPConfig, ShardingError
+from lerobot_parallel.config import FSDPConfig
+from lerobot_parallel.errors import ShardingError
 
 NO_FORWARD: tuple[type[nn.Module], ...] = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
-FLAG_WRAP = "--accelerator.fsdp.wrap_modules"
-FLAG_MIN = "--accelerator.fsdp.min_num_params"
-FLAG_IGNORED = "--accelerator.fsdp.ignored_modules"
+# The settings' config paths, as messages and plan sources name them (see lerobot_parallel.errors).
+WRAP_MODULES = "accelerator.fsdp.wrap_modules"
+MIN_NUM_PARAMS = "accelerator.fsdp.min_num_params"
+IGNORED_MODULES = "accelerator.fsdp.ignored_modules"
 
 
 @define(frozen=True)
@@ -40,7 +42,7 @@ class UnitSelection:
 
 
 def class_census(model: nn.Module) -> str:
-    """``"Block x3, Linear x7, …"``: what a user can put in ``--accelerator.fsdp.wrap_modules``."""
+    """``"Block x3, Linear x7, …"``: what a user can put in ``accelerator.fsdp.wrap_modules``."""
     counts = Counter(type(m).__name__ for _, m in model.named_modules())
     return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
 
@@ -109,12 +111,12 @@ def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] =
         return free
 
     visit("", model)
-    source = f"{FLAG_MIN}={min_num_params}"
+    source = f"{MIN_NUM_PARAMS}={min_num_params}"
     if not chosen:
         total = sum(p.numel() for p in model.parameters())
         raise ShardingError(
             f"{source}: no submodule of {type(model).__name__} holds that many parameters (the whole model "
-            f"has {total}); lower it, or name the block classes with {FLAG_WRAP}"
+            f"has {total}); lower it, or name the block classes with {WRAP_MODULES}"
         )
     order = {path: i for i, (path, _) in enumerate(model.named_modules())}
     return UnitSelection(paths=tuple(sorted(chosen, key=order.__getitem__)), source=source)
@@ -124,10 +126,10 @@ def no_units_message(model: nn.Module) -> str:
     cls = type(model).__name__
     return (
         f"FSDP needs wrap units, and {cls} gives none: it declares no _fsdp_wrap_modules and neither "
-        f"{FLAG_WRAP} nor {FLAG_MIN} was passed. Sharding only the root would all-gather the whole model "
+        f"{WRAP_MODULES} nor {MIN_NUM_PARAMS} was passed. Sharding only the root would all-gather the whole model "
         f"on every rank and save no memory, so the run stops here. Choose one of: "
-        f"{FLAG_WRAP}='[\"BlockClass\"]' (class names present: {class_census(model)}); "
-        f"{FLAG_MIN}=N (wrap every submodule holding ≥ N parameters); "
+        f"{WRAP_MODULES}='[\"BlockClass\"]' (class names present: {class_census(model)}); "
+        f"{MIN_NUM_PARAMS}=N (wrap every submodule holding ≥ N parameters); "
         f"or declare _fsdp_wrap_modules = [\"BlockClass\"] on the policy class."
     )
 
@@ -140,7 +142,7 @@ def select_units(model: nn.Module, fsdp: FSDPConfig, default_wrap_modules: Seque
     policy is wrapped, e.g. by PEFT, and the attribute sits on the inner class).
     """
     if fsdp.wrap_modules is not None:
-        return select_by_class(model, fsdp.wrap_modules, source=FLAG_WRAP, require_each=True)
+        return select_by_class(model, fsdp.wrap_modules, source=WRAP_MODULES, require_each=True)
     if fsdp.min_num_params is not None:
         return select_by_size(model, fsdp.min_num_params, skip)
     declared = default_wrap_modules
@@ -171,7 +173,7 @@ def select_ignored(model: nn.Module, pattern: re.Pattern[str] | None) -> tuple[s
     if not matched:
         sample = [p for p, _ in _unique_modules(model)][:12]
         raise ShardingError(
-            f"{FLAG_IGNORED}={pattern.pattern!r} matches no module path (the whole path must match, "
+            f"{IGNORED_MODULES}={pattern.pattern!r} matches no module path (the whole path must match, "
             f"re.fullmatch; start with .* to match a suffix). Paths look like: {', '.join(sample)}"
         )
     return tuple(matched)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from lerobot_parallel.validators import require_count
 from torch.utils.data import Sampler
 
 _MASK64 = (1 << 64) - 1
@@ -70,8 +71,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
     ) -> None:
         for name, value, low in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1),
                                  ("dp_world_size", dp_world_size, 1), ("epoch", epoch, 0), ("offset", offset, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer ≥ {low}, got {value!r}")
+            require_count(name, value, minimum=low)
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
         if offset >= num_samples:
