@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from attrs import define, field
+from lerobot_parallel.validators import count
 
 Hook = Callable[[Any], Any]  # called with the loop's StepEvent
 
@@ -21,13 +22,11 @@ Hook = Callable[[Any], Any]  # called with the loop's StepEvent
 @define(frozen=True)
 class ScheduledHook:
     fn: Hook
-    every: int | None = None
+    every: int | None = field(default=None, validator=count("hook every", optional=True))
     at: frozenset[int] = field(factory=frozenset, converter=frozenset)
     metrics: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.every is not None and (isinstance(self.every, bool) or self.every < 1):
-            raise ValueError(f"hook 'every' must be ≥ 1 or None, got {self.every!r}")
         if self.every is None and not self.at:
             raise ValueError("a hook needs a schedule: every=N and/or at=[steps]")
 
