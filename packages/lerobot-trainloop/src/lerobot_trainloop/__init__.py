@@ -1,42 +1,17 @@
 """Data-parallel training loop pieces: sharded resumable sampler, step loop, metric reduction.
 
-Names load lazily so that importing the package (e.g. for a version check) does not import torch.
+Plain imports: every piece needs torch anyway, and a version check reads package metadata
+(``importlib.metadata.version("lerobot-trainloop")``) without importing the package.
 """
 
+from lerobot_parallel.batching import effective_batch_line, effective_batch_size
+
+from lerobot_trainloop.batch import batch_size_of, move_to_device
+from lerobot_trainloop.loop import DEFAULT_REDUCTIONS, NonFiniteLossError, StepEvent, StepOutput, TrainLoop
+from lerobot_trainloop.metrics import Meter, MetricsTracker
+from lerobot_trainloop.sampler import ShardedBatchSampler, epoch_permutation
+
 __version__ = "0.1.0"
-
-_LAZY = {
-    "ShardedBatchSampler": "lerobot_trainloop.sampler",
-    "epoch_permutation": "lerobot_trainloop.sampler",
-    "TrainLoop": "lerobot_trainloop.loop",
-    "StepOutput": "lerobot_trainloop.loop",
-    "NonFiniteLossError": "lerobot_trainloop.loop",
-    "DEFAULT_REDUCTIONS": "lerobot_trainloop.loop",
-    "StepEvent": "lerobot_trainloop.loop",
-    "MetricsTracker": "lerobot_trainloop.metrics",
-    "Meter": "lerobot_trainloop.metrics",
-    "move_to_device": "lerobot_trainloop.batch",
-    "batch_size_of": "lerobot_trainloop.batch",
-    # the effective-batch arithmetic lives with the topology; re-exported for loop users
-    "effective_batch_size": "lerobot_parallel.batching",
-    "effective_batch_line": "lerobot_parallel.batching",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lerobot_trainloop' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
 
 __all__ = [
     "DEFAULT_REDUCTIONS",
