@@ -130,10 +130,11 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 
 def test_packages_import_without_torch():
-    """The CLI's --help imports configs and the guard; neither package may pull in torch."""
+    """The CLI's --help imports configs and the guard; they may not pull in torch. (lerobot_trainloop
+    imports torch on purpose: every piece of it needs torch.)"""
     code = (
         "import sys, lerobot_parallel, lerobot_parallel.env_guard, lerobot_parallel.launch_env, "
-        "lerobot_parallel.batching, lerobot_trainloop\n"
+        "lerobot_parallel.batching\n"
         "lerobot_parallel.ParallelismConfig().resolve(2); lerobot_parallel.check_accelerate_env()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
@@ -151,7 +152,6 @@ def test_lazy_names_resolve_to_the_torch_modules():
     assert lerobot_parallel.build_precision is precision.build_precision
     assert lerobot_trainloop.effective_batch_line is lerobot_parallel.effective_batch_line
     assert set(lerobot_parallel._LAZY) <= set(lerobot_parallel.__all__)
-    assert set(lerobot_trainloop._LAZY) == set(lerobot_trainloop.__all__)
     for name in lerobot_parallel.__all__ + lerobot_trainloop.__all__:
         assert getattr(lerobot_parallel if name in lerobot_parallel.__all__ else lerobot_trainloop, name) is not None
     with pytest.raises(AttributeError):
