@@ -21,6 +21,7 @@ from lerobot_parallel.runtime import ParallelRuntime
 pytestmark = pytest.mark.slow
 MULTIPROC = Path(__file__).resolve().parent / "multiproc"
 TOL = 1e-5
+FP16_TOL = 2e-3  # fp16 autocast on another batch split: the same updates, rounded differently
 
 
 def _workload():
@@ -193,7 +194,7 @@ def test_each_mixed_precision_policy_rule(fsdp):
             assert all(math.isfinite(x) for x in res[key]["losses"]), key
 
 
-def test_fp16_loss_scaler_with_sharded_gradients(fsdp):
+def test_fp16_loss_scaler_with_sharded_gradients(fsdp, ref):
     for res in fsdp:
         run = res["fp16"]
         assert run["probe"]["block_param"] == "torch.float16" and run["param_dtypes"] == ["torch.float32"]
@@ -201,7 +202,26 @@ def test_fp16_loss_scaler_with_sharded_gradients(fsdp):
         assert run["skipped_updates"] == 1 and run["optimizer_steps"] == 2
         assert [o["lr"] for o in run["outputs"]] == pytest.approx([0.05, 0.045, 0.0405])
         assert all(math.isfinite(x) for x in run["losses"])
-    assert fsdp[0]["fp16"]["params"] == fsdp[1]["fp16"]["params"]
+    # Gathered full parameters are equal on every rank by construction; what shows that no rank applied
+    # the skipped update to its own shard is the match with one process that skipped it too.
+    skipped = ref("fp16_skip1", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True,
+                  init_scale=2.0**40, backoff_factor=2.0**-32)
+    assert close(fsdp[0]["fp16"]["params"], skipped["params"], tol=FP16_TOL)
+
+
+def test_fp16_overflow_in_one_rank_shard_is_skipped_by_every_rank(fsdp, ref):
+    """Only rank 0's gradient shard holds the inf, so a rank deciding alone would step: every rank must
+    skip step 1 (the inf flag is reduced over the mesh), and the parameters match one process that
+    skipped step 1 — not one that applied it, which lies measurably further away."""
+    skipped = ref("fp16_skip1", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True,
+                  init_scale=2.0**40, backoff_factor=2.0**-32)
+    applied = ref("fp16_no_skip", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True, init_scale=2.0**8)
+    assert max(abs(a - b) for a, b in zip(skipped["params"], applied["params"], strict=True)) > 10 * FP16_TOL
+    for res in fsdp:
+        run = res["fp16_one_shard"]
+        assert [o["skipped"] for o in run["outputs"]] == [True, False, False]
+        assert run["skipped_updates"] == 1 and run["optimizer_steps"] == 2
+        assert close(run["params"], skipped["params"], tol=FP16_TOL)
 
 
 def test_cpu_offload_runs_on_cpu_and_memory_estimate_holds(fsdp, ref):
@@ -209,6 +229,7 @@ def test_cpu_offload_runs_on_cpu_and_memory_estimate_holds(fsdp, ref):
     for r, res in enumerate(fsdp):
         off = res["offload"]
         assert off["devices"] == ["cpu"]
+        assert off["offload_to_cpu"] == [True] and off["default_offload_to_cpu"] == [False]
         assert close(off["losses"], single["losses"]) and close(off["params"], single["params"])
         est, measured = off["estimate"], off["measured_with_grads"]
         assert est["location"] == "cpu (offloaded)"
@@ -314,9 +335,12 @@ def test_hsdp_ignored_module_averaged_over_every_dp_rank(hsdp, ref):
         assert close(res["ignored"]["params"], single["params"])
 
 
-def test_hsdp_fp16_skips_the_same_update_everywhere(hsdp):
+def test_hsdp_fp16_skips_the_same_update_everywhere(hsdp, ref):
+    skipped = ref("fp16_skip1", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True,
+                  init_scale=2.0**40, backoff_factor=2.0**-32)
     for res in hsdp:
         run = res["fp16"]
         assert [o["skipped"] for o in run["outputs"]] == [True, False, False]
         assert run["optimizer_steps"] == 2 and all(math.isfinite(x) for x in run["losses"])
-    assert all(res["fp16"]["params"] == hsdp[0]["fp16"]["params"] for res in hsdp)
+        # replicas and shards alike: the same parameters as one process that skipped step 1
+        assert close(run["params"], skipped["params"], tol=FP16_TOL)

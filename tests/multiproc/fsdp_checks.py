@@ -51,6 +51,40 @@ def shard_facts(model: torch.nn.Module) -> dict:
     return facts
 
 
+def offload_flags(model: torch.nn.Module) -> list[bool]:
+    """FSDP2's own record of whether each sharded parameter lives offloaded to the CPU."""
+    from torch.distributed.fsdp import FSDPModule
+
+    flags = set()
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            flags |= {fp.offload_to_cpu for fp in (group.fsdp_params if group is not None else [])}
+    return sorted(flags)
+
+
+def train_with_poisoned_shard(rt) -> dict:
+    """``train`` in fp16 where, at the first update, rank 0 alone finds an inf in its local gradient shard."""
+    from lerobot_parallel.precision import Precision
+
+    original, seen = Precision.unscale_, []
+
+    def unscale_(self, optimizer):
+        if not seen and rank() == 0:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            local = next(x for x in (g.to_local() if isinstance(g, DTensor) else g for g in grads) if x.numel())
+            local.view(-1)[0] = float("inf")
+        seen.append(True)
+        return original(self, optimizer)
+
+    Precision.unscale_ = unscale_
+    try:
+        return train(rt, batch_size=4, steps=3, mixed_precision="fp16", scheduler=True, init_scale=2.0**8,
+                     backoff_factor=0.5)
+    finally:
+        Precision.unscale_ = original
+
+
 README = Path(__file__).resolve().parents[2] / "packages/lerobot-parallel/README.md"
 
 
@@ -128,12 +162,22 @@ def main() -> None:
                                            init_scale=2.0**40, backoff_factor=2.0**-32))
             res["fp16"]["reduce_dtypes"] = sorted(set(spy.calls))
 
+        # fp16 with an overflow in ONE rank's gradient shard only (rank 0, step 1; no scale overflows by
+        # itself): the skip must be decided together, or rank 1 would apply that update to its shard alone.
+        res["fp16_one_shard"] = json_ready(train_with_poisoned_shard(rt))
+
         # CPU offload on a CPU-only build (pin_memory off), AdamW, and measured vs estimated bytes.
         offload_shards: dict = {}
         off = train(rt, batch_size=4, steps=3, optimizer="adamw", fsdp=FSDPConfig(cpu_offload=True),
                     on_wrapped=lambda m: offload_shards.update(shard_facts(m)))
         res["offload"] = json_ready(off)
         res["offload"]["devices"] = sorted({f["device"] for f in offload_shards.values()})
+        # On a CPU-only machine every parameter is on the CPU anyway: what shows the offload policy is
+        # applied is FSDP's own per-parameter flag, set for this run and not for a default one.
+        res["offload"]["offload_to_cpu"] = offload_flags(off["model"])
+        plain = BlockRegressor()
+        res["offload"]["default_offload_to_cpu"] = offload_flags(
+            wrap_model(plain, rt, build_plan(plain, rt, AcceleratorConfig())).model)
         res["offload"]["measured"] = measure_rank_bytes(off["model"], off["optimizer"])
         # grads were zeroed (set_to_none) after the last update: measure what a step holds
         loss, _ = off["model"]({"x": torch.randn(4, 8), "y": torch.randn(4, 4)})
