@@ -92,6 +92,9 @@ def test_bf16_and_fp16_under_ddp(ranks):
     for res in ranks:
         bf16 = res["bf16"]
         assert bf16["param_dtypes"] == ["torch.float32"] and all(bf16["params_same_each_step"])
+        # fp32 master weights, bf16 compute: autocast is really on under DDP (and off without it)
+        assert bf16["linear_output_dtypes"] == ["torch.bfloat16"]
+        assert res["ddp_k1"]["linear_output_dtypes"] == ["torch.float32"]
         assert all(math.isfinite(x) for x in bf16["losses"])
         fp16 = res["fp16"]
         assert [o["skipped"] for o in fp16["outputs"]] == [True, False, False]

@@ -42,6 +42,10 @@ def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int
 
         precision = build_precision(mixed_precision, runtime.device, **precision_kwargs)
     loop = TrainLoop(wrapped, opt, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision)
+    computed: set[str] = set()  # what the layers really compute in (autocast is invisible in param dtypes)
+    for layer in model.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.register_forward_hook(lambda _m, _i, out: computed.add(str(out.dtype)))
     losses: list[float] = []
     outputs: list[dict] = []
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
@@ -56,6 +60,7 @@ def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int
         "outputs": outputs,
         "params": flat_params(model).tolist(),
         "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+        "linear_output_dtypes": sorted(computed),
         "sampler": sampler.state_dict(),
         "optimizer_steps": loop.optimizer_steps,
         "skipped_updates": loop.skipped_updates,
