@@ -29,8 +29,7 @@ def dry_run(cfg: TrainConfig) -> int:
 
     from lerobot_cli.cli.render import as_flags
     from lerobot_cli.datasets import load_meta, resolve_dataset_root
-    from lerobot_cli.runner import sharding_plan
-    from lerobot_cli.workload import build_policy_for
+    from lerobot_cli.workload import build_policy_for, sharding_plan
 
     meta = load_meta(resolve_dataset_root(cfg.dataset))
     _, policy = build_policy_for(cfg, meta.features)

@@ -16,7 +16,6 @@ import torch
 from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, ModelMismatchError
 from lerobot_parallel import ParallelismError
 from lerobot_parallel.job_message import print_once_per_job
-from lerobot_parallel.plan import ShardingPlan, build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import wrap_model
@@ -27,7 +26,7 @@ from torch.utils.data import DataLoader
 from lerobot_cli.banner import banner_lines
 from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
-from lerobot_cli.cli.errors import UsageError, is_quiet_rank, leave_quietly
+from lerobot_cli.cli.errors import PROG, UsageError, is_quiet_rank, leave_quietly
 from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
@@ -40,9 +39,8 @@ from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
-from lerobot_cli.workload import build_workload
+from lerobot_cli.workload import build_workload, sharding_plan
 
-PROG = "lerobot-train"
 USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError,
                                                 PeftSetupError, UsageError)
 
@@ -96,13 +94,6 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
     except ParallelismError as exc:  # topology refused before the process group existed
         _exit(str(exc) + (resume.topology_hint() if resume else ""), 2)
     return 0
-
-
-def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> ShardingPlan:
-    """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
-    inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
-    return build_plan(policy, runtime, cfg.accelerator,
-                      default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None))
 
 
 def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:

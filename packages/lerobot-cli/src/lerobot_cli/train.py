@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from lerobot_cli.cli.errors import UsageError, exit_usage
+from lerobot_cli.cli.errors import PROG, UsageError, exit_usage
 from lerobot_cli.cli.render import as_flags
-
-PROG = "lerobot-train"
 
 
 def _policy_class_for_help(flags: dict[str, str]):

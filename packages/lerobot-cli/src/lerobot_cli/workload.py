@@ -14,6 +14,8 @@ from pathlib import Path
 import attrs
 from attrs import define
 from lerobot_ckpt.layout import POLICY_CONFIG, POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
+from lerobot_parallel.plan import ShardingPlan, build_plan
+from lerobot_parallel.runtime import ParallelRuntime
 from torch import nn
 
 from lerobot_cli.config import TrainConfig
@@ -165,3 +167,10 @@ def stats_error_message(path: Path, exc: MissingStatsError) -> str:
     return (f"{path}: {lacks} ({needs}); valid: {path.name} with those statistics for every normalized feature "
             f"(recompute the dataset's statistics), or --policy.normalization_mapping='{identity}' to leave "
             f"{' and '.join(types)} unnormalized")
+
+
+def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> ShardingPlan:
+    """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
+    inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
+    return build_plan(policy, runtime, cfg.accelerator,
+                      default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None))

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import NoReturn
 
+PROG = "lerobot-train"
 USAGE_EXIT_CODE = 2
 
 
