@@ -11,6 +11,7 @@ import datetime as _dt
 from attrs import define, evolve, field
 from lerobot_ckpt import CheckpointFormat
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.validators import count
 
 from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
@@ -22,14 +23,6 @@ from lerobot_cli.policies.config import PolicyConfig
 class TrackioConfig:
     enable: bool = field(default=False, metadata={"help": "Log metrics and config to trackio (local-first)."})
     project: str | None = field(default=None, metadata={"help": "trackio project name (default: the job name)."})
-
-
-def _count(flag: str, minimum: int):
-    def check(inst, attribute, value) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{flag} must be an integer ≥ {minimum}, got {value!r}")
-
-    return check
 
 
 def _path_or_none(flag: str):
@@ -62,20 +55,20 @@ class TrainConfig:
     )
     seed: int = field(default=1000, metadata=_h("Seed of model init, data order and dropout."))
     steps: int = field(
-        default=100_000, validator=_count("--steps", 1),
+        default=100_000, validator=count("--steps"),
         metadata=_h("Loop steps (micro-batches per worker), not optimizer updates."),
     )
     batch_size: int = field(
-        default=8, validator=_count("--batch_size", 1), metadata=_h("Micro-batch per data-parallel worker.")
+        default=8, validator=count("--batch_size"), metadata=_h("Micro-batch per data-parallel worker.")
     )
     num_workers: int = field(
-        default=4, validator=_count("--num_workers", 0), metadata=_h("DataLoader worker processes per rank.")
+        default=4, validator=count("--num_workers", minimum=0), metadata=_h("DataLoader worker processes per rank.")
     )
     log_freq: int = field(
-        default=200, validator=_count("--log_freq", 0), metadata=_h("Log reduced metrics every N steps (0: never).")
+        default=200, validator=count("--log_freq", minimum=0), metadata=_h("Log reduced metrics every N steps (0: never).")
     )
     save_freq: int = field(
-        default=20_000, validator=_count("--save_freq", 0),
+        default=20_000, validator=count("--save_freq", minimum=0),
         metadata=_h("Checkpoint every N steps (0: only at the end)."),
     )
     save_checkpoint: bool = field(default=True, metadata=_h("Write checkpoints at all."))

@@ -32,14 +32,14 @@ def require_count(path: str, value: object, requirement: str | None = None, *, m
     raise ParallelismError(f"{path} must be {requirement or f'an integer ≥ {minimum}'}, got {value!r}")
 
 
-def count(path: str, requirement: str | None = None, *, allow_all: bool = False,
+def count(path: str, requirement: str | None = None, *, minimum: int = 1, allow_all: bool = False,
           optional: bool = False) -> Validator:
-    """attrs validator for :func:`require_count` (≥ 1); ``None`` passes when ``optional``."""
+    """attrs validator for :func:`require_count` (≥ ``minimum``); ``None`` passes when ``optional``."""
 
     def check(inst: Any, attribute: Any, value: Any) -> None:
         if value is None and optional:
             return
-        require_count(path, value, requirement, allow_all=allow_all)
+        require_count(path, value, requirement, minimum=minimum, allow_all=allow_all)
 
     return check
 

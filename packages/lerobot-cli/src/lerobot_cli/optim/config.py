@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 from attrs import define, field
+from lerobot_parallel.validators import choice
 
 OPTIMIZER_TYPES = ("adamw", "adam", "sgd")
 SCHEDULER_TYPES = ("cosine_decay_with_warmup", "constant_with_warmup")
-
-
-def _choice(flag: str, choices: tuple[str, ...]):
-    def check(inst, attribute, value) -> None:
-        if value not in choices:
-            raise ValueError(f"{flag}: invalid choice {value!r} (choose from {', '.join(choices)})")
-
-    return check
 
 
 def _non_negative(flag: str):
@@ -27,7 +20,7 @@ def _non_negative(flag: str):
 @define(frozen=True)
 class OptimizerConfig:
     type: str = field(
-        default="adamw", validator=_choice("--optimizer.type", OPTIMIZER_TYPES),
+        default="adamw", validator=choice("--optimizer.type", OPTIMIZER_TYPES),
         metadata={"help": "Optimizer class.", "choices": OPTIMIZER_TYPES},
     )
     lr: float = field(
@@ -57,7 +50,7 @@ class SchedulerConfig:
     """LR schedule stepped once per loop step; ``peak_lr`` defaults to the optimizer's lr."""
 
     type: str = field(
-        default="cosine_decay_with_warmup", validator=_choice("--scheduler.type", SCHEDULER_TYPES),
+        default="cosine_decay_with_warmup", validator=choice("--scheduler.type", SCHEDULER_TYPES),
         metadata={"help": "Schedule shape.", "choices": SCHEDULER_TYPES},
     )
     num_warmup_steps: int = field(
