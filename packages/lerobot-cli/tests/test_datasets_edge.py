@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from lerobot_cli.datasets import DatasetError, LeRobotDataset, load_meta
-from lerobot_cli.datasets.writer import EpisodeData, write_dataset
+from lerobot_cli.datasets.writer import EpisodeData, FileLimits, write_dataset
 
 FPS = 10
 LENGTHS = [5, 1, 7, 3, 9, 4, 6]
@@ -66,9 +66,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         FPS,
         FEATURES,
         (_episode(e, n) for e, n in enumerate(LENGTHS)),
-        chunks_size=2,
-        data_files_size_in_mb=0.06,
-        video_files_size_in_mb=0.004,
+        limits=FileLimits(chunks_size=2, data_files_size_in_mb=0.06, video_files_size_in_mb=0.004),
     )
 
 

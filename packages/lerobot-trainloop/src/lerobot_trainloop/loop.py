@@ -104,7 +104,6 @@ class TrainLoop:
         grad_clip_norm: float | None = None,
         allow_nonfinite_loss: bool = False,
         sampler: ShardedBatchSampler | None = None,
-        step: int = 0,
     ) -> None:
         if not isinstance(wrapped, WrappedModel):
             raise TypeError(f"TrainLoop drives what lerobot_parallel.wrap_model returns (a WrappedModel), got "
@@ -122,7 +121,7 @@ class TrainLoop:
         self.grad_clip_norm = grad_clip_norm
         self.allow_nonfinite_loss = allow_nonfinite_loss
         self.sampler = sampler
-        self.step = step
+        self.step = 0  # a resumed run restores it with load_state_dict
         self.optimizer_steps = 0
         self.skipped_updates = 0
         self.metrics = MetricsTracker(DEFAULT_REDUCTIONS)

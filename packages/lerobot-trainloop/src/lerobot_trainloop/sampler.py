@@ -65,17 +65,14 @@ class ShardedBatchSampler(Sampler[list[int]]):
         dp_world_size: int = 1,
         seed: int = 0,
         shuffle: bool = True,
-        epoch: int = 0,
-        offset: int = 0,
+        position: int = 0,
         max_batches: int | None = None,
     ) -> None:
         for name, value, low in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1),
-                                 ("dp_world_size", dp_world_size, 1), ("epoch", epoch, 0), ("offset", offset, 0)):
+                                 ("dp_world_size", dp_world_size, 1), ("position", position, 0)):
             require_count(name, value, minimum=low)
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
-        if offset >= num_samples:
-            raise ValueError(f"offset {offset} is outside an epoch of {num_samples} samples")
         if batch_size * dp_world_size > num_samples:
             raise ValueError(
                 f"a global batch of {batch_size} x {dp_world_size} = {batch_size * dp_world_size} samples is "
@@ -88,7 +85,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.shuffle = shuffle
         self.max_batches = max_batches
-        self._position = epoch * num_samples + offset  # consumed stream position, in samples
+        self._position = position  # consumed stream position, in samples (epoch × num_samples + offset)
         self._perms: dict[int, torch.Tensor] = {}
 
     @property

@@ -28,6 +28,7 @@ _EXPORTS = {
     "make_dataset": "dataset",
     "write_dataset": "writer",
     "EpisodeData": "writer",
+    "FileLimits": "writer",
 }
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "DatasetError",
     "DatasetMeta",
     "EpisodeData",
+    "FileLimits",
     "LeRobotDataset",
     "dataset_to_policy_features",
     "lerobot_home",

@@ -156,6 +156,15 @@ def _tasks_table(tasks: dict[str, int]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
+@define(frozen=True)
+class FileLimits:
+    """How LeRobot v3.0 splits a dataset into files: files per chunk directory, MB per data/video file."""
+
+    chunks_size: int = L.DEFAULT_CHUNK_SIZE
+    data_files_size_in_mb: float = L.DEFAULT_DATA_FILE_SIZE_IN_MB
+    video_files_size_in_mb: float = L.DEFAULT_VIDEO_FILE_SIZE_IN_MB
+
+
 def write_dataset(
     root: str | Path,
     fps: int,
@@ -164,16 +173,16 @@ def write_dataset(
     *,
     robot_type: str | None = None,
     vcodec: str = "h264",
-    chunks_size: int = L.DEFAULT_CHUNK_SIZE,
-    data_files_size_in_mb: float = L.DEFAULT_DATA_FILE_SIZE_IN_MB,
-    video_files_size_in_mb: float = L.DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+    limits: FileLimits = FileLimits(),  # noqa: B008 - frozen, so one shared default is safe
 ) -> Path:
     """Write a complete dataset into the new directory ``root`` and return it.
 
     ``features`` are the user features in LeRobot's info.json form ({dtype, shape, names}); the default
-    columns are added. Small ``*_size_in_mb`` limits put several files in each directory (and with a small
+    columns are added. Small ``limits`` (``*_size_in_mb``) put several files in each directory (and with a small
     ``chunks_size`` several chunk directories), which is how tests exercise the multi-file layout.
     """
+    chunks_size, data_files_size_in_mb = limits.chunks_size, limits.data_files_size_in_mb
+    video_files_size_in_mb = limits.video_files_size_in_mb
     if vcodec not in VCODECS:
         raise ValueError(f"vcodec must be one of {VCODECS}, got {vcodec!r}")
     root = Path(root)
