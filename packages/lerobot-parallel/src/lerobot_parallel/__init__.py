@@ -7,6 +7,8 @@ first attribute access. The launcher watch is eager also because importing it re
 parent process, as early as possible.
 """
 
+from typing import TYPE_CHECKING
+
 from lerobot_parallel.batching import effective_batch_line, effective_batch_size, samples_per_loop_step
 from lerobot_parallel.config import (
     AcceleratorConfig,
@@ -29,6 +31,15 @@ from lerobot_parallel.launch_env import LaunchEnv, LaunchEnvError
 from lerobot_parallel.watchdog import LAUNCHER_GONE_EXIT_CODE, LauncherWatch, launcher_watch_wanted
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checkers (never run)
+    from lerobot_parallel.grad_clip import clip_grad_norm, total_grad_norm
+    from lerobot_parallel.memory import MemoryEstimate, estimate_memory, measure_rank_bytes
+    from lerobot_parallel.plan import ShardingPlan, build_plan
+    from lerobot_parallel.precision import Precision, build_precision
+    from lerobot_parallel.runtime import ParallelRuntime, backend_for, init_runtime, resolve_device
+    from lerobot_parallel.teardown import parallel_session, report_rank_failure, shutdown_process_group
+    from lerobot_parallel.wrap import WrappedModel, unwrap_model, wrap_model
 
 _LAZY = {
     "ParallelRuntime": "lerobot_parallel.runtime",

@@ -12,7 +12,20 @@ torch-free; only touching ``LeRobotDataset`` / ``make_dataset`` imports torch.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checkers (never run)
+    from lerobot_cli.datasets.config import DatasetConfig
+    from lerobot_cli.datasets.dataset import LeRobotDataset, make_dataset
+    from lerobot_cli.datasets.errors import DatasetError
+    from lerobot_cli.datasets.features import (
+        dataset_to_policy_features,
+        resolve_delta_timestamps,
+        split_policy_features,
+    )
+    from lerobot_cli.datasets.hub import lerobot_home, resolve_dataset_root
+    from lerobot_cli.datasets.metadata import DatasetMeta, load_meta
+    from lerobot_cli.datasets.writer import EpisodeData, FileLimits, write_dataset
 
 _EXPORTS = {
     "DatasetConfig": "config",
