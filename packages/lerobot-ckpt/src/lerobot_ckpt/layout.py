@@ -19,6 +19,7 @@ from attrs import define, field
 
 CHECKPOINTS_DIR = "checkpoints"
 RUN_LOCK = ".lerobot-run.lock"  # in <output_dir>/: the run holding the directory (see commit/run_lock.py)
+ABANDONED_DIR = "abandoned"  # in <output_dir>/: checkpoints (and metrics) a resume set aside, never deleted
 LAST_LINK = "last"
 PRETRAINED_MODEL_DIR = "pretrained_model"
 TRAINING_STATE_DIR = "training_state"

@@ -23,7 +23,6 @@ from lerobot_ckpt import (
     TrainingStepRecord,
     load_checkpoint,
     package_versions,
-    read_training_step,
     save_checkpoint,
 )
 from lerobot_ckpt.pretrained import stored_float_dtype
@@ -38,6 +37,7 @@ from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import save_policy_config
 from lerobot_cli.processors import save_processors
 from lerobot_cli.processors.pipeline import ProcessorPipeline
+from lerobot_cli.runplan import ResumePlan
 
 log = logging.getLogger(__name__)
 _PACKAGES = ("torch", "lerobot-parallel", "lerobot-ckpt", "lerobot-trainloop", "lerobot-cli")
@@ -144,18 +144,17 @@ class Checkpointer:
         self.last_saved, self.last_path = step, path
         return path
 
-    def resume(self, checkpoint_dir: Path, warn: Callable[[str], None],
-               settings_changed: tuple[str, ...] = ()) -> ResumeState:
+    def resume(self, plan: ResumePlan, warn: Callable[[str], None]) -> ResumeState:
         """Restore everything, then say in one warning what differs from an uninterrupted run.
 
-        ``settings_changed`` lists optimizer/scheduler settings the new config changes: the restored
+        ``plan.settings_changed`` lists optimizer/scheduler settings the new config changes: the restored
         param groups would silently keep the old ones, so the configured values are written back.
         """
         from lerobot_cli.optim.factory import optimizer_settings, reapply_settings
 
-        loop = self.loop
+        loop, checkpoint_dir, settings_changed = self.loop, plan.checkpoint, plan.settings_changed
         configured = optimizer_settings(loop.optimizer)
-        saved = read_training_step(checkpoint_dir).sampler
+        saved = plan.record.sampler  # read once, by the plan
         if loop.sampler is not None and saved.get("num_samples", loop.sampler.num_samples) != loop.sampler.num_samples:
             # Before anything is loaded: the saved data position means nothing in another dataset.
             raise StateMismatchError(

@@ -34,13 +34,11 @@ from lerobot_ckpt import (
     step_dir_name,
     transient_leftovers,
 )
-from lerobot_ckpt.layout import CHECKPOINTS_DIR, LAST_LINK, RUN_LOCK
+from lerobot_ckpt.layout import ABANDONED_DIR, CHECKPOINTS_DIR, LAST_LINK, RUN_LOCK
 
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.reporting import METRICS_FILE
 from lerobot_cli.runplan import RunPlan
-
-ABANDONED_DIR = "abandoned"
 
 
 def _metrics_lines(path: Path) -> list[str]:
@@ -137,7 +135,12 @@ def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunD
                           resume_checkpoint=resume.checkpoint, stale_lock=stale_lock)
     entries = {p.name: p for p in directory.iterdir()} if directory.is_dir() else {}
     entries.pop(RUN_LOCK, None)
-    committed = list_checkpoints(checkpoints) or ([read_last(checkpoints)] if read_last(checkpoints) else [])
+    if resume is not None:  # a branch of another run's checkpoint starts in a directory of its own
+        if entries:
+            raise resume.branch_refusal(directory)
+        return RunDirWork(directory=directory, stale_lock=stale_lock)
+    last = read_last(checkpoints)
+    committed = list_checkpoints(checkpoints) or ([last] if last else [])
     if committed:
         raise _not_empty(directory, f"holds checkpoints of an earlier run ({checkpoints / LAST_LINK} or "
                                     f"{committed[-1].name})")

@@ -45,13 +45,11 @@ USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, 
                                                 PeftSetupError, UsageError)
 
 
-_ON_EXIT: list = []  # run(): release the run directory first, so a killed-after-exit rank 0 leaves nothing
-
-
-def _exit(message: str, code: int, runtime: ParallelRuntime | None = None) -> None:
+def _exit(message: str, code: int, runtime: ParallelRuntime | None = None,
+          release: Callable[[], None] | None = None) -> None:
     """One ``lerobot-train: error:`` line per job (the main rank's; see ``print_once_per_job``), then exit."""
-    while _ON_EXIT:
-        _ON_EXIT.pop()()
+    if release is not None:  # first: once the line is out, the launcher may kill this rank
+        release()
     if runtime is None and is_quiet_rank():  # refused before the group exists: the node's first rank says it
         leave_quietly(code)
     lines = [ln for ln in message.strip().splitlines() if ln.strip()]
@@ -79,20 +77,19 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
     ``release`` gives the run directory up (called before an error is printed: once the line is out,
     the launcher may kill this rank)."""
     cfg, resume = plan.cfg, plan.resume
-    _ON_EXIT[:] = [release] if release is not None else []
     try:
         with parallel_session(cfg.parallelism, cfg.accelerator, device=cfg.policy.device) as runtime:
             _setup_logging(runtime.is_main)
             try:
                 train(plan, runtime, work)
             except (CheckpointSaveError, PublishError) as exc:
-                _exit(str(exc), 1, runtime)
+                _exit(str(exc), 1, runtime, release)
             except ModelMismatchError as exc:
-                _exit(str(exc) + (resume.mismatch_hint(cfg) if resume else ""), 2, runtime)
+                _exit(str(exc) + (resume.mismatch_hint(cfg) if resume else ""), 2, runtime, release)
             except USER_ERRORS as exc:
-                _exit(str(exc), 2, runtime)
+                _exit(str(exc), 2, runtime, release)
     except ParallelismError as exc:  # topology refused before the process group existed
-        _exit(str(exc) + (resume.topology_hint() if resume else ""), 2)
+        _exit(str(exc) + (resume.topology_hint() if resume else ""), 2, release=release)
     return 0
 
 
@@ -135,7 +132,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         base_model=plan.base_model)
     warn = logging.getLogger(PROG).warning
     if resume is not None:
-        checkpointer.resume(resume.checkpoint, warn, resume.settings_changed)
+        checkpointer.resume(resume, warn)
     for note in work.apply() if work is not None and runtime.is_main else ():
         warn(note)
     tracker = None

@@ -22,7 +22,7 @@ from lerobot_ckpt import (
     resolve_checkpoint_dir,
 )
 from lerobot_ckpt.discovery import newer_checkpoints
-from lerobot_ckpt.layout import CHECKPOINTS_DIR, RUN_LOCK
+from lerobot_ckpt.layout import CHECKPOINTS_DIR
 from lerobot_ckpt.pretrained import pretrained_weights_file, weights_sha256
 
 from lerobot_cli.cli.errors import UsageError
@@ -46,6 +46,15 @@ class ResumePlan:
     @property
     def step(self) -> int:
         return self.record.step
+
+    def branch_refusal(self, directory: Path) -> UsageError:
+        """A branch (``--output_dir`` elsewhere) must start in an empty directory."""
+        holder = self.checkpoint.parent.parent if self.checkpoint.parent.name == CHECKPOINTS_DIR else None
+        return UsageError(
+            f"--output_dir={directory} is not the run that holds {self.checkpoint} ({holder or 'no run'}) and is not "
+            "empty: drop --output_dir to continue that run in place, or pass a new directory to continue it there "
+            "(the original is left untouched)"
+        )
 
     @property
     def in_place(self) -> bool:
@@ -91,7 +100,7 @@ def _section_changes(name: str, old, new) -> list[str]:
     return [f"{name}.{k}: {a[k]!r} → {b[k]!r}" for k in b if a.get(k) != b[k]]
 
 
-def _settings_changes(cfg: TrainConfig, saved: TrainConfig, step: int) -> list[str]:
+def _settings_changes(cfg: TrainConfig, saved: TrainConfig) -> list[str]:
     """Optimizer/scheduler settings the resumed run uses that differ from what the checkpoint ran with."""
     if (cfg.optimizer is not None and saved.optimizer is not None and cfg.optimizer.type != saved.optimizer.type):
         raise UsageError(
@@ -121,13 +130,7 @@ def _run_dir_for(checkpoint: Path, cfg: TrainConfig, flags: dict[str, str], note
         given = Path(cfg.output_dir).expanduser()
         if holder is not None and given.resolve() == holder.resolve():
             return holder
-        # The main rank may already hold the lock on it while a slower rank gets here: that file is no content.
-        if given.exists() and (not given.is_dir() or any(p.name != RUN_LOCK for p in given.iterdir())):
-            raise UsageError(
-                f"--output_dir={cfg.output_dir} is not the run that holds {checkpoint} ({holder or 'no run'}) and "
-                "is not empty: drop --output_dir to continue that run in place, or pass a new directory to "
-                "continue it there (the original is left untouched)"
-            )
+        # whether the new directory is empty is the main rank's to check, under the run lock (rundir)
         notes.append(f"continuing {checkpoint} in the new run directory {given} (the checkpoint's own run is not "
                      "modified)")
         return given
@@ -143,7 +146,8 @@ def _run_dir_for(checkpoint: Path, cfg: TrainConfig, flags: dict[str, str], note
     return holder
 
 
-def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[str]) -> tuple[TrainConfig, BaseModel | None]:
+def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[str],
+              is_main: bool) -> tuple[TrainConfig, BaseModel | None]:
     """The frozen base of a PEFT run, resolved to a directory that cannot move and checked by digest."""
     path = cfg.policy.pretrained_path if cfg.policy is not None else None
     if not path:
@@ -160,9 +164,16 @@ def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[s
         else:
             base_dir = Path(path).expanduser().resolve()
             expected = record.base_model if record is not None else None
-        digest = weights_sha256(pretrained_weights_file(base_dir))
+        weights = pretrained_weights_file(base_dir)
     except (PeftSetupError, CheckpointError) as exc:
         raise UsageError(str(exc)) from None
+    if not adapter:  # every rank loads the base from the directory that cannot move
+        cfg = attrs.evolve(cfg, policy=attrs.evolve(cfg.policy, pretrained_path=str(base_dir)))
+    if not is_main:
+        # Hashing a multi-GB base once is enough: the main rank verifies it (and refuses for the job, as
+        # for the run lock) and writes the record that carries the pin.
+        return cfg, None
+    digest = weights_sha256(weights)
     pin = BaseModel(reference=base_reference(base_dir), weights_sha256=digest)
     if expected is not None and expected.weights_sha256 != digest:
         raise UsageError(
@@ -174,8 +185,6 @@ def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[s
     if record is not None and expected is None:
         notes.append(f"this checkpoint does not pin its frozen base (written before base pinning): {base_dir} is "
                      "used as the base without a check that it is the one the adapter was trained on")
-    if not adapter:
-        cfg = attrs.evolve(cfg, policy=attrs.evolve(cfg.policy, pretrained_path=str(base_dir)))
     return cfg, pin
 
 
@@ -222,22 +231,23 @@ def plan_resume(cfg: TrainConfig, flags: dict[str, str], config_path: Path) -> t
                 f"{checkpoint.name} there"
             )
         abandon = newer
-    changes = _settings_changes(cfg, saved, record.step) if saved is not None else []
+    changes = _settings_changes(cfg, saved) if saved is not None else []
     plan = ResumePlan(checkpoint=checkpoint, run_dir=run_dir, record=record, saved=saved, abandon=tuple(abandon),
                       settings_changed=tuple(changes),
                       degrees_from_checkpoint=not _flag_given(flags, "parallelism"))
     return cfg, plan, notes
 
 
-def plan_run(cfg: TrainConfig, flags: dict[str, str], config_path: Path | None) -> RunPlan:
-    """The run's plan, or a :class:`UsageError`; reads files only (run on every rank, before torch)."""
+def plan_run(cfg: TrainConfig, flags: dict[str, str], config_path: Path | None, is_main: bool = True) -> RunPlan:
+    """The run's plan, or a :class:`UsageError`; reads files only (run on every rank, before torch;
+    ``is_main``: the rank that writes, which alone hashes a PEFT base to pin it)."""
     notes: list[str] = []
     resume = None
     if cfg.resume:
         cfg, resume, notes = plan_resume(cfg, flags, config_path)
     elif cfg.abandon_newer_checkpoints:
         raise UsageError(f"{ABANDON_FLAG} only applies to a resume (--resume=true --config_path=…)")
-    cfg, base = _pin_base(cfg, resume.record if resume else None, notes)
+    cfg, base = _pin_base(cfg, resume.record if resume else None, notes, is_main)
     check_accumulation_alignment(cfg)
     return RunPlan(cfg=cfg, resume=resume, base_model=base, notes=tuple(notes))
 

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_accelerate_env_guard(cfg.accelerator.mixed_precision, warn=warn)
         from lerobot_cli.runplan import plan_run
 
-        plan = plan_run(cfg, parsed.flags, result.config_path)
+        plan = plan_run(cfg, parsed.flags, result.config_path, is_main=_is_main_rank())
         cfg = plan.cfg
     except (UsageError, ValueError) as exc:
         exit_usage(PROG, as_flags(str(exc)))
