@@ -92,6 +92,7 @@ def _worker(out: Path) -> None:
     from lerobot_ckpt import (
         CheckpointError,
         RunInfo,
+        TrainingObjects,
         load_checkpoint,
         resolve_last,
         save_checkpoint,
@@ -146,7 +147,7 @@ def _worker(out: Path) -> None:
     saved_model = {k: v.clone() for k, v in net.state_dict().items()}
     saved_opt = opt.state_dict()
     t0 = time.monotonic()
-    step_dir = save_checkpoint(run_dir, 2, run=run, model=model, optimizer=opt,
+    step_dir = save_checkpoint(run_dir, 2, run=run, objects=TrainingObjects(model=model, optimizer=opt),
                                sampler_state={"epoch": 0, "offset": 16}, write_pretrained=slow_pretrained)
     res["save_seconds"] = time.monotonic() - t0
     res["seen_after_save"] = {
@@ -162,7 +163,8 @@ def _worker(out: Path) -> None:
     torch.manual_seed(99)
     net2 = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-2)
-    state = load_checkpoint(ckpts / "last" / "pretrained_model" / "train_config.json", model=net2, optimizer=opt2)
+    state = load_checkpoint(ckpts / "last" / "pretrained_model" / "train_config.json",
+                            objects=TrainingObjects(model=net2, optimizer=opt2))
     res["draws_after_load"] = _draws()
     res["rng_restored"] = state.rng_restored
     res["model_equal"] = all(torch.equal(saved_model[k], v) for k, v in net2.state_dict().items())
@@ -179,7 +181,7 @@ def _worker(out: Path) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (512, limit[1]))
     try:
-        save_checkpoint(run_dir, 3, run=run, model=model, optimizer=opt)
+        save_checkpoint(run_dir, 3, run=run, objects=TrainingObjects(model=model, optimizer=opt))
         res["rank0_failure"] = None
     except CheckpointError as exc:
         res["rank0_failure"] = [type(exc).__name__, str(exc)]
@@ -195,7 +197,7 @@ def _worker(out: Path) -> None:
 
         rng_module.capture = broken_capture
     try:
-        save_checkpoint(run_dir, 4, run=run, model=model, optimizer=opt)
+        save_checkpoint(run_dir, 4, run=run, objects=TrainingObjects(model=model, optimizer=opt))
         res["rank1_failure"] = None
     except CheckpointError as exc:
         res["rank1_failure"] = [type(exc).__name__, str(exc)]

@@ -33,7 +33,14 @@ import time
 import torch
 import torch.distributed as dist
 from _ckpt_model import build, changed_params, diff, full_state, train_step
-from lerobot_ckpt import CheckpointError, Parallelism, RunInfo, load_checkpoint, save_checkpoint
+from lerobot_ckpt import (
+    CheckpointError,
+    Parallelism,
+    RunInfo,
+    TrainingObjects,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 OUT = Path(".")  # set by run()
 FORMATS = ("safetensors", "dcp", "safetensors_dcp")
@@ -79,7 +86,8 @@ def resume_check(kind: str, mesh, source: str, ref: dict | None, dp_rank: int, *
     """Fresh model of ``kind``; load ``source``; compare with ``ref`` (rank 0); one more step."""
     model, opt, sched = build(kind, mesh)
     t0 = time.monotonic()
-    state = load_checkpoint(last(source), model=model, optimizer=opt, scheduler=sched, **kw)
+    state = load_checkpoint(last(source),
+                            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched), **kw)
     res = {"load_s": round(time.monotonic() - t0, 3), "step": state.step, "rng_restored": state.rng_restored,
            "sampler": state.sampler_state}
     loaded = full_state(model, opt)
@@ -117,7 +125,7 @@ def memory_scenario(mesh, rank: int) -> dict:
     rss = vm("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     t0 = time.monotonic()
-    save_checkpoint(OUT / "mem", 1, run=run_info(2, 1, 2), model=big)
+    save_checkpoint(OUT / "mem", 1, run=run_info(2, 1, 2), objects=TrainingObjects(model=big))
     res = {"peak_increase": vm("VmHWM") - rss, "model_bytes": 16 * 2048 * 2048 * 4, "largest": 2048 * 2048 * 4,
            "save_s": round(time.monotonic() - t0, 2)}
     del big
@@ -137,8 +145,9 @@ def failure_drills(model, opt, sched, rank: int) -> dict:
     if rank == 1:
         dcp.FileSystemWriter.write_data = no_space
     try:
-        save_checkpoint(OUT / "fmt_dcp", 5, run=run_info(2, 1, 2, "dcp"), model=model, optimizer=opt,
-                        scheduler=sched, write_pretrained=write_pretrained)
+        save_checkpoint(OUT / "fmt_dcp", 5, run=run_info(2, 1, 2, "dcp"),
+                        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                        write_pretrained=write_pretrained)
         res["rank1_dcp_failure"] = None
     except CheckpointError as exc:
         res["rank1_dcp_failure"] = [type(exc).__name__, str(exc)]
@@ -150,8 +159,9 @@ def failure_drills(model, opt, sched, rank: int) -> dict:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (512, limit[1]))
     try:
-        save_checkpoint(OUT / "fmt_safetensors", 5, run=run_info(2, 1, 2, "safetensors"), model=model,
-                        optimizer=opt, scheduler=sched, write_pretrained=write_pretrained)
+        save_checkpoint(OUT / "fmt_safetensors", 5, run=run_info(2, 1, 2, "safetensors"),
+                        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                        write_pretrained=write_pretrained)
         res["rank0_gather_failure"] = None
     except CheckpointError as exc:
         res["rank0_gather_failure"] = [type(exc).__name__, str(exc)]
@@ -177,11 +187,13 @@ def mode_save() -> dict:
     res["save_s"] = {}
     for fmt in FORMATS:
         t0 = time.monotonic()
-        save_checkpoint(OUT / f"fmt_{fmt}", 3, run=run_info(2, 1, 2, fmt), model=model, optimizer=opt,
-                        scheduler=sched, sampler_state={"epoch": 0, "offset": 24}, write_pretrained=write_pretrained)
+        save_checkpoint(OUT / f"fmt_{fmt}", 3, run=run_info(2, 1, 2, fmt),
+                        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                        sampler_state={"epoch": 0, "offset": 24}, write_pretrained=write_pretrained)
         res["save_s"][fmt] = round(time.monotonic() - t0, 3)
-    save_checkpoint(OUT / "peft", 3, run=run_info(2, 1, 2, "safetensors_dcp"), model=model, optimizer=opt,
-                    scheduler=sched, write_pretrained=write_adapter_files, adapter_state=adapter_state)
+    save_checkpoint(OUT / "peft", 3, run=run_info(2, 1, 2, "safetensors_dcp"),
+                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                    write_pretrained=write_adapter_files, adapter_state=adapter_state)
     res["uninterrupted_loss4"] = train_step(model, opt, sched, 4, rank)
     uninterrupted = full_state(model, opt)
     ref = torch.load(OUT / "ref_fsdp.pt") if rank == 0 else None
@@ -219,7 +231,8 @@ def garbled_resumes(mesh, rank: int) -> dict:
         model, opt, sched = build("fsdp", mesh)
         before = [p.to_local().clone() for p in model.parameters()]
         try:
-            load_checkpoint(last(f"garbled_{what}"), model=model, optimizer=opt, scheduler=sched)
+            load_checkpoint(last(f"garbled_{what}"),
+                            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
             res[what] = None
         except CheckpointError as exc:
             res[what] = [type(exc).__name__, str(exc)]
@@ -236,10 +249,11 @@ def mode_single() -> dict:
     for source in [f"fmt_{fmt}" for fmt in FORMATS] + ["converted"]:
         res["resumes"][source] = strip(resume_check("plain", None, source, ref, 0))
     model, opt, sched = build("plain")
-    load_checkpoint(last("fmt_dcp"), model=model, optimizer=opt, scheduler=sched)
+    load_checkpoint(last("fmt_dcp"), objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
     train_step(model, opt, sched, 4, 0)
-    save_checkpoint(OUT / "single", 4, run=RunInfo(world_size=1, batch_size=4), model=model, optimizer=opt,
-                    scheduler=sched, write_pretrained=write_pretrained)
+    save_checkpoint(OUT / "single", 4, run=RunInfo(world_size=1, batch_size=4),
+                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                    write_pretrained=write_pretrained)
     torch.save(full_state(model, opt), OUT / "ref_single.pt")
     return res
 
@@ -262,7 +276,8 @@ def mode_hsdp() -> dict:
 
     model, opt, sched = build("hsdp", mesh)
     fresh = full_state(model, opt)["model"]
-    load_checkpoint(last("peft"), model=model, adapter_state=adapter_state, restore_rng=False)
+    load_checkpoint(last("peft"), objects=TrainingObjects(model=model), adapter_state=adapter_state,
+                    restore_rng=False)
     loaded = full_state(model, opt)["model"]
     if rank == 0:
         ref = torch.load(OUT / "ref_fsdp.pt")["model"]
@@ -272,10 +287,11 @@ def mode_hsdp() -> dict:
                                                    {k: loaded[k] for k in loaded if k not in fc1})}
 
     model, opt, sched = build("hsdp", mesh)
-    load_checkpoint(last("fmt_dcp"), model=model, optimizer=opt, scheduler=sched)
+    load_checkpoint(last("fmt_dcp"), objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
     train_step(model, opt, sched, 4, rank)
-    save_checkpoint(OUT / "hsdp", 4, run=run_info(4, 2, 2, "safetensors_dcp"), model=model, optimizer=opt,
-                    scheduler=sched, write_pretrained=write_pretrained)
+    save_checkpoint(OUT / "hsdp", 4, run=run_info(4, 2, 2, "safetensors_dcp"),
+                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                    write_pretrained=write_pretrained)
     rank0_save(full_state(model, opt), "ref_hsdp.pt")
     return res
 

@@ -18,6 +18,7 @@ from lerobot_ckpt import (
     CheckpointSaveError,
     CheckpointWriteError,
     RunInfo,
+    TrainingObjects,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -60,13 +61,13 @@ def _check_complete(out, model_cls=_model):
     last = resolve_last(out / "checkpoints")
     model = model_cls()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    state = load_checkpoint(out, model=model, optimizer=opt, restore_rng=False)
+    state = load_checkpoint(out, objects=TrainingObjects(model=model, optimizer=opt), restore_rng=False)
     assert state.checkpoint_dir == last.resolve() and state.step == int(last.name)
     stamp = state.sampler_state["save_index"]
     assert all(bool((p == stamp).all()) for p in model.parameters())
     assert all(bool((s["momentum_buffer"] == stamp).all()) for s in opt.state.values())
     for step_dir in list_checkpoints(out / "checkpoints"):  # every visible step dir is complete too
-        load_checkpoint(step_dir, model=model_cls(), restore_rng=False)
+        load_checkpoint(step_dir, objects=TrainingObjects(model=model_cls()), restore_rng=False)
     return state.step, stamp
 
 
@@ -83,7 +84,8 @@ def _saver(out, ready_fd):
             for s in opt.state.values():
                 s["momentum_buffer"].fill_(i)
             # each step is saved twice: the second save replaces the directory `last` points to
-            save_checkpoint(out, (i + 1) // 2, run=RUN, model=model, optimizer=opt, sampler_state={"save_index": i})
+            save_checkpoint(out, (i + 1) // 2, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                            sampler_state={"save_index": i})
             if i == 1:
                 os.write(ready_fd, b"1")
 
@@ -120,7 +122,8 @@ def test_sigkill_at_random_points_never_breaks_last(tmp_path, warm):
     for s in opt.state.values():
         s["momentum_buffer"].fill_(7)
     _stamp(model, 7)
-    save_checkpoint(tmp_path, 1000, run=RUN, model=model, optimizer=opt, sampler_state={"save_index": 7})
+    save_checkpoint(tmp_path, 1000, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"save_index": 7})
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if is_transient_name(p.name)]
     assert _check_complete(tmp_path) == (1000, 7)
 
@@ -133,7 +136,8 @@ def _first_checkpoint(out):
     for s in opt.state.values():
         s["momentum_buffer"].fill_(1)
     _stamp(model, 1)
-    save_checkpoint(out, 1, run=RUN, model=model, optimizer=opt, sampler_state={"save_index": 1})
+    save_checkpoint(out, 1, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"save_index": 1})
     return model, opt
 
 
@@ -158,7 +162,8 @@ def test_file_size_limit_fails_cleanly_and_keeps_previous(tmp_path, step):
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         _stamp(model, 2)
         try:
-            save_checkpoint(tmp_path, step, run=RUN, model=model, optimizer=opt, sampler_state={"save_index": 2})
+            save_checkpoint(tmp_path, step, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                            sampler_state={"save_index": 2})
         except CheckpointWriteError as exc:
             os.write(w, f"{exc}|{exc.path}|{getattr(exc.os_error, 'errno', '')}".encode())
             return 0
@@ -186,14 +191,15 @@ def test_failing_pretrained_hook_leaves_everything_as_it_was(tmp_path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path / "config.json"))
 
     with pytest.raises(CheckpointWriteError, match=r"000002 was not saved .*No space left on device") as info:
-        save_checkpoint(tmp_path, 2, run=RUN, model=model, write_pretrained=disk_full)
+        save_checkpoint(tmp_path, 2, run=RUN, objects=TrainingObjects(model=model),
+                        write_pretrained=disk_full)
     assert info.value.path.name == "config.json" and info.value.os_error.errno == errno.ENOSPC
 
     def buggy(path):
         raise KeyError("policy")
 
     with pytest.raises(CheckpointSaveError, match=r"000002 was not saved .*KeyError: 'policy'") as info:
-        save_checkpoint(tmp_path, 2, run=RUN, model=model, write_pretrained=buggy)
+        save_checkpoint(tmp_path, 2, run=RUN, objects=TrainingObjects(model=model), write_pretrained=buggy)
     assert isinstance(info.value.__cause__, KeyError)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000001", "last"]
     assert _check_complete(tmp_path) == (1, 1)
@@ -207,7 +213,8 @@ def test_leftovers_are_ignored_then_cleaned_but_last_target_spared(tmp_path):
     os.symlink("000001", ckpts / ".last-tmp-999")
     assert [p.name for p in list_checkpoints(ckpts)] == ["000001"]
     assert latest_checkpoint(tmp_path) == ckpts / "000001"
-    save_checkpoint(tmp_path, 2, run=RUN, model=model, optimizer=opt, sampler_state={"save_index": 1})
+    save_checkpoint(tmp_path, 2, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"save_index": 1})
     assert sorted(os.listdir(ckpts)) == ["000001", "000002", "last"]
 
 
@@ -220,6 +227,7 @@ def test_replacing_without_atomic_exchange(tmp_path, monkeypatch):
     for s in opt.state.values():
         s["momentum_buffer"].fill_(5)
     _stamp(model, 5)
-    save_checkpoint(tmp_path, 1, run=RUN, model=model, optimizer=opt, sampler_state={"save_index": 5})
+    save_checkpoint(tmp_path, 1, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"save_index": 5})
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000001", "last"]
     assert _check_complete(tmp_path) == (1, 5)

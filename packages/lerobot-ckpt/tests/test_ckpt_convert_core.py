@@ -18,6 +18,7 @@ from lerobot_ckpt import (
     MissingCheckpointFileError,
     Parallelism,
     RunInfo,
+    TrainingObjects,
     convert_dcp,
     load_checkpoint,
     read_training_step,
@@ -132,7 +133,7 @@ def test_delete_dcp_verifies_then_removes_the_shards_and_the_checkpoint_still_lo
     art = read_training_step(step).artifacts
     assert art.model_safetensors and not art.model_dcp and art.optimizer_dcp
     fresh = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
-    load_checkpoint(step, model=fresh, restore_rng=False)
+    load_checkpoint(step, objects=TrainingObjects(model=fresh), restore_rng=False)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
 
 

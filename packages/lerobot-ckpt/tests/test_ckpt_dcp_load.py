@@ -19,6 +19,7 @@ from lerobot_ckpt import (
     OptimizerMismatchError,
     Parallelism,
     RunInfo,
+    TrainingObjects,
     load_checkpoint,
     write_tensors,
 )
@@ -78,7 +79,7 @@ def test_dcp_checkpoint_resumes_bitwise_in_one_process_without_a_process_group(s
     torch.manual_seed(5)
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.5)
-    state = load_checkpoint(step, model=model, optimizer=opt)
+    state = load_checkpoint(step, objects=TrainingObjects(model=model, optimizer=opt))
     assert state.step == 2 and state.sampler_state == {"offset": 8} and state.rng_restored
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     _same_optimizer(optim, opt.state_dict())
@@ -93,7 +94,7 @@ def test_a_loaded_optimizer_without_state_is_restored_even_after_a_backward(save
     opt = torch.optim.AdamW(model.parameters(), lr=0.5)
     model(torch.randn(2, 5)).sum().backward()  # gradients present, no optimizer state yet
     grads = [p.grad.clone() for p in model.parameters()]
-    load_checkpoint(step, model=model, optimizer=opt, restore_rng=False)
+    load_checkpoint(step, objects=TrainingObjects(model=model, optimizer=opt), restore_rng=False)
     _same_optimizer(optim, opt.state_dict())
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
 
@@ -132,7 +133,7 @@ def test_refusals_happen_before_anything_changes(saved, break_it, error, match):
     opt = torch.optim.AdamW(model.parameters(), lr=0.5)
     before = _snapshot(model, opt)
     with pytest.raises(error, match=match):
-        load_checkpoint(step, model=model, optimizer=opt)
+        load_checkpoint(step, objects=TrainingObjects(model=model, optimizer=opt))
     _unchanged(before, model, opt)
     assert not opt.state  # torch's state initialisation did not run either
 
@@ -150,7 +151,8 @@ def test_a_record_damaged_inside_is_one_corrupt_checkpoint_error_not_a_dcp_dump(
     model = _model()
     with pytest.raises(CorruptCheckpointError, match=r"pytorch_model_fsdp_0: rank 0 could not decode a shard "
                                                      r"\(UnpicklingError: [^)]*\); the files were damaged"):
-        load_checkpoint(step, model=model, optimizer=torch.optim.AdamW(model.parameters()))
+        load_checkpoint(step,
+                        objects=TrainingObjects(model=model, optimizer=torch.optim.AdamW(model.parameters())))
 
 
 def test_optimizer_of_another_model_is_refused(saved):
@@ -158,5 +160,5 @@ def test_optimizer_of_another_model_is_refused(saved):
     model = _model()
     opt = torch.optim.AdamW([{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=0.5)
     with pytest.raises(OptimizerMismatchError, match="optimizer_0 has 1 param group.s., the optimizer 2"):
-        load_checkpoint(step, model=model, optimizer=opt)
+        load_checkpoint(step, objects=TrainingObjects(model=model, optimizer=opt))
     assert not opt.state

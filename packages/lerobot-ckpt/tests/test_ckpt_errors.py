@@ -20,6 +20,7 @@ from lerobot_ckpt import (
     Parallelism,
     RunInfo,
     StateMismatchError,
+    TrainingObjects,
     UnsupportedCheckpointError,
     load_checkpoint,
     save_checkpoint,
@@ -45,8 +46,8 @@ def saved(tmp_path):
     model = _model()
     opt = _opt(model)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
-    step_dir = save_checkpoint(tmp_path, 5, run=RunInfo(world_size=1, batch_size=2), model=model, optimizer=opt,
-                               scheduler=sched)
+    step_dir = save_checkpoint(tmp_path, 5, run=RunInfo(world_size=1, batch_size=2),
+                               objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
     return step_dir
 
 
@@ -63,12 +64,12 @@ def _unchanged(before, model, opt):
     assert torch.equal(before[2], after[2]) and before[3] == after[3] and (before[4] == after[4]).all()
 
 
-def _load_expecting(step_dir, error, match, **objects):
+def _load_expecting(step_dir, error, match, *, restore_rng=True, **objects):
     model = objects.setdefault("model", _model(seed=9))
     opt = objects.setdefault("optimizer", torch.optim.Adam(model.parameters(), lr=1e-2) if model else None)
     before = _snapshot(model, opt)
     with pytest.raises(error, match=match) as info:
-        load_checkpoint(step_dir, **objects)
+        load_checkpoint(step_dir, objects=TrainingObjects(**objects), restore_rng=restore_rng)
     assert isinstance(info.value, CheckpointError) and isinstance(info.value, ValueError)
     _unchanged(before, model, opt)
     return str(info.value)
@@ -150,7 +151,7 @@ def test_model_mismatch_names_keys_and_shapes(saved):
 
 def test_many_mismatches_are_summarised(tmp_path):
     save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1),
-                    model={f"w{i:02d}": torch.zeros(1) for i in range(12)})
+                    objects=TrainingObjects(model={f"w{i:02d}": torch.zeros(1) for i in range(12)}))
     msg = _load_expecting(tmp_path, ModelMismatchError, "12 not in the model", model=nn.Linear(1, 1),
                           optimizer=None, restore_rng=False)
     assert "w00, w01, w02, w03, w04 (+7 more)" in msg
@@ -179,7 +180,8 @@ def test_scheduler_of_another_kind(saved):
 
 
 def test_saved_without_scheduler_or_optimizer(tmp_path):
-    save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1), model=_model())
+    save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1),
+                    objects=TrainingObjects(model=_model()))
     model = _model(seed=9)
     opt = torch.optim.Adam(model.parameters())
     _load_expecting(tmp_path, MissingCheckpointFileError, "saved without optimizer state", model=model, optimizer=opt)
@@ -213,7 +215,7 @@ def test_record_claiming_dcp_shards_that_are_not_there(saved):
 
 def test_bad_resume_path(tmp_path):
     with pytest.raises(CheckpointNotFoundError):
-        load_checkpoint(tmp_path / "missing", model=_model())
+        load_checkpoint(tmp_path / "missing", objects=TrainingObjects(model=_model()))
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -224,9 +226,9 @@ def test_bad_resume_path(tmp_path):
     ({"run": RunInfo(world_size=1, batch_size=1), "model": None}, "would hold no weights"),
 ])
 def test_save_refuses_inconsistent_requests(tmp_path, kwargs, match):
-    kwargs.setdefault("model", _model())
+    objects = {"model": _model(), **{k: kwargs.pop(k) for k in ("model", "scaler") if k in kwargs}}
     with pytest.raises(CheckpointError, match=match):
-        save_checkpoint(tmp_path, 1, **kwargs)
+        save_checkpoint(tmp_path, 1, objects=TrainingObjects(**objects), **kwargs)
     assert not (tmp_path / "checkpoints" / "last").exists()
     assert [p.name for p in (tmp_path / "checkpoints").glob("*")] == [] if (tmp_path / "checkpoints").exists() else True
 
@@ -248,6 +250,7 @@ def test_scheduler_state_that_json_cannot_hold(tmp_path):
             return {"fn": os.getcwd}
 
     with pytest.raises(CheckpointError, match=r"scheduler.fn holds a builtin_function_or_method"):
-        save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1), model=_model(), scheduler=Odd())
+        save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1),
+                        objects=TrainingObjects(model=_model(), scheduler=Odd()))
     assert not (tmp_path / "checkpoints" / "last").exists()
     assert os.listdir(tmp_path / "checkpoints") == []  # the staging directory was removed

@@ -12,6 +12,7 @@ from lerobot_ckpt import (
     CheckpointPaths,
     Parallelism,
     RunInfo,
+    TrainingObjects,
     load_checkpoint,
     read_training_step,
     save_checkpoint,
@@ -91,7 +92,8 @@ def test_files_and_their_content(tmp_path):
         (path / "train_config.json").write_text('{"steps": 3}')
 
     run = RunInfo(world_size=1, batch_size=5, grad_accum_steps=2, versions={"lerobot-cli": "9.9"})
-    step_dir = save_checkpoint(tmp_path, 3, run=run, model=model, optimizer=opt, scheduler=sched,
+    step_dir = save_checkpoint(tmp_path, 3, run=run,
+                               objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
                                sampler_state={"epoch": 1, "offset": 15}, write_pretrained=pretrained)
     assert torch.equal(load_file(step_dir / "training_state" / "rng_state.safetensors")["torch_rng_state"],
                        torch.get_rng_state())  # captured at save time, nothing drawn since
@@ -148,8 +150,8 @@ def test_bitwise_round_trip_of_model_optimizer_scheduler_and_rng(tmp_path):
     np.random.seed(6)
     random.gauss(0, 1)  # leaves a cached Gaussian in Python's generator
     np.random.standard_normal()  # ... and in NumPy's
-    save_checkpoint(tmp_path, 4, run=RunInfo(world_size=1, batch_size=5), model=model, optimizer=opt,
-                    scheduler=sched)
+    save_checkpoint(tmp_path, 4, run=RunInfo(world_size=1, batch_size=5),
+                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
     after_save = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.rand(3).tolist(),
                   torch.rand(4).tolist(), torch.randn(2).tolist())
     saved = (model.state_dict(), opt.state_dict(), sched.state_dict())
@@ -158,7 +160,8 @@ def test_bitwise_round_trip_of_model_optimizer_scheduler_and_rng(tmp_path):
     np.random.seed(99)
     torch.manual_seed(99)
     model2, opt2, sched2 = _fresh(7)
-    state = load_checkpoint(tmp_path / "checkpoints" / "last", model=model2, optimizer=opt2, scheduler=sched2)
+    state = load_checkpoint(tmp_path / "checkpoints" / "last",
+                            objects=TrainingObjects(model=model2, optimizer=opt2, scheduler=sched2))
     after_load = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.rand(3).tolist(),
                   torch.rand(4).tolist(), torch.randn(2).tolist())
     assert after_load == after_save
@@ -186,7 +189,8 @@ def test_fp16_scaler_round_trip_and_awkward_optimizer_states(tmp_path):
     _train(model, sgd, steps=3, scaler=scaler)
     sgd.state[next(iter(model.parameters()))]["note"] = None
     run = RunInfo(world_size=1, batch_size=5, mixed_precision="fp16")
-    step_dir = save_checkpoint(tmp_path, 3, run=run, model=model, optimizer=sgd, scheduler=plateau, scaler=scaler)
+    objects = TrainingObjects(model=model, optimizer=sgd, scheduler=plateau, scaler=scaler)
+    step_dir = save_checkpoint(tmp_path, 3, run=run, objects=objects)
     assert json.loads((step_dir / "training_state" / "scaler_state.json").read_text())["scale"] == scaler.get_scale()
 
     torch.manual_seed(1)
@@ -194,7 +198,8 @@ def test_fp16_scaler_round_trip_and_awkward_optimizer_states(tmp_path):
     sgd2 = torch.optim.SGD(model2.parameters(), lr=torch.tensor(0.5), momentum=0.9)
     scaler2 = torch.amp.GradScaler("cpu")
     plateau2 = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd2, patience=3)
-    state = load_checkpoint(step_dir, model=model2, optimizer=sgd2, scheduler=plateau2, scaler=scaler2)
+    objects = TrainingObjects(model=model2, optimizer=sgd2, scheduler=plateau2, scaler=scaler2)
+    state = load_checkpoint(step_dir, objects=objects)
     assert state.scaler_restored and state.record.mixed_precision == "fp16"
     _assert_same(sgd.state_dict(), sgd2.state_dict(), "sgd")
     _assert_same(scaler.state_dict(), scaler2.state_dict(), "scaler")
@@ -207,10 +212,11 @@ def test_lbfgs_integer_state_round_trips(tmp_path):
     opt = torch.optim.LBFGS([w], max_iter=3)
     opt.step(lambda: (opt.zero_grad(), (w.pow(2).sum()).backward(), w.pow(2).sum())[-1])
     assert isinstance(opt.state_dict()["state"][0]["n_iter"], int)
-    save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1), model={"w": w.detach()}, optimizer=opt)
+    save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=1),
+                    objects=TrainingObjects(model={"w": w.detach()}, optimizer=opt))
     w2 = nn.Parameter(torch.zeros(3))
     opt2 = torch.optim.LBFGS([w2], max_iter=3)
-    load_checkpoint(tmp_path, optimizer=opt2, restore_rng=False)
+    load_checkpoint(tmp_path, objects=TrainingObjects(optimizer=opt2), restore_rng=False)
     _assert_same(opt.state_dict(), opt2.state_dict(), "lbfgs")
 
 
@@ -222,12 +228,13 @@ def test_ddp_and_compile_wrappers_are_unwrapped_and_sampler_state_kept(tmp_path)
             super().__init__()
             self._orig_mod = inner
 
-    save_checkpoint(tmp_path, 2, run=RunInfo(world_size=1, batch_size=5), model=Wrapper(model), optimizer=opt,
+    save_checkpoint(tmp_path, 2, run=RunInfo(world_size=1, batch_size=5),
+                    objects=TrainingObjects(model=Wrapper(model), optimizer=opt),
                     sampler_state={"epoch": 3, "offset": 10, "seed": 1000})
     with safe_open(tmp_path / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors", "pt") as f:
         assert not any(k.startswith("_orig_mod") for k in f.keys())  # noqa: SIM118 - safe_open is not a dict
     model2, opt2, _ = _fresh(3)
-    state = load_checkpoint(tmp_path, model=Wrapper(model2), optimizer=opt2)
+    state = load_checkpoint(tmp_path, objects=TrainingObjects(model=Wrapper(model2), optimizer=opt2))
     assert state.sampler_state == {"epoch": 3, "offset": 10, "seed": 1000}
     _assert_same(model.state_dict(), model2.state_dict())
 
@@ -235,10 +242,13 @@ def test_ddp_and_compile_wrappers_are_unwrapped_and_sampler_state_kept(tmp_path)
 def test_resaving_a_step_replaces_it_and_last_stays_valid(tmp_path):
     model, opt, _ = _fresh(0)
     run = RunInfo(world_size=1, batch_size=5)
-    save_checkpoint(tmp_path, 1, run=run, model=model, optimizer=opt, sampler_state={"v": 1})
-    save_checkpoint(tmp_path, 2, run=run, model=model, optimizer=opt, sampler_state={"v": 2})
+    save_checkpoint(tmp_path, 1, run=run, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"v": 1})
+    save_checkpoint(tmp_path, 2, run=run, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"v": 2})
     # a run resumed from step 1 saves step 2 again: the old step 2 (which `last` points to) is replaced
-    save_checkpoint(tmp_path, 2, run=run, model=model, optimizer=opt, sampler_state={"v": 3})
+    save_checkpoint(tmp_path, 2, run=run, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"v": 3})
     ckpts = tmp_path / "checkpoints"
     assert sorted(os.listdir(ckpts)) == ["000001", "000002", "last"]  # nothing superseded is left behind
     assert read_training_step(ckpts / "last").sampler == {"v": 3}
@@ -249,7 +259,7 @@ def test_foreign_trainer_may_pass_a_state_dict_and_custom_parallelism(tmp_path):
     run = RunInfo(world_size=4, batch_size=2, parallelism=Parallelism(dp_replicate=4, dp_shard=1))
     # (world_size 4 on one process is refused only when torch.distributed says otherwise: not here)
     state = {"a": torch.arange(6.0).reshape(2, 3).t(), "b": torch.ones(2, dtype=torch.bfloat16)}
-    step_dir = save_checkpoint(tmp_path, 10, run=run, model=state)
+    step_dir = save_checkpoint(tmp_path, 10, run=run, objects=TrainingObjects(model=state))
     loaded = load_file(step_dir / "pretrained_model" / "model.safetensors")
     _assert_same({k: v.contiguous() for k, v in state.items()}, loaded)
     assert read_training_step(step_dir).dp_world_size == 4
@@ -257,7 +267,8 @@ def test_foreign_trainer_may_pass_a_state_dict_and_custom_parallelism(tmp_path):
 
 @pytest.mark.parametrize("step", [0, 1_234_567])
 def test_step_zero_and_wide_steps(tmp_path, step):
-    d = save_checkpoint(tmp_path, step, run=RunInfo(world_size=1, batch_size=1), model={"x": torch.ones(1)})
+    d = save_checkpoint(tmp_path, step, run=RunInfo(world_size=1, batch_size=1),
+                        objects=TrainingObjects(model={"x": torch.ones(1)}))
     assert d.name == f"{step:06d}" and read_training_step(tmp_path).step == step
 
 
@@ -274,13 +285,14 @@ def test_peft_adapter_written_by_the_hook_and_applied_on_resume(tmp_path):
                                                               "base_model_name_or_path": "user/base"}))
 
     _, opt, _ = _fresh(0)
-    step_dir = save_checkpoint(tmp_path, 7, run=RunInfo(world_size=1, batch_size=1), optimizer=opt,
-                               write_pretrained=peft_save_pretrained)
+    step_dir = save_checkpoint(tmp_path, 7, run=RunInfo(world_size=1, batch_size=1),
+                               objects=TrainingObjects(optimizer=opt), write_pretrained=peft_save_pretrained)
     assert sorted(os.listdir(step_dir / "pretrained_model")) == ["adapter_config.json", "adapter_model.safetensors"]
     artifacts = read_training_step(step_dir).artifacts
     assert artifacts.peft_adapter and not artifacts.model_safetensors
     with pytest.raises(CheckpointConfigError, match="holds a PEFT adapter, not full weights"):
-        load_checkpoint(step_dir, model=Tied())
+        load_checkpoint(step_dir, objects=TrainingObjects(model=Tied()))
     received = {}
-    load_checkpoint(step_dir, model=Tied(), apply_adapter=received.update, optimizer=_fresh(1)[1])
+    load_checkpoint(step_dir, objects=TrainingObjects(model=Tied(), optimizer=_fresh(1)[1]),
+                    apply_adapter=received.update)
     _assert_same(lora, received, "adapter")

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import torch
-from lerobot_ckpt import RunInfo, load_checkpoint, save_checkpoint
+from lerobot_ckpt import RunInfo, TrainingObjects, load_checkpoint, save_checkpoint
 from lerobot_cli.checkpointing import _warn_rounded_weights
 from safetensors.torch import load_file, save_file
 
 
 def _checkpoint(tmp_path):
     model = torch.nn.Linear(4, 3)
-    step = save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=2), model=model)
+    step = save_checkpoint(tmp_path, 1, run=RunInfo(world_size=1, batch_size=2),
+                           objects=TrainingObjects(model=model))
     return model, step
 
 
 def test_fp32_weights_resume_quietly_and_cast_ones_warn(tmp_path):
     model, step = _checkpoint(tmp_path)
     warnings: list[str] = []
-    _warn_rounded_weights(step, load_checkpoint(step, model=model), warnings.append)
+    _warn_rounded_weights(step, load_checkpoint(step, objects=TrainingObjects(model=model)), warnings.append)
     assert warnings == []
     weights = step / "pretrained_model" / "model.safetensors"
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(weights).items()}, weights)
-    _warn_rounded_weights(step, load_checkpoint(step, model=model), warnings.append)
+    _warn_rounded_weights(step, load_checkpoint(step, objects=TrainingObjects(model=model)), warnings.append)
     assert len(warnings) == 1 and "holds bfloat16 weights" in warnings[0] and "rounded values" in warnings[0]

@@ -2,8 +2,9 @@
 
 This namespace is the package's API; the modules behind it are laid out by concept (see the
 README's "Layout"): ``layout``/``discovery``/``pretrained`` name and find checkpoints, ``save``/
-``load`` are the transactions, ``commit/`` the crash-safe file-system work, ``state/`` each kind of
-training state, ``safetensors/`` and ``dcp/`` the two file formats, ``convert/`` the offline merger.
+``load`` are the transactions over ``objects`` (the training objects both take), ``commit/`` the
+crash-safe file-system work, ``state/`` each kind of training state, ``safetensors/`` and ``dcp/``
+the two file formats, ``convert/`` the offline merger.
 
 ``import lerobot_ckpt`` stays torch-free (a CLI resolves paths, reads records and takes the run
 lock before paying for torch), so the torch-using names in ``_LAZY`` are imported on first
@@ -45,6 +46,7 @@ from lerobot_ckpt.errors import (
     UnsupportedCheckpointError,
 )
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
+from lerobot_ckpt.objects import TrainingObjects
 from lerobot_ckpt.pretrained import pretrained_weights_file, stored_float_dtype, weights_sha256
 from lerobot_ckpt.state.record import (
     Artifacts,
@@ -103,6 +105,7 @@ __all__ = [
     "RunInfo",
     "RunLock",
     "StateMismatchError",
+    "TrainingObjects",
     "TrainingStepRecord",
     "UnsupportedCheckpointError",
     "checkpoints_dir",

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from attrs import define
-from torch import nn
+from attrs import define, field
+from attrs.validators import instance_of
 
 from lerobot_ckpt._collective import Collective, describe
 from lerobot_ckpt._reshard import prepare_state
@@ -32,13 +32,14 @@ from lerobot_ckpt.errors import (
     MissingCheckpointFileError,
 )
 from lerobot_ckpt.layout import CheckpointPaths
+from lerobot_ckpt.objects import TrainingObjects
 from lerobot_ckpt.safetensors.files import read_tensors
 from lerobot_ckpt.state import rng as rng_state
 from lerobot_ckpt.state.fqn import AdapterState, is_sharded_model
 from lerobot_ckpt.state.model import apply_weights, read_checked_weights
 from lerobot_ckpt.state.optimizer import apply_optimizer, read_optimizer
 from lerobot_ckpt.state.record import TrainingStepRecord, read_record
-from lerobot_ckpt.state.scheduler_scaler import Stateful, read_state, scaler_enabled
+from lerobot_ckpt.state.scheduler_scaler import read_state, scaler_enabled
 
 ApplyAdapter = Callable[[dict[str, torch.Tensor]], None]
 
@@ -70,10 +71,7 @@ class ResumeState:
 class LoadRequest:
     """What one :func:`load_checkpoint` call restores, and into what; it travels as one value."""
 
-    model: nn.Module | None = None
-    optimizer: torch.optim.Optimizer | None = None
-    scheduler: Stateful | None = None
-    scaler: Stateful | None = None
+    objects: TrainingObjects = field(validator=instance_of(TrainingObjects))
     apply_adapter: ApplyAdapter | None = None
     adapter_state: AdapterState | None = None
     restore_rng: bool = True
@@ -81,21 +79,21 @@ class LoadRequest:
 
     def reads_shards(self, record: TrainingStepRecord) -> bool:
         """True when model or optimizer go through :mod:`lerobot_ckpt._reshard` (FQN-keyed, resharding)."""
-        art = record.artifacts
-        wants_weights = self.model is not None or self.apply_adapter is not None
+        art, model, optimizer = record.artifacts, self.objects.model, self.objects.optimizer
+        wants_weights = model is not None or self.apply_adapter is not None
         return (
-            (self.model is not None and is_sharded_model(self.model))
+            (model is not None and is_sharded_model(model))
             or self.adapter_state is not None
             or (wants_weights and art.model_dcp)
-            or (self.optimizer is not None and art.optimizer_dcp and not art.optimizer_single_file)
+            or (optimizer is not None and art.optimizer_dcp and not art.optimizer_single_file)
         )
 
 
 def _weight_and_optimizer_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> list[Path]:
     """The whole-file weights and optimizer a non-sharded load reads (the sharded path checks its own)."""
-    art, files = record.artifacts, []
+    art, files, objects = record.artifacts, [], request.objects
     if art.peft_adapter:
-        if request.model is not None and request.apply_adapter is None:
+        if objects.model is not None and request.apply_adapter is None:
             raise CheckpointConfigError(
                 f"{paths.root} holds a PEFT adapter, not full weights: pass apply_adapter= to load it"
             )
@@ -103,12 +101,12 @@ def _weight_and_optimizer_files(paths: CheckpointPaths, record: TrainingStepReco
             files.append(paths.adapter_weights)
     elif request.apply_adapter is not None:
         raise CheckpointConfigError(f"apply_adapter was given but {paths.root} holds no PEFT adapter")
-    elif request.model is not None:
+    elif objects.model is not None:
         if art.model_safetensors:
             files.append(paths.model_weights)
         else:
             raise CorruptCheckpointError(paths.training_step, "it records no model weights")
-    if request.optimizer is not None:
+    if objects.optimizer is not None:
         if art.optimizer_single_file:
             files += [paths.optimizer_state, paths.optimizer_param_groups]
         else:
@@ -118,12 +116,12 @@ def _weight_and_optimizer_files(paths: CheckpointPaths, record: TrainingStepReco
 
 def _state_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> list[Path]:
     """Scheduler, scaler and RNG files, which every load path reads whole."""
-    files = []
-    if request.scheduler is not None:
+    files, objects = [], request.objects
+    if objects.scheduler is not None:
         if not record.artifacts.scheduler:
             raise MissingCheckpointFileError(paths.scheduler_state, "the run was saved without a scheduler")
         files.append(paths.scheduler_state)
-    if scaler_enabled(request.scaler) and (record.artifacts.scaler or record.mixed_precision == "fp16"):
+    if scaler_enabled(objects.scaler) and (record.artifacts.scaler or record.mixed_precision == "fp16"):
         files.append(paths.scaler_state)
     if request.restore_rng:
         files.append(paths.rng_state)
@@ -157,16 +155,17 @@ class _States:
 
     @classmethod
     def read(cls, paths: CheckpointPaths, files: list[Path], request: LoadRequest) -> _States:
-        scheduler = read_state(paths.scheduler_state, request.scheduler, "scheduler") if request.scheduler is not None else None
-        scaler = read_state(paths.scaler_state, request.scaler, "scaler") if paths.scaler_state in files else None
+        scheduler, scaler = request.objects.scheduler, request.objects.scaler
+        scheduler = None if scheduler is None else read_state(paths.scheduler_state, scheduler, "scheduler")
+        scaler = read_state(paths.scaler_state, scaler, "scaler") if paths.scaler_state in files else None
         return cls(scheduler, scaler, _read_rng(paths, request.rank) if request.restore_rng else None)
 
     def restore(self, paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> ResumeState:
         """RNG at the very end: nothing may draw after it."""
         if self.scheduler is not None:
-            request.scheduler.load_state_dict(self.scheduler)
+            request.objects.scheduler.load_state_dict(self.scheduler)
         if self.scaler is not None:
-            request.scaler.load_state_dict(self.scaler)
+            request.objects.scaler.load_state_dict(self.scaler)
         if self.rng is not None:
             rng_state.restore(self.rng)
         return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=self.rng is not None,
@@ -176,34 +175,31 @@ class _States:
 def load_checkpoint(
     checkpoint: Path | str,
     *,
-    model: nn.Module | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any | None = None,
-    scaler: Any | None = None,
+    objects: TrainingObjects,
     apply_adapter: ApplyAdapter | None = None,
     adapter_state: AdapterState | None = None,
     restore_rng: bool = True,
     rank: int | None = None,
 ) -> ResumeState:
-    """Restore what is passed from ``checkpoint`` (any path ``resolve_checkpoint_dir`` accepts).
+    """Restore ``objects`` (:class:`TrainingObjects`; those given) from ``checkpoint`` (any path
+    ``resolve_checkpoint_dir`` accepts).
 
     Call it after building model, optimizer, scheduler and data pipeline: RNG states are restored
     last, so construction does not consume the resumed random streams. ``rank`` defaults to this
     process's rank in ``torch.distributed`` (0 without a process group).
 
-    Any topology loads any checkpoint: ``model`` may be plain, DDP-wrapped or ``fully_shard``-ed
-    (then every rank must call this, it is collective); weights come from DCP shards when the
-    checkpoint has them, else from ``model.safetensors``, and the optimizer from ``optimizer_0/`` or
-    ``optimizer_state.safetensors``, resharded onto the current layout. PEFT checkpoints: pass the
-    same ``adapter_state`` as to ``save_checkpoint`` (any topology), or ``apply_adapter`` (receives
-    the adapter's full tensors; non-sharded models only).
+    Any topology loads any checkpoint: ``objects.model`` (an ``nn.Module``) may be plain, DDP-wrapped
+    or ``fully_shard``-ed (then every rank must call this, it is collective); weights come from DCP
+    shards when the checkpoint has them, else from ``model.safetensors``, and the optimizer from
+    ``optimizer_0/`` or ``optimizer_state.safetensors``, resharded onto the current layout. PEFT
+    checkpoints: pass the same ``adapter_state`` as to ``save_checkpoint`` (any topology), or
+    ``apply_adapter`` (receives the adapter's full tensors; non-sharded models only).
     """
     paths = CheckpointPaths(resolve_checkpoint_dir(checkpoint))
     record = read_record(paths)
     comm = Collective.current()
-    request = LoadRequest(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                          apply_adapter=apply_adapter, adapter_state=adapter_state, restore_rng=restore_rng,
-                          rank=comm.rank if rank is None else rank)
+    request = LoadRequest(objects=objects, apply_adapter=apply_adapter, adapter_state=adapter_state,
+                          restore_rng=restore_rng, rank=comm.rank if rank is None else rank)
     if not request.reads_shards(record):
         return _load_whole_files(paths, record, request)
     return _load_resharded(paths, record, request, comm)
@@ -213,11 +209,12 @@ def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request:
                     comm: Collective) -> ResumeState:
     """Model and optimizer through :mod:`lerobot_ckpt._reshard`; collective for a sharded model,
     whose ranks agree on the checks' outcome before any of them enters a DCP read."""
-    collective = request.model is not None and is_sharded_model(request.model)
+    model = request.objects.model
+    collective = model is not None and is_sharded_model(model)
     error: CheckpointError | None = None
     try:
         files = _present(_state_files(paths, record, request))
-        prepared = prepare_state(paths, record, model=request.model, optimizer=request.optimizer,
+        prepared = prepare_state(paths, record, model=model, optimizer=request.objects.optimizer,
                                  adapter_state=request.adapter_state, apply_adapter=request.apply_adapter,
                                  collective=collective)
         states = _States.read(paths, files, request)
@@ -239,7 +236,7 @@ def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request:
 def _load_whole_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> ResumeState:
     """Non-sharded model from a checkpoint without DCP artifacts: whole files, no collective."""
     files = _present(_weight_and_optimizer_files(paths, record, request) + _state_files(paths, record, request))
-    model, optimizer = request.model, request.optimizer
+    model, optimizer = request.objects.model, request.objects.optimizer
     weights = read_checked_weights(paths.model_weights, model) if paths.model_weights in files else None
     adapter = read_tensors(paths.adapter_weights)[0] if paths.adapter_weights in files else None
     optim_sd = read_optimizer(paths, optimizer) if optimizer is not None else None

@@ -32,6 +32,7 @@ import attrs
 import safetensors
 import torch
 from attrs import define, field
+from attrs.validators import instance_of
 from torch import nn
 
 from lerobot_ckpt._collective import Collective, describe
@@ -39,11 +40,12 @@ from lerobot_ckpt._writers import ShardedState, WholeOptimizer, WholeWeights, Wr
 from lerobot_ckpt.commit.staging import StagedCheckpoint
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointSaveError, CheckpointWriteError
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
+from lerobot_ckpt.objects import TrainingObjects
 from lerobot_ckpt.safetensors.files import write_tensors
 from lerobot_ckpt.state import rng as rng_state
 from lerobot_ckpt.state.fqn import AdapterState, is_sharded_model
 from lerobot_ckpt.state.record import Artifacts, RunInfo, TrainingStepRecord, own_version, write_record
-from lerobot_ckpt.state.scheduler_scaler import Stateful, scaler_enabled, write_state
+from lerobot_ckpt.state.scheduler_scaler import scaler_enabled, write_state
 
 WritePretrained = Callable[[Path], None]
 T = TypeVar("T")
@@ -55,10 +57,7 @@ class SaveRequest:
 
     run: RunInfo
     step: int
-    model: nn.Module | Mapping[str, torch.Tensor] | None = None
-    optimizer: torch.optim.Optimizer | None = None
-    scheduler: Stateful | None = None
-    scaler: Stateful | None = None
+    objects: TrainingObjects = field(validator=instance_of(TrainingObjects))
     sampler_state: Mapping[str, Any] | None = None
     loop_state: Mapping[str, Any] | None = None
     write_pretrained: WritePretrained | None = None
@@ -66,11 +65,11 @@ class SaveRequest:
 
     @property
     def scaler_enabled(self) -> bool:
-        return scaler_enabled(self.scaler)
+        return scaler_enabled(self.objects.scaler)
 
     def validate(self, comm: Collective) -> None:
         """Checks every rank makes identically, so a refusal needs no collective to be unanimous."""
-        run, model = self.run, self.model
+        run, model = self.run, self.objects.model
         step_dir_name(self.step)  # validates step
         if comm.distributed and run.world_size != comm.world_size:
             raise CheckpointConfigError(
@@ -111,14 +110,16 @@ class SaveRequest:
 
     def writers(self) -> tuple[Writer, ...]:
         """What this save writes between staging and finishing (see :mod:`lerobot_ckpt._writers`)."""
+        model, optimizer = self.objects.model, self.objects.optimizer
         if self.run.parallelism.is_sharded:
-            return (ShardedState(self.run, self.model, self.optimizer, self.adapter_state),)
-        whole_optimizer = () if self.optimizer is None else (WholeOptimizer(self.optimizer),)
-        return (WholeWeights(self.model, self.adapter_state), *whole_optimizer)
+            return (ShardedState(self.run, model, optimizer, self.adapter_state),)
+        whole_optimizer = () if optimizer is None else (WholeOptimizer(optimizer),)
+        return (WholeWeights(model, self.adapter_state), *whole_optimizer)
 
     def record(self, artifacts: Artifacts) -> TrainingStepRecord:
         """``training_step.json`` for what the writers wrote."""
-        artifacts = attrs.evolve(artifacts, scheduler=self.scheduler is not None, scaler=self.scaler_enabled)
+        artifacts = attrs.evolve(artifacts, scheduler=self.objects.scheduler is not None,
+                                 scaler=self.scaler_enabled)
         versions = {**self.run.versions, "torch": torch.__version__, "safetensors": safetensors.__version__,
                     "lerobot-ckpt": own_version()}
         return TrainingStepRecord.for_run(self.run, step=self.step, artifacts=artifacts, sampler=self.sampler_state,
@@ -248,15 +249,15 @@ class _Transaction:
 
     def _finish(self, paths: CheckpointPaths, rng_states: list[Any], artifacts: Artifacts) -> None:
         """The main rank's files after the writers: RNG, scheduler, scaler, then the record."""
-        request = self.request
+        request, objects = self.request, self.request.objects
         with writing(paths.rng_state):
             write_tensors(paths.rng_state, rng_state.pack(rng_states))
-        if request.scheduler is not None:
+        if objects.scheduler is not None:
             with writing(paths.scheduler_state):
-                write_state(paths.scheduler_state, request.scheduler, "scheduler")
+                write_state(paths.scheduler_state, objects.scheduler, "scheduler")
         if request.scaler_enabled:
             with writing(paths.scaler_state):
-                write_state(paths.scaler_state, request.scaler, "scaler")
+                write_state(paths.scaler_state, objects.scaler, "scaler")
         with writing(paths.training_step):
             write_record(paths.training_step, request.record(artifacts))
 
@@ -271,23 +272,21 @@ def save_checkpoint(
     step: int,
     *,
     run: RunInfo,
-    model: nn.Module | Mapping[str, torch.Tensor] | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Stateful | None = None,
-    scaler: Stateful | None = None,
+    objects: TrainingObjects,
     sampler_state: Mapping[str, Any] | None = None,
+    loop_state: Mapping[str, Any] | None = None,
     write_pretrained: WritePretrained | None = None,
     adapter_state: AdapterState | None = None,
-    loop_state: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``<output_dir>/checkpoints/<step>/`` and point ``last`` at it; returns the step directory.
 
-    Call it on every rank (it is collective). ``model`` may be wrapped (DDP, torch.compile) or a
-    state dict; ``write_pretrained(pretrained_model_dir)`` runs on the main rank only, to add
-    config.json, train_config.json, processor files or a PEFT adapter (non-sharded runs).
+    Call it on every rank (it is collective). ``objects`` are what is saved (model, optimizer,
+    scheduler, scaler: :class:`TrainingObjects`); ``objects.model`` may be wrapped (DDP,
+    torch.compile) or a state dict. ``write_pretrained(pretrained_model_dir)`` runs on the main rank
+    only, to add config.json, train_config.json, processor files or a PEFT adapter (non-sharded runs).
 
-    Sharded runs (``run.parallelism.dp_shard > 1``, ``model`` the ``fully_shard``-ed module) write
-    the optimizer as DCP shards and the weights per ``run.checkpoint_format``; every rank writes.
+    Sharded runs (``run.parallelism.dp_shard > 1``, ``objects.model`` the ``fully_shard``-ed module)
+    write the optimizer as DCP shards and the weights per ``run.checkpoint_format``; every rank writes.
     ``adapter_state(state_dict) -> adapter_state_dict`` selects and renames the weights of a PEFT
     run (e.g. ``lambda sd: get_peft_model_state_dict(peft_model, state_dict=sd)``): they are then
     written as ``adapter_model.safetensors`` and/or adapter-only DCP shards. Raises
@@ -296,8 +295,8 @@ def save_checkpoint(
     ``loop_state`` is the trainer's own JSON-able counters (step, updates, accumulation position),
     stored in ``training_step.json`` beside ``sampler_state`` and returned by ``ResumeState.loop_state``.
     """
-    request = SaveRequest(run=run, step=step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                          sampler_state=sampler_state, loop_state=loop_state, write_pretrained=write_pretrained,
+    request = SaveRequest(run=run, step=step, objects=objects, sampler_state=sampler_state,
+                          loop_state=loop_state, write_pretrained=write_pretrained,
                           adapter_state=adapter_state)
     comm = Collective.current()
     request.validate(comm)

@@ -20,6 +20,7 @@ from lerobot_ckpt import (
     ResumeState,
     RunInfo,
     StateMismatchError,
+    TrainingObjects,
     TrainingStepRecord,
     load_checkpoint,
     package_versions,
@@ -81,6 +82,12 @@ def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: Processor
     return write
 
 
+def _training_objects(loop: TrainLoop) -> TrainingObjects:
+    """What a checkpoint of this loop saves and its resume restores: the same four objects."""
+    return TrainingObjects(model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
+                           scaler=loop.precision.scaler)
+
+
 def _adapter_state(model: nn.Module):
     peft_model = peft_model_of(model)
     if peft_model is None:
@@ -135,8 +142,7 @@ class Checkpointer:
     def save(self, step: int) -> Path:
         loop = self.loop
         path = save_checkpoint(
-            Path(self.cfg.output_dir), step, run=self.info, model=loop.model, optimizer=loop.optimizer,
-            scheduler=loop.scheduler, scaler=loop.precision.scaler,
+            Path(self.cfg.output_dir), step, run=self.info, objects=_training_objects(loop),
             sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
             loop_state=loop.state_dict(), write_pretrained=self.write_pretrained,
             adapter_state=_adapter_state(loop.model),
@@ -164,8 +170,8 @@ class Checkpointer:
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )
         state = load_checkpoint(
-            checkpoint_dir, model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
-            scaler=loop.precision.scaler, rank=self.runtime.rank, adapter_state=_adapter_state(loop.model),
+            checkpoint_dir, objects=_training_objects(loop), rank=self.runtime.rank,
+            adapter_state=_adapter_state(loop.model),
         )
         notes = loop.load_state_dict(state.loop_state or _legacy_loop_state(state.record))
         if loop.sampler is not None and state.sampler_state:
