@@ -7,7 +7,7 @@ import torch
 from lerobot_parallel import AcceleratorConfig, GradientAccumulationConfig
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime
-from lerobot_parallel.wrap import unwrap_model, wrap_model
+from lerobot_parallel.wrap import wrap_model
 from lerobot_trainloop import ShardedBatchSampler, TrainLoop
 from lerobot_trainloop.testing import SyntheticRegression, TinyRegressor
 
@@ -17,7 +17,8 @@ LR = 0.05
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in unwrap_model(model).parameters()])
+    """The model's parameters as one vector (DDP's are its module's, in the same order)."""
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int, mixed_precision: str = "no",

@@ -20,7 +20,7 @@ from _common import arm_watchdog, rank, write_json
 arm_watchdog(300)
 
 import torch
-from lerobot_ckpt import read_tensors
+from lerobot_ckpt import read_tensors, unwrap_model
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
@@ -28,7 +28,6 @@ from lerobot_cli.peft.adapters import adapter_state, base_policy
 from lerobot_cli.runner import train
 from lerobot_cli.runplan import plan_run
 from lerobot_parallel.teardown import parallel_session
-from lerobot_parallel.wrap import unwrap_model
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor

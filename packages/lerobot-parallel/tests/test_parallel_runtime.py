@@ -24,7 +24,7 @@ from lerobot_parallel import (
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime, backend_for, init_runtime, resolve_device
 from lerobot_parallel.teardown import parallel_session, shutdown_process_group
-from lerobot_parallel.wrap import WrappedModel, unwrap_model, wrap_model
+from lerobot_parallel.wrap import WrappedModel, wrap_model
 
 TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
@@ -162,7 +162,7 @@ def test_wrap_single_process_returns_the_plain_module():
     rt = ParallelRuntime.single("cpu")
     wrapped = wrap_model(model, rt, build_plan(model, rt))
     assert isinstance(wrapped, WrappedModel) and wrapped.model is model and wrapped.module is model
-    assert unwrap_model(wrapped.model) is model and wrapped.runtime is rt and wrapped.ignored == ()
+    assert wrapped.runtime is rt and wrapped.ignored == ()
     with wrapped.gradient_sync(enabled=False):  # nothing to suppress: still computes gradients
         wrapped.model(torch.ones(1, 3)).sum().backward()
     assert model.weight.grad is not None

@@ -25,10 +25,10 @@ from lerobot_ckpt import (
     load_checkpoint,
     package_versions,
     save_checkpoint,
+    unwrap_model,
 )
 from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_parallel.runtime import ParallelRuntime
-from lerobot_parallel.wrap import unwrap_model
 from lerobot_trainloop.loop import TrainLoop
 from torch import nn
 

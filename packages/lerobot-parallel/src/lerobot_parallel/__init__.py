@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
     from lerobot_parallel.precision import Precision, build_precision
     from lerobot_parallel.runtime import ParallelRuntime, backend_for, init_runtime, resolve_device
     from lerobot_parallel.teardown import parallel_session, report_rank_failure, shutdown_process_group
-    from lerobot_parallel.wrap import WrappedModel, unwrap_model, wrap_model
+    from lerobot_parallel.wrap import WrappedModel, wrap_model
 
 _LAZY = {
     "ParallelRuntime": "lerobot_parallel.runtime",
@@ -51,7 +51,6 @@ _LAZY = {
     "report_rank_failure": "lerobot_parallel.teardown",
     "WrappedModel": "lerobot_parallel.wrap",
     "wrap_model": "lerobot_parallel.wrap",
-    "unwrap_model": "lerobot_parallel.wrap",
     "ShardingPlan": "lerobot_parallel.plan",
     "build_plan": "lerobot_parallel.plan",
     "clip_grad_norm": "lerobot_parallel.grad_clip",
@@ -120,6 +119,5 @@ __all__ = [
     "samples_per_loop_step",
     "shutdown_process_group",
     "total_grad_norm",
-    "unwrap_model",
     "wrap_model",
 ]

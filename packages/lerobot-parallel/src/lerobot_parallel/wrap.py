@@ -43,8 +43,14 @@ class WrappedModel:
 
     @property
     def module(self) -> nn.Module:
-        """The user's module under any wrapper (a sharded model is the user's module itself)."""
-        return unwrap_model(self.model)
+        """The module :func:`wrap_model` was given: under DDP, or ``model`` itself when it is plain or
+        sharded (``fully_shard`` works in place).
+
+        This undoes what :func:`wrap_model` applied, nothing more; for the module whose ``state_dict``
+        keys are the policy's own under any wrapper (``torch.compile`` included), a checkpoint writer
+        uses ``lerobot_ckpt.unwrap_model``.
+        """
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
 
     @contextmanager
     def gradient_sync(self, enabled: bool) -> Iterator[None]:
@@ -122,11 +128,3 @@ def wrap_model(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan) -
         bucket_cap_mb=ddp.bucket_cap_mb,
     )
     return WrappedModel(model=wrapped, plan=plan, runtime=runtime)
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module under any wrapper we applied (for saving, introspection, eval).
-
-    A sharded model is the user's module itself (``fully_shard`` works in place).
-    """
-    return model.module if isinstance(model, DistributedDataParallel) else model
