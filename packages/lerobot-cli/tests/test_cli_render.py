@@ -3,6 +3,7 @@
 import pytest
 from lerobot_cli.cli.render import as_flags, flag_paths
 from lerobot_parallel import AcceleratorConfig, FSDPConfig, ParallelismConfig, ParallelismError
+from lerobot_parallel.env_guard import ALLOW_ENV_VAR, check_accelerate_env, guard_message
 from lerobot_parallel.fsdp_precision import MP, MPP
 from lerobot_parallel.wrap_units import IGNORED_MODULES, MIN_NUM_PARAMS, WRAP_MODULES
 
@@ -18,6 +19,7 @@ def test_every_path_the_library_names_is_a_flag(path):
     ("with parallelism.* / accelerator.* instead.", "with --parallelism.* / --accelerator.* instead."),
     ("from accelerator.fsdp.mixed_precision_policy.*)", "from --accelerator.fsdp.mixed_precision_policy.*)"),
     ("device=tpu: not a torch device", "--policy.device=tpu: not a torch device"),
+    ("by the parallelism.* / accelerator.* settings of", "by the --parallelism.* / --accelerator.* flags of"),
     # left alone: flags already, unknown keys, attribute chains, files, prose, calls
     ("--accelerator.fsdp.wrap_modules: expected a JSON list", "--accelerator.fsdp.wrap_modules: expected a JSON list"),
     ("unknown key(s) accelerator.fsdp.wrap_modulez", "unknown key(s) accelerator.fsdp.wrap_modulez"),
@@ -25,6 +27,9 @@ def test_every_path_the_library_names_is_a_flag(path):
     ("runs/accelerator.mixed_precision", "runs/accelerator.mixed_precision"),
     ("the accelerator; choose device 'cpu'", "the accelerator; choose device 'cpu'"),
     ("call parallelism.resolve(world_size)", "call parallelism.resolve(world_size)"),
+    ("saved --scheduler settings", "saved --scheduler settings"),
+    ("the parallelism settings", "the parallelism settings"),
+    ("accelerator.* / parallelism.bogus.* settings", "--accelerator.* / parallelism.bogus.* settings"),
 ])
 def test_as_flags_rewrites_exactly_the_known_paths(text, shown):
     assert as_flags(text) == shown
@@ -41,3 +46,13 @@ def test_library_errors_read_as_today_once_rendered(build, printed):
     with pytest.raises(ParallelismError) as err:
         build()
     assert "--" not in str(err.value) and as_flags(str(err.value)).startswith(printed)
+
+
+def test_the_env_guard_reads_as_flags_once_rendered():
+    refusal = as_flags(guard_message(check_accelerate_env("no", {"ACCELERATE_USE_FSDP": "true"})))
+    assert ("make the same choices with the --parallelism.* / --accelerator.* flags instead, "
+            "e.g. --parallelism.dp_shard=N, --accelerator.mixed_precision=bf16") in refusal
+    allowed = check_accelerate_env("no", {"ACCELERATE_USE_FSDP": "true", ALLOW_ENV_VAR: "1"})
+    warning = as_flags(guard_message(allowed))
+    assert "overridden by the --parallelism.* / --accelerator.* flags of this run" in warning
+    assert "settings of this run" not in warning and "settings instead" not in refusal

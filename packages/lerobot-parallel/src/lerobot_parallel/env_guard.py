@@ -119,8 +119,8 @@ def guard_message(result: EnvGuardResult) -> str:
         f"describe the run:\n{listing}\n"
         "Ways out:\n"
         "  1. unset them (do not use `accelerate config` files or `accelerate launch --use_fsdp/"
-        "--use_deepspeed/--config_file`) and choose the settings with parallelism.* / accelerator.* "
-        "instead, e.g. parallelism.dp_shard=N, accelerator.mixed_precision=bf16, "
+        "--use_deepspeed/--config_file`) and make the same choices with the parallelism.* / accelerator.* "
+        "settings instead, e.g. parallelism.dp_shard=N, accelerator.mixed_precision=bf16, "
         "accelerator.gradient_accumulation.steps=K;\n"
         f"  2. or set {ALLOW_ENV_VAR}=1 to acknowledge that they are overridden and proceed."
     )

@@ -7,8 +7,9 @@ code and has no flags (see ``lerobot_parallel.errors``). ``TrainConfig`` nests t
 under the same names, so every such path is a flag here. :func:`as_flags` rewrites exactly the
 paths ``TrainConfig`` has (read from the ``field_specs`` the parser and ``--help`` use, so a new
 field is covered without a list to update) into ``--path``; a dotted name it does not have, or
-text that is a flag already, is left alone. Every place the CLI prints an error, a warning or the
-sharding plan passes its text through here.
+text that is a flag already, is left alone. Where a library calls such paths "settings"
+(``the parallelism.* / accelerator.* settings of this run``), the CLI's word is "flags". Every place
+the CLI prints an error, a warning or the sharding plan passes its text through here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ LIBRARY_SECTIONS = ("parallelism", "accelerator")  # the TrainConfig sections th
 ARGUMENTS = {"device": "policy.device"}
 
 _NOT_AFTER = r"(?<![\w.\-/])"  # not inside a flag (--x), an attribute chain (cfg.x) or a file path (a/x)
-_PATH = re.compile(_NOT_AFTER + rf"((?:{'|'.join(LIBRARY_SECTIONS)})(?:\.\w+)*)(\.\*)?")
+_SECTION = rf"(?:{'|'.join(LIBRARY_SECTIONS)})"
+_PATH = re.compile(_NOT_AFTER + rf"({_SECTION}(?:\.\w+)*)(\.\*)?")
+_ONE_PATH = rf"{_SECTION}(?:\.\w+)*(?:\.\*)?"
+# "parallelism.* / accelerator.* settings": the library's word for what the CLI calls flags
+_NAMED_SETTINGS = re.compile(_NOT_AFTER + rf"({_ONE_PATH}(?: / {_ONE_PATH})*) settings\b")
 _ARGUMENT = re.compile(_NOT_AFTER + rf"({'|'.join(ARGUMENTS)})=")
 
 
@@ -44,8 +49,18 @@ def _flag(match: re.Match[str]) -> str:
     return match.group(0)
 
 
+def _settings_as_flags(match: re.Match[str]) -> str:
+    paths = match.group(1)
+    flags = _PATH.sub(_flag, paths)
+    if flags.count("--") != len(_PATH.findall(paths)):  # one of them is no flag here: leave the words alone
+        return match.group(0)
+    return f"{flags} flags"
+
+
 def as_flags(text: str) -> str:
     """``text`` with each config path ``TrainConfig`` has as a flag spelled ``--path`` (and ``device=``
-    as ``--policy.device=``); everything else unchanged, so applying it twice changes nothing."""
-    text = _PATH.sub(_flag, str(text))
+    as ``--policy.device=``, "``<paths> settings``" as "``<flags> flags``"); everything else unchanged,
+    so applying it twice changes nothing."""
+    text = _NAMED_SETTINGS.sub(_settings_as_flags, str(text))
+    text = _PATH.sub(_flag, text)
     return _ARGUMENT.sub(lambda m: f"--{ARGUMENTS[m.group(1)]}=", text)
