@@ -20,6 +20,8 @@ class NormalizationMode(str, enum.Enum):
     MIN_MAX = "MIN_MAX"
     MEAN_STD = "MEAN_STD"
     IDENTITY = "IDENTITY"
+    QUANTILES = "QUANTILES"  # q01/q99 to [-1, 1] (pi05's default for state and action)
+    QUANTILE10 = "QUANTILE10"  # q10/q90 to [-1, 1]
 
 
 def _shape(value) -> tuple[int, ...]:

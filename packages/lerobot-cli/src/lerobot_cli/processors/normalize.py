@@ -1,8 +1,11 @@
 """Normalizer / unnormalizer steps: dataset statistics applied per feature type, LeRobot's formulas.
 
-``MEAN_STD``: ``(x - mean) / (std + eps)``; ``MIN_MAX``: ``2 (x - min) / (max - min) - 1`` (a zero range
-uses ``eps``); ``IDENTITY``: unchanged. The statistics are the step's state, saved as
-``<feature>.<stat>`` tensors in its safetensors file, exactly the keys LeRobot writes and reads.
+``MEAN_STD``: ``(x - mean) / (std + eps)``; ``MIN_MAX``: ``2 (x - min) / (max - min) - 1``;
+``QUANTILES`` / ``QUANTILE10``: the same map with ``q01``/``q99`` or ``q10``/``q90`` in place of min/max
+(pi05's choice: a few outliers no longer squeeze the bulk of the data); a zero range uses ``eps``;
+``IDENTITY``: unchanged. The operations are written in LeRobot's order, so both sides give the same
+floats. The statistics are the step's state, saved as ``<feature>.<stat>`` tensors in its safetensors
+file, exactly the keys LeRobot writes and reads.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from torch import Tensor
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.processors.steps import Batch, ProcessorStep, register_step
 
-REQUIRED_STATS = {NormalizationMode.MEAN_STD: ("mean", "std"), NormalizationMode.MIN_MAX: ("min", "max")}
+REQUIRED_STATS = {
+    NormalizationMode.MEAN_STD: ("mean", "std"),
+    NormalizationMode.MIN_MAX: ("min", "max"),
+    NormalizationMode.QUANTILES: ("q01", "q99"),
+    NormalizationMode.QUANTILE10: ("q10", "q90"),
+}
 
 
 def to_stat_tensors(stats: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Tensor]]:
@@ -100,9 +108,14 @@ class _Normalization(ProcessorStep):
         s = self._stats_like(key, x)
         if mode == NormalizationMode.MEAN_STD:
             return x * s["std"] + s["mean"] if self.inverse else (x - s["mean"]) / (s["std"] + self.eps)
-        span = s["max"] - s["min"]
+        low_name, high_name = REQUIRED_STATS[mode]
+        low = s[low_name]
+        span = s[high_name] - low
         span = torch.where(span == 0, torch.full_like(span, self.eps), span)
-        return (x + 1) / 2 * span + s["min"] if self.inverse else 2 * (x - s["min"]) / span - 1
+        if mode == NormalizationMode.MIN_MAX:
+            return (x + 1) / 2 * span + low if self.inverse else 2 * (x - low) / span - 1
+        # quantiles: LeRobot multiplies before dividing on the way back (not the MIN_MAX order)
+        return (x + 1.0) * span / 2.0 + low if self.inverse else 2.0 * (x - low) / span - 1.0
 
     def __call__(self, batch: Batch) -> Batch:
         out = dict(batch)
