@@ -1,0 +1,84 @@
+"""Task-text steps of pi0 and pi05: the prompt the PaliGemma tokenizer sees, built as LeRobot builds it.
+
+- ``Pi0NewLineStep`` (``pi0_new_line_processor``): every task ends with ``"\\n"``, PaliGemma's prompt
+  terminator (the text is otherwise unchanged).
+- ``Pi05StateTokensStep`` (``pi05_prepare_state_tokenizer_processor_step``): pi05 reads the robot state as
+  text. The already normalised state (in [-1, 1]) is cut into 256 bins, openpi's discretisation, and each
+  task becomes ``"Task: <task>, State: <bin> <bin> …;\\nAction: "``. It must run after the normalizer and
+  before the tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from lerobot_cli.processors.steps import Batch, ProcessorStep, register_step
+
+STATE = "observation.state"
+STATE_BINS = 256
+# Left edges of the 256 equal bins of [-1, 1]; np.digitize(x, edges) - 1 is the bin, -1 below -1 and
+# 255 from the last edge up (values above 1 included), exactly LeRobot's and openpi's numbers.
+_BIN_EDGES = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
+
+
+@register_step
+class Pi0NewLineStep(ProcessorStep):
+    """Append ``"\\n"`` to each task string that lacks one; anything that is not text passes unchanged."""
+
+    registry_name: ClassVar[str] = "pi0_new_line_processor"
+
+    def __call__(self, batch: Batch) -> Batch:
+        task = batch.get("task")
+        if isinstance(task, str):
+            return {**batch, "task": task if task.endswith("\n") else f"{task}\n"}
+        if isinstance(task, list) and all(isinstance(t, str) for t in task):
+            return {**batch, "task": [t if t.endswith("\n") else f"{t}\n" for t in task]}
+        return batch
+
+
+def discretize_state(state: torch.Tensor) -> np.ndarray:
+    """``(B, S)`` normalised state → ``(B, S)`` integer bins (openpi's ``PaligemmaTokenizer`` rule)."""
+    state = state.detach().cpu()
+    if state.dtype not in (torch.float32, torch.float64):
+        state = state.float()  # bf16/fp16 hold no value a float32 cannot: the bins are unchanged
+    return np.digitize(state.numpy(), bins=_BIN_EDGES) - 1
+
+
+def pi05_prompt(task: str, bins: Any) -> str:
+    """One pi05 prompt. The task is stripped and its underscores and newlines become spaces."""
+    text = task.strip().replace("_", " ").replace("\n", " ")
+    return f"Task: {text}, State: {' '.join(str(int(b)) for b in bins)};\nAction: "
+
+
+@register_step
+class Pi05StateTokensStep(ProcessorStep):
+    """Rewrite ``batch[task_key]`` into pi05 prompts that carry the discretised ``observation.state``.
+
+    ``max_state_dim`` is kept for LeRobot's config (the prompt holds the state's own dimensions).
+    """
+
+    registry_name: ClassVar[str] = "pi05_prepare_state_tokenizer_processor_step"
+
+    def __init__(self, max_state_dim: int = 32, task_key: str = "task") -> None:
+        self.max_state_dim = max_state_dim
+        self.task_key = task_key
+
+    def __call__(self, batch: Batch) -> Batch:
+        state = batch.get(STATE)
+        if state is None:
+            raise ValueError(f"{self.registry_name}: pi05 needs {STATE!r} in the batch (its prompt carries the state)")
+        tasks = batch.get(self.task_key)
+        if tasks is None:
+            raise ValueError(f"{self.registry_name}: the batch has no {self.task_key!r} text")
+        tasks = [tasks] if isinstance(tasks, str) else list(tasks)
+        if state.dim() != 2 or state.shape[0] != len(tasks):
+            raise ValueError(f"{self.registry_name}: {STATE!r} must be (batch, dims) with one row per task, "
+                             f"got shape {tuple(state.shape)} for {len(tasks)} task(s)")
+        bins = discretize_state(state)
+        return {**batch, self.task_key: [pi05_prompt(task, row) for task, row in zip(tasks, bins, strict=True)]}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"max_state_dim": self.max_state_dim, "task_key": self.task_key}
