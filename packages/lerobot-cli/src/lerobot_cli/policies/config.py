@@ -3,7 +3,9 @@
 Kept torch-free: the CLI parses and validates configs (and prints ``--help``) before torch loads.
 A concrete policy subclasses this with ``@define(frozen=True, kw_only=True)``, sets the class
 variables ``type`` (its registry name) and ``policy_class`` ("module:Class", imported lazily),
-and may override the presets and delta-index hooks.
+and may override the presets and delta-index hooks. ``processor_steps`` ("module:function", imported
+lazily too) names the function that lays out its pre/post-processor steps when LeRobot's pipelines for
+that policy differ from the default ones (see ``lerobot_cli.processors.factory``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def _default_normalization() -> dict[str, NormalizationMode]:
 class PolicyConfig:
     type: ClassVar[str] = ""
     policy_class: ClassVar[str] = ""
+    processor_steps: ClassVar[str] = ""  # "" = the default pipelines
 
     n_obs_steps: int = field(default=1, metadata={"help": "Observation frames the policy sees per step."})
     normalization_mapping: dict[str, NormalizationMode] = field(

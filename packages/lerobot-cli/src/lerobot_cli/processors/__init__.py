@@ -1,18 +1,25 @@
-"""Normalization processor pipelines saved next to a policy's weights (imports torch).
+"""Processor pipelines saved next to a policy's weights (imports torch; ``transformers`` only on first use
+of a tokenizer).
 
 ``make_pre_post_processors`` builds the pair from a policy config and dataset statistics;
-``save_processors`` / ``load_processors`` write and read LeRobot's file layout.
+``save_processors`` / ``load_processors`` write and read LeRobot's file layout. Importing this package
+registers every step (normalizers, tokenizer, pi0/pi05 prompt steps, relative actions), so any pipeline
+file that uses them loads.
 """
 
 from lerobot_cli.processors.factory import (
     POSTPROCESSOR_NAME,
     PREPROCESSOR_NAME,
+    DefaultSteps,
+    MissingStatsError,
     load_processors,
     make_pre_post_processors,
     save_processors,
 )
 from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep, to_stat_tensors
 from lerobot_cli.processors.pipeline import ProcessorPipeline
+from lerobot_cli.processors.prompts import Pi0NewLineStep, Pi05StateTokensStep
+from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
 from lerobot_cli.processors.steps import (
     STEP_REGISTRY,
     AddBatchDimensionStep,
@@ -21,17 +28,26 @@ from lerobot_cli.processors.steps import (
     RenameObservationsStep,
     register_step,
 )
+from lerobot_cli.processors.tokenizer import TokenizerStep, TokenizerUnavailableError
 
 __all__ = [
     "POSTPROCESSOR_NAME",
     "PREPROCESSOR_NAME",
     "STEP_REGISTRY",
+    "AbsoluteActionsStep",
     "AddBatchDimensionStep",
+    "DefaultSteps",
     "DeviceStep",
+    "MissingStatsError",
     "NormalizerStep",
+    "Pi0NewLineStep",
+    "Pi05StateTokensStep",
     "ProcessorPipeline",
     "ProcessorStep",
+    "RelativeActionsStep",
     "RenameObservationsStep",
+    "TokenizerStep",
+    "TokenizerUnavailableError",
     "UnnormalizerStep",
     "load_processors",
     "make_pre_post_processors",

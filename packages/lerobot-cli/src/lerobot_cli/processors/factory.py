@@ -1,28 +1,81 @@
 """A policy's pre/post-processor pair, built from its config and the dataset statistics.
 
-The step lists equal LeRobot's default policy pipelines (ACT's among them), so the saved files have the
-names and indices LeRobot expects:
+The default step lists equal LeRobot's default policy pipelines (ACT's among them), so the saved files
+have the names and indices LeRobot expects:
 
 - ``policy_preprocessor``: rename → add batch dim → device → normalizer (step 3, stats of all features);
 - ``policy_postprocessor``: unnormalizer (step 0, action stats) → device("cpu").
+
+A policy whose LeRobot pipelines differ (pi0, pi05: language steps) names a step-list function in its
+config's ``processor_steps`` ClassVar (``"module:function"``, imported only here, so configs stay
+torch-free). The function gets the config and these default steps (``DefaultSteps``) and returns the
+pre- and post-processor step lists; it places and adds steps, while the statistics check and the
+pipeline names stay here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from attrs import frozen
 from lerobot_ckpt.layout import POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep
 from lerobot_cli.processors.pipeline import ProcessorPipeline
-from lerobot_cli.processors.steps import AddBatchDimensionStep, DeviceStep, RenameObservationsStep
+from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
+from lerobot_cli.processors.steps import (
+    AddBatchDimensionStep,
+    DeviceStep,
+    ProcessorStep,
+    RenameObservationsStep,
+)
 
 # Pipeline names are LeRobot's file stems (policy_preprocessor.json, policy_preprocessor_step_*.safetensors).
 PREPROCESSOR_NAME = Path(PREPROCESSOR_CONFIG).stem
 POSTPROCESSOR_NAME = Path(POSTPROCESSOR_CONFIG).stem
+
+StepLists = tuple[list[ProcessorStep], list[ProcessorStep]]  # (pre-processor steps, post-processor steps)
+
+
+@frozen
+class DefaultSteps:
+    """The steps every policy pipeline is made of (LeRobot's ``DefaultPolicyProcessorSteps``), built
+    once from the config and statistics and handed to a policy's ``processor_steps`` function."""
+
+    rename_observations: RenameObservationsStep
+    add_batch_dim: AddBatchDimensionStep
+    to_device: DeviceStep
+    normalize: NormalizerStep
+    unnormalize: UnnormalizerStep
+    to_cpu: DeviceStep
+
+    def default_lists(self) -> StepLists:
+        """The default pipelines: what a policy without ``processor_steps`` gets."""
+        return ([self.rename_observations, self.add_batch_dim, self.to_device, self.normalize],
+                [self.unnormalize, self.to_cpu])
+
+
+class ProcessorStepsError(ValueError):
+    """A config's ``processor_steps`` names no importable step-list function."""
+
+
+def _steps_function(config: PolicyConfig) -> Callable[[PolicyConfig, DefaultSteps], StepLists] | None:
+    target = type(config).processor_steps
+    if not target:
+        return None
+    module, _, name = target.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ProcessorStepsError(f"{type(config).__name__}.processor_steps names {target!r}, which cannot be "
+                                  f"imported ({exc}); it must be 'module:function'") from exc
+    if not callable(function):
+        raise ProcessorStepsError(f"{type(config).__name__}.processor_steps names {target!r}, which is not a function")
+    return function
 
 
 class MissingStatsError(ValueError):
@@ -49,8 +102,8 @@ def make_pre_post_processors(
     device: str | None = None,
     rename_map: Mapping[str, str] | None = None,
 ) -> tuple[ProcessorPipeline, ProcessorPipeline]:
-    """Build both pipelines. ``dataset_stats``: ``{key: {"mean"|"std"|"min"|"max": array-like}}`` (the
-    dataset's ``meta/stats.json``); every feature whose mode is not IDENTITY must have its statistics.
+    """Build both pipelines. ``dataset_stats``: ``{key: {"mean"|"std"|"min"|"max"|"q01"|…: array-like}}``
+    (the dataset's ``meta/stats.json``); every feature whose mode is not IDENTITY must have its statistics.
     ``device`` (default ``config.device``, else ``"cpu"``) is where the pre-processor puts the batch.
     """
     features = {**config.input_features, **config.output_features}
@@ -67,13 +120,14 @@ def make_pre_post_processors(
         features=dict(config.output_features), norm_map=config.normalization_mapping,
         stats={k: v for k, v in stats.items() if k in config.output_features},
     )
-    pre = ProcessorPipeline(
-        [RenameObservationsStep(rename_map), AddBatchDimensionStep(),
-         DeviceStep(device or config.device or "cpu"), normalizer],
-        name=PREPROCESSOR_NAME,
+    defaults = DefaultSteps(
+        rename_observations=RenameObservationsStep(rename_map), add_batch_dim=AddBatchDimensionStep(),
+        to_device=DeviceStep(device or config.device or "cpu"), normalize=normalizer, unnormalize=unnormalizer,
+        to_cpu=DeviceStep("cpu"),
     )
-    post = ProcessorPipeline([unnormalizer, DeviceStep("cpu")], name=POSTPROCESSOR_NAME)
-    return pre, post
+    function = _steps_function(config)
+    pre_steps, post_steps = defaults.default_lists() if function is None else function(config, defaults)
+    return ProcessorPipeline(pre_steps, name=PREPROCESSOR_NAME), ProcessorPipeline(post_steps, name=POSTPROCESSOR_NAME)
 
 
 def save_processors(preprocessor: ProcessorPipeline, postprocessor: ProcessorPipeline,
@@ -93,4 +147,16 @@ def load_processors(directory: str | Path, *, device: str | None = None) -> tupl
         for step in pre.steps:
             if isinstance(step, DeviceStep):
                 step.device = str(device)
+    pair_relative_actions(pre, post)
     return pre, post
+
+
+def pair_relative_actions(pre: ProcessorPipeline, post: ProcessorPipeline) -> None:
+    """Give each unpaired absolute-actions step of ``post`` the relative-actions step of ``pre`` (the link
+    is an object reference, which a pipeline file cannot hold; LeRobot reconnects them the same way)."""
+    relative = next((s for s in pre.steps if isinstance(s, RelativeActionsStep)), None)
+    if relative is None:
+        return
+    for step in post.steps:
+        if isinstance(step, AbsoluteActionsStep) and step.relative_step is None:
+            step.relative_step = relative

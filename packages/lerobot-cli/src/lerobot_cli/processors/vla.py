@@ -1,0 +1,50 @@
+"""pi0's and pi05's processor step lists, in LeRobot 0.6.1's order (``processor_pi0.py`` / ``processor_pi05.py``).
+
+A config names them with ``processor_steps = "lerobot_cli.processors.vla:pi0_processor_steps"`` (or
+``pi05_processor_steps``). Same steps at the same indices as LeRobot's, so the files agree down to the
+state-file names (``policy_preprocessor_step_6_normalizer_processor.safetensors`` for pi0, ``step_3`` for pi05):
+
+- pi0 pre:  rename → batch → newline → tokenizer → device → relative actions → normalizer
+- pi05 pre: rename → batch → relative actions → normalizer → state-in-prompt → tokenizer → device
+  (the state is discretised after normalisation, and the prompt it goes into is then tokenized)
+- post (both): unnormalizer → absolute actions → device("cpu")
+
+The tokenizer is ``config.tokenizer_name`` (LeRobot hard-codes PaliGemma's; our configs may name a local
+directory) with ``config.tokenizer_max_length``, right padding to that length and truncation.
+"""
+
+from __future__ import annotations
+
+from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.processors.factory import DefaultSteps, StepLists
+from lerobot_cli.processors.prompts import Pi0NewLineStep, Pi05StateTokensStep
+from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
+from lerobot_cli.processors.tokenizer import PALIGEMMA_TOKENIZER, TokenizerStep
+
+
+def paligemma_tokenizer_step(config: PolicyConfig) -> TokenizerStep:
+    return TokenizerStep(tokenizer_name=getattr(config, "tokenizer_name", PALIGEMMA_TOKENIZER),
+                         max_length=config.tokenizer_max_length, padding_side="right", padding="max_length")
+
+
+def relative_actions_steps(config: PolicyConfig) -> tuple[RelativeActionsStep, AbsoluteActionsStep]:
+    """The paired relative/absolute steps, from LeRobot's config fields (off when the config has none)."""
+    relative = RelativeActionsStep(enabled=getattr(config, "use_relative_actions", False),
+                                   exclude_joints=getattr(config, "relative_exclude_joints", []),
+                                   action_names=getattr(config, "action_feature_names", None))
+    return relative, AbsoluteActionsStep(enabled=relative.enabled, relative_step=relative)
+
+
+def pi0_processor_steps(config: PolicyConfig, defaults: DefaultSteps) -> StepLists:
+    relative, absolute = relative_actions_steps(config)
+    pre = [defaults.rename_observations, defaults.add_batch_dim, Pi0NewLineStep(), paligemma_tokenizer_step(config),
+           defaults.to_device, relative, defaults.normalize]
+    return pre, [defaults.unnormalize, absolute, defaults.to_cpu]
+
+
+def pi05_processor_steps(config: PolicyConfig, defaults: DefaultSteps) -> StepLists:
+    relative, absolute = relative_actions_steps(config)
+    pre = [defaults.rename_observations, defaults.add_batch_dim, relative, defaults.normalize,
+           Pi05StateTokensStep(max_state_dim=config.max_state_dim), paligemma_tokenizer_step(config),
+           defaults.to_device]
+    return pre, [defaults.unnormalize, absolute, defaults.to_cpu]
