@@ -21,24 +21,56 @@ def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
     return x if pos is None else x + pos
 
 
-class ACTEncoderLayer(nn.Module):
-    """Self-attention + feed-forward; post-norm by default, pre-norm with ``config.pre_norm``."""
+def _attention(config: ACTConfig) -> nn.MultiheadAttention:
+    return nn.MultiheadAttention(config.dim_model, config.n_heads, dropout=config.dropout)
+
+
+def _feed_forward(config: ACTConfig) -> tuple[nn.Linear, nn.Dropout, nn.Linear]:
+    """``linear1``, ``dropout``, ``linear2`` of a layer (in this order: it is the parameter order)."""
+    return (nn.Linear(config.dim_model, config.dim_feedforward), nn.Dropout(config.dropout),
+            nn.Linear(config.dim_feedforward, config.dim_model))
+
+
+def _norms(config: ACTConfig, sub_blocks: int) -> tuple[nn.LayerNorm, ...]:
+    """``norm1``, ``norm2`` …: one LayerNorm per sub-block."""
+    return tuple(nn.LayerNorm(config.dim_model) for _ in range(sub_blocks))
+
+
+def _residual_dropouts(config: ACTConfig, sub_blocks: int) -> tuple[nn.Dropout, ...]:
+    """``dropout1``, ``dropout2`` …: one Dropout on each sub-block's residual branch."""
+    return tuple(nn.Dropout(config.dropout) for _ in range(sub_blocks))
+
+
+class _ACTLayer(nn.Module):
+    """What both layers share besides attention: the feed-forward sub-block and the pre-/post-norm switch.
+
+    Each layer assigns its modules itself, attention first, then :func:`_feed_forward`, :func:`_norms`
+    and :func:`_residual_dropouts`: LeRobot's attribute names in LeRobot's order, so state-dict keys,
+    parameter order (the optimizer state's indices) and seeded initialisation are LeRobot's.
+    """
+
+    linear1: nn.Linear
+    dropout: nn.Dropout
+    linear2: nn.Linear
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__()
-        self.self_attn = nn.MultiheadAttention(config.dim_model, config.n_heads, dropout=config.dropout)
-        self.linear1 = nn.Linear(config.dim_model, config.dim_feedforward)
-        self.dropout = nn.Dropout(config.dropout)
-        self.linear2 = nn.Linear(config.dim_feedforward, config.dim_model)
-        self.norm1 = nn.LayerNorm(config.dim_model)
-        self.norm2 = nn.LayerNorm(config.dim_model)
-        self.dropout1 = nn.Dropout(config.dropout)
-        self.dropout2 = nn.Dropout(config.dropout)
         self.activation = _ACTIVATIONS[config.feedforward_activation]
         self.pre_norm = config.pre_norm
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class ACTEncoderLayer(_ACTLayer):
+    """Self-attention + feed-forward; post-norm by default, pre-norm with ``config.pre_norm``."""
+
+    def __init__(self, config: ACTConfig) -> None:
+        super().__init__(config)
+        self.self_attn = _attention(config)
+        self.linear1, self.dropout, self.linear2 = _feed_forward(config)
+        self.norm1, self.norm2 = _norms(config, 2)
+        self.dropout1, self.dropout2 = _residual_dropouts(config, 2)
 
     def forward(self, x: Tensor, pos_embed: Tensor | None = None,
                 key_padding_mask: Tensor | None = None) -> Tensor:
@@ -70,24 +102,16 @@ class ACTEncoder(nn.Module):
         return self.norm(x)
 
 
-class ACTDecoderLayer(nn.Module):
+class ACTDecoderLayer(_ACTLayer):
     """Self-attention over the action queries, cross-attention into the encoder output, feed-forward."""
 
     def __init__(self, config: ACTConfig) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(config.dim_model, config.n_heads, dropout=config.dropout)
-        self.multihead_attn = nn.MultiheadAttention(config.dim_model, config.n_heads, dropout=config.dropout)
-        self.linear1 = nn.Linear(config.dim_model, config.dim_feedforward)
-        self.dropout = nn.Dropout(config.dropout)
-        self.linear2 = nn.Linear(config.dim_feedforward, config.dim_model)
-        self.norm1 = nn.LayerNorm(config.dim_model)
-        self.norm2 = nn.LayerNorm(config.dim_model)
-        self.norm3 = nn.LayerNorm(config.dim_model)
-        self.dropout1 = nn.Dropout(config.dropout)
-        self.dropout2 = nn.Dropout(config.dropout)
-        self.dropout3 = nn.Dropout(config.dropout)
-        self.activation = _ACTIVATIONS[config.feedforward_activation]
-        self.pre_norm = config.pre_norm
+        super().__init__(config)
+        self.self_attn = _attention(config)
+        self.multihead_attn = _attention(config)
+        self.linear1, self.dropout, self.linear2 = _feed_forward(config)
+        self.norm1, self.norm2, self.norm3 = _norms(config, 3)
+        self.dropout1, self.dropout2, self.dropout3 = _residual_dropouts(config, 3)
 
     def forward(self, x: Tensor, encoder_out: Tensor, decoder_pos_embed: Tensor | None = None,
                 encoder_pos_embed: Tensor | None = None) -> Tensor:
@@ -110,7 +134,7 @@ class ACTDecoderLayer(nn.Module):
             x = self.norm2(x)
 
         h = self.norm3(x) if self.pre_norm else x
-        x = x + self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(h)))))
+        x = x + self.dropout3(self._feed_forward(h))
         return x if self.pre_norm else self.norm3(x)
 
 
