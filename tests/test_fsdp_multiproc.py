@@ -93,6 +93,28 @@ def test_fsdp_runtime_and_refusals(fsdp):
         assert "unit head (TokenHead)" in tied and "root" in tied
 
 
+def test_grouped_joint_units_give_bitwise_equal_gradients(fsdp):
+    """Towers whose i-th layers run jointly (pi0's shape): one fully_shard per layer pair, the joint
+    method registered as the unit's forward; same names, every parameter sharded, gradients bitwise."""
+    from lerobot_parallel.testing import JointTowers
+
+    model = JointTowers()
+    loss, _ = model(JointTowers.batch(4, seed=3))
+    loss.backward()
+    for res in fsdp:
+        joint = res["joint"]
+        assert joint["units"] == ["main.0 + side.0", "main.1 + side.1"]
+        # Naming only one member still shards the pair together (the naive wrap would never gather it).
+        assert joint["naive_units"] == ["main.0 + side.0", "main.1 + side.1"]
+        assert joint["loss"] == float(loss)
+        assert set(joint["grads"]) == {n for n, _ in model.named_parameters()}
+        for name, p in model.named_parameters():
+            assert joint["grads"][name] == p.grad.flatten().tolist(), name
+        for name, fact in joint["shards"].items():
+            assert fact["type"] == "DTensor", name
+            assert fact["all_local_numel"] == expected_local_numels(fact["full"], 2), name
+
+
 def test_fsdp2_two_processes_match_one_process_on_the_same_global_batch(fsdp, ref):
     single = ref("fp32", batch_size=8, steps=4)
     assert single["losses"][0] != single["losses"][-1]  # it trains

@@ -95,6 +95,24 @@ def readme_fsdp_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 
+def joint_towers_check(rt) -> dict:
+    """Grouped units: every rank runs the same full batch, so the averaged gradient must equal the one
+    process's bitwise (``(g + g) / 2 == g`` in fp32); plus the unit list and the naive (ungrouped) wrap."""
+    from lerobot_parallel.testing import JointTowers
+
+    model = JointTowers()
+    plan = build_plan(model, rt)
+    wrapped = wrap_model(model, rt, plan)
+    loss, _ = wrapped.model(JointTowers.batch(4, seed=3))
+    loss.backward()
+    grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).flatten().tolist()
+             for n, p in wrapped.model.named_parameters()}
+    naive = JointTowers()
+    naive_plan = build_plan(naive, rt, AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("SideTowerLayer",))))
+    return {"loss": float(loss), "grads": grads, "units": [u.label for u in plan.units],
+            "naive_units": [u.label for u in naive_plan.units], "shards": shard_facts(wrapped.model)}
+
+
 def main() -> None:
     res: dict = {}
     with parallel_session(ParallelismConfig(dp_shard=2), device="cpu") as rt:
@@ -109,6 +127,8 @@ def main() -> None:
                 res[key] = "accepted"
             except ShardingError as exc:
                 res[key] = str(exc)
+
+        res["joint"] = joint_towers_check(rt)
 
         # fp32 FSDP2, B=4 per rank: same global batch as one process with B=8.
         shards = {}

@@ -165,3 +165,39 @@ def test_explicit_policy_needs_param_dtype_and_float16_needs_fp16():
     unit, _ = resolve_sharded_precision("fp16", MixedPrecisionPolicyConfig(param_dtype="float16")).policies()
     assert unit.param_dtype == torch.float16
 
+
+
+def test_grouped_units_pair_the_towers_layer_by_layer():
+    from lerobot_parallel.testing import JointTowers
+
+    plan = build_plan(JointTowers(), FSDP2)
+    assert [(u.paths, u.class_name) for u in plan.units] == [
+        (("main.0", "side.0"), "MainTowerLayer+SideTowerLayer"), (("main.1", "side.1"), "MainTowerLayer+SideTowerLayer")]
+    assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(p.numel() for p in JointTowers().parameters())
+    assert "main.1 + side.1 (MainTowerLayer+SideTowerLayer)" in "\n".join(plan.describe())
+    # Naming only the side tower (the naive wrap) still shards each pair as one unit.
+    naive = build_plan(JointTowers(), FSDP2, fsdp_settings(wrap_modules=("SideTowerLayer",)))
+    assert [u.paths for u in naive.units] == [u.paths for u in plan.units]
+
+
+def test_grouped_units_refusals():
+    from lerobot_parallel.testing import JointTowers
+
+    lopsided = JointTowers()
+    lopsided.side.append(type(lopsided.side[0])(11))
+    with pytest.raises(ShardingError, match=r"MainTowerLayer x2, SideTowerLayer x3"):
+        build_plan(lopsided, FSDP2)
+    with pytest.raises(ShardingError, match=r"covers side\.0 but not the rest of its grouped unit \(main\.0 \+ side\.0\)"):
+        build_plan(JointTowers(), FSDP2, fsdp_settings(ignored_modules=r"side\.0"))
+
+
+def test_tied_weights_inside_a_grouped_unit_are_fine_across_groups_refused():
+    from lerobot_parallel.testing import JointTowers
+
+    inside = JointTowers()
+    inside.side[0].mix.weight = inside.main[0].mix.weight
+    assert "in main.0" in build_plan(inside, FSDP2).tied.describe()
+    across = JointTowers()
+    across.side[1].mix.weight = across.main[0].mix.weight
+    with pytest.raises(ShardingError, match="tied weights cannot be split"):
+        build_plan(across, FSDP2)

@@ -22,7 +22,14 @@ from lerobot_parallel.fsdp_precision import ShardedPrecision, resolve_sharded_pr
 from lerobot_parallel.memory import MemoryEstimate, estimate_memory
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.tied_weights import ROOT_LABEL, TiedWeightCheck, check_tied_weights, owner_of
-from lerobot_parallel.wrap_units import IGNORED_MODULES, children_first, select_ignored, select_units
+from lerobot_parallel.wrap_units import (
+    IGNORED_MODULES,
+    children_first,
+    declared_groups,
+    group_units,
+    select_ignored,
+    select_units,
+)
 
 MAX_LISTED_UNITS = 16
 
@@ -31,9 +38,18 @@ MAX_LISTED_UNITS = 16
 class PlannedModule:
     """A wrap unit, the root, or an ignored module: its path and the parameters it manages."""
 
-    path: str  # "" for the root
-    class_name: str
+    path: str  # "" for the root; a grouped unit's first member
+    class_name: str  # a grouped unit: its members' classes joined by "+"
     num_params: int  # elements of the parameters this group owns (not those of nested units)
+    members: tuple[str, ...] = ()  # a grouped unit's other modules, sharded together with ``path``
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.members)
+
+    @property
+    def label(self) -> str:
+        return " + ".join(self.paths)
 
 
 @define(frozen=True)
@@ -61,9 +77,10 @@ class ShardingPlan:
     def is_sharded(self) -> bool:
         return self.mode in ("fsdp", "hsdp")
 
-    def shard_order(self) -> list[str]:
-        """Unit paths in ``fully_shard`` order: nested units before the units containing them."""
-        return children_first(u.path for u in self.units)
+    def shard_order(self) -> list[PlannedModule]:
+        """Units in ``fully_shard`` order: nested units before the units containing them."""
+        by_path = {u.path: u for u in self.units}
+        return [by_path[p] for p in children_first(by_path)]
 
     def describe(self) -> list[str]:
         """Lines for ``--dry_run`` and the training banner."""
@@ -76,7 +93,7 @@ class ShardingPlan:
         lines.append(f"Wrap units from {self.unit_source}: {len(self.units)} unit(s) + the root, "
                      f"fully_shard children-first then the root")
         if len(self.units) <= MAX_LISTED_UNITS:
-            lines += [f"  {u.path} ({u.class_name}): {u.num_params:,} params" for u in self.units]
+            lines += [f"  {u.label} ({u.class_name}): {u.num_params:,} params" for u in self.units]
         else:
             by_class: dict[str, list[PlannedModule]] = {}
             for u in self.units:
@@ -85,6 +102,10 @@ class ShardingPlan:
                 counts = sorted({u.num_params for u in us})
                 each = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}-{counts[-1]:,}"
                 lines.append(f"  {cls} x{len(us)} ({each} params each), first {us[0].path}")
+        grouped = [u for u in self.units if u.members]
+        if grouped:
+            lines.append(f"  grouped units ({grouped[0].class_name} ...): their modules run jointly, so each group "
+                         "is one fully_shard call gathering all of them")
         lines.append(f"  {ROOT_LABEL} ({self.root.class_name}): {self.root.num_params:,} params")
         if self.unmatched_unit_classes:
             lines.append(f"  declared but absent from this model: {', '.join(self.unmatched_unit_classes)}")
@@ -103,17 +124,20 @@ class ShardingPlan:
         return lines
 
 
-def _group_sizes(model: nn.Module, units: Sequence[str], ignored: frozenset[int]) -> dict[str, int]:
-    """Elements each ``fully_shard`` group will own: a parameter goes to the deepest unit holding it."""
-    deepest = children_first(units)
-    sizes = dict.fromkeys([*units, ""], 0)
+def _group_sizes(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]) -> dict[str, int]:
+    """Elements each ``fully_shard`` group will own (keyed by its first path): a parameter goes to the
+    deepest unit holding it."""
+    lead = {path: unit[0] for unit in units for path in unit}
+    deepest = children_first(lead)
+    sizes = dict.fromkeys([*(u[0] for u in units), ""], 0)
     seen: set[int] = set()
     for mod_path, module in model.named_modules():
         for p in module.parameters(recurse=False):
             if id(p) in seen or id(p) in ignored:
                 continue
             seen.add(id(p))
-            sizes[owner_of(mod_path, deepest)] += p.numel()
+            owner = owner_of(mod_path, deepest)
+            sizes[lead.get(owner, owner)] += p.numel()
     return sizes
 
 
@@ -123,13 +147,14 @@ def build_plan(
     accelerator: AcceleratorConfig | None = None,
     *,
     default_wrap_modules: Sequence[str] | None = None,
+    default_unit_groups: Sequence[Sequence[str]] | None = None,
     optimizer_states: int = 2,
 ) -> ShardingPlan:
     """Plan wrapping ``model`` for ``runtime``'s topology with ``accelerator``'s DDP, FSDP and
     precision settings (``ParallelRuntime.preview`` plans a launch from one process).
 
-    ``default_wrap_modules`` replaces ``model._fsdp_wrap_modules`` (e.g. the policy class's list when
-    ``model`` is a PEFT wrapper). ``optimizer_states``: state tensors per trainable parameter (AdamW 2,
+    ``default_wrap_modules`` / ``default_unit_groups`` replace ``model._fsdp_wrap_modules`` /
+    ``model._fsdp_unit_groups`` (e.g. the policy class's lists when ``model`` is a PEFT wrapper). ``optimizer_states``: state tensors per trainable parameter (AdamW 2,
     SGD with momentum 1). Raises :class:`ShardingError` for every config sharding cannot honour.
     """
     accelerator = accelerator or AcceleratorConfig()
@@ -166,13 +191,23 @@ def build_plan(
             f"every wrap unit from {selection.source} lies inside {IGNORED_MODULES}={fsdp.ignored_modules!r}; "
             "sharding the root alone saves no memory"
         )
-    tied = check_tied_weights(model, units, ignored_ids)
-    sizes = _group_sizes(model, units, ignored_ids)
+    groups = default_unit_groups if default_unit_groups is not None else getattr(model, "_fsdp_unit_groups", None)
+    grouped = group_units(units, declared_groups(model, groups))
+    for unit in grouped:
+        inside = [m for m in unit if any(m == ig or m.startswith(ig + ".") for ig in ignored_paths)]
+        if inside and len(unit) > 1:
+            raise ShardingError(
+                f"{IGNORED_MODULES} covers {', '.join(inside)} but not the rest of its grouped unit "
+                f"({' + '.join(unit)}), whose modules run jointly; ignore all of them or none"
+            )
+    tied = check_tied_weights(model, grouped, ignored_ids)
+    sizes = _group_sizes(model, grouped, ignored_ids)
     modules = dict(model.named_modules())
     return ShardingPlan(
         mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=parallelism.dp_shard,
         mesh_dim_names=names, mesh_shape=shape, unit_source=selection.source,
-        units=tuple(PlannedModule(p, type(modules[p]).__name__, sizes[p]) for p in units),
+        units=tuple(PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u), sizes[u[0]], members=u[1:])
+                    for u in grouped),
         root=PlannedModule("", type(model).__name__, sizes[""]),
         ignored=tuple(PlannedModule(p, type(modules[p]).__name__, sum(x.numel() for x in modules[p].parameters()))
                       for p in ignored_paths),

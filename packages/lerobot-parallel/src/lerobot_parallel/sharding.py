@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
 
 from lerobot_parallel.plan import ShardingPlan
 from lerobot_parallel.runtime import ParallelRuntime
@@ -60,8 +60,13 @@ def apply_sharding(model: nn.Module, runtime: ParallelRuntime,
     reshard = None if plan.reshard_after_forward else False
     common = {"mesh": runtime.mesh, "reshard_after_forward": reshard, "offload_policy": offload,
               "ignored_params": ignored or None}
-    for path in plan.shard_order():
-        fully_shard(model.get_submodule(path), mp_policy=unit_mp, **common)
+    for unit in plan.shard_order():
+        members = [model.get_submodule(p) for p in unit.paths]
+        fully_shard(members if unit.members else members[0], mp_policy=unit_mp, **common)
+        for member in members:
+            # Methods that run instead of forward (a joint layer's) gather the unit like forward does.
+            for method in getattr(type(member), "_fsdp_forward_methods", ()):
+                register_fsdp_forward_method(member, method)
     fully_shard(model, mp_policy=root_mp, **common)
     return model, tuple(p for p in model.parameters() if p in ignored and p.requires_grad)
 

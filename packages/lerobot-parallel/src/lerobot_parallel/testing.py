@@ -115,3 +115,65 @@ class TokenHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.proj(h)
+
+
+class MainTowerLayer(nn.Module):
+    """Layer i of the main tower of :class:`JointTowers`; :meth:`joint` also runs the side tower's layer i."""
+
+    _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("joint",)
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mix = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+    def joint(self, side: SideTowerLayer, h_main: torch.Tensor, h_side: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both towers' tokens are mixed together (one softmax over the concatenation), then each tower
+        projects its own slice: the partner's parameters are used, its ``forward`` never runs."""
+        both = torch.cat([self.mix(h_main), side.mix(h_side)], dim=1)
+        weights = torch.softmax(both @ both.transpose(1, 2) / both.shape[-1] ** 0.5, dim=-1)
+        mixed = weights @ both
+        n = h_main.shape[1]
+        return h_main + self.out(mixed[:, :n]), h_side + side.out(mixed[:, n:])
+
+
+class SideTowerLayer(MainTowerLayer):
+    """Layer i of the side tower (a mixture-of-transformers "expert"); run by ``MainTowerLayer.joint``."""
+
+    _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ()
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("SideTowerLayer only runs inside MainTowerLayer.joint")
+
+
+class JointTowers(nn.Module):
+    """Two towers whose i-th layers attend jointly (pi0's shape, MoT policies'), declared as grouped units.
+
+    ``batch["x"]`` ``(B, T, in_dim)`` feeds the main tower, ``batch["z"]`` the side tower; the loss
+    regresses ``batch["y"]`` from both towers' tokens.
+    """
+
+    _fsdp_wrap_modules: ClassVar[list[str]] = ["MainTowerLayer", "SideTowerLayer"]
+    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = [("MainTowerLayer", "SideTowerLayer")]
+
+    def __init__(self, in_dim: int = 5, width: int = 11, depth: int = 2, out_dim: int = 3, seed: int = 0) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.inp = nn.Linear(in_dim, width)
+            self.side_inp = nn.Linear(in_dim, width)
+            self.main = nn.ModuleList(MainTowerLayer(width) for _ in range(depth))
+            self.side = nn.ModuleList(SideTowerLayer(width) for _ in range(depth))
+            self.head = nn.Linear(width, out_dim)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        h, z = self.inp(batch["x"]), self.side_inp(batch["z"])
+        for main, side in zip(self.main, self.side, strict=True):
+            h, z = main.joint(side, h, z)
+        return F.mse_loss(self.head(torch.cat([h, z], dim=1)).mean(dim=1), batch["y"]), {}
+
+    @staticmethod
+    def batch(batch_size: int, seed: int, in_dim: int = 5, out_dim: int = 3) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return {"x": torch.randn(batch_size, 4, in_dim, generator=g), "z": torch.randn(batch_size, 3, in_dim, generator=g),
+                "y": torch.randn(batch_size, out_dim, generator=g)}

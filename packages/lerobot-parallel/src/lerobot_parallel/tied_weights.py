@@ -65,14 +65,17 @@ def parameter_names(model: nn.Module) -> dict[int, tuple[nn.Parameter, list[tupl
     return found
 
 
-def check_tied_weights(model: nn.Module, unit_paths: Sequence[str],
+def check_tied_weights(model: nn.Module, unit_paths: Sequence[str | tuple[str, ...]],
                        ignored: frozenset[int] = frozenset()) -> TiedWeightCheck:
     """Raise :class:`ShardingError` naming the parameter and both units when a parameter is used by
     two different units (or a unit and the root); return what is shared harmlessly otherwise.
 
-    Ignored parameters (``id`` in ``ignored``) are outside every unit, so sharing them is fine.
+    A unit is a module path or a tuple of paths (a grouped unit, one ``fully_shard`` call: sharing
+    inside it is fine). Ignored parameters (``id`` in ``ignored``) are outside every unit.
     """
-    units = sorted(unit_paths, key=depth, reverse=True)
+    lead = {path: (unit if isinstance(unit, str) else unit[0])
+            for unit in unit_paths for path in ((unit,) if isinstance(unit, str) else unit)}
+    units = sorted(lead, key=depth, reverse=True)
     classes = {path: type(m).__name__ for path, m in model.named_modules(remove_duplicate=False)}
     shared: list[SharedParameter] = []
     for pid, (_, places) in parameter_names(model).items():
@@ -80,7 +83,8 @@ def check_tied_weights(model: nn.Module, unit_paths: Sequence[str],
             continue
         owners: dict[str, list[str]] = defaultdict(list)
         for mod_path, qualified in places:
-            owners[owner_of(mod_path, units)].append(qualified)
+            owner = owner_of(mod_path, units)
+            owners[lead.get(owner, owner)].append(qualified)
         if len(owners) > 1:
             (u1, n1), (u2, n2) = list(owners.items())[:2]
 

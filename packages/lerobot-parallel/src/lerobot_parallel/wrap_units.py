@@ -9,6 +9,15 @@ Three sources, first one given wins (the order of the user docs):
 (size-based, bottom-up), the policy class's ``_fsdp_wrap_modules`` (at least one must match: a
 policy may declare units for optional sub-architectures it did not build this time).
 
+Grouped units: a policy whose layers run *jointly* (pi0's PaliGemma layer i and action-expert layer i
+attend over one sequence, and the code calls layer i's method with expert layer i as an argument, never
+the expert layer's ``forward``) declares ``_fsdp_unit_groups``, tuples of class names whose i-th modules
+(model order) form one unit: ``fully_shard([vlm_i, expert_i])`` gathers both at once. A module class
+lists in ``_fsdp_forward_methods`` the methods that run instead of ``forward``; they are registered with
+``register_fsdp_forward_method`` so calling them gathers the unit. Whatever the unit source, when any
+member of a declared group becomes a unit the whole group becomes that one unit: wrapping the members one
+by one (the naive wrap) would leave the partner's shards ungathered inside the joint call.
+
 Container modules (``ModuleList`` …) never become units: they have no ``forward``, so FSDP's
 pre-forward hook that gathers their parameters would never run.
 """
@@ -155,6 +164,33 @@ def select_units(model: nn.Module, fsdp: FSDPConfig, default_wrap_modules: Seque
     if not declared:
         raise ShardingError(no_units_message(model))
     return select_by_class(model, list(declared), source=f"{owner}._fsdp_wrap_modules", require_each=False)
+
+
+def declared_groups(model: nn.Module, groups: Sequence[Sequence[str]] | None) -> list[tuple[str, ...]]:
+    """Member paths of each grouped unit: the i-th module of each named class, zipped in model order."""
+    found: list[tuple[str, ...]] = []
+    for names in groups or ():
+        per_class = [[path for path, m in _unique_modules(model) if type(m).__name__ == name] for name in names]
+        counts = {name: len(paths) for name, paths in zip(names, per_class, strict=True)}
+        if len(set(counts.values())) > 1:
+            raise ShardingError(
+                f"grouped FSDP units {' + '.join(names)}: the classes occur a different number of times "
+                f"({', '.join(f'{n} x{c}' for n, c in counts.items())}), so their i-th modules cannot be paired"
+            )
+        found.extend(zip(*per_class))
+    return found
+
+
+def group_units(paths: Sequence[str], groups: Sequence[tuple[str, ...]]) -> tuple[tuple[str, ...], ...]:
+    """Units as path tuples, in the order of ``paths``: a declared group whose member was selected becomes
+    one unit of all its members, placed where its first selected member was."""
+    group_of = {member: members for members in groups for member in members}
+    units: list[tuple[str, ...]] = []
+    for path in paths:
+        unit = group_of.get(path, (path,))
+        if unit not in units:
+            units.append(unit)
+    return tuple(units)
 
 
 def select_ignored(model: nn.Module, pattern: re.Pattern[str] | None) -> tuple[str, ...]:
