@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = "lerobot_cli.policies"
 _BUILTIN: dict[str, str] = {
     "act": "lerobot_cli.policies.act.config:ACTConfig",
     "mlp": "lerobot_cli.policies.mlp.config:MLPConfig",
+    "pi0": "lerobot_cli.policies.pi0.config:PI0Config",
 }
 _REGISTERED: dict[str, type[PolicyConfig]] = {}
 

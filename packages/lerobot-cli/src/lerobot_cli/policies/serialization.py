@@ -7,6 +7,10 @@ shape LeRobot's draccus writes, so files cross between the two projects. Structu
 have (LeRobot grows fields such as ``pretrained_revision``) are dropped with an ``UnknownConfigKeysWarning``
 instead of failing, since refusing a LeRobot checkpoint over a flag we do not use helps nobody.
 
+A config class may name ``lerobot_extension_fields`` (``{field: default}``): fields of ours that LeRobot's
+class lacks, written only when they differ from that default, so that a config using only LeRobot's
+settings stays a file LeRobot's parser accepts.
+
 ``configure_converter`` installs these hooks on any converter, so the CLI's ``train_config.json``
 converter handles ``policy: PolicyConfig | None`` the same way.
 """
@@ -60,7 +64,12 @@ def _policy_unstructurer(converter: cattrs.Converter) -> Callable[[PolicyConfig]
         cls = type(config)
         if cls not in per_class:
             per_class[cls] = make_dict_unstructure_fn(cls, converter)
-        return {"type": cls.type, **per_class[cls](config)}
+        data = per_class[cls](config)
+        # Fields LeRobot's class lacks are written only when set: LeRobot's parser refuses unknown keys.
+        for name, default in getattr(cls, "lerobot_extension_fields", {}).items():
+            if data.get(name) == default:
+                data.pop(name)
+        return {"type": cls.type, **data}
 
     return unstructure
 

@@ -1,0 +1,179 @@
+"""pi0 config: LeRobot 0.6.1's ``PI0Config`` field for field, torch-free.
+
+Names and defaults equal LeRobot's, so a ``config.json`` written by either side loads in the other.
+Two fields are ours: ``vision_variant`` (LeRobot always builds SigLIP so400m) and ``tokenizer_name``
+(LeRobot's processor always names ``google/paligemma-3b-pt-224``). They are written into
+``config.json`` only when they differ from those defaults (``lerobot_extension_fields``), because
+LeRobot's config parser refuses keys it does not know. ``gemma_tiny`` and ``vision_variant=tiny`` are
+for tests and CPU demos; a config using them is ours alone.
+
+LeRobot fields this stack does not implement are kept so that LeRobot's files load, and refused
+when set to anything but their off value: ignoring them would train something else than asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from attrs import define, field
+
+from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
+
+DTYPES = ("float32", "bfloat16")
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+
+
+def _pi0_normalization() -> dict[str, NormalizationMode]:
+    return {
+        "VISUAL": NormalizationMode.IDENTITY,
+        "STATE": NormalizationMode.MEAN_STD,
+        "ACTION": NormalizationMode.MEAN_STD,
+    }
+
+
+def _choice(name: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"--policy.{name}: invalid choice {value!r} (choose from {', '.join(choices)})")
+
+
+@define(frozen=True, kw_only=True)
+class PiFlowConfig(PolicyConfig):
+    """Fields pi0 and pi05 share (LeRobot keeps two copies of them; here they are written once)."""
+
+    lerobot_extension_fields: ClassVar[dict[str, Any]] = {"vision_variant": "so400m",
+                                                          "tokenizer_name": PALIGEMMA_TOKENIZER}
+
+    paligemma_variant: str = "gemma_2b"
+    action_expert_variant: str = "gemma_300m"
+    dtype: str = "float32"
+    vision_variant: str = field(default="so400m", metadata={"help": "SigLIP tower: so400m (LeRobot's) or tiny (tests)."})
+    tokenizer_name: str = field(default=PALIGEMMA_TOKENIZER,
+                                metadata={"help": "Hub name or local directory of the PaliGemma tokenizer."})
+
+    chunk_size: int = 50
+    n_action_steps: int = 50
+    max_state_dim: int = 32
+    max_action_dim: int = 32
+
+    # Flow matching (openpi's PI0Pytorch): time ~ Beta(alpha, beta) * scale + offset.
+    num_inference_steps: int = 10
+    time_sampling_beta_alpha: float = 1.5
+    time_sampling_beta_beta: float = 1.0
+    time_sampling_scale: float = 0.999
+    time_sampling_offset: float = 0.001
+    min_period: float = 4e-3
+    max_period: float = 4.0
+
+    # LeRobot features kept for file compatibility; only their off values are accepted (see __attrs_post_init__).
+    use_relative_actions: bool = False
+    relative_exclude_joints: list[str] = field(factory=lambda: ["gripper"])
+    action_feature_names: list[str] | None = None
+    rtc_config: dict[str, Any] | None = None
+    compile_model: bool = False
+    compile_mode: str = "max-autotune"
+
+    image_resolution: tuple[int, int] = field(default=(224, 224), converter=tuple)
+    empty_cameras: int = 0
+    normalization_mapping: dict[str, NormalizationMode] = field(factory=_pi0_normalization)
+
+    gradient_checkpointing: bool = False
+    freeze_vision_encoder: bool = False
+    train_expert_only: bool = False
+
+    optimizer_lr: float = 2.5e-5
+    optimizer_betas: tuple[float, float] = field(default=(0.9, 0.95), converter=tuple)
+    optimizer_eps: float = 1e-8
+    optimizer_weight_decay: float = 0.01
+    optimizer_grad_clip_norm: float = 1.0
+    scheduler_warmup_steps: int = 1_000
+    scheduler_decay_steps: int = 30_000
+    scheduler_decay_lr: float = 2.5e-6
+
+    tokenizer_max_length: int = 48
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        _choice("paligemma_variant", self.paligemma_variant, tuple(GEMMA_VARIANTS))
+        _choice("action_expert_variant", self.action_expert_variant, tuple(GEMMA_VARIANTS))
+        _choice("vision_variant", self.vision_variant, tuple(VISION_VARIANTS))
+        _choice("dtype", self.dtype, DTYPES)
+        for name in ("chunk_size", "n_action_steps", "max_state_dim", "max_action_dim", "num_inference_steps",
+                     "tokenizer_max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--policy.{name} must be an integer ≥ 1, got {value!r}")
+        if self.n_action_steps > self.chunk_size:
+            raise ValueError(f"--policy.n_action_steps ({self.n_action_steps}) cannot be greater than "
+                             f"--policy.chunk_size ({self.chunk_size})")
+        if self.n_obs_steps != 1:
+            raise ValueError(f"--policy.n_obs_steps must be 1 for {self.type} (got {self.n_obs_steps})")
+        if len(self.image_resolution) != 2 or self.image_resolution[0] != self.image_resolution[1]:
+            raise ValueError(f"--policy.image_resolution must be square [N, N] (PaliGemma's SigLIP), "
+                             f"got {list(self.image_resolution)}")
+        patch = VISION_VARIANTS[self.vision_variant].patch_size
+        if self.image_resolution[0] % patch:
+            raise ValueError(f"--policy.image_resolution must be a multiple of the SigLIP patch size {patch}, "
+                             f"got {list(self.image_resolution)}")
+        if self.empty_cameras < 0:
+            raise ValueError(f"--policy.empty_cameras must be ≥ 0, got {self.empty_cameras}")
+        vlm, expert = GEMMA_VARIANTS[self.paligemma_variant], GEMMA_VARIANTS[self.action_expert_variant]
+        if (vlm.num_heads, vlm.num_kv_heads, vlm.head_dim) != (expert.num_heads, expert.num_kv_heads, expert.head_dim):
+            raise ValueError(
+                f"--policy.paligemma_variant={self.paligemma_variant} and --policy.action_expert_variant="
+                f"{self.action_expert_variant} have different attention heads; joint attention needs the same "
+                "number of heads, key/value heads and head size in both towers"
+            )
+        self._refuse_unsupported()
+
+    def _refuse_unsupported(self) -> None:
+        """LeRobot features this stack does not implement: on, they would be silently ignored."""
+        if self.use_relative_actions:
+            raise ValueError("--policy.use_relative_actions=true is not supported here (LeRobot's relative-action "
+                             "processors are not implemented); train with absolute actions")
+        if self.compile_model:
+            raise ValueError("--policy.compile_model=true is not supported here; leave it false")
+        if self.rtc_config is not None and self.rtc_config.get("enabled", False):
+            raise ValueError("--policy.rtc_config with enabled=true is not supported here (real-time chunking is an "
+                             "inference feature of LeRobot); set it to null")
+
+    def validate_features(self) -> None:
+        """Checked when the policy is built, after the features were filled in from the dataset."""
+        if not self.image_features and self.empty_cameras == 0:
+            raise ValueError(f"{self.type} needs at least one camera (observation.images.*) or "
+                             f"--policy.empty_cameras ≥ 1; got inputs {sorted(self.input_features) or 'none'}")
+        if self.action_feature is None:
+            raise ValueError(f"{self.type} needs an 'action' output feature; got {sorted(self.output_features) or 'none'}")
+        for what, feature, limit in (("state", self.robot_state_feature, self.max_state_dim),
+                                     ("action", self.action_feature, self.max_action_dim)):
+            if feature is not None and feature.shape[-1] > limit:
+                raise ValueError(f"the {what} has {feature.shape[-1]} dimensions but --policy.max_{what}_dim is "
+                                 f"{limit}; raise --policy.max_{what}_dim to at least {feature.shape[-1]}")
+
+    def with_empty_cameras(self) -> dict[str, PolicyFeature]:
+        """Input features plus the ``empty_cameras`` placeholders LeRobot adds (all -1 images, masked out)."""
+        extra = {f"observation.images.empty_camera_{i}": PolicyFeature(FeatureType.VISUAL, (3, *self.image_resolution))
+                 for i in range(self.empty_cameras)}
+        return {**self.input_features, **extra}
+
+    def optimizer_preset(self) -> OptimizerConfig:
+        return OptimizerConfig(type="adamw", lr=self.optimizer_lr, betas=self.optimizer_betas, eps=self.optimizer_eps,
+                               weight_decay=self.optimizer_weight_decay, grad_clip_norm=self.optimizer_grad_clip_norm)
+
+    def scheduler_preset(self) -> SchedulerConfig:
+        return SchedulerConfig(type="cosine_decay_with_warmup", num_warmup_steps=self.scheduler_warmup_steps,
+                               num_decay_steps=self.scheduler_decay_steps, peak_lr=self.optimizer_lr,
+                               decay_lr=self.scheduler_decay_lr)
+
+    @property
+    def action_delta_indices(self) -> list[int]:
+        return list(range(self.chunk_size))
+
+
+@define(frozen=True, kw_only=True)
+class PI0Config(PiFlowConfig):
+    type: ClassVar[str] = "pi0"
+    policy_class: ClassVar[str] = "lerobot_cli.policies.pi0.modeling:PI0Policy"
+    processor_steps: ClassVar[str] = "lerobot_cli.processors.vla:pi0_processor_steps"

@@ -1,0 +1,168 @@
+"""``PI0Policy``: the trainable pi0 module behind ``--policy.type=pi0``.
+
+It works on batches the pre-processor already normalised and tokenised (``observation.language.tokens``
+and ``observation.language.attention_mask``, as LeRobot's pipeline writes them). Images arrive in
+[0, 1]; they are resized with padding to ``image_resolution`` and scaled to SigLIP's [-1, 1] here, and
+cameras the config expects but the batch lacks become all -1 images masked out of attention (LeRobot's
+``empty_cameras``). ``forward`` returns the flow-matching loss; ``predict_action_chunk`` and
+``select_action`` return normalised actions for the post-processor.
+
+Sharding: SigLIP encoder layers are FSDP units, the token embedding is one, and PaliGemma layer i with
+expert layer i form one grouped unit whose forward is ``PaliGemmaLayer.joint`` (see :mod:`.gemma`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lerobot_cli.policies.pi0.config import PI0Config, PiFlowConfig
+from lerobot_cli.policies.pi0.flow import PI0FlowModel
+
+ACTION = "action"
+OBS_STATE = "observation.state"
+LANGUAGE_TOKENS = "observation.language.tokens"
+LANGUAGE_MASK = "observation.language.attention_mask"
+# Kept in fp32 when dtype=bfloat16 (LeRobot's list): the vision path and every norm.
+FLOAT32_PARTS = ("vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm", "model.norm")
+
+
+def pad_last_dim(x: Tensor, size: int) -> Tensor:
+    """Zero-pad the feature dimension to ``size`` (openpi: states and actions live in max_*_dim)."""
+    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
+
+
+def resize_with_pad(images: Tensor, height: int, width: int) -> Tensor:
+    """openpi's resize keeping the aspect ratio, then centred zero padding; ``(B, C, H, W)`` in [0, 1]."""
+    cur_h, cur_w = images.shape[-2:]
+    ratio = max(cur_w / width, cur_h / height)
+    new_h, new_w = int(cur_h / ratio), int(cur_w / ratio)
+    resized = F.interpolate(images, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    top, extra_h = divmod(height - new_h, 2)
+    left, extra_w = divmod(width - new_w, 2)
+    return F.pad(resized, (left, left + extra_w, top, top + extra_h), value=0.0)
+
+
+class PI0Policy(nn.Module):
+    name: ClassVar[str] = "pi0"
+    config_class: ClassVar[type[PiFlowConfig]] = PI0Config
+    flow_class: ClassVar[type[PI0FlowModel]] = PI0FlowModel
+    # FSDP units: SigLIP layers and the embedding alone; each joint layer pair as one grouped unit.
+    _fsdp_wrap_modules: ClassVar[list[str]] = [
+        "SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer", "ExpertLayer"]
+    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = [("PaliGemmaLayer", "ExpertLayer")]
+    # LeRobot's default LoRA targets for pi0: the expert's q/v projections and the action/state projections.
+    _peft_target_modules: ClassVar[str] = (
+        r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    )
+
+    def __init__(self, config: PiFlowConfig) -> None:
+        super().__init__()
+        config.validate_features()
+        self.config = config
+        self.model = self.flow_class(config)
+        self._apply_dtype_and_freezing()
+        self.reset()
+
+    def _apply_dtype_and_freezing(self) -> None:
+        if self.config.dtype == "bfloat16":
+            self.model.to(torch.bfloat16)
+            for name, param in self.model.named_parameters():
+                if any(part in name for part in FLOAT32_PARTS):
+                    param.data = param.data.to(torch.float32)
+        towers = self.model.paligemma_with_expert
+        frozen = []
+        if self.config.freeze_vision_encoder:
+            frozen.append(towers.paligemma.model.vision_tower)
+        if self.config.train_expert_only:
+            frozen.append(towers.paligemma)
+        # Parameters in LeRobot's files that nothing reads are frozen too: they take no gradient, optimizer
+        # state or DDP bucket (LeRobot's AdamW skips them for having no gradient, the same update).
+        for module in [*frozen, *towers.unread_modules()]:
+            module.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> PI0Policy:
+        super().train(mode)
+        towers = self.model.paligemma_with_expert
+        if self.config.freeze_vision_encoder:
+            towers.paligemma.model.vision_tower.eval()
+        if self.config.train_expert_only:
+            towers.paligemma.eval()
+        return self
+
+    def get_optim_params(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def reset(self) -> None:
+        """Drop queued actions; call when an episode starts."""
+        self._action_queue: deque[Tensor] = deque(maxlen=self.config.n_action_steps)
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def _images(self, batch: dict[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
+        """SigLIP inputs in [-1, 1] per expected camera, and which rows really have that camera."""
+        expected = list(self.config.with_empty_cameras())
+        cameras = [k for k in expected if k.startswith("observation.image") and k in batch]
+        if not cameras:
+            raise KeyError(f"{self.name} batch has none of its cameras {expected}; it has {sorted(batch)}")
+        size = tuple(self.config.image_resolution)
+        images, masks = [], []
+        for key in cameras:
+            image = batch[key].to(torch.float32)
+            if tuple(image.shape[-2:]) != size:
+                image = resize_with_pad(image, *size)
+            images.append(image * 2.0 - 1.0)
+            masks.append(torch.ones(image.shape[0], dtype=torch.bool, device=image.device))
+        for _ in range(len([k for k in expected if k.startswith("observation.image")]) - len(cameras)):
+            images.append(torch.full_like(images[0], -1.0))
+            masks.append(torch.zeros_like(masks[0]))
+        return images, masks
+
+    def _language(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        if LANGUAGE_TOKENS not in batch:
+            raise KeyError(f"{self.name} needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the "
+                           "policy's pre-processor first")
+        return batch[LANGUAGE_TOKENS], batch[LANGUAGE_MASK].to(torch.bool)
+
+    def _state(self, batch: dict[str, Any]) -> Tensor | None:
+        return pad_last_dim(batch[OBS_STATE], self.config.max_state_dim)
+
+    def _action_dim(self) -> int:
+        return self.config.action_feature.shape[-1]
+
+    # -- training and inference -------------------------------------------------------------------
+    def forward(self, batch: dict[str, Any], noise: Tensor | None = None,
+                time: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        """Mean flow-matching loss over the real action dimensions (LeRobot averages padded steps too)."""
+        images, image_masks = self._images(batch)
+        tokens, token_masks = self._language(batch)
+        actions = pad_last_dim(batch[ACTION], self.config.max_action_dim)
+        if noise is None:
+            noise = self.model.sample_noise(actions.shape, actions.device)
+        if time is None:
+            time = self.model.sample_time(actions.shape[0], actions.device)
+        losses = self.model(images, image_masks, tokens, token_masks, self._state(batch), actions, noise, time)
+        loss = losses[:, :, : self._action_dim()].mean()
+        return loss, {}
+
+    @torch.no_grad()
+    def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
+        """``(B, chunk_size, action_dim)`` normalised actions; puts the policy in eval mode."""
+        self.eval()
+        images, image_masks = self._images(batch)
+        tokens, token_masks = self._language(batch)
+        actions = self.model.sample_actions(images, image_masks, tokens, token_masks, self._state(batch), noise)
+        return actions[:, :, : self._action_dim()]
+
+    @torch.no_grad()
+    def select_action(self, batch: dict[str, Any]) -> Tensor:
+        """The ``(B, A)`` action for this step, from the queue refilled with ``n_action_steps`` of a new chunk."""
+        self.eval()
+        if not self._action_queue:
+            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
+            self._action_queue.extend(chunk.transpose(0, 1))
+        return self._action_queue.popleft()
