@@ -114,31 +114,28 @@ def test_sigkill_at_random_points_never_breaks_last(tmp_path, warm):
         assert last_seen[0] == (last_seen[1] + 1) // 2
     assert saw_leftovers, "no kill landed inside a save; the drill did not test anything"
     # the next save cleans every leftover of the killed ones
-    model = _model()
-    _stamp(model, 7)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.ones(1, 64)).sum().backward()
-    opt.step()
-    for s in opt.state.values():
-        s["momentum_buffer"].fill_(7)
-    _stamp(model, 7)
-    save_checkpoint(tmp_path, 1000, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                    sampler_state={"save_index": 7})
+    _save_stamped(tmp_path, 1000, 7)
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if is_transient_name(p.name)]
     assert _check_complete(tmp_path) == (1000, 7)
 
 
-def _first_checkpoint(out):
+def _save_stamped(out, step, value):
+    """Save at ``step`` a model and SGD optimizer whose parameters and momentum buffers all hold ``value``
+    (``sampler_state={"save_index": value}``); returns them."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.ones(1, 64)).sum().backward()
     opt.step()
     for s in opt.state.values():
-        s["momentum_buffer"].fill_(1)
-    _stamp(model, 1)
-    save_checkpoint(out, 1, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                    sampler_state={"save_index": 1})
+        s["momentum_buffer"].fill_(value)
+    _stamp(model, value)
+    save_checkpoint(out, step, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
+                    sampler_state={"save_index": value})
     return model, opt
+
+
+def _first_checkpoint(out):
+    return _save_stamped(out, 1, 1)
 
 
 @pytest.fixture(scope="module")
