@@ -163,7 +163,8 @@ def test_pi05_state_prompt_worked_example():
     assert out["task"] == ["Task: pick up the cube, State: 0 128 255 255 -1 255 192;\nAction: ",
                            "Task: stack them, State: 129 128 1 128 128 128 128;\nAction: "]
     assert out["observation.state"] is state
-    assert Pi05StateTokensStep(max_state_dim=8).get_config() == {"max_state_dim": 8, "task_key": "task"}
+    assert Pi05StateTokensStep().get_config() == {}  # LeRobot's file: its defaults, unsaid
+    assert Pi05StateTokensStep(max_state_dim=8).get_config() == {"max_state_dim": 8}
     with pytest.raises(ValueError, match="one row per task"):
         Pi05StateTokensStep()({"observation.state": state, "task": ["only one"]})
 
@@ -319,7 +320,7 @@ def test_pipeline_file_with_every_new_step_loads(tmp_path):
         {"registry_name": "pi0_new_line_processor", "config": {}},
         {"registry_name": "relative_actions_processor",
          "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}},
-        {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {"max_state_dim": 32, "task_key": "task"}},
+        {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},  # as LeRobot writes it
         {"registry_name": "tokenizer_processor", "config": {"max_length": 48, "task_key": "task", "padding_side": "right",
                                                            "padding": "max_length", "truncation": True,
                                                            "tokenizer_name": "google/paligemma-3b-pt-224"}}]}

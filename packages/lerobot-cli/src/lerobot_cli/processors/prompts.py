@@ -22,6 +22,7 @@ STATE_BINS = 256
 # Left edges of the 256 equal bins of [-1, 1]; np.digitize(x, edges) - 1 is the bin, -1 below -1 and
 # 255 from the last edge up (values above 1 included), exactly LeRobot's and openpi's numbers.
 _BIN_EDGES = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
+_PI05_DEFAULTS = {"max_state_dim": 32, "task_key": "task"}
 
 
 @register_step
@@ -58,11 +59,14 @@ class Pi05StateTokensStep(ProcessorStep):
     """Rewrite ``batch[task_key]`` into pi05 prompts that carry the discretised ``observation.state``.
 
     ``max_state_dim`` is kept for LeRobot's config (the prompt holds the state's own dimensions).
+    LeRobot 0.6.1 saves this step with an empty config (its defaults); we save only the fields that
+    differ from those defaults, so a default step writes LeRobot's file and any other still loads there.
     """
 
     registry_name: ClassVar[str] = "pi05_prepare_state_tokenizer_processor_step"
 
-    def __init__(self, max_state_dim: int = 32, task_key: str = "task") -> None:
+    def __init__(self, max_state_dim: int = _PI05_DEFAULTS["max_state_dim"],
+                 task_key: str = _PI05_DEFAULTS["task_key"]) -> None:
         self.max_state_dim = max_state_dim
         self.task_key = task_key
 
@@ -81,4 +85,5 @@ class Pi05StateTokensStep(ProcessorStep):
         return {**batch, self.task_key: [pi05_prompt(task, row) for task, row in zip(tasks, bins, strict=True)]}
 
     def get_config(self) -> dict[str, Any]:
-        return {"max_state_dim": self.max_state_dim, "task_key": self.task_key}
+        config = {"max_state_dim": self.max_state_dim, "task_key": self.task_key}
+        return {k: v for k, v in config.items() if v != _PI05_DEFAULTS[k]}
