@@ -2,7 +2,8 @@
 
 It needs no process group: the degrees are resolved against the launched world size, or, when no
 launcher is involved, against the degrees given (so ``--parallelism.dp_shard=4`` can be previewed from
-one process). The policy is built for real (on the CPU) because units and memory depend on it.
+one process). The policy is built on the meta device: units, parameter counts and memory depend only on
+its shapes, so a 4 B-parameter pi0 is planned in seconds without allocating its weights.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ def dry_run(cfg: TrainConfig) -> int:
     from lerobot_cli.datasets import load_meta, resolve_dataset_root
     from lerobot_cli.workload import build_policy_for, sharding_plan
 
+    import torch
+
     meta = load_meta(resolve_dataset_root(cfg.dataset))
-    _, policy = build_policy_for(cfg, meta.features)
+    with torch.device("meta"):
+        _, policy = build_policy_for(cfg, meta.features)
     plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))
+    total = sum(p.numel() for p in policy.parameters())
+    learnable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    print(f"Policy: {cfg.policy.type}; parameters {total:,} (learnable {learnable:,})")
     print(as_flags("\n".join(plan.describe())))
     return 0

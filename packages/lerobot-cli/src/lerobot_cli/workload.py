@@ -173,4 +173,5 @@ def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> Shardin
     """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
     inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
     return build_plan(policy, runtime, cfg.accelerator,
-                      default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None))
+                      default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None),
+                      default_unit_groups=getattr(type(inner), "_fsdp_unit_groups", None))

@@ -141,13 +141,32 @@ class PI0Policy(nn.Module):
         images, image_masks = self._images(batch)
         tokens, token_masks = self._language(batch)
         actions = pad_last_dim(batch[ACTION], self.config.max_action_dim)
-        if noise is None:
-            noise = self.model.sample_noise(actions.shape, actions.device)
-        if time is None:
-            time = self.model.sample_time(actions.shape[0], actions.device)
+        if noise is None or time is None:
+            drawn_noise, drawn_time = self._draw_noise_and_time(batch, actions)
+            noise = drawn_noise if noise is None else noise
+            time = drawn_time if time is None else time
         losses = self.model(images, image_masks, tokens, token_masks, self._state(batch), actions, noise, time)
         loss = losses[:, :, : self._action_dim()].mean()
         return loss, {}
+
+    def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
+        """The flow noise and time of each sample, from one draw of the global RNG plus the sample's
+        dataset ``index``: a sample gets the same noise whichever rank and micro-batch it lands in,
+        so DDP, FSDP and HSDP layouts of one global batch compute the same loss as one process (every
+        rank seeds the global RNG alike and draws in lockstep; a resume restores it). Without an
+        ``index`` (a foreign batch) the draws come from the global RNG directly, as in LeRobot."""
+        index = batch.get("index")
+        if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
+            return (self.model.sample_noise(actions.shape, actions.device),
+                    self.model.sample_time(actions.shape[0], actions.device))
+        base = int(torch.randint(0, 2**62, ()))
+        noises, times = [], []
+        for sample in index.reshape(-1).tolist():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
+                noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
+                times.append(self.model.sample_time(1, torch.device("cpu")))
+        return torch.cat(noises).to(actions.device), torch.cat(times).to(actions.device)
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
