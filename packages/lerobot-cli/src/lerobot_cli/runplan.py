@@ -117,9 +117,11 @@ def _settings_changes(cfg: TrainConfig, saved: TrainConfig) -> list[str]:
     changes = _section_changes("optimizer", saved.optimizer, cfg.optimizer)
     changes += _section_changes("scheduler", saved.scheduler, cfg.scheduler)
     sched = cfg.scheduler
-    if (sched is not None and sched.type == "cosine_decay_with_warmup" and sched.num_decay_steps is None
-            and cfg.steps != saved.steps):
-        changes.append(f"the cosine decay now ends at step {cfg.steps} (was {saved.steps}, from --steps)")
+    if sched is not None and cfg.steps != saved.steps:
+        was, now = sched.fitted_steps(saved.steps), sched.fitted_steps(cfg.steps)
+        if was != now:
+            changes.append(f"the schedule follows --steps: warm-up {was[0]} → {now[0]} steps, decay ends at step "
+                           f"{was[1]} → {now[1]}")
     return changes
 
 

@@ -62,3 +62,15 @@ class SchedulerConfig:
         "--scheduler.peak_lr", None, "LR after warm-up (default: --optimizer.lr)."
     )
     decay_lr: float = _non_negative("--scheduler.decay_lr", 0.0, "LR at the end of the decay.")
+
+    def fitted_steps(self, total_steps: int) -> tuple[int, int]:
+        """``(warmup, decay)`` steps of the schedule for a run of ``total_steps``.
+
+        LeRobot's rule for its cosine schedule: a run shorter than ``num_decay_steps`` squeezes the whole
+        schedule into the run (warm-up scaled by the same factor, truncated to an int; decay = the run),
+        so pi0's 1,000 + 30,000-step preset still warms up and decays in a 3,000-step fine-tune.
+        """
+        decay = self.num_decay_steps if self.num_decay_steps is not None else total_steps
+        if self.type == "cosine_decay_with_warmup" and 0 < total_steps < decay:
+            return int(self.num_warmup_steps * total_steps / decay), total_steps
+        return self.num_warmup_steps, decay

@@ -27,19 +27,24 @@ def build_optimizer(cfg: OptimizerConfig, params: Iterable[Any]) -> torch.optim.
 
 
 def lr_factor(cfg: SchedulerConfig, base_lr: float, total_steps: int):
-    """Multiplier of ``base_lr`` at a step: linear warm-up to peak, then constant or cosine to decay_lr."""
+    """Multiplier of ``base_lr`` at a step, LeRobot's formulas for both schedule types.
+
+    ``cosine_decay_with_warmup``: linear warm-up from ``1/(W+1)`` of the peak, then a cosine from the
+    peak (as if it began at step 0) down to ``decay_lr`` at ``decay``. ``constant_with_warmup``: linear
+    warm-up from 0, then the peak."""
     peak = cfg.peak_lr if cfg.peak_lr is not None else base_lr
-    decay_steps = cfg.num_decay_steps if cfg.num_decay_steps is not None else total_steps
     scale = peak / base_lr if base_lr > 0 else 0.0
-    floor = cfg.decay_lr / base_lr if base_lr > 0 else 0.0
+    warmup, decay = cfg.fitted_steps(total_steps)
+    floor = cfg.decay_lr / peak if peak > 0 else 0.0
 
     def factor(step: int) -> float:
-        if cfg.num_warmup_steps and step < cfg.num_warmup_steps:
-            return scale * (step + 1) / cfg.num_warmup_steps
         if cfg.type == "constant_with_warmup":
-            return scale
-        progress = min(1.0, (step - cfg.num_warmup_steps) / max(1, decay_steps - cfg.num_warmup_steps))
-        return floor + (scale - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+            return scale * (step / max(1, warmup) if step < warmup else 1.0)
+        if step < warmup:
+            start = 1 / (warmup + 1)
+            return scale * ((start - 1) * (1 - step / warmup) + 1)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(step, decay) / max(1, decay)))
+        return scale * ((1 - floor) * cosine + floor)
 
     return factor
 
