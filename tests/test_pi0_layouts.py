@@ -122,3 +122,51 @@ def test_dry_run_plans_full_size_pi0_without_allocating(launch):
     assert "Policy: pi0; parameters 4,028,019,472" in res.stdout
     assert "PaliGemmaLayer+ExpertLayer x18" in res.stdout and "SiglipEncoderLayer x27" in res.stdout
     assert "(0.250x of the unsharded" in res.stdout
+
+
+def _weights(directory: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(directory / "model.safetensors")
+
+
+def test_frozen_vision_tower_stays_bitwise_under_fsdp2_with_bf16(runs, launch, tmp_path):
+    """Fine-tune the single run's policy under FSDP2 x2 with bf16 mixed precision and a frozen SigLIP:
+    the vision weights come back bit for bit, the rest moved, and the masters are saved in fp32."""
+    base = runs["single"] / "checkpoints" / "000004" / "pretrained_model"
+    out = tmp_path / "frozen"
+    res = train(launch, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
+                f"--policy.path={base}", "--policy.freeze_vision_encoder=true", "--accelerator.mixed_precision=bf16",
+                "--parallelism.dp_shard=2", "--batch_size=4", "--steps=2", "--save_freq=2", "--log_freq=1",
+                "--policy.optimizer_lr=1e-3", f"--output_dir={out}", nproc=2)
+    assert "parameters all-gathered in bfloat16" in res.stdout
+    before, after = _weights(base), _weights(out / "checkpoints" / "000002" / "pretrained_model")
+    assert before.keys() == after.keys()
+    vision = [k for k in before if ".vision_tower." in k]
+    assert vision and all(torch_equal(before[k], after[k]) for k in vision)
+    moved = [k for k in before if ".gemma_expert.model.layers." in k and not torch_equal(before[k], after[k])]
+    assert moved
+    assert {str(v.dtype) for v in after.values()} == {"torch.float32"}
+
+
+def test_lora_with_lerobots_default_pi0_targets_under_fsdp2(runs, launch, tmp_path):
+    from safetensors.torch import load_file
+
+    base = runs["single"] / "checkpoints" / "000004" / "pretrained_model"
+    out = tmp_path / "lora"
+    train(launch, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
+          f"--policy.path={base}", "--peft.r=4", "--parallelism.dp_shard=2", "--batch_size=4", "--steps=2",
+          "--save_freq=2", "--log_freq=1", "--policy.optimizer_lr=1e-3", f"--output_dir={out}", nproc=2)
+    adapter = load_file(out / "checkpoints" / "000002" / "pretrained_model" / "adapter_model.safetensors")
+    targets = {k.split(".lora_")[0] for k in adapter}
+    # LeRobot's default pi0 targets: the expert's q/v projections and the five action/state projections.
+    assert {t.rsplit(".", 1)[-1] for t in targets} == {"q_proj", "v_proj", "state_proj", "action_in_proj",
+                                                       "action_out_proj", "action_time_mlp_in", "action_time_mlp_out"}
+    assert all(".gemma_expert." in t for t in targets if t.endswith(("q_proj", "v_proj")))
+    assert len([t for t in targets if t.endswith("q_proj")]) == 2  # one per expert layer (gemma_tiny: 2)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

@@ -201,3 +201,16 @@ def test_state_wider_than_max_state_dim_is_refused_when_built():
     config = tiny(max_state_dim=4)
     with pytest.raises(ValueError, match=r"the state has 6 dimensions but --policy.max_state_dim is 4"):
         PI0Policy(config)
+
+
+def test_bfloat16_bases_train_with_fp32_vision_and_norms():
+    torch.manual_seed(0)
+    policy = PI0Policy(tiny(dtype="bfloat16"))
+    loss, _ = policy(batch(), noise=torch.randn(3, 4, 32), time=torch.full((3,), 0.5))
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
+    assert grads[PREFIX + "gemma_expert.model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert grads[PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"].dtype == torch.float32
+    chunk = policy.predict_action_chunk(batch(), noise=torch.randn(3, 4, 32))
+    assert chunk.dtype == torch.float32 and torch.isfinite(chunk).all()

@@ -201,3 +201,14 @@ def test_tied_weights_inside_a_grouped_unit_are_fine_across_groups_refused():
     across.side[1].mix.weight = across.main[0].mix.weight
     with pytest.raises(ShardingError, match="tied weights cannot be split"):
         build_plan(across, FSDP2)
+
+
+def test_mixed_trainable_dtypes_in_one_unit_are_refused_unless_masters_are_fp32():
+    model = BlockRegressor()
+    model.blocks[1].fc2.to(torch.bfloat16)
+    with pytest.raises(ShardingError, match=r"FSDP unit blocks\.1 holds trainable parameters of several dtypes: "
+                                            r"bfloat16 \(blocks\.1\.fc2\.weight\), float32 \(blocks\.1\.fc1\.weight\)"):
+        build_plan(model, FSDP2)
+    assert build_plan(model, FSDP2, fsdp_settings("bf16")).units  # bf16 mixed precision: fp32 masters
+    model.blocks[1].fc2.requires_grad_(False)
+    assert build_plan(model, FSDP2).units  # frozen parameters may differ

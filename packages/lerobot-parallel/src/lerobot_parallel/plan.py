@@ -141,6 +141,33 @@ def _group_sizes(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: fr
     return sizes
 
 
+def _check_uniform_trainable_dtypes(model: nn.Module, units: Sequence[tuple[str, ...]],
+                                    ignored: frozenset[int]) -> None:
+    """FSDP2 shards a unit's trainable parameters as one flat buffer and refuses mixed dtypes there
+    (inside ``fully_shard``, rank by rank); say it here, with the unit and the way out."""
+    lead = {path: unit[0] for unit in units for path in unit}
+    deepest = children_first(lead)
+    dtypes: dict[str, dict[str, str]] = {}
+    seen: set[int] = set()
+    for mod_path, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen or id(p) in ignored or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            owner = owner_of(mod_path, deepest)
+            dtypes.setdefault(lead.get(owner, owner), {}).setdefault(str(p.dtype).removeprefix("torch."),
+                                                                      f"{mod_path}.{name}".lstrip("."))
+    for unit, found in dtypes.items():
+        if len(found) > 1:
+            examples = ", ".join(f"{d} ({n})" for d, n in sorted(found.items()))
+            raise ShardingError(
+                f"FSDP unit {unit or ROOT_LABEL} holds trainable parameters of several dtypes: {examples}; "
+                "FSDP2 shards a unit's trainable parameters as one dtype. Train with "
+                "accelerator.mixed_precision=bf16 (fp32 master weights, bf16 compute), make those parameters "
+                "one dtype, or freeze the ones of the other dtype"
+            )
+
+
 def build_plan(
     model: nn.Module,
     runtime: ParallelRuntime,
@@ -200,6 +227,8 @@ def build_plan(
                 f"{IGNORED_MODULES} covers {', '.join(inside)} but not the rest of its grouped unit "
                 f"({' + '.join(unit)}), whose modules run jointly; ignore all of them or none"
             )
+    if not precision.upcast_trainable:
+        _check_uniform_trainable_dtypes(model, grouped, ignored_ids)
     tied = check_tied_weights(model, grouped, ignored_ids)
     sizes = _group_sizes(model, grouped, ignored_ids)
     modules = dict(model.named_modules())

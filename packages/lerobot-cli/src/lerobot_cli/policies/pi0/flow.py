@@ -33,6 +33,12 @@ def attention_mask_2d(pad_masks: Tensor, block_starts: Tensor) -> Tensor:
     return causal & (pad_masks[:, None, :] & pad_masks[:, :, None])
 
 
+def _as_input_of(layer: nn.Linear, x: Tensor) -> Tensor:
+    """``x`` in ``layer``'s weight dtype: with ``dtype=bfloat16`` the projections hold bf16 weights while
+    states, noise and times arrive in fp32 (a no-op in fp32 and under autocast-free FSDP casting)."""
+    return x.to(layer.weight.dtype)
+
+
 class PI0FlowModel(nn.Module):
     """The ``model`` of a pi0 policy: towers plus the state/action/time projections (LeRobot's names)."""
 
@@ -90,11 +96,9 @@ class PI0FlowModel(nn.Module):
                      ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """State token (its own block), then the action tokens (one more block); time mixed into each
         action token by an MLP. Returns embeddings, padding, block starts and the expert's norm condition."""
-        if self.state_proj.weight.dtype == torch.float32:
-            state = state.to(torch.float32)
-        state_emb = self.state_proj(state)[:, None, :]
-        action_emb = self.action_in_proj(noisy_actions)
-        time_emb = self._time_embedding(time)[:, None, :].expand_as(action_emb)
+        state_emb = self.state_proj(_as_input_of(self.state_proj, state))[:, None, :]
+        action_emb = self.action_in_proj(_as_input_of(self.action_in_proj, noisy_actions))
+        time_emb = self._time_embedding(time)[:, None, :].expand_as(action_emb).to(action_emb.dtype)
         mixed = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([action_emb, time_emb], dim=2))))
         embs = torch.cat([state_emb, mixed], dim=1)
         return embs, *self._suffix_masks(embs, with_state=True), None
@@ -124,7 +128,7 @@ class PI0FlowModel(nn.Module):
         mask = attention_mask_2d(pads, torch.cat([prefix_starts.to(suffix_starts.dtype), suffix_starts], dim=1))
         positions = torch.cumsum(pads, dim=1) - 1
         (_, suffix_out), _ = self.paligemma_with_expert.run([prefix, suffix], mask, positions, (None, cond))
-        v_t = self.action_out_proj(suffix_out[:, -self.config.chunk_size:].to(torch.float32))
+        v_t = self._velocity(suffix_out)
         return F.mse_loss(u_t, v_t, reduction="none")
 
     # -- inference --------------------------------------------------------------------------------
@@ -160,4 +164,9 @@ class PI0FlowModel(nn.Module):
         mask = torch.cat([to_prefix, attention_mask_2d(suffix_pads, suffix_starts)], dim=2)
         positions = prefix_pads.sum(dim=-1)[:, None] + torch.cumsum(suffix_pads, dim=1) - 1
         (_, suffix_out), _ = self.paligemma_with_expert.run([None, suffix], mask, positions, (None, cond), cache)
-        return self.action_out_proj(suffix_out[:, -self.config.chunk_size:].to(torch.float32))
+        return self._velocity(suffix_out)
+
+    def _velocity(self, suffix_out: Tensor) -> Tensor:
+        """The action tokens' outputs projected to a velocity, returned in fp32 (the loss and Euler steps)."""
+        actions_out = suffix_out[:, -self.config.chunk_size:].to(torch.float32)
+        return self.action_out_proj(_as_input_of(self.action_out_proj, actions_out)).to(torch.float32)
