@@ -26,13 +26,12 @@ def preview_world_size(cfg: TrainConfig, launched: int) -> int:
 def dry_run(cfg: TrainConfig) -> int:
     print(json.dumps(unstructure_train_config(cfg), indent=2))
     resolved = cfg.parallelism.resolve(preview_world_size(cfg, LaunchEnv.from_environ().world_size))
+    import torch
     from lerobot_parallel.runtime import ParallelRuntime
 
     from lerobot_cli.cli.render import as_flags
     from lerobot_cli.datasets import load_meta, resolve_dataset_root
     from lerobot_cli.workload import build_policy_for, sharding_plan
-
-    import torch
 
     meta = load_meta(resolve_dataset_root(cfg.dataset))
     with torch.device("meta"):

@@ -18,6 +18,7 @@ from lerobot_parallel.plan import ShardingPlan, build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from torch import nn
 
+from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import (
     DatasetError,
@@ -39,6 +40,7 @@ from lerobot_cli.processors import load_processors, make_pre_post_processors
 from lerobot_cli.processors.factory import MissingStatsError
 from lerobot_cli.processors.normalize import REQUIRED_STATS
 from lerobot_cli.processors.pipeline import ProcessorPipeline
+from lerobot_cli.processors.tokenizer import TokenizerStep, TokenizerUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,19 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
             pre, post = make_pre_post_processors(policy_cfg, dataset.meta.stats, device=device)
         except MissingStatsError as exc:
             raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
+    _load_tokenizers(pre)
     return Workload(dataset, policy_cfg, policy, pre, post)
+
+
+def _load_tokenizers(pre) -> None:
+    """Load the pre-processor's tokenizers now: a tokenizer that cannot be found must stop the run at
+    start-up with its one sentence, not at the first batch after the model was built and sharded."""
+    for step in pre.steps:
+        if isinstance(step, TokenizerStep):
+            try:
+                step.tokenizer  # noqa: B018 - the property loads it
+            except TokenizerUnavailableError as exc:
+                raise UsageError(exc.naming("--policy.tokenizer_name")) from None
 
 
 def stats_error_message(path: Path, exc: MissingStatsError) -> str:

@@ -40,14 +40,18 @@ class TokenizerUnavailableError(ValueError):
         self.reason = reason
         super().__init__(_unavailable_message(name, reason))
 
+    def naming(self, setting: str) -> str:
+        """The message with the tokenizer setting spelled as the caller's users know it (the CLI: a flag)."""
+        return _unavailable_message(self.name, self.reason, setting)
+
 
 def _first_sentence(text: str) -> str:
     line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
     return line.split(". ")[0].rstrip(".")
 
 
-def _unavailable_message(name: str, reason: str) -> str:
-    fix = ("set policy.tokenizer_name to a local tokenizer directory (one that save_pretrained wrote: "
+def _unavailable_message(name: str, reason: str, setting: str = "policy.tokenizer_name") -> str:
+    fix = (f"set {setting} to a local tokenizer directory (one that save_pretrained wrote: "
            "tokenizer.json and tokenizer_config.json)")
     if Path(name).expanduser().is_dir():
         return f"tokenizer directory {name!r} holds no tokenizer transformers can load ({reason}); {fix}"

@@ -92,7 +92,7 @@ class PiGemmaLayer(nn.Module):
         self.input_layernorm = AdaRMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, cond_dim)
         self.post_attention_layernorm = AdaRMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, cond_dim)
 
-    def forward(self, *args, **kwargs):  # noqa: D401 - the layer never runs alone
+    def forward(self, *args, **kwargs):
         raise RuntimeError(f"{type(self).__name__} runs jointly with its partner layer; call PaliGemmaLayer.joint")
 
 
