@@ -214,3 +214,17 @@ def test_bfloat16_bases_train_with_fp32_vision_and_norms():
     assert grads[PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"].dtype == torch.float32
     chunk = policy.predict_action_chunk(batch(), noise=torch.randn(3, 4, 32))
     assert chunk.dtype == torch.float32 and torch.isfinite(chunk).all()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    b, noise, time = batch(), torch.randn(3, 4, 32), torch.full((3,), 0.4)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = PI0Policy(tiny(gradient_checkpointing=checkpointing))
+        loss, _ = policy(b, noise=noise, time=time)
+        loss.backward()
+        grads.append({n: p.grad for n, p in policy.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=0, atol=1e-6, msg=name)
