@@ -35,7 +35,8 @@ def test_defaults_equal_lerobot_and_backbone_weights_default_to_none():
 def test_field_set_is_lerobot_base_plus_act_fields():
     # Extra fields would make LeRobot's draccus reject our config.json.
     lerobot_base = {"n_obs_steps", "normalization_mapping", "input_features", "output_features", "device",
-                    "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path", "use_peft"}
+                    "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path", "pretrained_revision",
+                    "use_peft"}
     names = {a.name for a in attrs.fields(ACTConfig)}
     assert names == lerobot_base | set(LEROBOT_DEFAULTS) | {"pretrained_backbone_weights"}
 

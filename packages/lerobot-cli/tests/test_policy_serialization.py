@@ -57,8 +57,14 @@ def test_file_round_trip(tmp_path):
 
 
 def test_lerobot_written_config_loads_and_warns_about_unknown_keys():
-    with pytest.warns(UnknownConfigKeysWarning, match="pretrained_revision"):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnknownConfigKeysWarning)  # LeRobot 0.6.1's keys are all ours
         cfg = load_policy_config(LEROBOT_DIR)
+    data = {**policy_config_to_dict(cfg), "a_future_lerobot_field": 1}
+    with pytest.warns(UnknownConfigKeysWarning, match="a_future_lerobot_field"):
+        assert policy_config_from_dict(data) == cfg
     assert isinstance(cfg, ACTConfig)
     assert cfg.input_features["observation.environment_state"] == PolicyFeature(FeatureType.ENV, (3,))
     assert cfg.output_features["action"].shape == (2,)

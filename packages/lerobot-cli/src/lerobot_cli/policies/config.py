@@ -50,6 +50,8 @@ class PolicyConfig:
     tags: list[str] | None = field(default=None, metadata={"help": "Hub model card tags."})
     license: str | None = field(default=None, metadata={"help": "Hub model card license."})
     pretrained_path: str | None = field(default=None, metadata={"help": "Set by --policy.path: where weights load from."})
+    pretrained_revision: str | None = field(
+        default=None, metadata={"help": "LeRobot's record of the Hub revision --policy.path named (kept as read)."})
     use_peft: bool = field(
         default=False,
         metadata={"help": "Written true into a PEFT run's config.json (LeRobot's marker that the directory is an "
