@@ -115,6 +115,33 @@ def test_grouped_joint_units_give_bitwise_equal_gradients(fsdp):
             assert fact["all_local_numel"] == expected_local_numels(fact["full"], 2), name
 
 
+def test_pi0_joint_layers_shard_in_pairs_with_bitwise_gradients(fsdp):
+    sys.path.insert(0, str(MULTIPROC))
+    from pi0_tiny import pi0_batch, tiny_pi0
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun's ranks (OMP_NUM_THREADS=1): the same reduction order in matmuls
+    try:
+        policy = tiny_pi0()
+        loss, _ = policy(*pi0_batch())
+        loss.backward()
+    finally:
+        torch.set_num_threads(threads)
+    expected = {n: p.grad.flatten().tolist() for n, p in policy.named_parameters() if p.grad is not None}
+    for res in fsdp:
+        pi0 = res["pi0"]
+        assert pi0["grouped"] == [f"model.paligemma_with_expert.paligemma.model.language_model.layers.{i} + "
+                                  f"model.paligemma_with_expert.gemma_expert.model.layers.{i}" for i in range(2)]
+        assert pi0["loss"] == float(loss)
+        assert pi0["grads"].keys() == expected.keys()
+        differ = {n: max(abs(a - b) for a, b in zip(pi0["grads"][n], g, strict=True))
+                  for n, g in expected.items() if pi0["grads"][n] != g}
+        assert not differ, sorted(differ)
+        for name, fact in pi0["shards"].items():
+            assert fact["type"] == "DTensor", name
+            assert fact["all_local_numel"] == expected_local_numels(fact["full"], 2), name
+
+
 def test_fsdp2_two_processes_match_one_process_on_the_same_global_batch(fsdp, ref):
     single = ref("fp32", batch_size=8, steps=4)
     assert single["losses"][0] != single["losses"][-1]  # it trains

@@ -113,6 +113,21 @@ def joint_towers_check(rt) -> dict:
             "naive_units": [u.label for u in naive_plan.units], "shards": shard_facts(wrapped.model)}
 
 
+def pi0_check(rt) -> dict:
+    """Tiny pi0 under FSDP2 with its grouped joint-layer units: the same full batch on every rank, so
+    the gradients must equal one process's bitwise; every parameter is a DTensor shard."""
+    from pi0_tiny import pi0_batch, tiny_pi0
+
+    policy = tiny_pi0()
+    wrapped = wrap_model(policy, rt, build_plan(policy, rt))
+    loss, _ = wrapped.model(*pi0_batch())
+    loss.backward()
+    grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).flatten().tolist()
+             for n, p in wrapped.model.named_parameters() if p.grad is not None}
+    return {"loss": float(loss), "grads": grads, "shards": shard_facts(wrapped.model),
+            "grouped": [u.label for u in build_plan(tiny_pi0(), rt).units if u.members]}
+
+
 def main() -> None:
     res: dict = {}
     with parallel_session(ParallelismConfig(dp_shard=2), device="cpu") as rt:
@@ -129,6 +144,7 @@ def main() -> None:
                 res[key] = str(exc)
 
         res["joint"] = joint_towers_check(rt)
+        res["pi0"] = pi0_check(rt)
 
         # fp32 FSDP2, B=4 per rank: same global batch as one process with B=8.
         shards = {}
