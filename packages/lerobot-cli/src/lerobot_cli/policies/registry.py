@@ -22,6 +22,7 @@ _BUILTIN: dict[str, str] = {
     "act": "lerobot_cli.policies.act.config:ACTConfig",
     "mlp": "lerobot_cli.policies.mlp.config:MLPConfig",
     "pi0": "lerobot_cli.policies.pi0.config:PI0Config",
+    "pi05": "lerobot_cli.policies.pi05.config:PI05Config",
 }
 _REGISTERED: dict[str, type[PolicyConfig]] = {}
 

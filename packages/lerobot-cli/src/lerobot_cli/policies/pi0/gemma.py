@@ -56,8 +56,9 @@ class AdaRMSNorm(nn.Module):
             return (normed * (1.0 + self.weight.float())).type_as(x), None
         if cond is None:
             raise ValueError("an adaptive RMSNorm needs its condition (the time embedding)")
-        scale, shift, gate = self.dense(cond).unsqueeze(1).chunk(3, dim=-1) if x.dim() == 3 else \
-            self.dense(cond).chunk(3, dim=-1)
+        # dtype=bfloat16 keeps the norms (their dense too) in fp32 while the condition comes from bf16 layers
+        modulation = self.dense(cond.to(self.dense.weight.dtype))
+        scale, shift, gate = (modulation.unsqueeze(1) if x.dim() == 3 else modulation).chunk(3, dim=-1)
         return (normed * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
 
 

@@ -1,0 +1,32 @@
+"""``PI05Policy``: the trainable pi05 module behind ``--policy.type=pi05``.
+
+pi0's policy (:class:`~lerobot_cli.policies.pi0.modeling.PI0Policy`: images, language, loss, inference,
+freezing, FSDP units) with pi05's flow model. The batch's ``observation.state`` is not an input of the
+model: the pre-processor already wrote it into the tokenised prompt, after normalising it with the
+dataset's quantiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from lerobot_cli.policies.pi0.config import PiFlowConfig
+from lerobot_cli.policies.pi0.flow import PI0FlowModel
+from lerobot_cli.policies.pi0.modeling import PI0Policy
+from lerobot_cli.policies.pi05.config import PI05Config
+from lerobot_cli.policies.pi05.flow import PI05FlowModel
+
+
+class PI05Policy(PI0Policy):
+    name: ClassVar[str] = "pi05"
+    config_class: ClassVar[type[PiFlowConfig]] = PI05Config
+    flow_class: ClassVar[type[PI0FlowModel]] = PI05FlowModel
+    # LeRobot 0.6.1's _get_default_peft_targets for pi05 is pi0's regex verbatim (inherited): the expert's
+    # q/v projections, action_in_proj and action_out_proj. Its other names (state_proj, action_time_mlp_*)
+    # match no pi05 module, so time_mlp_in/out are not adapted, as in LeRobot.
+    _peft_target_modules: ClassVar[str] = PI0Policy._peft_target_modules
+
+    def _state(self, batch: dict[str, Any]) -> Tensor | None:
+        return None  # in the prompt already (pi05_prepare_state_tokenizer_processor_step)
