@@ -228,3 +228,28 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert grads[0].keys() == grads[1].keys()
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, rtol=0, atol=1e-6, msg=name)
+
+
+def test_openpi_layout_files_load_like_lerobot_loads_them(tmp_path):
+    """A converted openpi file: no ``model.`` prefix, older time-MLP names, no token embedding (tied to
+    lm_head there), a SigLIP without the vision_model level. LeRobot's from_pretrained accepts it; so do we."""
+    from lerobot_cli.policies.weights import load_weights
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    source = PI0Policy(tiny())
+    embed = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+    head = "paligemma_with_expert.paligemma.lm_head.weight"
+    openpi = {}
+    for key, value in source.state_dict().items():
+        key = key.removeprefix("model.").replace("action_time_mlp_", "time_mlp_").replace(".vision_model.", ".")
+        if key != embed:
+            openpi[key] = value.clone()
+    openpi[head] = source.state_dict()["model." + embed].clone()
+    save_file(openpi, str(tmp_path / "model.safetensors"))
+    target = PI0Policy(tiny())
+    load_weights(target, tmp_path / "model.safetensors")
+    loaded = target.state_dict()
+    for key, value in source.state_dict().items():
+        expected = value if key != "model." + head else source.state_dict()["model." + embed]
+        assert torch.equal(loaded[key], expected), key

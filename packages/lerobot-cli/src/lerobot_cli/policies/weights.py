@@ -80,6 +80,9 @@ def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True) ->
     if not file.is_file():
         raise FileNotFoundError(f"no weights file at {file}")
     state = load_file(str(file))
+    adapt = getattr(module, "adapt_state_dict", None)  # a policy's own file-layout fixes (pi0: openpi's names)
+    if adapt is not None:
+        state = adapt(state)
     result = module.load_state_dict(state, strict=False)
     own = module.state_dict()
     loaded_storages = {_storage_key(own[k]) for k in state if k in own}

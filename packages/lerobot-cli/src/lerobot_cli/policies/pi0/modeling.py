@@ -96,6 +96,36 @@ class PI0Policy(nn.Module):
             towers.paligemma.eval()
         return self
 
+    # Older names of this policy's own modules in checkpoints LeRobot also loads (openpi's converted files).
+    _renamed_modules: ClassVar[dict[str, str]] = {"time_mlp_in.": "action_time_mlp_in.",
+                                                  "time_mlp_out.": "action_time_mlp_out."}
+    _dropped_modules: ClassVar[tuple[str, ...]] = ()  # the other variant's modules this one lacks
+
+    def adapt_state_dict(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """A pi0 file in another layout LeRobot accepts, in this module's names (what LeRobot's
+        ``from_pretrained`` fixes too): keys without the ``model.`` prefix, openpi's older time-MLP
+        names, a file without the token embedding (openpi ties it to PaliGemma's ``lm_head``), and a
+        SigLIP tower saved without its ``vision_model.`` level (transformers ≥ 5.6). A file already
+        in our layout passes unchanged."""
+        own = set(self.state_dict())
+        if own >= set(state):
+            return state
+        tower = "paligemma_with_expert.paligemma.model.vision_tower."
+        adapted: dict[str, Tensor] = {}
+        for key, value in state.items():
+            key = key.removeprefix("model.")
+            for old, new in self._renamed_modules.items():
+                if key.startswith(old):
+                    key = new + key[len(old):]
+            if key.startswith(tower) and not key.startswith(tower + "vision_model."):
+                key = tower + "vision_model." + key[len(tower):]
+            adapted[f"model.{key}"] = value
+        embed = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+        head = "model.paligemma_with_expert.paligemma.lm_head.weight"
+        if embed not in adapted and head in adapted:
+            adapted[embed] = adapted[head].clone()
+        return {k: v for k, v in adapted.items() if not k.removeprefix("model.").startswith(self._dropped_modules)}
+
     def get_optim_params(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
