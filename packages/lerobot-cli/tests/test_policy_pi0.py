@@ -253,3 +253,19 @@ def test_openpi_layout_files_load_like_lerobot_loads_them(tmp_path):
     for key, value in source.state_dict().items():
         expected = value if key != "model." + head else source.state_dict()["model." + embed]
         assert torch.equal(loaded[key], expected), key
+
+
+def test_pi05_drops_pi0s_state_proj_and_renames_the_time_mlp_as_lerobot_does(tmp_path):
+    from lerobot_cli.policies.pi05.config import PI05Config
+    from lerobot_cli.policies.pi05.modeling import PI05Policy
+    from lerobot_cli.policies.weights import load_weights
+    from safetensors.torch import save_file
+
+    config = PI05Config(**{**TINY, **FEATURES})
+    source = PI05Policy(config)
+    state = {k.replace("model.time_mlp_", "model.action_time_mlp_"): v.clone() for k, v in source.state_dict().items()}
+    state["model.state_proj.weight"] = torch.zeros(32, 32)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    target = PI05Policy(config)
+    load_weights(target, tmp_path / "model.safetensors")
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in source.state_dict().items())

@@ -27,6 +27,10 @@ class PI05Policy(PI0Policy):
     # q/v projections, action_in_proj and action_out_proj. Its other names (state_proj, action_time_mlp_*)
     # match no pi05 module, so time_mlp_in/out are not adapted, as in LeRobot.
     _peft_target_modules: ClassVar[str] = PI0Policy._peft_target_modules
+    # Files LeRobot's pi05 from_pretrained accepts: pi0's time-MLP names and a state_proj pi05 has no use for.
+    _renamed_modules: ClassVar[dict[str, str]] = {"action_time_mlp_in.": "time_mlp_in.",
+                                                  "action_time_mlp_out.": "time_mlp_out."}
+    _dropped_modules: ClassVar[tuple[str, ...]] = ("state_proj.",)
 
     def _state(self, batch: dict[str, Any]) -> Tensor | None:
         return None  # in the prompt already (pi05_prepare_state_tokenizer_processor_step)
