@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from lerobot_cli.datasets.writer import EpisodeData, write_dataset
+from lerobot_cli.datasets.writer import EpisodeData, FileLimits, write_dataset
 
 TASK = "Move the blue dot onto the red target."
 SIZE = 64
@@ -108,9 +108,7 @@ def build(
         episodes(),
         robot_type="point2d",
         vcodec=vcodec,
-        chunks_size=chunks_size,
-        data_files_size_in_mb=data_mb,
-        video_files_size_in_mb=video_mb,
+        limits=FileLimits(chunks_size=chunks_size, data_files_size_in_mb=data_mb, video_files_size_in_mb=video_mb),
     )
 
 
