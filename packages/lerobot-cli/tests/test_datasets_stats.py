@@ -8,6 +8,7 @@ what it promises: within one of its 5,000 bins of the empirical quantile."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -20,6 +21,8 @@ from lerobot_cli.datasets.stats import (
     histogram_quantiles,
 )
 from lerobot_cli.datasets.writer import EpisodeData, write_dataset
+
+DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
 
 
 def _columns(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -109,3 +112,32 @@ def test_writer_stores_quantiles_per_episode_and_for_the_dataset(tmp_path):
                                         "observation.state": PolicyFeature(FeatureType.STATE, (2,))},
                         output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))})
     make_pre_post_processors(config, load_meta(root).stats)  # QUANTILES find q01/q99: no MissingStatsError
+
+
+def test_missing_quantiles_name_fixes_that_work():
+    """pi05's QUANTILES on statistics without quantiles (datasets written before them, such as the shipped
+    demo): the error names the mapping the statistics support and where q01-q99 come from."""
+    from lerobot_cli.datasets import load_meta
+    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.policies.pi05.config import PI05Config
+    from lerobot_cli.processors.factory import MissingStatsError, make_pre_post_processors
+
+    features = {"input_features": {"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
+                                   "observation.state": PolicyFeature(FeatureType.STATE, (2,))},
+                "output_features": {"action": PolicyFeature(FeatureType.ACTION, (2,))}}
+    stats = {k: {s: v for s, v in per.items() if not s.startswith("q")}
+             for k, per in load_meta(DEMO).stats.items()}
+    with pytest.raises(MissingStatsError) as info:
+        make_pre_post_processors(PI05Config(**features), stats)
+    supported = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    assert info.value.supported_mapping == supported
+    assert f"--policy.normalization_mapping='{json.dumps(supported)}'" in str(info.value)
+    assert "tools/make_demo_dataset.py" in str(info.value) and "recompute_stats" in str(info.value)
+    del stats["action"]["mean"]
+    with pytest.raises(MissingStatsError) as info:
+        make_pre_post_processors(PI05Config(**features), stats)
+    assert info.value.supported_mapping["ACTION"] == "MIN_MAX"
+    import attrs
+
+    config = attrs.evolve(PI05Config(**features), normalization_mapping=info.value.supported_mapping)
+    make_pre_post_processors(config, stats)  # the named mapping works on these statistics

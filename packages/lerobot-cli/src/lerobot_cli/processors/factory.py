@@ -16,6 +16,7 @@ pipeline names stay here.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from attrs import frozen
 from lerobot_ckpt.layout import POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep
+from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
+from lerobot_cli.processors.normalize import REQUIRED_STATS, NormalizerStep, UnnormalizerStep
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
 from lerobot_cli.processors.steps import (
@@ -78,21 +80,53 @@ def _steps_function(config: PolicyConfig) -> Callable[[PolicyConfig, DefaultStep
     return function
 
 
+# Modes tried, in this order, for a feature type whose configured mode lacks statistics
+_FALLBACK_MODES = (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX, NormalizationMode.QUANTILES,
+                   NormalizationMode.QUANTILE10)
+QUANTILE_STATS_FIX = (
+    "q01-q99 are written by lerobot_cli.datasets.writer (the demo: uv run python tools/make_demo_dataset.py "
+    "--output <root> --overwrite); LeRobot 0.6.1's `lerobot-edit-dataset --operation.type=recompute_stats` adds "
+    "them to a LeRobot dataset"
+)
+
+
 class MissingStatsError(ValueError):
     """Statistics lack what the policy's normalization needs; the fields let a caller that knows where
-    the statistics came from (the dataset's ``meta/stats.json``) name that file and the fix."""
+    the statistics came from (the dataset's ``meta/stats.json``) name that file and the fix.
+    ``supported_mapping``: the configured mapping with each lacking type replaced by the first mode the
+    statistics do have (MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10, else IDENTITY): a run that works as is."""
 
     def __init__(self, missing: list[tuple[str, str]], *, absent: list[str], mapping: dict[str, str],
-                 feature_types: dict[str, str]) -> None:
+                 feature_types: dict[str, str], supported_mapping: dict[str, str] | None = None) -> None:
         self.missing = missing  # (feature, stat) pairs
         self.absent = absent  # features with no statistics at all
         self.mapping = mapping  # feature type -> normalization mode
         self.feature_types = feature_types  # feature -> feature type
+        self.supported_mapping = supported_mapping or {
+            t: ("IDENTITY" if t in {feature_types[k] for k, _ in missing} else m) for t, m in mapping.items()}
+        quantiles = any(stat.startswith("q") for _, stat in missing)
         super().__init__(
             f"dataset statistics lack {', '.join(f'{k}.{s}' for k, s in missing)}, needed by the policy's "
-            f"normalization_mapping ({mapping}); use IDENTITY for that feature type or recompute the dataset's "
-            "meta/stats.json"
+            f"normalization_mapping ({mapping}); normalize with modes the statistics have, "
+            f"--policy.normalization_mapping='{json.dumps(self.supported_mapping)}', or recompute the dataset's "
+            f"meta/stats.json{f': {QUANTILE_STATS_FIX}' if quantiles else ''}"
         )
+
+
+def supported_mapping(mapping: Mapping[str, NormalizationMode], features: Mapping[str, PolicyFeature],
+                      stats: Mapping[str, Mapping[str, Any]], lacking: set[str]) -> dict[str, str]:
+    """``mapping`` with each feature type in ``lacking`` set to the first mode whose statistics every
+    feature of that type has (see :class:`MissingStatsError`)."""
+    out = {}
+    for kind, mode in mapping.items():
+        mode = NormalizationMode(mode)
+        keys = [k for k, f in features.items() if f.type.value == kind]
+        if kind in lacking:
+            mode = next((m for m in _FALLBACK_MODES
+                         if all(s in stats.get(k, {}) for k in keys for s in REQUIRED_STATS[m])),
+                        NormalizationMode.IDENTITY)
+        out[kind] = mode.value
+    return out
 
 
 def make_pre_post_processors(
@@ -111,10 +145,13 @@ def make_pre_post_processors(
     normalizer = NormalizerStep(features=features, norm_map=config.normalization_mapping, stats=stats)
     missing = normalizer.missing_stats()
     if missing:
+        pairs = [tuple(m.rsplit(".", 1)) for m in missing]
         raise MissingStatsError(
-            [tuple(m.rsplit(".", 1)) for m in missing], absent=[k for k in features if k not in stats],
+            pairs, absent=[k for k in features if k not in stats],
             mapping={k: v.value for k, v in config.normalization_mapping.items()},
             feature_types={k: f.type.value for k, f in features.items()},
+            supported_mapping=supported_mapping(config.normalization_mapping, features, stats,
+                                                {features[k].type.value for k, _ in pairs}),
         )
     unnormalizer = UnnormalizerStep(
         features=dict(config.output_features), norm_map=config.normalization_mapping,
