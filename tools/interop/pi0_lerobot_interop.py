@@ -102,15 +102,17 @@ def model_inputs(batch: dict[str, torch.Tensor], images, img_masks, state) -> tu
     return images, img_masks, tokens, masks, state, actions
 
 
-def outputs_of(losses: torch.Tensor, loss: torch.Tensor, chunk: torch.Tensor, named: dict) -> dict[str, torch.Tensor]:
+def outputs_of(losses: torch.Tensor, loss: torch.Tensor, chunk: torch.Tensor, named: dict,
+               grad_params: tuple[str, ...] = GRAD_PARAMS) -> dict[str, torch.Tensor]:
     out = {"out.losses": losses.detach(), "out.loss": loss.detach().reshape(1), "out.chunk": chunk.detach().contiguous()}
-    for name in GRAD_PARAMS:
+    for name in grad_params:
         grad = named[name].grad
         out[f"grad.{name}"] = torch.zeros_like(named[name]) if grad is None else grad.detach().clone()
     return out
 
 
-def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple[bool, dict]:
+def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor],
+            grad_params: tuple[str, ...] = GRAD_PARAMS) -> tuple[bool, dict]:
     """Max |Δ| of losses / loss / chunk (≤ ATOL) and relative max |Δ| of each gradient (≤ GRAD_RTOL)."""
     figures, ok = {}, True
     for key in ("out.losses", "out.loss", "out.chunk"):
@@ -118,7 +120,7 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
         figures[key[4:]] = diff
         ok &= diff <= ATOL
     worst, worst_name = 0.0, ""
-    for name in GRAD_PARAMS:
+    for name in grad_params:
         r, g = ref[f"grad.{name}"], got[f"grad.{name}"]
         scale = r.abs().max().item()
         if scale == 0.0:  # a gradient that is zero on the reference side would compare nothing
@@ -131,7 +133,7 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
     figures["grad_rel"], figures["grad_worst"] = worst, worst_name
     ok &= worst <= GRAD_RTOL
     print(f"[{tag}] max|Δ| per-element losses {figures['losses']:.2e}, loss {figures['loss']:.2e}, "
-          f"action chunk {figures['chunk']:.2e}; gradients of {len(GRAD_PARAMS)} parameters max rel|Δ| "
+          f"action chunk {figures['chunk']:.2e}; gradients of {len(grad_params)} parameters max rel|Δ| "
           f"{worst:.2e} ({worst_name.removeprefix(PREFIX)}) -> {'ok' if ok else 'MISMATCH'}")
     return ok, figures
 
@@ -140,7 +142,7 @@ def key_shapes(state_dict) -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in state_dict.items()}
 
 
-def run_ours(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_ours(policy, inputs: dict[str, torch.Tensor], grad_params: tuple[str, ...] = GRAD_PARAMS) -> dict[str, torch.Tensor]:
     """Our PI0Policy: model-level per-element losses, forward's loss and its gradients, the action chunk."""
     from lerobot_cli.policies.pi0.modeling import PI0Policy
 
@@ -155,7 +157,7 @@ def run_ours(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     loss, _ = policy.forward(batch_of(inputs), noise=inputs["noise"], time=inputs["time"])
     loss.backward()
     chunk = policy.predict_action_chunk(batch_of(inputs), noise=inputs["chunk_noise"])
-    return outputs_of(losses, loss, chunk, dict(policy.named_parameters()))
+    return outputs_of(losses, loss, chunk, dict(policy.named_parameters()), grad_params)
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
@@ -199,7 +201,7 @@ def ours_write(work: Path) -> None:
     print(f"[ours-write] wrote {out} ({time.perf_counter() - start:.1f} s)")
 
 
-def ours_check(work: Path) -> tuple[bool, dict]:
+def ours_check(work: Path, grad_params: tuple[str, ...] = GRAD_PARAMS) -> tuple[bool, dict]:
     import attrs
     from lerobot_cli.policies.location import resolve_policy_dir
     from lerobot_cli.policies.pretrained import load_pretrained
@@ -217,7 +219,8 @@ def ours_check(work: Path) -> tuple[bool, dict]:
     print(f"[ours<-lerobot] LeRobot's save_pretrained file: {len(file_keys)} keys, our model {len(model_keys)}, "
           f"{'identical' if keys_ok else 'DIFFERENT'}")
     inputs = load_file(str(work / "inputs.safetensors"))
-    ok, figures = compare("ours<-lerobot", load_file(str(src / "reference.safetensors")), run_ours(policy, inputs))
+    ok, figures = compare("ours<-lerobot", load_file(str(src / "reference.safetensors")),
+                          run_ours(policy, inputs, grad_params), grad_params)
     figures["keys"] = len(file_keys)
     return ok and keys_ok, figures
 
@@ -233,9 +236,11 @@ def _lerobot_config(**overrides):
                      output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}, **overrides)
 
 
-def _patch_lerobot_for_tiny(sizes: dict) -> None:
-    """Teach LeRobot's modeling_pi0 module our gemma_tiny and tiny SigLIP (module attributes only)."""
-    from lerobot.policies.pi0 import modeling_pi0
+def _patch_lerobot_for_tiny(sizes: dict, modeling_pi0=None) -> None:
+    """Teach LeRobot's modeling_pi0 module (or modeling_pi05, which builds the same way) our gemma_tiny and
+    tiny SigLIP (module attributes only)."""
+    if modeling_pi0 is None:
+        from lerobot.policies.pi0 import modeling_pi0
 
     if getattr(modeling_pi0, "_interop_tiny", False):
         return
@@ -300,15 +305,19 @@ def lerobot_full_keys(work: Path) -> tuple[bool, dict]:
     config.device = "meta"
     with torch.device("meta"):
         policy = PI0Policy(config)
-    theirs = key_shapes(policy.state_dict())
-    ours = json.loads((work / "ours_full_keys.json").read_text())
+    return compare_full_keys(key_shapes(policy.state_dict()), json.loads((work / "ours_full_keys.json").read_text()),
+                             FULL_KEYS, FULL_VALUES)
+
+
+def compare_full_keys(theirs: dict, ours: dict, full_keys: int, full_values: int) -> tuple[bool, dict]:
+    """LeRobot's and our full-size key -> shape maps: same names, same shapes, the expected counts."""
     values = {side: sum(int(torch.Size(s).numel()) for s in d.values()) for side, d in (("lerobot", theirs), ("ours", ours))}
     missing, unexpected = sorted(set(theirs) - set(ours)), sorted(set(ours) - set(theirs))
     shapes = sorted(k for k in set(theirs) & set(ours) if theirs[k] != ours[k])
-    ok = (not missing and not unexpected and not shapes and len(theirs) == FULL_KEYS
-          and values["lerobot"] == values["ours"] == FULL_VALUES)
-    print(f"[full size] keys: LeRobot {len(theirs)}, ours {len(ours)} (expected {FULL_KEYS}); values: LeRobot "
-          f"{values['lerobot']:,}, ours {values['ours']:,} (expected {FULL_VALUES:,}); missing in ours {missing[:4]}, "
+    ok = (not missing and not unexpected and not shapes and len(theirs) == full_keys
+          and values["lerobot"] == values["ours"] == full_values)
+    print(f"[full size] keys: LeRobot {len(theirs)}, ours {len(ours)} (expected {full_keys}); values: LeRobot "
+          f"{values['lerobot']:,}, ours {values['ours']:,} (expected {full_values:,}); missing in ours {missing[:4]}, "
           f"extra in ours {unexpected[:4]}, shape differences {shapes[:4]} -> {'ok' if ok else 'MISMATCH'}")
     return ok, {"keys_lerobot": len(theirs), "keys_ours": len(ours), "values_lerobot": values["lerobot"],
                 "values_ours": values["ours"], "missing": len(missing), "unexpected": len(unexpected),
@@ -350,9 +359,9 @@ def lerobot_check(work: Path) -> bool:
 
 # ---------------------------------------------------------------- driver
 
-def print_report(lerobot: dict, ours: dict | None, ours_ok: bool) -> None:
+def print_report(lerobot: dict, ours: dict | None, ours_ok: bool, policy: str = "pi0") -> None:
     full = lerobot.get("full", {})
-    print("pi0 interop with LeRobot 0.6.1 (fp32, CPU)")
+    print(f"{policy} interop with LeRobot 0.6.1 (fp32, CPU)")
     if full:
         print(f"  full size (meta): keys {full['keys_ours']} ours / {full['keys_lerobot']} LeRobot, values "
               f"{full['values_ours']:,} / {full['values_lerobot']:,}, missing {full['missing']}, extra "
@@ -367,8 +376,13 @@ def print_report(lerobot: dict, ours: dict | None, ours_ok: bool) -> None:
               f"chunk {fig['chunk']:.2e}; grads rel {fig['grad_rel']:.2e}: {'PASS' if ok else 'FAIL'}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(policy: str = "pi0", script: str = __file__, steps: tuple | None = None) -> int:
+    """The driver (argument parsing, both interpreters, the report). Another policy's script passes its
+    name, its own file (the LeRobot interpreter runs it) and ``steps``: its (ours_write, ours_check,
+    lerobot_check, report) functions, with the signatures of this module's."""
+    write, check, lerobot_side, report = steps or (ours_write, ours_check, lerobot_check, print_report)
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"])
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--lerobot-python", default="/tmp/lerobot-venv/bin/python",
@@ -376,25 +390,25 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(min(4, torch.get_num_threads()))
     if args.mode == "ours-write":
-        ours_write(args.dir)
+        write(args.dir)
         return 0
     if args.mode == "ours-check":
-        return 0 if ours_check(args.dir)[0] else 1
+        return 0 if check(args.dir)[0] else 1
     if args.mode == "lerobot-check":
-        return 0 if lerobot_check(args.dir) else 1
+        return 0 if lerobot_side(args.dir) else 1
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="pi0-interop-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{policy}-interop-") as tmp:
         work = args.dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        ours_write(work)
-        lerobot = subprocess.run([args.lerobot_python, str(Path(__file__).resolve()), "lerobot-check", str(work)],
+        write(work)
+        lerobot = subprocess.run([args.lerobot_python, str(Path(script).resolve()), "lerobot-check", str(work)],
                                  check=False)
         report_file = work / "lerobot_report.json"
         lerobot_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         ours_ok, ours_figures = False, None
         if (work / "lerobot" / "reference.safetensors").is_file():
-            ours_ok, ours_figures = ours_check(work)
-        print_report(lerobot_report, ours_figures, ours_ok)
+            ours_ok, ours_figures = check(work)
+        report(lerobot_report, ours_figures, ours_ok)
     passed = lerobot.returncode == 0 and ours_ok
     print(f"LeRobot computes ours: {'PASS' if lerobot.returncode == 0 else 'FAIL'}; we compute LeRobot's: "
           f"{'PASS' if ours_ok else 'FAIL'} ({time.perf_counter() - start:.0f} s)")
