@@ -4,7 +4,8 @@ One process, DDP x2, FSDP2 x2 and HSDP 2x2 train the same global batches: their 
 (each sample's flow noise and time follow its dataset index, not its rank). The FSDP2 run writes all
 three checkpoint formats; its DCP checkpoint converts to one ``model.safetensors`` with LeRobot's keys,
 and HSDP 2x2 resumes it. A 100-step run shows the loss going down, and ``--dry_run`` plans the
-full-size pi0 (LeRobot's parameter count) without allocating it.
+full-size pi0 (LeRobot's parameter count) without allocating it. Tiny pi05 (same towers, adaRMS time
+conditioning, quantile-normalised state in the prompt) trains alike on one process and FSDP2 x2.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
 TOKENIZER_BUILDER = REPO / "packages" / "lerobot-cli" / "tests" / "vla_tokenizer.py"
+DEMO_BUILDER = REPO / "tools" / "make_demo_dataset.py"
 
 pytestmark = pytest.mark.slow
 
 
-def tiny_pi0(tokenizer: Path) -> list[str]:
-    return ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
-            "--policy.type=pi0", "--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
+def tiny_pi0(tokenizer: Path, policy: str = "pi0", root: Path = DEMO) -> list[str]:
+    return ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={root}", "--num_workers=0",
+            f"--policy.type={policy}", "--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
             "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
             "--policy.n_action_steps=10", f"--policy.tokenizer_name={tokenizer}", "--log_freq=1"]
 
@@ -45,12 +47,16 @@ def train(launch, *args: str, nproc: int = 1):
     return res
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("vla_tokenizer", TOKENIZER_BUILDER)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.save_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    return module
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Path:
+    return _load("vla_tokenizer", TOKENIZER_BUILDER).save_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +176,32 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+@pytest.fixture(scope="module")
+def demo_with_quantiles(tmp_path_factory) -> Path:
+    """The demo dataset as tools/make_demo_dataset.py writes it now (same frames as the shipped copy): its
+    statistics carry the q01/q99 that pi05 normalises states and actions with; the shipped copy predates them."""
+    return _load("make_demo_dataset", DEMO_BUILDER).build(tmp_path_factory.mktemp("demo") / "demo_reach")
+
+
+def test_tiny_pi05_trains_alike_on_one_process_and_fsdp2(launch, tokenizer, demo_with_quantiles, tmp_path):
+    from safetensors.torch import load_file
+
+    common = [*tiny_pi0(tokenizer, policy="pi05", root=demo_with_quantiles), "--steps=3"]
+    single, fsdp = tmp_path / "single", tmp_path / "fsdp"
+    train(launch, *common, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={single}")
+    train(launch, *common, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=3", f"--output_dir={fsdp}",
+          nproc=2)
+    reference, got = losses(single), losses(fsdp)
+    assert sorted(reference) == sorted(got) == [1, 2, 3]
+    for step, loss in reference.items():
+        assert abs(got[step] - loss) <= 1e-5 * max(1.0, abs(loss)), (step, got[step], loss)
+    saved = fsdp / "checkpoints" / "000003" / "pretrained_model"
+    config = json.loads((saved / "config.json").read_text())
+    assert config["type"] == "pi05" and config["normalization_mapping"]["STATE"] == "QUANTILES"
+    weights = load_file(saved / "model.safetensors")
+    assert "model.time_mlp_in.weight" in weights and "model.state_proj.weight" not in weights
+    assert "model.paligemma_with_expert.gemma_expert.model.norm.dense.weight" in weights
+    steps = [s["registry_name"] for s in json.loads((saved / "policy_preprocessor.json").read_text())["steps"]]
+    assert "pi05_prepare_state_tokenizer_processor_step" in steps
