@@ -28,6 +28,10 @@ DEFAULT_STEPS = 2
 TINY_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
             "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=1",
             "--policy.chunk_size=5", "--policy.n_action_steps=5"]
+# pi0 / pi05 on the demo dataset at the README's tiny size, with the shipped byte-level tokenizer (offline)
+TINY_VLA = ["--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
+            "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
+            "--policy.n_action_steps=10", f"--policy.tokenizer_name={REPO / 'data' / 'tokenizers' / 'demo_bytes'}"]
 TINY_RUN = ["--num_workers=0", "--log_freq=1"]
 LAUNCH_TIMEOUT_S = 240  # hard limit per command; the whole file takes ~2.5 min on 2 CPU cores
 TOOL_TIMEOUT_S = 120
@@ -136,6 +140,8 @@ def _substitute(line: str, ctx: Context) -> str:
         return str(path)
 
     line = re.sub(r"\$\(which ([\w.-]+)\)", which, line)
+    # the repository's bundled files (demo dataset, demo tokenizer), named relative to its root as in the README
+    line = re.sub(r"(--[\w.]+=)data/", lambda m: f"{m.group(1)}{REPO / 'data'}/", line)
     line = line.replace("${HF_USER}", "me").replace("${MAIN_NODE}", "127.0.0.1")
     assert "$" not in line.replace("\\$", ""), f"unknown placeholder or shell expansion in: {line}"
     return line
@@ -156,6 +162,8 @@ def _train_args(args: list[str], spec: dict, cwd: Path) -> list[str]:
     extra = list(TINY_RUN)
     if "--policy.type=act" in args:
         extra += TINY_ACT
+    if ("--policy.type=pi0" in args or "--policy.type=pi05" in args) and "--dry_run=true" not in args:
+        extra += TINY_VLA  # a dry run plans the full size on the meta device, in seconds
     if spec.get("steps"):
         steps = int(spec["steps"])
     elif "--resume=true" in args:

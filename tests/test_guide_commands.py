@@ -9,10 +9,14 @@ command per line) and rewritten generically:
 
 * ``--dataset.repo_id=${HF_USER}/<name>`` → the bundled demo dataset (``--dataset.root`` added);
   ``--policy.path=${HF_USER}/<name>`` → a tiny ACT ``pretrained_model/`` trained once per session;
-  other ``${HF_USER}`` → ``me``; ``${MAIN_NODE}`` → ``127.0.0.1``; ``$(which X)`` → the environment's X.
+  other ``${HF_USER}`` → ``me``; ``${MAIN_NODE}`` → ``127.0.0.1``; ``$(which X)`` → the environment's X;
+  a flag value starting ``data/`` (the repository's bundled dataset and tokenizer) → that path in the
+  repository.
 * ``lerobot-train`` (direct, or the script of ``torchrun`` / ``accelerate launch``): ``--num_workers=0
   --log_freq=1 --steps=2`` appended (later flags win), a tiny ACT when the command says
-  ``--policy.type=act``; a ``--resume=true`` command gets ``--steps=<checkpoint step + 2>``.
+  ``--policy.type=act``, a tiny pi0 / pi05 with the demo tokenizer when it says ``--policy.type=pi0`` or
+  ``pi05`` (not for ``--dry_run=true``, which plans the full size on the meta device); a
+  ``--resume=true`` command gets ``--steps=<checkpoint step + 2>``.
 * launchers get a free port; ``uv sync`` runs as ``--locked --dry-run --offline`` (it must not change the
   shared environment); ``source X`` checks that X activates an environment holding ``lerobot-train``.
 * every command runs in a per-chain work directory (relative ``outputs/...`` land there), with no GPU
