@@ -1,4 +1,8 @@
-"""The README's main command, run as written (with fewer steps), so the front page cannot rot."""
+"""The README's main command, run as written (with fewer steps), so the front page cannot rot.
+
+The README's pi0 demo is the guide's ``pi0-tiny`` block, which tests/test_guide_commands.py runs; here
+it is only checked to be that same command.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +19,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _argv(body: str) -> list[str]:
+    return shlex.split(body.replace("\\\n", " "))
+
+
 def main_command() -> list[str]:
     text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- main-command -->\s*```bash\n(.*?)```", text, re.S)
+    block = re.search(r"<!-- main-command -->\s*```bash\n(.*?)```", text, re.DOTALL)
     assert block, "README.md lost its <!-- main-command --> block"
-    argv = shlex.split(block.group(1).replace("\\\n", " "))
+    argv = _argv(block.group(1))
     assert argv[:3] == ["uv", "run", "lerobot-train"], argv
     return argv[2:]
+
+
+def test_readme_pi0_command_is_the_guides_tested_one():
+    readme = re.search(r"<!-- pi0-command\b[^>]*-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(),
+                       re.DOTALL)
+    assert readme, "README.md lost its <!-- pi0-command --> block"
+    guide = re.search(r"<!-- test: id=pi0-tiny\b[^>]*-->\s*```bash\n(.*?)```",
+                      (REPO / "docs" / "guide.md").read_text(), re.DOTALL)
+    assert guide, "docs/guide.md lost its pi0-tiny block"
+    argv = _argv(readme.group(1))
+    assert argv[:2] == ["uv", "run"], argv
+    assert argv[2:] == _argv(guide.group(1))
 
 
 @pytest.mark.slow
