@@ -143,15 +143,17 @@ def _workload_error(root: Path) -> str:
     return message
 
 
-@pytest.mark.parametrize(("edit", "says"), [
-    (lambda stats: stats["observation.state"].pop("std"), "'observation.state' has no 'std'"),
-    (lambda stats: stats.pop("action"), "no statistics for 'action'"),
+@pytest.mark.parametrize(("edit", "says", "supported"), [
+    (lambda stats: stats["observation.state"].pop("std"), "'observation.state' has no 'std'", "MIN_MAX"),
+    (lambda stats: stats.pop("action"), "no statistics for 'action'", "IDENTITY"),
 ])
-def test_stats_missing_what_the_policy_normalizes_names_file_feature_and_key(root: Path, edit, says) -> None:
+def test_stats_missing_what_the_policy_normalizes_names_file_feature_and_key(root: Path, edit, says,
+                                                                             supported) -> None:
     _edit_json(root / "meta/stats.json", edit)
     message = _workload_error(root)
     assert message.startswith(f"{root / 'meta/stats.json'}: {says}"), message
     kind = "STATE" if "state" in says else "ACTION"
     assert f"{kind} features are normalized with MEAN_STD, which needs mean and std" in message
     assert '--policy.normalization_mapping=\'{"VISUAL": "MEAN_STD", "STATE": ' in message
-    assert f'"{kind}": "IDENTITY"' in message and f"to leave {kind} unnormalized" in message
+    # The suggested mapping uses a mode the remaining statistics support (min/max are still there for the state).
+    assert f'"{kind}": "{supported}"' in message and "(modes these statistics support)" in message

@@ -37,7 +37,7 @@ from lerobot_cli.policies.features import FeatureType, NormalizationMode
 from lerobot_cli.policies.serialization import load_policy_config
 from lerobot_cli.policies.weights import build_policy, load_policy, without_init_only_fields
 from lerobot_cli.processors import load_processors, make_pre_post_processors
-from lerobot_cli.processors.factory import MissingStatsError
+from lerobot_cli.processors.factory import QUANTILE_STATS_FIX, MissingStatsError
 from lerobot_cli.processors.normalize import REQUIRED_STATS
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 from lerobot_cli.processors.tokenizer import TokenizerStep, TokenizerUnavailableError
@@ -177,10 +177,11 @@ def stats_error_message(path: Path, exc: MissingStatsError) -> str:
     types = list(dict.fromkeys(exc.feature_types[k] for k in by_feature))
     needs = "; ".join(f"{t} features are normalized with {exc.mapping[t]}, which needs "
                       f"{' and '.join(REQUIRED_STATS[NormalizationMode(exc.mapping[t])])}" for t in types)
-    identity = json.dumps({t: ("IDENTITY" if t in types else m) for t, m in exc.mapping.items()})
-    return (f"{path}: {lacks} ({needs}); valid: {path.name} with those statistics for every normalized feature "
-            f"(recompute the dataset's statistics), or --policy.normalization_mapping='{identity}' to leave "
-            f"{' and '.join(types)} unnormalized")
+    supported = json.dumps(exc.supported_mapping)
+    quantiles = any(stat.startswith("q") for _, stat in exc.missing)
+    recompute = f" ({QUANTILE_STATS_FIX})" if quantiles else ""
+    return (f"{path}: {lacks} ({needs}); valid: --policy.normalization_mapping='{supported}' (modes these "
+            f"statistics support), or {path.name} with those statistics for every normalized feature{recompute}")
 
 
 def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> ShardingPlan:
