@@ -269,3 +269,19 @@ def test_pi05_drops_pi0s_state_proj_and_renames_the_time_mlp_as_lerobot_does(tmp
     target = PI05Policy(config)
     load_weights(target, tmp_path / "model.safetensors")
     assert all(torch.equal(target.state_dict()[k], v) for k, v in source.state_dict().items())
+
+
+def test_size_based_units_never_pick_modules_whose_forward_is_not_called():
+    """min_num_params must not make a unit of a tower model or the projections holder (their forward never
+    runs, so FSDP would never gather them); naming one is refused; joint layers still pair up."""
+    from lerobot_parallel import AcceleratorConfig, FSDPConfig, ParallelismConfig, ShardingError, build_plan
+    from lerobot_parallel.runtime import ParallelRuntime
+
+    fsdp2 = ParallelRuntime.preview(ParallelismConfig(dp_shard=2))
+    policy = PI0Policy(tiny())
+    plan = build_plan(policy, fsdp2, AcceleratorConfig(fsdp=FSDPConfig(min_num_params=2000)))
+    classes = {c for u in plan.units for c in u.class_name.split("+")}
+    assert not classes & set(PI0Policy._fsdp_no_forward_modules), classes
+    assert all(u.members for u in plan.units if "PaliGemmaLayer" in u.class_name or "ExpertLayer" in u.class_name)
+    with pytest.raises(ShardingError, match="GemmaModel never runs its forward"):
+        build_plan(policy, fsdp2, AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("GemmaModel",))))

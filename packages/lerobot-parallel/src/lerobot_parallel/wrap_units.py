@@ -18,6 +18,11 @@ lists in ``_fsdp_forward_methods`` the methods that run instead of ``forward``; 
 member of a declared group becomes a unit the whole group becomes that one unit: wrapping the members one
 by one (the naive wrap) would leave the partner's shards ungathered inside the joint call.
 
+Modules whose ``forward`` the model never calls (it calls their parts or other methods directly) can
+never be units either: FSDP would gather them in a hook that never fires. Any module class in the tree
+may list such class names in ``_fsdp_no_forward_modules``; the size rule passes over them (their
+parameters count towards the parent) and naming one is refused.
+
 Container modules (``ModuleList`` …) never become units: they have no ``forward``, so FSDP's
 pre-forward hook that gathers their parameters would never run.
 """
@@ -50,6 +55,14 @@ class UnitSelection:
     unmatched: tuple[str, ...] = ()  # declared class names that matched no module (policy attribute only)
 
 
+def never_called(model: nn.Module) -> frozenset[str]:
+    """Class names the model's modules declare as never run through ``forward`` (see module docstring)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(type(module), "_fsdp_no_forward_modules", ()))
+    return frozenset(names)
+
+
 def class_census(model: nn.Module) -> str:
     """``"Block x3, Linear x7, …"``: what a user can put in ``accelerator.fsdp.wrap_modules``."""
     counts = Counter(type(m).__name__ for _, m in model.named_modules())
@@ -80,6 +93,12 @@ def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, requ
             f"{source}: class name(s) {', '.join(unmatched)} match no module of {type(model).__name__}; "
             f"class names present: {class_census(model)}"
         )
+    uncalled = sorted(set(wanted) & never_called(model))
+    if uncalled:
+        raise ShardingError(
+            f"{source}: {', '.join(uncalled)} never runs its forward() in {type(model).__name__} (its parts are "
+            "called directly), so FSDP would never gather it; name the layer classes inside it instead"
+        )
     containers = sorted({type(m).__name__ for _, m in _unique_modules(model)
                          if type(m).__name__ in wanted and isinstance(m, NO_FORWARD)})
     if containers:
@@ -105,6 +124,7 @@ def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] =
     (ignored ones, by ``id``) and modules without ``forward`` never count or wrap."""
     chosen: list[str] = []
     seen: set[int] = set(skip)
+    uncalled = never_called(model)
 
     def visit(path: str, module: nn.Module) -> int:
         free = 0
@@ -114,7 +134,8 @@ def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] =
             if id(p) not in seen:
                 seen.add(id(p))
                 free += p.numel()
-        if path and free >= min_num_params and not isinstance(module, NO_FORWARD):
+        if path and free >= min_num_params and not isinstance(module, NO_FORWARD) \
+                and type(module).__name__ not in uncalled:
             chosen.append(path)
             return 0
         return free

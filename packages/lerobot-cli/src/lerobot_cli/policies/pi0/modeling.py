@@ -55,6 +55,10 @@ class PI0Policy(nn.Module):
     _fsdp_wrap_modules: ClassVar[list[str]] = [
         "SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer", "ExpertLayer"]
     _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = [("PaliGemmaLayer", "ExpertLayer")]
+    # Modules whose forward never runs (their layers and methods are called directly): never FSDP units.
+    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = (
+        "PI0FlowModel", "PI05FlowModel", "PaliGemmaWithExpert", "PaliGemmaForConditionalGeneration", "PaliGemmaModel",
+        "GemmaForCausalLM", "GemmaModel", "GemmaProjections")
     # LeRobot's default LoRA targets for pi0: the expert's q/v projections and the action/state projections.
     _peft_target_modules: ClassVar[str] = (
         r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
