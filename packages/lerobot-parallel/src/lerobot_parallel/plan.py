@@ -124,20 +124,26 @@ class ShardingPlan:
         return lines
 
 
-def _group_sizes(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]) -> dict[str, int]:
-    """Elements each ``fully_shard`` group will own (keyed by its first path): a parameter goes to the
-    deepest unit holding it."""
+def _owned_parameters(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]):
+    """``(unit key, qualified name, parameter)`` for each parameter once, outside ``ignored``: the unit
+    whose ``fully_shard`` takes it (the deepest holding it, keyed by its first path; "" the root)."""
     lead = {path: unit[0] for unit in units for path in unit}
     deepest = children_first(lead)
-    sizes = dict.fromkeys([*(u[0] for u in units), ""], 0)
     seen: set[int] = set()
     for mod_path, module in model.named_modules():
-        for p in module.parameters(recurse=False):
+        for name, p in module.named_parameters(recurse=False):
             if id(p) in seen or id(p) in ignored:
                 continue
             seen.add(id(p))
             owner = owner_of(mod_path, deepest)
-            sizes[lead.get(owner, owner)] += p.numel()
+            yield lead.get(owner, owner), f"{mod_path}.{name}".lstrip("."), p
+
+
+def _group_sizes(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]) -> dict[str, int]:
+    """Elements each ``fully_shard`` group will own, keyed by its first path ("" the root)."""
+    sizes = dict.fromkeys([*(u[0] for u in units), ""], 0)
+    for unit, _, p in _owned_parameters(model, units, ignored):
+        sizes[unit] += p.numel()
     return sizes
 
 
@@ -145,18 +151,10 @@ def _check_uniform_trainable_dtypes(model: nn.Module, units: Sequence[tuple[str,
                                     ignored: frozenset[int]) -> None:
     """FSDP2 shards a unit's trainable parameters as one flat buffer and refuses mixed dtypes there
     (inside ``fully_shard``, rank by rank); say it here, with the unit and the way out."""
-    lead = {path: unit[0] for unit in units for path in unit}
-    deepest = children_first(lead)
     dtypes: dict[str, dict[str, str]] = {}
-    seen: set[int] = set()
-    for mod_path, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            if id(p) in seen or id(p) in ignored or not p.requires_grad:
-                continue
-            seen.add(id(p))
-            owner = owner_of(mod_path, deepest)
-            dtypes.setdefault(lead.get(owner, owner), {}).setdefault(str(p.dtype).removeprefix("torch."),
-                                                                      f"{mod_path}.{name}".lstrip("."))
+    for unit, name, p in _owned_parameters(model, units, ignored):
+        if p.requires_grad:
+            dtypes.setdefault(unit, {}).setdefault(str(p.dtype).removeprefix("torch."), name)
     for unit, found in dtypes.items():
         if len(found) > 1:
             examples = ", ".join(f"{d} ({n})" for d, n in sorted(found.items()))

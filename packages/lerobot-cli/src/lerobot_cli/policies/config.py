@@ -15,15 +15,11 @@ from typing import ClassVar
 from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 
 
 def _default_normalization() -> dict[str, NormalizationMode]:
-    return {
-        "VISUAL": NormalizationMode.MEAN_STD,
-        "STATE": NormalizationMode.MEAN_STD,
-        "ACTION": NormalizationMode.MEAN_STD,
-    }
+    return normalization_mapping(NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD)
 
 
 @define(frozen=True, kw_only=True)

@@ -23,7 +23,6 @@ from torch import Tensor
 
 from lerobot_cli.processors.steps import Batch, ProcessorStep, register_step
 
-PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"  # what LeRobot's pi0/pi05 processors always name
 TOKENS = "observation.language.tokens"
 ATTENTION_MASK = "observation.language.attention_mask"
 SUBTASK_TOKENS = "observation.subtask.tokens"

@@ -19,7 +19,8 @@ from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
 from lerobot_cli.processors.prompts import Pi0NewLineStep, Pi05StateTokensStep
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
-from lerobot_cli.processors.tokenizer import PALIGEMMA_TOKENIZER, TokenizerStep
+from lerobot_cli.policies.pi0.config import PALIGEMMA_TOKENIZER
+from lerobot_cli.processors.tokenizer import TokenizerStep
 
 
 def paligemma_tokenizer_step(config: PolicyConfig) -> TokenizerStep:

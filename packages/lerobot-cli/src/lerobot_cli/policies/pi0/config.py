@@ -19,7 +19,7 @@ from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
 DTYPES = ("float32", "bfloat16")
@@ -27,11 +27,7 @@ PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 
 
 def _pi0_normalization() -> dict[str, NormalizationMode]:
-    return {
-        "VISUAL": NormalizationMode.IDENTITY,
-        "STATE": NormalizationMode.MEAN_STD,
-        "ACTION": NormalizationMode.MEAN_STD,
-    }
+    return normalization_mapping(NormalizationMode.IDENTITY, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD)
 
 
 def _choice(name: str, value: str, choices) -> None:

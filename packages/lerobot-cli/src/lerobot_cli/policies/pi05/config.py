@@ -13,16 +13,12 @@ from typing import ClassVar
 
 from attrs import define, field
 
-from lerobot_cli.policies.features import NormalizationMode
+from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
 from lerobot_cli.policies.pi0.config import PiFlowConfig
 
 
 def _pi05_normalization() -> dict[str, NormalizationMode]:
-    return {
-        "VISUAL": NormalizationMode.IDENTITY,
-        "STATE": NormalizationMode.QUANTILES,
-        "ACTION": NormalizationMode.QUANTILES,
-    }
+    return normalization_mapping(NormalizationMode.IDENTITY, NormalizationMode.QUANTILES, NormalizationMode.QUANTILES)
 
 
 @define(frozen=True, kw_only=True)
