@@ -14,6 +14,7 @@ from pathlib import Path
 import attrs
 from attrs import define
 from lerobot_ckpt.layout import POLICY_CONFIG, POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
+from lerobot_parallel.config import AcceleratorConfig, ActivationCheckpointingConfig
 from lerobot_parallel.plan import ShardingPlan, build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from torch import nn
@@ -184,9 +185,20 @@ def stats_error_message(path: Path, exc: MissingStatsError) -> str:
             f"statistics support), or {path.name} with those statistics for every normalized feature{recompute}")
 
 
+def effective_accelerator(cfg: TrainConfig) -> AcceleratorConfig:
+    """``cfg.accelerator`` with the policy's own ``gradient_checkpointing=true`` (pi0/pi05, as in LeRobot)
+    read as ``accelerator.activation_checkpointing.mode=full``: one mechanism, applied per wrap unit by
+    lerobot-parallel. An explicit mode (selective) wins."""
+    acc = cfg.accelerator
+    if getattr(cfg.policy, "gradient_checkpointing", False) and not acc.activation_checkpointing.enabled:
+        return attrs.evolve(acc, activation_checkpointing=ActivationCheckpointingConfig(mode="full"))
+    return acc
+
+
 def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> ShardingPlan:
-    """Wrap units, tied-weight check, precision and memory estimate; refusals happen here, before work."""
+    """Wrap units, tied-weight check, precision, memory estimate, activation checkpointing and compile
+    regions; refusals happen here, before work."""
     inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
-    return build_plan(policy, runtime, cfg.accelerator,
+    return build_plan(policy, runtime, effective_accelerator(cfg),
                       default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None),
                       default_unit_groups=getattr(type(inner), "_fsdp_unit_groups", None))

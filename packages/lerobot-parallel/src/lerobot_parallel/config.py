@@ -22,6 +22,12 @@ DType = Literal["float32", "bfloat16", "float16"]
 MIXED_PRECISION_CHOICES: tuple[str, ...] = ("no", "bf16", "fp16")
 DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 MPP = "accelerator.fsdp.mixed_precision_policy"
+CHECKPOINTING_MODES: tuple[str, ...] = ("none", "full", "selective")
+# torch.compile's modes (torch._inductor.list_mode_options()); spelled here so the config stays torch-free.
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The modes that capture CUDA graphs: a graph replays one step's memory, which accumulation's growing
+# .grad buffers break (they crash upstream), so they are refused together with accumulation.
+CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
 
 
 @define(frozen=True)
@@ -199,6 +205,47 @@ class DDPConfig:
 
 
 @define(frozen=True)
+class ActivationCheckpointingConfig:
+    """Recompute activations in backward instead of keeping them, one region per wrap unit.
+
+    ``full`` keeps only each region's inputs; ``selective`` also keeps the outputs of its matmuls,
+    convolutions and attention kernels (the expensive ops) and recomputes the rest (norms, activations,
+    softmax, dropout, elementwise ops): less memory saved than ``full``, less compute repeated.
+    """
+
+    mode: str = field(
+        default="none", validator=choice("accelerator.activation_checkpointing.mode", CHECKPOINTING_MODES),
+        metadata={"help": "none | full (recompute each wrap unit in backward) | selective (keep matmul and "
+                          "attention outputs, recompute the rest).", "choices": CHECKPOINTING_MODES},
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+
+@define(frozen=True)
+class CompileConfig:
+    """``torch.compile`` of the policy: each wrap unit on its own (regional) or the whole policy."""
+
+    enabled: bool = field(default=False, metadata={"help": "Compile the policy with torch.compile."})
+    backend: str = field(default="inductor", metadata={"help": "torch.compile backend (inductor, aot_eager, ...)."})
+    mode: str | None = field(
+        default=None, validator=choice("accelerator.compile.mode", COMPILE_MODES, optional=True),
+        metadata={"help": "torch.compile mode; unset = torch's default.", "choices": COMPILE_MODES},
+    )
+    regional: bool = field(
+        default=True,
+        metadata={"help": "Compile each wrap unit separately (fast to compile, FSDP hooks stay eager); false "
+                          "compiles the whole policy (single process and DDP only)."},
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.backend, str) or not self.backend:
+            raise ParallelismError(f"accelerator.compile.backend must be a backend name, got {self.backend!r}")
+
+
+@define(frozen=True)
 class AcceleratorConfig:
     """Precision, accumulation and wrapper settings, independent of the topology degrees."""
 
@@ -210,6 +257,8 @@ class AcceleratorConfig:
     gradient_accumulation: GradientAccumulationConfig = field(factory=GradientAccumulationConfig)
     fsdp: FSDPConfig = field(factory=FSDPConfig)
     ddp: DDPConfig = field(factory=DDPConfig)
+    activation_checkpointing: ActivationCheckpointingConfig = field(factory=ActivationCheckpointingConfig)
+    compile: CompileConfig = field(factory=CompileConfig)
     timeout_s: float = field(
         default=1800.0, metadata={"help": "Collective timeout in seconds; a stuck rank ends the job after it."}
     )
@@ -218,3 +267,10 @@ class AcceleratorConfig:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
             raise ParallelismError(f"accelerator.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
         check_float16_policy(self.mixed_precision, self.fsdp.mixed_precision_policy)
+        steps = self.gradient_accumulation.steps
+        if self.compile.enabled and self.compile.mode in CUDA_GRAPH_MODES and steps > 1:
+            raise ParallelismError(
+                f"accelerator.compile.mode={self.compile.mode} captures CUDA graphs, which do not work with "
+                f"accelerator.gradient_accumulation.steps={steps} (the accumulated gradients outlive one graph "
+                "replay); use accelerator.compile.mode=max-autotune-no-cudagraphs or default, or steps=1"
+            )

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attrs import define
+from attrs import define, field
 from torch import nn
 
-from lerobot_parallel.config import AcceleratorConfig, DDPConfig
+from lerobot_parallel.config import AcceleratorConfig, CompileConfig, DDPConfig
 from lerobot_parallel.errors import ShardingError
 from lerobot_parallel.fsdp_precision import ShardedPrecision, resolve_sharded_precision
 from lerobot_parallel.memory import MemoryEstimate, estimate_memory
+from lerobot_parallel.regions import check_backend
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.tied_weights import ROOT_LABEL, TiedWeightCheck, check_tied_weights, owner_of
 from lerobot_parallel.wrap_units import (
@@ -72,6 +73,27 @@ class ShardingPlan:
     cpu_offload: bool
     memory: MemoryEstimate
     ddp: DDPConfig  # the DDP wrapper's settings (used in ddp mode only)
+    # Activation checkpointing and compile (lerobot_parallel.regions): the blocks they apply to are the
+    # outermost wrap units (unsharded: the units the policy declares), in model order.
+    blocks: tuple[PlannedModule, ...] = ()
+    activation_checkpointing: str = "none"
+    compile: CompileConfig = field(factory=CompileConfig)
+
+    @property
+    def block_paths(self) -> tuple[str, ...]:
+        return tuple(path for block in self.blocks for path in block.paths)
+
+    def describe_regions(self) -> list[str]:
+        """What activation checkpointing and compile do, one line each when on."""
+        lines = []
+        where = f"{len(self.blocks)} block(s) ({_class_counts(self.blocks)})" if self.blocks else ""
+        if self.activation_checkpointing != "none":
+            lines.append(f"Activation checkpointing: {self.activation_checkpointing}, on {where}")
+        c = self.compile
+        if c.enabled:
+            how = f"regional, each of {where}" if c.regional else "the whole policy"
+            lines.append(f"Compile: torch.compile backend={c.backend} mode={c.mode or 'default'}, {how}")
+        return lines
 
     @property
     def is_sharded(self) -> bool:
@@ -89,7 +111,7 @@ class ShardingPlan:
         if not self.is_sharded:
             lines[0] += " - every rank holds a full copy (no sharding)"
             lines.append(self.memory.describe())
-            return lines
+            return lines + self.describe_regions()
         lines.append(f"Wrap units from {self.unit_source}: {len(self.units)} unit(s) + the root, "
                      f"fully_shard children-first then the root")
         if len(self.units) <= MAX_LISTED_UNITS:
@@ -121,7 +143,47 @@ class ShardingPlan:
         lines.append(f"Reshard after forward: {'yes (root: no)' if self.reshard_after_forward else 'no'}; "
                      f"CPU offload: {'yes' if self.cpu_offload else 'no'}")
         lines.append(self.memory.describe())
-        return lines
+        return lines + self.describe_regions()
+
+
+def _class_counts(modules: Sequence[PlannedModule]) -> str:
+    counts: dict[str, int] = {}
+    for m in modules:
+        counts[m.class_name] = counts.get(m.class_name, 0) + 1
+    return ", ".join(f"{name} x{n}" for name, n in counts.items())
+
+
+def outermost(units: Sequence[PlannedModule]) -> tuple[PlannedModule, ...]:
+    """Units not inside another unit: a region nested in a checkpointed one would be recomputed twice."""
+    paths = [p for u in units for p in u.paths]
+    return tuple(u for u in units
+                 if not any(other != p and p.startswith(other + ".") for p in u.paths for other in paths))
+
+
+def _grouped(model: nn.Module, paths: Sequence[str], groups: Sequence[Sequence[str]] | None) -> list[tuple[str, ...]]:
+    return list(group_units(paths, declared_groups(model, groups)))
+
+
+def _unsharded_blocks(model: nn.Module, accelerator: AcceleratorConfig, default_wrap_modules: Sequence[str] | None,
+                      groups: Sequence[Sequence[str]] | None) -> tuple[PlannedModule, ...]:
+    """The regions of an unsharded run: the units ``fully_shard`` would use (same sources, same order)."""
+    ac, compile_ = accelerator.activation_checkpointing, accelerator.compile
+    if not ac.enabled and not (compile_.enabled and compile_.regional):
+        return ()
+    try:
+        selection = select_units(model, accelerator.fsdp, default_wrap_modules)
+    except ShardingError as exc:
+        wanted = [f"accelerator.activation_checkpointing.mode={ac.mode}"] if ac.enabled else []
+        if compile_.enabled and compile_.regional:
+            wanted.append("accelerator.compile.regional=true")
+        raise ShardingError(f"{' and '.join(wanted)} apply to the policy's blocks, and none could be chosen: "
+                            f"{exc}") from None
+    units = _grouped(model, selection.paths, groups)
+    modules = dict(model.named_modules())
+    planned = [PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u),
+                             sum(p.numel() for path in u for p in modules[path].parameters()), members=u[1:])
+               for u in units]
+    return outermost(planned)
 
 
 def _owned_parameters(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]):
@@ -188,6 +250,8 @@ def build_plan(
     names = tuple(n for n, _ in runtime.mesh_dims)
     shape = tuple(s for _, s in runtime.mesh_dims)
     params = list(model.parameters())
+    groups = default_unit_groups if default_unit_groups is not None else getattr(model, "_fsdp_unit_groups", None)
+    check_backend(accelerator.compile)
     if not parallelism.is_sharded:
         return ShardingPlan(
             mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=1, mesh_dim_names=names,
@@ -197,7 +261,8 @@ def build_plan(
             precision=resolve_sharded_precision("no"), reshard_after_forward=fsdp.reshard_after_forward,
             cpu_offload=False,
             memory=estimate_memory(params, dp_shard=1, optimizer_states=optimizer_states),
-            ddp=accelerator.ddp,
+            ddp=accelerator.ddp, blocks=_unsharded_blocks(model, accelerator, default_wrap_modules, groups),
+            activation_checkpointing=accelerator.activation_checkpointing.mode, compile=accelerator.compile,
         )
     precision = resolve_sharded_precision(mixed_precision, fsdp.mixed_precision_policy)
     ignored_paths = select_ignored(model, fsdp.ignored_modules_pattern)
@@ -216,8 +281,13 @@ def build_plan(
             f"every wrap unit from {selection.source} lies inside {IGNORED_MODULES}={fsdp.ignored_modules!r}; "
             "sharding the root alone saves no memory"
         )
-    groups = default_unit_groups if default_unit_groups is not None else getattr(model, "_fsdp_unit_groups", None)
-    grouped = group_units(units, declared_groups(model, groups))
+    if accelerator.compile.enabled and not accelerator.compile.regional:
+        raise ShardingError(
+            f"accelerator.compile.regional=false compiles the whole policy, which {parallelism.mode} sharding "
+            "does not support (FSDP's hooks would be traced); use accelerator.compile.regional=true, which "
+            "compiles each wrap unit inside them"
+        )
+    grouped = _grouped(model, units, groups)
     for unit in grouped:
         inside = [m for m in unit if any(m == ig or m.startswith(ig + ".") for ig in ignored_paths)]
         if inside and len(unit) > 1:
@@ -230,11 +300,13 @@ def build_plan(
     tied = check_tied_weights(model, grouped, ignored_ids)
     sizes = _group_sizes(model, grouped, ignored_ids)
     modules = dict(model.named_modules())
+    planned = tuple(PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u), sizes[u[0]], members=u[1:])
+                    for u in grouped)
+    regions = accelerator.activation_checkpointing.enabled or accelerator.compile.enabled
     return ShardingPlan(
         mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=parallelism.dp_shard,
         mesh_dim_names=names, mesh_shape=shape, unit_source=selection.source,
-        units=tuple(PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u), sizes[u[0]], members=u[1:])
-                    for u in grouped),
+        units=planned,
         root=PlannedModule("", type(model).__name__, sizes[""]),
         ignored=tuple(PlannedModule(p, type(modules[p]).__name__, sum(x.numel() for x in modules[p].parameters()))
                       for p in ignored_paths),
@@ -243,6 +315,7 @@ def build_plan(
         memory=estimate_memory(params, dp_shard=parallelism.dp_shard, ignored=ignored_ids,
                                upcast_trainable=precision.upcast_trainable, optimizer_states=optimizer_states,
                                cpu_offload=fsdp.cpu_offload),
-        ddp=accelerator.ddp,
+        ddp=accelerator.ddp, blocks=outermost(planned) if regions else (),
+        activation_checkpointing=accelerator.activation_checkpointing.mode, compile=accelerator.compile,
     )
 

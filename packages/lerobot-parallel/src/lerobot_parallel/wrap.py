@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lerobot_parallel.errors import ParallelismError, ShardingError
 from lerobot_parallel.plan import ShardingPlan
+from lerobot_parallel.regions import apply_regions
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.sharding import apply_sharding, average_gradients
 
@@ -103,13 +104,19 @@ def _check_plan_fits(plan: ShardingPlan, runtime: ParallelRuntime) -> None:
 
 
 def wrap_model(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan) -> WrappedModel:
-    """Move ``model`` to the runtime's device and wrap or shard it exactly as ``plan`` says.
+    """Move ``model`` to the runtime's device and wrap or shard it exactly as ``plan`` says (with
+    activation checkpointing and compile of its blocks first, when the plan has them).
 
     Build ``plan`` with ``build_plan(model, runtime, accelerator)`` (print ``plan.describe()`` first if
     you like). Build the optimizer on the returned ``.model``'s parameters *after* this call: sharding
     replaces the parameter objects.
     """
     _check_plan_fits(plan, runtime)
+    # Activation checkpointing, then compile, on the plan's blocks, before fully_shard / DDP (the order
+    # torch supports: the FSDP hooks stay outside the compiled, checkpointed region).
+    if plan.activation_checkpointing != "none" or plan.compile.enabled:
+        apply_regions(model, plan.block_paths, checkpointing=plan.activation_checkpointing,
+                      compile_config=plan.compile)
     if plan.is_sharded:
         sharded, ignored = apply_sharding(model, runtime, plan)
         return WrappedModel(model=sharded, plan=plan, runtime=runtime, ignored=ignored)

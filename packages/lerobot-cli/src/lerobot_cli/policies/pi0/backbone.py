@@ -18,7 +18,6 @@ import math
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 from transformers import GemmaConfig, GemmaForCausalLM, PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
 from lerobot_cli.policies.pi0.gemma import (
@@ -117,9 +116,6 @@ class PaliGemmaWithExpert(nn.Module):
             self.gemma_expert.model.norm = AdaRMSNorm(expert.width, expert_config.rms_norm_eps, expert_cond_dim)
         for layer in (*language.layers, *self.gemma_expert.model.layers):
             _init_layer(layer)
-        # LeRobot's gradient_checkpointing: recompute each joint layer in backward instead of keeping its
-        # activations (non-reentrant, so FSDP gathers the unit again for the recomputation).
-        self.gradient_checkpointing = False
         if self.paligemma.lm_head.weight is language.embed_tokens.weight:
             raise AssertionError("PaliGemma's lm_head must not be tied to its embedding (LeRobot's files hold both)")
 
@@ -171,11 +167,9 @@ class PaliGemmaWithExpert(nn.Module):
         for i, (vlm_layer, expert_layer) in enumerate(zip(self.language_model.layers, self.expert_model.layers,
                                                          strict=True)):
             cached = cache[i] if cache is not None else None
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                hiddens, kv = checkpoint(vlm_layer.joint, expert_layer, hiddens, rotary, mask, conds, cached,
-                                         use_reentrant=False)
-            else:
-                hiddens, kv = vlm_layer.joint(expert_layer, hiddens, rotary, mask, conds, cached)
+            # --policy.gradient_checkpointing (LeRobot's) is lerobot-parallel's activation checkpointing of
+            # each joint layer pair, applied by the trainer to this very method (lerobot_parallel.regions).
+            hiddens, kv = vlm_layer.joint(expert_layer, hiddens, rotary, mask, conds, cached)
             new_cache.append(kv)
         norms = (self.language_model.norm, self.expert_model.norm)
         outputs = [None if h is None else _norm(norm, h, cond) for norm, h, cond in zip(norms, hiddens, conds,

@@ -70,7 +70,6 @@ class PI0Policy(nn.Module):
         config.validate_features()
         self.config = config
         self.model = self.flow_class(config)
-        self.model.paligemma_with_expert.gradient_checkpointing = config.gradient_checkpointing
         self._apply_dtype_and_freezing()
         self.reset()
 

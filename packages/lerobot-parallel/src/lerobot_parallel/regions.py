@@ -1,0 +1,126 @@
+"""Activation checkpointing and regional compile of the plan's blocks, in place.
+
+The blocks are the wrap units (or, unsharded, the policy's declared units): the one list that drives
+activation checkpointing, compile and ``fully_shard``, applied in that order by ``wrap_model`` (the
+order torch and torchtitan support: checkpointing inside compile inside the FSDP hooks).
+
+Both transforms replace a block's ``forward`` (and the methods it declares in
+``_fsdp_forward_methods``, which run instead of ``forward`` in a joint layer) with an instance
+attribute that wraps the class's own method. Nothing is re-parented, so every parameter keeps its
+name: state dicts, DCP shards, optimizer keys and PEFT paths are those of the plain policy, and a
+checkpoint written with checkpointing or compile on loads with them off and the other way round.
+``fully_shard`` then hooks the module's ``__call__`` and ``register_fsdp_forward_method`` wraps the
+replaced method, so FSDP's gathers stay eager around the compiled region, and the recomputation in
+backward runs after FSDP's pre-backward gather of the same unit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from lerobot_parallel.config import CompileConfig
+from lerobot_parallel.errors import ShardingError
+
+_MARK = "_lerobot_parallel_regions"  # on a module: the transforms already applied to it
+
+# Ops whose outputs ``selective`` keeps: matmuls, convolutions and attention kernels, the expensive ones.
+# Everything else in a block (norms, activations, softmax, dropout, elementwise) is recomputed.
+_SAVED_OP_NAMES = (
+    "mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+)
+
+
+def _saved_ops() -> frozenset[Any]:
+    aten = torch.ops.aten
+    return frozenset(getattr(aten, name) for name in _SAVED_OP_NAMES if hasattr(aten, name))
+
+
+def _selective_policy(saved: frozenset[Any]) -> Callable[..., CheckpointPolicy]:
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        packet = getattr(op, "_overloadpacket", op)
+        return CheckpointPolicy.MUST_SAVE if packet in saved else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def checkpointed(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    """``fn`` run under non-reentrant ``torch.utils.checkpoint`` (``full``) or selective checkpointing.
+
+    Non-reentrant: it supports keyword arguments and inputs that need no grad, nests under FSDP2's
+    backward hooks, and replays the RNG state (dropout recomputes the same mask). Without grad mode
+    (evaluation, inference) ``fn`` runs as is: there is no backward to save for.
+    """
+    if mode not in ("full", "selective"):
+        raise ValueError(f"activation checkpointing mode must be full or selective, got {mode!r}")
+    policy = _selective_policy(_saved_ops()) if mode == "selective" else None
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return fn(*args, **kwargs)
+        if policy is None:
+            return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+        # respect_saved_tensors_hooks: what selective keeps goes through the caller's saved-tensor hooks
+        # (offloading, counting) like every other saved tensor.
+        return checkpoint(fn, *args, use_reentrant=False, respect_saved_tensors_hooks=True,
+                          context_fn=functools.partial(create_selective_checkpoint_contexts, policy), **kwargs)
+
+    return run
+
+
+def region_methods(module: nn.Module) -> tuple[str, ...]:
+    """The methods that run a block: ``forward`` and those its class declares in ``_fsdp_forward_methods``."""
+    return ("forward", *getattr(type(module), "_fsdp_forward_methods", ()))
+
+
+def _compiled(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
+    return torch.compile(fn, backend=config.backend, mode=config.mode)
+
+
+def check_backend(config: CompileConfig) -> None:
+    """An unknown backend name is refused at plan time, with the names this torch knows."""
+    if not config.enabled:
+        return
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if config.backend not in known:
+        raise ShardingError(f"accelerator.compile.backend={config.backend}: torch.compile has no such backend; "
+                            f"valid: {', '.join(sorted(known))}")
+
+
+def apply_regions(model: nn.Module, blocks: Iterable[str], *, checkpointing: str,
+                  compile_config: CompileConfig) -> None:
+    """Checkpoint and/or compile each block of ``model`` (module paths) in place, then, with
+    ``compile_config.regional=False``, compile the whole model (``nn.Module.compile``, in place).
+
+    Applying twice to the same module is refused: a block checkpointed twice would recompute twice.
+    """
+    regional = compile_config.enabled and compile_config.regional
+    for path in blocks:
+        module = model.get_submodule(path)
+        if getattr(module, _MARK, None):
+            raise ShardingError(f"{path or type(model).__name__}: activation checkpointing / compile was already "
+                                "applied to this module; build a fresh model for a new plan")
+        applied = []
+        for name in region_methods(module):
+            fn = getattr(module, name)
+            if checkpointing != "none":
+                fn = checkpointed(fn, checkpointing)
+            if regional:
+                fn = _compiled(fn, compile_config)
+            setattr(module, name, fn)
+        if checkpointing != "none":
+            applied.append(f"checkpoint:{checkpointing}")
+        if regional:
+            applied.append("compile")
+        object.__setattr__(module, _MARK, tuple(applied))
+    if compile_config.enabled and not compile_config.regional:
+        model.compile(backend=compile_config.backend, mode=compile_config.mode)
