@@ -92,8 +92,11 @@ def train(runtime: ParallelRuntime, *, batch_size: int, steps: int, grad_accum: 
     losses: list[float] = []
     outputs: list[dict] = []
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
+    def as_float(value):  # StepOutput's norm is a 0-d device tensor (or None without clipping)
+        return None if value is None else float(value)
+
     loop.add_hook(lambda e: outputs.append({"synced": e.output.synced, "skipped": e.output.skipped,
-                                            "grad_norm": e.output.grad_norm, "lr": e.output.lr}), every=1)
+                                            "grad_norm": as_float(e.output.grad_norm), "lr": e.output.lr}), every=1)
     if on_step is not None:
         loop.add_hook(lambda e: on_step(loop, e.output), every=1)
     loop.run((ds.batch(ix) for ix in sampler), steps)

@@ -183,8 +183,8 @@ def test_state_resumed_with_another_accumulation_says_the_first_window_is_short(
     loop, _, _ = run(4, 2, 6)  # boundary under K=2
     fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(4))
     notes = fresh.load_state_dict(loop.state_dict())
-    assert notes == ["the first update after the resume (at step 8) uses the 2 micro-batch(es) of steps 7-8, not 4: "
-                     "step 6 is not a multiple of the 4 accumulation steps"]
+    assert notes == [("the first update after the resume (at step 8) uses the 2 micro-batch(es) of steps 7-8, not 4: "
+                      "step 6 is not a multiple of the 4 accumulation steps")]
     assert fresh.optimizer_steps == 3 and not fresh.is_sync_step() and fresh.is_sync_step(8)
 
 

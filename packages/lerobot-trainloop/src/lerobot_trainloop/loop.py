@@ -9,13 +9,28 @@ Semantics (fixed by the user docs, and the same whatever the number of processes
   happen on that micro-batch only. K micro-batches of B on W workers thus equal one batch of
   B·W·K samples, which the equivalence tests check. Under FSDP2/HSDP the optimizer holds the
   sharded parameters and clipping computes one global norm over the sharded (DTensor) gradients,
-  logged as a plain float.
+  returned as a plain (non-DTensor) 0-d tensor.
 * The LR scheduler steps once per loop step (accelerate's ``step_scheduler_with_optimizer=False``),
   except when the fp16 loss scaler skipped the optimizer step: then the schedule waits too.
-* A non-finite loss stops the run with the rank and step in the message, unless allowed. The
-  loss is still back-propagated when allowed, so DDP's collectives stay matched across ranks.
+* A non-finite loss stops the run with the rank and the step where it first appeared in the
+  message, unless allowed (then one warning names that step). The loss is always back-propagated, so
+  DDP's collectives stay matched across ranks.
 
-The model contract is ``loss, info = model(batch)`` with float-valued ``info``.
+No host syncs on ordinary steps: the loss, its ``info`` parts and the gradient norm stay on the device
+(0-d tensors in :class:`StepOutput`, summed into the metric meters on the device), and the
+non-finite check is a device-side record of the first loop step whose loss was NaN/inf
+(``torch.where`` on a device int, no read). The host reads the device only when something needs the
+values: at a step where a hook is due (with the metric window, in the same single collective and
+single device→host copy, when a hook asks for metrics; hooks registered with ``check_finite=False``
+need nothing), and at the end of :meth:`TrainLoop.run`. So a checkpoint hook never saves after a
+non-finite loss went unnoticed, and a log step raises for a NaN of any step in its window. The fp16
+path keeps its inherent syncs: ``GradScaler.step`` reads ``found_inf`` to decide whether to skip the
+update, and the skip decides the scheduler step. Step timings (``step_s``, ``data_s``, ``update_s``)
+are host times; on an accelerator the host runs ahead of the device by at most its launch queue, and
+the wait for the device happens in the log step's read, which no step's time counts.
+
+The model contract is ``loss, info = model(batch)``; ``info`` values are floats or one-element
+tensors (kept on the device, detached).
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from attrs import define
 from lerobot_parallel.config import AcceleratorConfig
 from lerobot_parallel.grad_clip import clip_grad_norm
@@ -36,7 +52,8 @@ from lerobot_parallel.wrap import WrappedModel
 
 from lerobot_trainloop.batch import batch_size_of, move_to_device
 from lerobot_trainloop.hooks import Hook, ScheduledHook, schedule
-from lerobot_trainloop.metrics import MetricsTracker
+from lerobot_trainloop.memory import peak_memory
+from lerobot_trainloop.metrics import MetricsTracker, accumulation_dtype, gather_rows
 from lerobot_trainloop.sampler import ShardedBatchSampler
 
 logger = logging.getLogger(__name__)
@@ -53,7 +70,8 @@ DEFAULT_REDUCTIONS = {
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss was NaN/inf; raised on the rank that saw it."""
+    """The loss was NaN/inf at some loop step; raised, on every dp rank alike, at the first read after it
+    (a hook step or the end of the run), naming the rank and the step where it first appeared."""
 
 
 @define(frozen=True)
@@ -61,12 +79,14 @@ class StepOutput:
     """What one loop step did on this rank."""
 
     step: int  # loop steps completed, counting this one
-    loss: float  # this rank's micro-batch loss, before the 1/K accumulation scaling
-    info: dict[str, float]
+    # This rank's micro-batch loss before the 1/K accumulation scaling: a detached 0-d tensor on the
+    # device (``float()`` it where a host number is needed; that waits for the device).
+    loss: torch.Tensor
+    info: dict[str, float | torch.Tensor]  # the model's parts, tensors detached and left on the device
     synced: bool  # last micro-batch of an accumulation window: gradients were all-reduced
     optimizer_stepped: bool
     skipped: bool  # the fp16 scaler found inf/nan gradients and skipped the update (and the scheduler)
-    grad_norm: float | None
+    grad_norm: torch.Tensor | None  # total norm before clipping (0-d, on the device); None: no clipping
     lr: float | None
 
 
@@ -127,15 +147,27 @@ class TrainLoop:
         self.metrics = MetricsTracker(DEFAULT_REDUCTIONS)
         self.hooks: list[ScheduledHook] = []
         self._clip_params = wrapped.parameters_for_clipping()
+        # The device-side non-finite record: the first loop step (1-based; 0 = none) whose loss was
+        # NaN/inf on this rank, and that loss. Created at the first step, on the loss's device.
+        self._bad_step: torch.Tensor | None = None
+        self._bad_loss: torch.Tensor | None = None
+        self._checked_at = -1  # the loop step at which the record was last read
+        self._warned_nonfinite = False
 
     # -- schedule -------------------------------------------------------------------------
-    def add_hook(self, fn: Hook, *, every: int | None = None, at: Iterable[int] = (), metrics: bool = False) -> None:
+    def add_hook(self, fn: Hook, *, every: int | None = None, at: Iterable[int] = (), metrics: bool = False,
+                 check_finite: bool = True) -> None:
         """Call ``fn(StepEvent)`` after loop steps ``every``-multiples and/or ``at``, on every rank.
 
         ``metrics=True`` reduces the metric window over ranks at those steps (a collective) and
-        starts a new window; use it for logging.
+        starts a new window; use it for logging. Before a hook runs, the loop reads the non-finite
+        record (a host sync; a collective over dp ranks when distributed, folded into the metrics one
+        when there is one) and raises :class:`NonFiniteLossError` rather than run it after a NaN/inf
+        loss: a checkpoint hook never saves such a state. ``check_finite=False`` is for hooks that
+        read nothing of the step (a progress bar, an interrupt check): at a step where only such hooks
+        are due nothing is read, so an every-step hook costs no sync.
         """
-        self.hooks.append(schedule(fn, every=every, at=at, metrics=metrics))
+        self.hooks.append(schedule(fn, every=every, at=at, metrics=metrics, check_finite=check_finite))
 
     def is_sync_step(self, step: int | None = None) -> bool:
         """Whether loop step ``step`` (1-based; default: the next one) closes an accumulation window.
@@ -166,9 +198,8 @@ class TrainLoop:
         with self.wrapped.gradient_sync(sync):
             with self.precision.autocast():
                 loss, info = self.model(batch)
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                self._non_finite(loss_value)
+            loss_value = loss.detach()
+            self._note_nonfinite(loss_value)
             self.precision.backward(loss / k if k > 1 else loss)
         stepped = skipped = False
         grad_norm = None
@@ -176,7 +207,7 @@ class TrainLoop:
             t_up = time.perf_counter()
             self.precision.unscale_(self.optimizer)
             if self.grad_clip_norm is not None:
-                grad_norm = float(clip_grad_norm(self._clip_params, self.grad_clip_norm))
+                grad_norm = clip_grad_norm(self._clip_params, self.grad_clip_norm).detach()
             stepped = self.precision.step(self.optimizer)
             skipped = not stepped
             self.optimizer.zero_grad(set_to_none=True)
@@ -189,21 +220,60 @@ class TrainLoop:
         if self.sampler is not None:
             self.sampler.consume(1)
         lr = self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else None
-        info = {name: float(v) for name, v in (info or {}).items()}
+        info = {name: v.detach() if isinstance(v, torch.Tensor) else float(v) for name, v in (info or {}).items()}
         out = StepOutput(step=self.step, loss=loss_value, info=info, synced=sync, optimizer_stepped=stepped,
                          skipped=skipped, grad_norm=grad_norm, lr=None if lr is None else float(lr))
         self._record(out, batch, data_s, time.perf_counter() - t0)
         self._fire_hooks(out)
         return out
 
-    def _non_finite(self, value: float) -> None:
-        where = f"rank {self.runtime.rank}: loss is {value} at loop step {self.step + 1}"
+    # -- the non-finite record ----------------------------------------------------------------
+    def _note_nonfinite(self, loss: torch.Tensor) -> None:
+        """Keep the first non-finite loop step on the device: a few tiny kernels, no host read."""
+        if self._bad_step is None:
+            self._bad_step = torch.zeros((), dtype=torch.int64, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=torch.float32, device=loss.device)
+        loss = loss.reshape(()).to(self._bad_step.device)
+        first = ~torch.isfinite(loss) & (self._bad_step == 0)
+        self._bad_step = torch.where(first, self.step + 1, self._bad_step)
+        self._bad_loss = torch.where(first, loss.float(), self._bad_loss)
+
+    def _status(self, device: torch.device) -> torch.Tensor:
+        """``[first non-finite step, its loss]`` on ``device`` (zeros before the first step)."""
+        dtype = accumulation_dtype(device)
+        if self._bad_step is None:
+            return torch.zeros(2, dtype=dtype, device=device)
+        return torch.stack([self._bad_step.to(dtype), self._bad_loss.to(dtype)]).to(device)
+
+    def check_finite(self) -> None:
+        """Read the non-finite record of every dp rank (a host sync; a collective when distributed, so
+        every rank calls it at the same step) and raise :class:`NonFiniteLossError` if any rank's loss
+        was NaN/inf at a step so far. ``run`` calls it at hook steps and at its end; a loop of your own
+        around :meth:`train_step` calls it before anything that must not follow a NaN (a save)."""
+        device = self.runtime.device
+        self._judge(gather_rows(self._status(device), self.runtime.dp_group, self.runtime.dp_world_size))
+
+    def _judge(self, rows: list[list[float]]) -> None:
+        """Raise (or warn once, when allowed) for the earliest non-finite step in the gathered records."""
+        self._checked_at = self.step
+        bad = [(int(step), rank, loss) for rank, (step, loss) in enumerate(rows) if step > 0]
+        if not bad:
+            return
+        step, index, value = min(bad)
+        group = self.runtime.dp_group
+        rank = dist.get_global_rank(group, index) if group is not None and len(rows) > 1 else self.runtime.rank
+        where = f"rank {rank}: loss is {value} at loop step {step}"
+        if step != self.step:
+            where += f" (read at loop step {self.step}: losses are read at log, checkpoint and hook steps)"
         if not self.allow_nonfinite_loss:
             raise NonFiniteLossError(
                 f"{where}; stopping. Check the data and learning rate (or use bf16 rather than fp16), or "
                 "allow non-finite losses to continue anyway (allow_nonfinite_loss)."
             )
-        logger.warning("%s; continuing because non-finite losses are allowed", where)
+        if not self._warned_nonfinite:
+            self._warned_nonfinite = True
+            logger.warning("%s; continuing because non-finite losses are allowed (said once; later ones are not "
+                           "reported)", where)
 
     def _scheduler_step(self) -> None:
         if self.optimizer_steps == 0:
@@ -230,9 +300,19 @@ class TrainLoop:
             m.update("grad_norm", out.grad_norm)
 
     def reduce_metrics(self) -> dict[str, float]:
-        """The current window over all dp ranks (collective when distributed), plus
-        ``samples_per_s`` (cluster-wide: samples per loop step / slowest rank's step time); resets it."""
-        reduced = self.metrics.reduce(self.runtime.dp_group, self.runtime.device, self.runtime.dp_world_size)
+        """The current window over all dp ranks, plus ``samples_per_s`` (cluster-wide: samples per loop
+        step / slowest rank's step time) and the peak memory (``gpu_mem_gb`` on CUDA, else
+        ``peak_rss_gb``; max over ranks); resets it. One collective when distributed and one
+        device→host read, which also carry the non-finite record: raises :class:`NonFiniteLossError`
+        like :meth:`check_finite`."""
+        rt = self.runtime
+        memory = peak_memory(rt.device)
+        if memory is not None:
+            self.metrics.update(*memory, reduction="max")
+        packed = torch.cat([self.metrics.pack(rt.device), self._status(rt.device)])
+        rows = gather_rows(packed, rt.dp_group, rt.dp_world_size)
+        self._judge([row[-2:] for row in rows])
+        reduced = self.metrics.combine([row[:-2] for row in rows], rank=dist.get_rank(rt.dp_group) if len(rows) > 1 else 0)
         samples, step_s = reduced.get("samples", math.nan), reduced.get("step_s", math.nan)
         reduced["samples_per_s"] = samples / step_s if step_s > 0 else math.nan
         self.metrics.reset()
@@ -242,7 +322,11 @@ class TrainLoop:
         due = [h for h in self.hooks if h.due(out.step)]
         if not due:
             return
-        metrics = self.reduce_metrics() if any(h.metrics for h in due) else None
+        metrics = None
+        if any(h.metrics for h in due):
+            metrics = self.reduce_metrics()  # carries the non-finite check
+        elif any(h.check_finite for h in due):
+            self.check_finite()
         event = StepEvent(loop=self, output=out, metrics=metrics)
         for hook in due:
             hook.fn(event)
@@ -252,7 +336,8 @@ class TrainLoop:
         """Train until ``num_steps`` loop steps are done (counting resumed ones); returns the step.
 
         A finite iterable is iterated again when exhausted (a DataLoader reshuffles); one that
-        yields nothing stops the run with an error.
+        yields nothing stops the run with an error. The non-finite record is read at its end (unless
+        the last step's hooks just did), so a NaN after the last log step still stops the run.
         """
         if not self.is_sync_step(num_steps) and num_steps > self.step:
             logger.warning(
@@ -272,6 +357,8 @@ class TrainLoop:
                 continue
             fresh = False
             self.train_step(batch, data_s=time.perf_counter() - t0)
+        if self._checked_at != self.step:
+            self.check_finite()
         return self.step
 
     # -- state ----------------------------------------------------------------------------
