@@ -144,3 +144,11 @@ def test_a_failing_rank_ends_the_job_and_is_named(launch):
     latency = job.ended_at - failed_at
     print(f"failing rank raised -> job ended in {latency:.1f} s (job total {job.elapsed_s:.1f} s)")
     assert latency < 60, job.describe()  # from the raise to the whole job's end
+
+
+def test_activation_checkpointing_under_ddp(ranks):
+    """Full and selective checkpointing: DDP's averaged gradients equal the plain DDP run's within 1e-6."""
+    for res in ranks:
+        for case in ("blocks", "joint"):
+            got = res["regions"][case]
+            assert got["grad_abs_max"] > 1e-3 and got["full"] <= 1e-6 and got["selective"] <= 1e-6, (case, got)

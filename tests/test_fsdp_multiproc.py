@@ -393,3 +393,27 @@ def test_hsdp_fp16_skips_the_same_update_everywhere(hsdp, ref):
         assert run["optimizer_steps"] == 2 and all(math.isfinite(x) for x in run["losses"])
         # replicas and shards alike: the same parameters as one process that skipped step 1
         assert close(run["params"], skipped["params"], tol=FP16_TOL)
+
+
+def assert_regions(ranks: list[dict], mode: str, compiled: bool = False) -> None:
+    """Checkpointed (full, selective) gradients equal the plain run's of the same layout within 1e-6
+    (fp32); inductor-compiled units inside fully_shard within 1e-5 (fused kernels reorder sums)."""
+    for res in ranks:
+        for case in ("blocks", "joint"):
+            got = res["regions"][case]
+            assert got["grad_abs_max"] > 1e-3  # the comparison is not of zeros
+            assert got["full"] <= 1e-6 and got["selective"] <= 1e-6, (mode, case, got)
+            assert got["full_regions"][0].startswith("Activation checkpointing: full, on ")
+            if compiled:
+                assert got["compiled_full"] <= 1e-5, (mode, case, got)
+                assert "Compile: torch.compile backend=inductor mode=default, regional" in got["compiled_full_regions"][1]
+        assert res["regions"]["joint"]["full_regions"] == [
+            "Activation checkpointing: full, on 3 block(s) (MainTowerLayer+SideTowerLayer x3)"]
+
+
+def test_activation_checkpointing_and_compile_under_fsdp2(fsdp):
+    assert_regions(fsdp, "fsdp", compiled=True)
+
+
+def test_activation_checkpointing_under_hsdp(hsdp):
+    assert_regions(hsdp, "hsdp")

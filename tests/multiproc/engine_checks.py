@@ -13,6 +13,7 @@ arm_watchdog(120)
 import torch
 import torch.distributed as dist
 from _workload import flat_params, train
+from regions_checks import regions_check
 from lerobot_parallel import parallel_session
 from lerobot_trainloop import MetricsTracker, ShardedBatchSampler
 from lerobot_trainloop import metrics as metrics_module
@@ -113,6 +114,7 @@ def main() -> None:
         finally:
             metrics_module.dist.all_gather_into_tensor = real
         result["metrics"] = {"reduced": reduced, "collectives": calls["n"]}
+        result["regions"] = regions_check(rt)  # activation checkpointing under DDP
 
     write_json(out_path(f"rank{rank()}.json"), result)
 

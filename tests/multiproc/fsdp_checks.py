@@ -30,6 +30,7 @@ from lerobot_parallel.plan import build_plan
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.testing import BlockRegressor, PlainRegressor, TiedTokenModel
 from lerobot_parallel.wrap import wrap_model
+from regions_checks import regions_check
 from torch.distributed.tensor import DTensor
 
 
@@ -144,6 +145,8 @@ def main() -> None:
                 res[key] = str(exc)
 
         res["joint"] = joint_towers_check(rt)
+        # activation checkpointing under FSDP2, and inductor-compiled units inside fully_shard
+        res["regions"] = regions_check(rt, compile_backend="inductor")
         res["pi0"] = pi0_check(rt)
 
         # fp32 FSDP2, B=4 per rank: same global batch as one process with B=8.

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from fsdp_workload import accumulation_trace, json_ready, train
 from lerobot_parallel import FSDPConfig, ParallelismConfig
 from lerobot_parallel.teardown import parallel_session
+from regions_checks import regions_check
 from torch.distributed.tensor import DTensor
 
 
@@ -48,6 +49,7 @@ def main() -> None:
         # fp16 under HSDP: the scaler's inf check spans shards and replicas; every rank skips alike.
         res["fp16"] = json_ready(train(rt, batch_size=2, steps=3, mixed_precision="fp16", scheduler=True,
                                        init_scale=2.0**40, backoff_factor=2.0**-32))
+        res["regions"] = regions_check(rt)  # activation checkpointing under HSDP
         dist.barrier()
     write_json(out_path(f"rank{rank()}.json"), res)
 
