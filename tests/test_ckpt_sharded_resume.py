@@ -252,3 +252,66 @@ def test_peft_adapter_shards_gather_convert_and_reshard(chain, tmp_path):
     assert _bitwise_equal(gathered, _tensors(result.output)) == []
     adapter = report("hsdp", 0)["adapter"]
     assert len(adapter["keys"]) == 4 and adapter["diff"] == [] and adapter["others_untouched"] == []
+
+
+def _dcp_tensors(directory: Path, tmp: Path) -> dict:
+    """Every tensor of a DCP directory, read offline (DCP's own single-process conversion)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = tmp / f"{directory.parent.parent.parent.name}_{directory.name}.pt"
+    dcp_to_torch_save(directory, target)
+    flat: dict = {}
+
+    def walk(value, where):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}/{k}")
+        elif isinstance(value, list | tuple):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, torch.Tensor):
+            flat[where] = value
+        else:
+            flat[where] = torch.tensor([hash(repr(value))])  # param-group values: compared by repr
+
+    walk(torch.load(target, weights_only=False), "")
+    return flat
+
+
+@pytest.mark.slow
+def test_an_async_save_under_fsdp2_writes_the_sync_save_s_tensors_while_training_goes_on(chain, tmp_path):
+    """Step 3 saved synchronously and asynchronously (safetensors_dcp); step 4 trained while the
+    asynchronous one was in flight (rank 1's background phase held back 1.5 s, so rank 0's waited
+    in the checkpoint group during FSDP2's all-gathers and reduce-scatters on the training group)."""
+    out, report = chain
+    sync, asyn = out / "fmt_safetensors_dcp" / "checkpoints" / "000003", out / "async_safetensors_dcp" / "checkpoints"
+    for r in (report("save", 0), report("save", 1)):
+        a = r["async"]
+        assert a["in_flight"] == 3 and a["own_group"], a
+        assert a["snapshot_done"] < a["step4_done"] < a["committed"], a  # step 4 ran while the save was in flight
+    for name in ("pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0"):
+        theirs, ours = _dcp_tensors(sync / name, tmp_path), _dcp_tensors(asyn / "000003" / name, tmp_path)
+        assert theirs and _bitwise_equal(theirs, ours) == [], name
+    for name in ("pretrained_model/model.safetensors", "training_state/rng_state.safetensors"):
+        from lerobot_ckpt import read_tensors
+
+        (a, meta_a), (b, meta_b) = read_tensors(sync / name), read_tensors(asyn / "000003" / name)
+        assert meta_a == meta_b and _bitwise_equal(a, b) == [], name
+    for name in ("training_state/scheduler_state.json", "training_state/training_step.json",
+                 "pretrained_model/config.json"):
+        assert (sync / name).read_bytes() == (asyn / "000003" / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_a_background_write_failing_on_rank_1_is_raised_on_both_at_the_wait_and_last_stays(chain):
+    _, report = chain
+    r0, r1 = report("save", 0)["async_failure"], report("save", 1)["async_failure"]
+    assert r0["started"] and r1["started"]  # the save itself returned: the failure happened in the background
+    assert r0["error"] == r1["error"]
+    kind, message = r0["error"]
+    assert kind == "CheckpointWriteError" and "\n" not in message
+    assert message.startswith("rank 1: checkpoint 000006 was not saved (the previous checkpoint and `last` are "
+                              "unchanged): could not write ")
+    assert "No space left on device" in message
+    assert r0["after"] == r1["after"] == ["000003", "last", "000003"]  # no staging leftovers, `last` unchanged

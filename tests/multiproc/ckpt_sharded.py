@@ -1,9 +1,11 @@
 """Sharded-checkpoint scenarios; ``argv = [out_dir, mode]``, each rank reports ``<mode>_rank<r>.json``.
 
 * ``save``   (torchrun ×2, FSDP2 on a 1-D mesh): gather peak memory; train 3 steps and save in each
-  ``checkpoint_format``; same-topology resume (bitwise state, next loss equal to the uninterrupted
-  run's); resumes from a garbled model / optimizer shard; a DCP write failing on rank 1 and a
-  gathered write failing on rank 0; a fake PEFT adapter.
+  ``checkpoint_format``; the same step saved asynchronously while step 4 trains (rank 1's
+  background phase held back, so rank 0's waits in the checkpoint group during FSDP's
+  collectives); same-topology resume (bitwise state, next loss equal to the uninterrupted
+  run's); resumes from a garbled model / optimizer shard; a DCP write failing on rank 1 (also in
+  the background of an asynchronous save) and a gathered write failing on rank 0; a fake PEFT adapter.
 * ``single`` (one process, no process group; the test calls :func:`run` in its own process):
   resume every checkpoint, then save a non-sharded checkpoint.
 * ``hsdp``   (torchrun ×4, 2-D mesh 2×2): resume everything, the adapter too; save a
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 from _ckpt_model import build, changed_params, diff, full_state, train_step
 from lerobot_ckpt import (
+    AsyncCheckpointer,
     CheckpointError,
     Parallelism,
     RunInfo,
@@ -41,6 +44,7 @@ from lerobot_ckpt import (
     load_checkpoint,
     save_checkpoint,
 )
+from lerobot_ckpt.save import TEST_COMMIT_DELAY_ENV
 
 OUT = Path(".")  # set by run()
 FORMATS = ("safetensors", "dcp", "safetensors_dcp")
@@ -194,7 +198,20 @@ def mode_save() -> dict:
     save_checkpoint(OUT / "peft", 3, run=run_info(2, 1, 2, "safetensors_dcp"),
                     objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
                     write_pretrained=write_adapter_files, adapter_state=adapter_state)
-    res["uninterrupted_loss4"] = train_step(model, opt, sched, 4, rank)
+    saver = AsyncCheckpointer.create(timeout_s=60)
+    if rank == 1:  # rank 0's background phase then waits for rank 1's in the checkpoint group, during step 4
+        os.environ[TEST_COMMIT_DELAY_ENV] = "1.5"
+    saver.save(OUT / "async_safetensors_dcp", 3, run=run_info(2, 1, 2, "safetensors_dcp"),
+               objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+               sampler_state={"epoch": 0, "offset": 24}, write_pretrained=write_pretrained)
+    os.environ.pop(TEST_COMMIT_DELAY_ENV, None)
+    in_flight = saver.in_flight
+    res["uninterrupted_loss4"] = train_step(model, opt, sched, 4, rank)  # FSDP2 collectives meanwhile
+    step4_done = time.monotonic()
+    done = saver.wait()
+    res["async"] = {"in_flight": in_flight, "snapshot_done": done.snapshot_done, "step4_done": step4_done,
+                    "committed": done.committed, "own_group": saver.group is not None
+                    and saver.group != dist.group.WORLD and dist.get_world_size(saver.group) == 2}
     uninterrupted = full_state(model, opt)
     ref = torch.load(OUT / "ref_fsdp.pt") if rank == 0 else None
 
@@ -207,6 +224,38 @@ def mode_save() -> dict:
         res["same_topology"][fmt] = strip(r)
     res["garbled"] = garbled_resumes(mesh, rank)
     res.update(failure_drills(model, opt, sched, rank))
+    res["async_failure"] = async_failure(saver, model, opt, sched, rank)
+    saver.close()
+    return res
+
+
+def async_failure(saver, model, opt, sched, rank: int) -> dict:
+    """Rank 1's DCP write fails in the background (ENOSPC): the next wait raises the same error on
+    both ranks, naming the rank and the step, and ``last`` stays on the asynchronous 000003."""
+    import torch.distributed.checkpoint as dcp
+
+    real_write = dcp.FileSystemWriter.write_data
+
+    def no_space(self, plan, planner):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    if rank == 1:
+        dcp.FileSystemWriter.write_data = no_space
+    res: dict = {}
+    try:
+        saver.save(OUT / "async_safetensors_dcp", 6, run=run_info(2, 1, 2, "safetensors_dcp"),
+                   objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+                   write_pretrained=write_pretrained)
+        res["started"] = True
+        train_step(model, opt, sched, 7, rank)
+        saver.wait()
+        res["error"] = None
+    except CheckpointError as exc:
+        res["error"] = [type(exc).__name__, str(exc)]
+    finally:
+        dcp.FileSystemWriter.write_data = real_write
+    ckpts = OUT / "async_safetensors_dcp" / "checkpoints"
+    res["after"] = sorted(os.listdir(ckpts)) + [os.readlink(ckpts / "last")]
     return res
 
 

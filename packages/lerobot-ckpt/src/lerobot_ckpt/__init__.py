@@ -60,6 +60,7 @@ from lerobot_ckpt.state.record import (
 )
 
 if TYPE_CHECKING:
+    from lerobot_ckpt.async_save import AsyncCheckpointer, CompletedSave
     from lerobot_ckpt.convert.merge import ConvertResult, convert_dcp
     from lerobot_ckpt.load import ResumeState, load_checkpoint
     from lerobot_ckpt.safetensors.files import read_tensors, write_tensors
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AsyncCheckpointer": "lerobot_ckpt.async_save",
+    "CompletedSave": "lerobot_ckpt.async_save",
     "save_checkpoint": "lerobot_ckpt.save",
     "load_checkpoint": "lerobot_ckpt.load",
     "ResumeState": "lerobot_ckpt.load",
@@ -81,6 +84,7 @@ _LAZY = {
 
 __all__ = [
     "Artifacts",
+    "AsyncCheckpointer",
     "BaseModel",
     "CheckpointConfigError",
     "CheckpointError",
@@ -89,6 +93,7 @@ __all__ = [
     "CheckpointPaths",
     "CheckpointSaveError",
     "CheckpointWriteError",
+    "CompletedSave",
     "ConvertResult",
     "CorruptCheckpointError",
     "InsufficientDiskSpaceError",

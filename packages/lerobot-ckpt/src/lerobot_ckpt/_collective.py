@@ -40,9 +40,9 @@ def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _flag_device() -> torch.device:
-    """NCCL only moves CUDA tensors; every other backend takes CPU ones."""
-    backend = str(dist.get_backend()).lower()
+def _flag_device(group: Any = None) -> torch.device:
+    """NCCL only moves CUDA tensors; every other backend (the gloo checkpoint group too) takes CPU ones."""
+    backend = str(dist.get_backend(group)).lower()
     if "nccl" in backend and "gloo" not in backend and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -58,16 +58,23 @@ def describe(error: BaseException) -> str:
 
 @define(frozen=True)
 class Collective:
-    """The default process group as seen by one rank (or a lone process when none is initialised)."""
+    """A process group as seen by one rank (or a lone process when none is initialised).
+
+    ``group`` is None for the default (training) group. An asynchronous save's background phase
+    passes its own gloo group over the same ranks (:mod:`lerobot_ckpt.async_save`): collectives of
+    two threads must never share one group, whose operations are matched by issue order alone.
+    Ranks are global ranks; the groups used here span the whole world, so they equal group ranks.
+    """
 
     rank: int
     world_size: int
     distributed: bool
+    group: Any = None
 
     @classmethod
-    def current(cls) -> Collective:
+    def current(cls, group: Any = None) -> Collective:
         if _initialized():
-            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True)
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), distributed=True, group=group)
         return cls(rank=0, world_size=1, distributed=False)
 
     @property
@@ -78,20 +85,20 @@ class Collective:
         if not self.distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self) -> None:
         """A barrier through a tiny all-reduce (works on NCCL without guessing the device)."""
         if self.distributed:
-            dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=_flag_device()))
+            dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=_flag_device(self.group)), group=self.group)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s object on every rank (the staging path a sharded save writes into)."""
         if not self.distributed:
             return obj
         payload = [obj]
-        dist.broadcast_object_list(payload, src=src)
+        dist.broadcast_object_list(payload, src=src, group=self.group)
         return payload[0]
 
     def agree(self, error: CheckpointError | None) -> None:
@@ -106,8 +113,8 @@ class Collective:
                 raise error
             return
         flag = torch.tensor([self.world_size - self.rank if error is not None else 0], dtype=torch.int64)
-        flag = flag.to(_flag_device())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        flag = flag.to(_flag_device(self.group))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         value = int(flag.item())
         if value == 0:
             return
@@ -115,7 +122,7 @@ class Collective:
         payload: list[Any] = [None]
         if self.rank == failed:
             payload = [(type(error).__name__, str(error))]
-        dist.broadcast_object_list(payload, src=failed)
+        dist.broadcast_object_list(payload, src=failed, group=self.group)
         kind, message = payload[0]
         if self.rank == failed and error is not None:
             raise error

@@ -7,6 +7,13 @@ kind each is: collective writers get the staging path broadcast and an agreement
 main-rank writers run inside the main rank's part of it. Each returns the :class:`Artifacts` it
 wrote, so ``training_step.json`` records exactly what is on disk. A further state (an EMA shadow,
 say) is one more writer of either kind.
+
+An asynchronous save (:mod:`lerobot_ckpt.async_save`) asks each writer for its
+:meth:`Writer.snapshot` on the training thread at the save step: the writers it returns hold CPU
+copies and touch no live object, so they may run in the background while training mutates the
+model. Whatever is collective over the *training* state happens in ``snapshot`` (the gather of a
+sharded model into the main rank's memory); the snapshot writers' own collectives (DCP planning)
+run on the group they are handed, the save's checkpoint group.
 """
 
 from __future__ import annotations
@@ -22,14 +29,16 @@ from safetensors import SafetensorError
 from torch import nn
 
 from lerobot_ckpt._collective import Collective, describe
+from lerobot_ckpt._snapshot import snapshot
 from lerobot_ckpt.dcp.save_load import MODEL_KEY, OPTIMIZER_KEY, save_dcp
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointWriteError
 from lerobot_ckpt.layout import CheckpointPaths
 from lerobot_ckpt.safetensors.files import write_tensors
-from lerobot_ckpt.safetensors.gather import write_gathered
+from lerobot_ckpt.safetensors.gather import gather_to_cpu, write_gathered, write_planned
+from lerobot_ckpt.safetensors.stream import SafetensorsPlan
 from lerobot_ckpt.state.fqn import AdapterState, model_state, optimizer_state, tied_aliases
 from lerobot_ckpt.state.model import unwrap_model
-from lerobot_ckpt.state.optimizer import save_optimizer
+from lerobot_ckpt.state.optimizer import save_optimizer_state
 from lerobot_ckpt.state.record import Artifacts, RunInfo
 
 
@@ -49,6 +58,10 @@ class Writer(Protocol):
 
     def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts: ...
 
+    def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
+        """Writers of the same files from copies taken now (every rank, training thread)."""
+        ...
+
 
 @define(frozen=True, eq=False)
 class WholeWeights:
@@ -62,20 +75,45 @@ class WholeWeights:
     adapter_state: AdapterState | None
     collective: ClassVar[bool] = False
 
+    def _state(self) -> tuple[dict[str, torch.Tensor], bool] | None:
+        """The tensors to write and whether they are the adapter's (None: no model given)."""
+        if self.model is None:
+            return None
+        if self.adapter_state is not None:
+            return self.adapter_state(unwrap_model(self.model).state_dict()), True
+        return (unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else self.model), False
+
     def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
-        if self.model is not None and self.adapter_state is not None:
-            with writing(paths.adapter_weights):
-                write_tensors(paths.adapter_weights, self.adapter_state(unwrap_model(self.model).state_dict()))
-        elif self.model is not None:
-            state = unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else self.model
-            with writing(paths.model_weights):
-                write_tensors(paths.model_weights, state)
-        if not (paths.model_weights.is_file() or paths.adapter_weights.is_file()):
+        return _write_weights(paths, self._state())
+
+    def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
+        state = self._state()
+        return (StagedWeights(None if state is None else (snapshot(state[0]), state[1])),)
+
+
+def _write_weights(paths: CheckpointPaths, state: tuple[Mapping[str, torch.Tensor], bool] | None) -> Artifacts:
+    if state is not None:
+        tensors, adapter = state
+        path = paths.adapter_weights if adapter else paths.model_weights
+        with writing(path):
+            write_tensors(path, tensors)
+    if not (paths.model_weights.is_file() or paths.adapter_weights.is_file()):
             raise CheckpointConfigError(
                 "the checkpoint would hold no weights: pass model=, or write model.safetensors or a PEFT "
                 "adapter (adapter_model.safetensors) from write_pretrained"
             )
-        return Artifacts(model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file())
+    return Artifacts(model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file())
+
+
+@define(frozen=True, eq=False)
+class StagedWeights:
+    """:class:`WholeWeights` from a snapshot: CPU copies of the tensors, and whether they are an adapter's."""
+
+    state: tuple[Mapping[str, torch.Tensor], bool] | None
+    collective: ClassVar[bool] = False
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        return _write_weights(paths, self.state)
 
 
 @define(frozen=True, eq=False)
@@ -86,8 +124,22 @@ class WholeOptimizer:
     collective: ClassVar[bool] = False
 
     def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        return StagedOptimizer(self.optimizer.state_dict()).write(paths, comm)
+
+    def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
+        return (StagedOptimizer(snapshot(self.optimizer.state_dict())),)
+
+
+@define(frozen=True, eq=False)
+class StagedOptimizer:
+    """:class:`WholeOptimizer` from a ``state_dict()`` (the live one, or a snapshot of it)."""
+
+    state_dict: dict
+    collective: ClassVar[bool] = False
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
         with writing(paths.optimizer_state):
-            save_optimizer(paths, self.optimizer)
+            save_optimizer_state(paths, self.state_dict)
         return Artifacts(optimizer_single_file=True)
 
 
@@ -133,3 +185,60 @@ class ShardedState:
             raise held
         return Artifacts(model_safetensors=fmt.writes_safetensors and not peft, model_dcp=fmt.writes_dcp,
                          optimizer_dcp=self.optimizer is not None, peft_adapter=peft)
+
+    def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
+        """The DCP parts as CPU copies of this rank's shards; the gathered file as whole tensors on the
+        main rank (the gather is collective over the training group, so it happens here)."""
+        state = model_state(self.model, self.adapter_state)
+        fmt, peft = self.run.checkpoint_format, self.adapter_state is not None
+        out: list[Writer] = []
+        if fmt.writes_dcp:
+            out.append(StagedDcp("model_dcp", MODEL_KEY, snapshot(state), Artifacts(model_dcp=True, peft_adapter=peft)))
+        if fmt.writes_safetensors:
+            aliases = {} if peft else tied_aliases(self.model, state)
+            plan, tensors = gather_to_cpu(state, aliases=aliases, is_main=comm.is_main)
+            out.append(StagedGathered("adapter_weights" if peft else "model_weights", plan, tensors,
+                                      Artifacts(model_safetensors=not peft, peft_adapter=peft)))
+        del state
+        if self.optimizer is not None:
+            out.append(StagedDcp("optimizer_dcp", OPTIMIZER_KEY, snapshot(optimizer_state(self.model, self.optimizer)),
+                                 Artifacts(optimizer_dcp=True)))
+        return tuple(out)
+
+
+@define(frozen=True, eq=False)
+class StagedDcp:
+    """One DCP directory of a sharded snapshot (``where``: its :class:`CheckpointPaths` attribute).
+
+    Collective over the group of ``comm`` (the asynchronous save's checkpoint group): DCP's
+    planning gathers every rank's plan there. The state is CPU DTensors of the training mesh;
+    DCP reads only their local shards and metadata, so nothing runs on the training group.
+    """
+
+    where: str
+    key: str
+    state: dict
+    artifacts: Artifacts
+    collective: ClassVar[bool] = True
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        save_dcp(getattr(paths, self.where), self.key, self.state, process_group=comm.group)
+        return self.artifacts
+
+
+@define(frozen=True, eq=False)
+class StagedGathered:
+    """The gathered ``model.safetensors`` (or adapter file) of a sharded snapshot: the main rank's
+    whole tensors, written with the synchronous save's plan (byte-identical file)."""
+
+    where: str
+    plan: SafetensorsPlan
+    tensors: Mapping[str, torch.Tensor] | None  # None on ranks other than the main one
+    artifacts: Artifacts
+    collective: ClassVar[bool] = False
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        path = getattr(paths, self.where)
+        with writing(path):
+            write_planned(path, self.plan, self.tensors)
+        return self.artifacts

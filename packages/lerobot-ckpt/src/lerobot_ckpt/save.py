@@ -16,14 +16,19 @@ the final agreement. A failure anywhere is raised on every rank with the same me
 main rank removed the staging tree, never a hang; until the rename nothing visible changed, so the
 previous checkpoint and ``last`` stay valid.
 
-This is the one transaction the next features plug into, not a second save path: an asynchronous
-save runs the same phases in the background once the state is snapshotted (the same crash-safe
-commit either way), and an EMA shadow is one more state, i.e. one more writer (collective when the
-model is sharded).
+This is the one transaction the next features plug into, not a second save path. An asynchronous
+save (:mod:`lerobot_ckpt.async_save`, :meth:`_Transaction.start`) runs phases 1-2 and each
+writer's *snapshot* (CPU copies, the gather of a sharded model) on the training thread, then
+phases 3-6 on a background thread over a checkpoint group of its own: the same writers' files,
+the same crash-safe commit, and the commit only after the agreement that every rank's writers
+finished. An EMA shadow is one more state, i.e. one more writer (collective when the model is
+sharded).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +41,7 @@ from attrs.validators import instance_of
 from torch import nn
 
 from lerobot_ckpt._collective import Collective, describe
+from lerobot_ckpt._snapshot import FrozenState, snapshot
 from lerobot_ckpt._writers import ShardedState, WholeOptimizer, WholeWeights, Writer, writing
 from lerobot_ckpt.commit.staging import StagedCheckpoint
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointSaveError, CheckpointWriteError
@@ -116,6 +122,17 @@ class SaveRequest:
         whole_optimizer = () if optimizer is None else (WholeOptimizer(optimizer),)
         return (WholeWeights(model, self.adapter_state), *whole_optimizer)
 
+    def frozen(self) -> SaveRequest:
+        """This request as the background phase of an asynchronous save needs it, taken now: the
+        scheduler's and scaler's state and the sampler/loop state copied (the live objects move
+        on); model, optimizer and callbacks dropped (the snapshot writers hold their part)."""
+        objects = self.objects
+        frozen = TrainingObjects(
+            scheduler=None if objects.scheduler is None else FrozenState(objects.scheduler),
+            scaler=None if objects.scaler is None else FrozenState(objects.scaler))
+        return attrs.evolve(self, objects=frozen, sampler_state=snapshot(self.sampler_state),
+                            loop_state=snapshot(self.loop_state), write_pretrained=None, adapter_state=None)
+
     def record(self, artifacts: Artifacts) -> TrainingStepRecord:
         """``training_step.json`` for what the writers wrote."""
         artifacts = attrs.evolve(artifacts, scheduler=self.objects.scheduler is not None,
@@ -124,6 +141,23 @@ class SaveRequest:
                     "lerobot-ckpt": own_version()}
         return TrainingStepRecord.for_run(self.run, step=self.step, artifacts=artifacts, sampler=self.sampler_state,
                                           versions=versions, loop=self.loop_state)
+
+
+TEST_COMMIT_DELAY_ENV = "LEROBOT_CKPT_TEST_COMMIT_DELAY_S"
+
+
+def _test_pause() -> None:
+    """Test hook: ``LEROBOT_CKPT_TEST_COMMIT_DELAY_S=<seconds>`` makes the background phase of an
+    asynchronous save wait before its writers (then it writes, agrees and commits as usual).
+
+    It only slows the real code path down (a big checkpoint on a slow disk, reproducibly), so a
+    test can train while a save is in flight, kill a job while only the staging directory exists,
+    and show that the files hold the save step's state although the live objects moved on before
+    the writers read anything. Read on every save (a test may set it per rank); unset, 0.
+    """
+    delay = float(os.environ.get(TEST_COMMIT_DELAY_ENV) or 0)
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _as_save_error(exc: Exception, comm: Collective, step: int, committed: bool) -> CheckpointSaveError:
@@ -155,12 +189,58 @@ class _Transaction:
     request: SaveRequest
     comm: Collective
     staged: StagedCheckpoint | None = field(default=None)  # main rank, once staging began
+    staging: Path | None = field(default=None)  # every rank, once shared for collective writers
     error: CheckpointSaveError | None = field(default=None)
+    background: bool = field(default=False)  # the background phase of an asynchronous save
 
     def run(self) -> Path:
+        """The synchronous save: every phase on this thread, over the training group."""
         writers = self.request.writers()
         rng_states = self._gather()
         self._stage(rng_states)
+        if any(w.collective for w in writers):
+            self._share_staging()
+        return self._write_and_commit(writers, rng_states)
+
+    def start(self, background: Collective) -> Callable[[], Path]:
+        """An asynchronous save's training-thread part; returns the rest, to run on another thread.
+
+        Here, at the save step, over the training group: the RNG gather, staging and
+        ``write_pretrained`` (small files), the staging path agreed, and every writer's snapshot
+        (CPU copies; the gather of a sharded model). A failure so far is raised now, on every
+        rank, before anything runs in the background. The returned callable writes the snapshot,
+        finishes and commits exactly as :meth:`run` does, but with ``background`` (the
+        checkpoint group) for every collective, so it never meets the training thread's.
+        """
+        writers = self.request.writers()
+        rng_states = self._gather()
+        self._stage(rng_states)
+        if any(w.collective for w in writers):
+            self._share_staging()
+        staged: list[Writer] = []
+        if self.error is None:
+            try:
+                for writer in writers:
+                    staged.extend(writer.snapshot(self.comm))
+            except Exception as exc:  # noqa: BLE001 - joined to the agreement below
+                self._fail(exc)
+        self._agree_or_abort()
+        frozen = attrs.evolve(self, request=self.request.frozen(), comm=background, background=True)
+        return lambda: frozen._write_and_commit(staged, rng_states)
+
+    def _share_staging(self) -> None:
+        """Collective writers write into the main rank's staging tree: its path on every rank, agreed."""
+        staged = self.staged is not None and self.error is None
+        staging = self.comm.broadcast_object(str(self.staged.staging) if staged else None)
+        self._agree_or_abort()
+        if staging is None:  # a rank's RNG capture failed: it reported that above, so this is unreachable
+            raise CheckpointSaveError(f"checkpoint {step_dir_name(self.request.step)} was not saved: "
+                                      "no staging directory")
+        self.staging = Path(staging)
+
+    def _write_and_commit(self, writers: list[Writer] | tuple[Writer, ...], rng_states: list[Any]) -> Path:
+        if self.background:
+            _test_pause()
         shared = self._write_collectively([w for w in writers if w.collective])
         main = [w for w in writers if not w.collective]
         written = self._on_main(lambda paths: self._write(main, paths, shared))
@@ -212,22 +292,16 @@ class _Transaction:
             return None
 
     def _write_collectively(self, writers: list[Writer]) -> Artifacts:
-        """Every rank writes into the main rank's staging tree, between two agreements.
+        """Every rank writes into the main rank's staging tree (shared before), then all agree.
 
         A writer failing on one rank is only recorded: the other ranks may still be inside a
         collective with it, so the staging tree is removed once all have agreed, not before.
         """
         if not writers:
             return Artifacts()
-        staged = self.staged is not None and self.error is None
-        staging = self.comm.broadcast_object(str(self.staged.staging) if staged else None)
-        self._agree_or_abort()
-        if staging is None:  # a rank's RNG capture failed: it reported that above, so this is unreachable
-            raise CheckpointSaveError(f"checkpoint {step_dir_name(self.request.step)} was not saved: "
-                                      "no staging directory")
         artifacts = Artifacts()
         try:
-            artifacts = self._write(writers, CheckpointPaths(Path(staging)), artifacts)
+            artifacts = self._write(writers, CheckpointPaths(self.staging), artifacts)
         except Exception as exc:  # noqa: BLE001 - joined to the agreement below
             self._fail(exc)
         self._agree_or_abort()

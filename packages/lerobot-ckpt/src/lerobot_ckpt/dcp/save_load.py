@@ -57,11 +57,18 @@ def _translate(exc: CheckpointException, directory: Path) -> CheckpointSaveError
     return error
 
 
-def save_dcp(directory: Path, key: str, state: dict[str, Any]) -> None:
-    """Collective DCP save of ``{key: state}``; every rank writes its own shards (fsynced)."""
+def save_dcp(directory: Path, key: str, state: dict[str, Any], *, process_group: Any = None) -> None:
+    """Collective DCP save of ``{key: state}``; every rank writes its own shards (fsynced).
+
+    ``process_group``: where DCP coordinates (None: the default group). An asynchronous save passes
+    its checkpoint group and CPU copies of the state: that is ``dcp.async_save``'s own recipe
+    (stage to CPU, then ``save`` on a thread with a CPU-capable group), run inside our transaction
+    so the commit follows every writer (see :mod:`lerobot_ckpt.async_save`).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+        dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(directory, sync_files=True),
+                 process_group=process_group)
     except CheckpointException as exc:
         raise _translate(exc, directory) from None
 

@@ -22,13 +22,14 @@ reports it on every rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from lerobot_ckpt._snapshot import copy_tensor
 from lerobot_ckpt.errors import CheckpointConfigError
 from lerobot_ckpt.safetensors.files import FORMAT_METADATA
 from lerobot_ckpt.safetensors.stream import ReusableBuffer, SafetensorsPlan, SafetensorsStreamWriter
@@ -101,6 +102,25 @@ def _assemble(value: DTensor, pieces: list[Piece], rank: int, buffers: ReusableB
     return full
 
 
+def _gathered(plan: SafetensorsPlan, state: Mapping[str, torch.Tensor], buffers: ReusableBuffer,
+              ) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """Each planned tensor in plan order, whole on the main rank (None elsewhere).
+
+    Collective: the transfers of one tensor happen when it is drawn, so every rank must draw every
+    tensor, whatever it does with them. A whole tensor is a view of ``buffers``, valid until the
+    next is drawn.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for slot in plan.slots:  # the same order on every rank
+        value = state[slot.name]
+        if isinstance(value, DTensor):
+            pieces = row_pieces(value)
+            full = value.full_tensor() if pieces is None else _assemble(value, pieces, rank, buffers)
+        else:
+            full = value
+        yield slot.name, full
+
+
 def write_gathered(path: Path | None, state: Mapping[str, torch.Tensor], *, aliases: Mapping[str, str],
                    is_main: bool) -> int:
     """Collective: every rank calls it with the same ``state`` keys; ``path`` matters on the main rank.
@@ -109,7 +129,6 @@ def write_gathered(path: Path | None, state: Mapping[str, torch.Tensor], *, alia
     only after every transfer was done: the caller must still join its later collectives.
     """
     plan = plan_for(state, aliases)
-    rank = dist.get_rank() if dist.is_initialized() else 0
     writer: SafetensorsStreamWriter | None = None
     error: Exception | None = None
     if is_main:
@@ -120,19 +139,13 @@ def write_gathered(path: Path | None, state: Mapping[str, torch.Tensor], *, alia
     largest = max((slot.nbytes for slot in plan.slots), default=0)
     buffers, staging = ReusableBuffer(largest), ReusableBuffer(largest)
     written = 0
-    for slot in plan.slots:  # the same order on every rank
-        value = state[slot.name]
-        if isinstance(value, DTensor):
-            pieces = row_pieces(value)
-            full = value.full_tensor() if pieces is None else _assemble(value, pieces, rank, buffers)
-        else:
-            full = value
+    for name, full in _gathered(plan, state, buffers):
         if full is None or writer is None or error is not None:
             continue
         try:
             if full.device.type != "cpu":
                 full = staging.view("cpu", full.dtype, tuple(full.shape)).copy_(full)
-            written += writer.write(slot.name, full.detach())
+            written += writer.write(name, full.detach())
         except Exception as exc:  # noqa: BLE001
             error = exc
         del full
@@ -146,4 +159,47 @@ def write_gathered(path: Path | None, state: Mapping[str, torch.Tensor], *, alia
             writer.abort()
     if error is not None:
         raise error
+    return written
+
+
+def gather_to_cpu(state: Mapping[str, torch.Tensor], *, aliases: Mapping[str, str], is_main: bool,
+                  ) -> tuple[SafetensorsPlan, dict[str, torch.Tensor] | None]:
+    """Collective, like :func:`write_gathered`, but the main rank keeps every whole tensor in fresh
+    CPU memory (returned with the file's plan; None elsewhere) instead of streaming it to a file.
+
+    An asynchronous save's snapshot of a sharded model: the transfers must happen on the training
+    thread at the save step, the file is written later by :func:`write_planned`. The main rank then
+    holds the whole model once in CPU memory, the price of not stalling on the write. A failure
+    on the main rank is raised after every transfer, as in :func:`write_gathered`.
+    """
+    plan = plan_for(state, aliases)
+    largest = max((slot.nbytes for slot in plan.slots), default=0)
+    buffers = ReusableBuffer(largest)
+    out: dict[str, torch.Tensor] | None = {} if is_main else None
+    error: Exception | None = None
+    for name, full in _gathered(plan, state, buffers):
+        if full is None or out is None or error is not None:
+            continue
+        try:
+            out[name] = copy_tensor(full)
+        except Exception as exc:  # noqa: BLE001 - raised after the transfers
+            error = exc
+        del full
+    if error is not None:
+        raise error
+    return plan, out
+
+
+def write_planned(path: Path, plan: SafetensorsPlan, tensors: Mapping[str, torch.Tensor]) -> int:
+    """Write tensors gathered by :func:`gather_to_cpu` with the same stream writer and plan as
+    :func:`write_gathered`, so the file is byte-identical to a synchronous save's."""
+    writer = SafetensorsStreamWriter(path, plan)
+    written = 0
+    try:
+        for slot in plan.slots:
+            written += writer.write(slot.name, tensors[slot.name])
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
     return written

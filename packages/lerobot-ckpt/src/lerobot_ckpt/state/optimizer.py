@@ -30,7 +30,11 @@ PARAM_SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "s
 
 
 def save_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> None:
-    sd = optimizer.state_dict()
+    save_optimizer_state(paths, optimizer.state_dict())
+
+
+def save_optimizer_state(paths: CheckpointPaths, sd: dict[str, Any]) -> None:
+    """An optimizer's ``state_dict()`` (live, or an asynchronous save's snapshot of it) as the two files."""
     tensors: dict[str, torch.Tensor] = {}
 
     def store(_where: str, tensor: torch.Tensor) -> str:
