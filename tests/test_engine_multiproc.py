@@ -152,3 +152,26 @@ def test_activation_checkpointing_under_ddp(ranks):
         for case in ("blocks", "joint"):
             got = res["regions"][case]
             assert got["grad_abs_max"] > 1e-3 and got["full"] <= 1e-6 and got["selective"] <= 1e-6, (case, got)
+
+
+def test_ddp_steps_make_no_blocking_read_or_collective_between_log_steps(ranks):
+    """Per loop step, besides DDP's gradient all-reduce (its C++ reducer): nothing blocking on a
+    non-log step, only the interrupt flag's async all-reduce; the log step reads once after one
+    all-gather; a signal on rank 1 during step 14 stops both ranks after step 16 (agreed at 15, the
+    end of its K=2 window at 16)."""
+    for res in ranks:
+        got = res["ddp_syncs"]
+        blocking = {int(s): v for s, v in got["blocking"].items()}
+        assert got["model_type"] == "DistributedDataParallel"
+        assert got["stopped"] == {"step": 16, "signal": 15}, got["stopped"]
+        assert all(blocking[s] == [] for s in range(1, 17) if s != 12), blocking
+        assert blocking[12] == ["all_gather_into_tensor", "tolist"], blocking[12]  # the counter sees a log step
+        assert all(got["async"][str(s)] == ["all_reduce"] for s in range(1, 15)), got["async"]
+        assert got["async"]["15"] == [] and len(got["logged"]) == 1
+
+
+def test_a_nan_on_one_rank_stops_every_rank_naming_it(ranks):
+    for res in ranks:
+        nan = res["nan_rank1"]
+        assert nan["step"] == 4, nan
+        assert nan["error"].startswith("rank 1: loss is nan at loop step 3 (read at loop step 4"), nan

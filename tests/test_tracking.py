@@ -34,6 +34,10 @@ def test_trackio_logs_what_metrics_jsonl_says_from_the_main_rank(launch, tmp_pat
     jsonl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in data["logs"]] == [r["step"] for r in jsonl] == [2, 4, 6]
     assert [r["loss"] for r in data["logs"]] == [r["loss"] for r in jsonl]
+    # peak memory per rank, max over the ranks (CPU: peak RSS), in both and growing monotonically
+    peaks = [r["peak_rss_gb"] for r in jsonl]
+    assert [r["peak_rss_gb"] for r in data["logs"]] == peaks and 0 < peaks[0] <= peaks[-1] < 64
+    assert "gpu_mem_gb" not in jsonl[0]
     assert data["config"]["parallelism"] == {"dp_replicate": 1, "dp_shard": 1}
 
 

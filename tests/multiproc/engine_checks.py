@@ -13,11 +13,12 @@ arm_watchdog(120)
 import torch
 import torch.distributed as dist
 from _workload import flat_params, train
-from regions_checks import regions_check
 from lerobot_parallel import parallel_session
 from lerobot_trainloop import MetricsTracker, ShardedBatchSampler
 from lerobot_trainloop import metrics as metrics_module
 from lerobot_trainloop.testing import SyntheticRegression
+from regions_checks import regions_check
+from sync_checks import ddp_syncs, nan_rank1
 from torch.utils.data import DataLoader
 
 
@@ -115,6 +116,8 @@ def main() -> None:
             metrics_module.dist.all_gather_into_tensor = real
         result["metrics"] = {"reduced": reduced, "collectives": calls["n"]}
         result["regions"] = regions_check(rt)  # activation checkpointing under DDP
+        result["ddp_syncs"] = ddp_syncs(rt)  # no blocking read or collective on non-log steps
+        result["nan_rank1"] = nan_rank1(rt)  # both ranks stop, naming rank 1 and its step
 
     write_json(out_path(f"rank{rank()}.json"), result)
 

@@ -105,7 +105,9 @@ def run_policy(policy, pre, post, inputs: dict) -> dict[str, torch.Tensor]:
     loss, info = policy.forward(pre(dict(inputs)))
     policy.eval()
     return {"out.chunk": chunk.detach().float(), "out.loss": loss.detach().reshape(1),
-            "out.l1": torch.tensor([info["l1_loss"]]), "out.kld": torch.tensor([info.get("kld_loss", 0.0)])}
+            # floats in LeRobot, detached 0-d tensors in ours: as_tensor takes both
+            "out.l1": torch.as_tensor(info["l1_loss"], dtype=torch.float32).reshape(1).cpu(),
+            "out.kld": torch.as_tensor(info.get("kld_loss", 0.0), dtype=torch.float32).reshape(1).cpu()}
 
 
 def compare(tag: str, ref: dict, got: dict) -> bool:

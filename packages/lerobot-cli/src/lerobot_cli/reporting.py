@@ -1,7 +1,10 @@
 """What the main rank shows and records: banner, progress bar (TTY) or plain lines, metrics JSONL.
 
 Other ranks print nothing but errors; the metrics written here are already reduced over ranks,
-so the file and the console describe the cluster, not rank 0.
+so the file and the console describe the cluster, not rank 0 (``gpu_mem_gb`` / ``peak_rss_gb``: the
+largest rank's peak). Only log steps carry numbers read from the device: the per-step progress update
+takes the step and the lr (host values), so it never waits for the device; the bar shows the loss of
+the last log step.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def _fmt(value: float) -> str:
 
 
 def format_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    order = ["loss", "lr", "grad_norm", "samples_per_s", "step_s", "data_s", "update_s"]
+    order = ["loss", "lr", "grad_norm", "samples_per_s", "step_s", "data_s", "update_s", "gpu_mem_gb", "peak_rss_gb"]
     keys = [k for k in order if k in metrics] + sorted(k for k in metrics if k not in order and k != "samples")
     parts = [f"{k}={_fmt(metrics[k])}" for k in keys if not (isinstance(metrics[k], float) and math.isnan(metrics[k]))]
     return f"step {step}/{total} " + " ".join(parts)
@@ -46,6 +49,7 @@ class Reporter:
         self._t0 = time.perf_counter()
         self._start = start_step
         self._metrics_path = output_dir / METRICS_FILE
+        self._last_loss = ""  # the progress bar's loss: the last log step's
         if not enabled:
             return
         if self.stream.isatty():
@@ -66,10 +70,11 @@ class Reporter:
         else:
             print(text, file=self.stream, flush=True)
 
-    def step(self, step: int, loss: float, lr: float | None) -> None:
+    def step(self, step: int, lr: float | None) -> None:
+        """Per-step progress: host values only (the loss is shown as of the last log step)."""
         if self._progress is not None:
-            status = f"loss {_fmt(loss)}" + (f" lr {_fmt(lr)}" if lr is not None else "")
-            self._progress.update(self._task, completed=step, status=status)
+            status = self._last_loss + (f" lr {_fmt(lr)}" if lr is not None else "")
+            self._progress.update(self._task, completed=step, status=status.strip())
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -87,8 +92,9 @@ class Reporter:
         self._jsonl.flush()
         if self.tracker is not None:
             self.tracker.log(metrics, step=step)
+        self._last_loss = f"loss {_fmt(metrics.get('loss', math.nan))}"
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, status=f"loss {_fmt(metrics.get('loss', math.nan))}")
+            self._progress.update(self._task, completed=step, status=self._last_loss)
 
     def close(self) -> None:
         if self.tracker is not None:

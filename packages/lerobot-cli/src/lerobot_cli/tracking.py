@@ -1,7 +1,8 @@
 """Optional experiment tracking with trackio (local-first: a SQLite file under $TRACKIO_DIR).
 
-Only the main rank logs, and only metrics already reduced over ranks, so a dashboard shows the same
-numbers as the console and ``metrics.jsonl``. trackio is an optional extra; asking for it without it
+Only the main rank logs, and only metrics already reduced over ranks (at log steps, the only steps
+whose numbers are read from the device; peak memory, ``gpu_mem_gb`` / ``peak_rss_gb``, is the max over
+ranks), so a dashboard shows the same numbers as the console and ``metrics.jsonl``. trackio is an optional extra; asking for it without it
 installed is a usage error caught before training starts.
 """
 

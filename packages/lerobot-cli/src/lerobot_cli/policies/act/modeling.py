@@ -67,7 +67,7 @@ class ACTPolicy(nn.Module):
             raise KeyError(f"ACT batch lacks camera(s) {missing}; it has {sorted(batch)}")
         return {**batch, OBS_IMAGES: [batch[key] for key in self.config.image_features]}
 
-    def forward(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, float]]:
+    def forward(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor | float]]:
         """L1 over the non-padded action steps, plus ``kl_weight`` × KL(latent ‖ N(0, I)) with the VAE."""
         actions_hat, (mu, log_sigma_x2) = self.model(self._with_image_list(batch))
         error = F.l1_loss(actions_hat, batch[ACTION], reduction="none")
@@ -78,12 +78,14 @@ class ACTPolicy(nn.Module):
             l1_loss = (error * valid).sum() / (valid.sum() * error.shape[-1]).clamp_min(1)
         else:
             l1_loss = error.mean()
+        # The parts are detached 0-d tensors, not LeRobot's .item() floats: a float read here would make
+        # every training step wait for the device; the loop reads them at log steps only.
         if mu is None:
-            return l1_loss, {"l1_loss": l1_loss.item(), "kld_loss": 0.0}
+            return l1_loss, {"l1_loss": l1_loss.detach(), "kld_loss": 0.0}
         # KL per latent dimension, summed over dimensions, averaged over the batch.
         kld_loss = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
         loss = l1_loss + self.config.kl_weight * kld_loss
-        return loss, {"l1_loss": l1_loss.item(), "kld_loss": kld_loss.item()}
+        return loss, {"l1_loss": l1_loss.detach(), "kld_loss": kld_loss.detach()}
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any]) -> Tensor:

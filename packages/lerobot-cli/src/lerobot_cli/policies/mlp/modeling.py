@@ -73,7 +73,7 @@ class MLPPolicy(nn.Module):
             x = block(x)
         return self.action_head(self.norm(x))
 
-    def forward(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, float]]:
+    def forward(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """MSE against the current action frame (index 0 when the batch carries a chunk)."""
         target = batch[ACTION]
         valid = None
@@ -85,7 +85,7 @@ class MLPPolicy(nn.Module):
         if valid is not None:
             error = error * valid.unsqueeze(-1)
         loss = error.mean()
-        return loss, {"mse_loss": loss.item()}
+        return loss, {"mse_loss": loss.detach()}  # a tensor: no host sync per step (read at log steps)
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any]) -> Tensor:
