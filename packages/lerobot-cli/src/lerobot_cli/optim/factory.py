@@ -16,14 +16,51 @@ from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 
 
 def build_optimizer(cfg: OptimizerConfig, params: Iterable[Any]) -> torch.optim.Optimizer:
+    """The optimizer ``cfg`` names over ``params`` (tensors or param-group dicts).
+
+    ``fused=True`` is checked here, where the parameters' devices are known, against torch's own rule
+    (every parameter floating point, on a device type with fused kernels): torch would only raise at
+    the first ``step()``, deep in a traceback, after the model was built and sharded."""
     params = list(params)
+    impl = {"fused": cfg.fused, "foreach": cfg.foreach}
+    if cfg.fused:
+        _check_fused_supported(params)
     if cfg.type == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                 **impl)
     if cfg.type == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                **impl)
     if cfg.type == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **impl)
     raise ValueError(f"--optimizer.type: invalid choice {cfg.type!r}")
+
+
+def _tensors(params: list[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for p in params:
+        out.extend(p["params"] if isinstance(p, dict) else [p])
+    return out
+
+
+def _check_fused_supported(params: list[Any]) -> None:
+    """Refuse ``fused=True`` (a :class:`UsageError`, exit 2) unless torch has a fused kernel for every
+    parameter: torch's rule, ``_device_dtype_check_for_fused``, is a floating-point dtype on one of
+    ``_get_fused_kernels_supported_devices()`` (cuda, cpu, mps, xpu, … as of torch 2.15)."""
+    from lerobot_cli.cli.errors import UsageError
+
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+        supported = list(_get_fused_kernels_supported_devices())
+    except ImportError:  # a torch without the helper: let torch itself decide
+        return
+    bad = sorted({f"{p.dtype} on {p.device.type}" for p in _tensors(params)
+                  if p.device.type not in supported or not torch.is_floating_point(p)})
+    if bad:
+        raise UsageError(
+            f"--optimizer.fused=true needs floating-point parameters on a device with fused optimizer kernels "
+            f"({', '.join(supported)}), but some are {', '.join(bad)}: leave --optimizer.fused unset (torch's "
+            "choice) or set it to false")
 
 
 def lr_factor(cfg: SchedulerConfig, base_lr: float, total_steps: int):

@@ -1,0 +1,55 @@
+"""--optimizer.fused / --optimizer.foreach: torch's implementation choices for AdamW/Adam (and SGD).
+Unset keeps torch's own choice; fused=true is refused at start-up, in one sentence naming the flag,
+where the parameters' device has no fused kernel (torch would raise only at the first step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lerobot_cli.cli.argv import split_argv
+from lerobot_cli.cli.build import build_train_config
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.optim.config import OptimizerConfig
+from lerobot_cli.optim.factory import build_optimizer
+
+
+def params(device="cpu", dtype=torch.float32):
+    return [torch.nn.Parameter(torch.zeros(3, device=device, dtype=dtype))]
+
+
+def test_unset_keeps_torchs_choice_and_the_lerobot_defaults():
+    cfg = OptimizerConfig()
+    assert (cfg.fused, cfg.foreach) == (None, None)
+    assert (cfg.type, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay) == ("adamw", 1e-4, (0.9, 0.999), 1e-8, 0.0)
+    opt = build_optimizer(cfg, params())
+    assert opt.defaults["fused"] is None and opt.defaults["foreach"] is None
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam"])
+def test_fused_and_foreach_reach_torch_and_step(kind):
+    for impl in ({"fused": True}, {"foreach": True}, {"fused": False, "foreach": False}):
+        p = params()
+        opt = build_optimizer(OptimizerConfig(type=kind, lr=0.1, **impl), p)
+        assert all(opt.defaults[k] is v for k, v in impl.items())
+        p[0].grad = torch.ones(3)
+        opt.step()  # the CPU has fused Adam kernels in torch >= 2.4
+        assert torch.all(p[0] < 0)
+
+
+def test_fused_on_a_device_without_kernels_is_one_sentence_naming_the_flag():
+    with pytest.raises(UsageError) as exc:
+        build_optimizer(OptimizerConfig(fused=True), params(device="meta"))
+    message = str(exc.value)
+    assert message.startswith("--optimizer.fused=true needs floating-point parameters on a device with fused")
+    assert "torch.float32 on meta" in message and "cuda" in message and message.count(". ") == 0
+    with pytest.raises(UsageError, match="torch.int64 on cpu"):
+        build_optimizer(OptimizerConfig(type="adam", fused=True), [{"params": [torch.zeros(2, dtype=torch.int64)]}])
+    build_optimizer(OptimizerConfig(fused=False), params(device="meta"))  # only true is checked
+
+
+def test_flags_parse_and_both_true_is_refused():
+    flags = ["--dataset.repo_id=x/y", "--policy.type=mlp", "--optimizer.fused=true"]
+    cfg = build_train_config(split_argv(flags).flags).config
+    assert cfg.optimizer.fused is True and cfg.optimizer.foreach is None
+    with pytest.raises(ValueError, match="--optimizer.fused and --optimizer.foreach cannot both be true"):
+        OptimizerConfig(fused=True, foreach=True)
