@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from lerobot_parallel.batching import effective_batch_line, effective_batch_size, samples_per_loop_step
 from lerobot_parallel.config import (
     AcceleratorConfig,
+    ActivationCheckpointingConfig,
+    CompileConfig,
     DDPConfig,
     FSDPConfig,
     GradientAccumulationConfig,
@@ -83,6 +85,8 @@ __all__ = [
     "LAUNCHER_GONE_EXIT_CODE",
     "AccelerateEnvError",
     "AcceleratorConfig",
+    "ActivationCheckpointingConfig",
+    "CompileConfig",
     "ConfigTypeError",
     "DDPConfig",
     "EnvGuardResult",
