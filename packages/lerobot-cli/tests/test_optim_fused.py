@@ -53,3 +53,24 @@ def test_flags_parse_and_both_true_is_refused():
     assert cfg.optimizer.fused is True and cfg.optimizer.foreach is None
     with pytest.raises(ValueError, match="--optimizer.fused and --optimizer.foreach cannot both be true"):
         OptimizerConfig(fused=True, foreach=True)
+
+
+def test_a_resume_that_changes_fused_keeps_training():
+    """reapply_settings (resume with changed settings) switches the implementation and re-places the
+    restored step counters for it (on CUDA: device counters for fused, host ones otherwise)."""
+    from lerobot_cli.optim.factory import optimizer_settings, reapply_settings
+
+    for saved, now in ((None, True), (True, False)):
+        p = params()
+        opt = build_optimizer(OptimizerConfig(lr=0.1, fused=saved), p)
+        p[0].grad = torch.ones(3)
+        opt.step()
+        q = params()
+        resumed = build_optimizer(OptimizerConfig(lr=0.1, fused=now), q)
+        settings = optimizer_settings(resumed)
+        resumed.load_state_dict(opt.state_dict())
+        reapply_settings(resumed, None, settings)
+        assert resumed.param_groups[0]["fused"] is now
+        q[0].grad = torch.ones(3)
+        resumed.step()
+        assert float(resumed.state[q[0]]["step"]) == 2.0

@@ -100,6 +100,20 @@ def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]
     return [{k: v for k, v in g.items() if k not in ("params", "initial_lr")} for g in optimizer.param_groups]
 
 
+def _place_steps(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> None:
+    """Put a group's restored Adam ``step`` counters where its implementation keeps them: on the
+    parameter's device (float32) for fused/capturable, on the host otherwise. ``load_state_dict`` placed
+    them for the *saved* implementation, so a resume that changes ``--optimizer.fused`` would otherwise
+    hand a fused CUDA kernel host counters (or the host path device ones, one read per step)."""
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    for p in group["params"]:
+        step = optimizer.state.get(p, {}).get("step")
+        if isinstance(step, torch.Tensor):
+            where = p.device if on_device else torch.device("cpu")
+            if step.device != where:
+                optimizer.state[p]["step"] = step.to(device=where, dtype=torch.float32)
+
+
 def reapply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None,
                      settings: list[dict[str, Any]]) -> None:
     """Make a resumed optimizer use the run's configured hyperparameters again.
@@ -113,6 +127,7 @@ def reapply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr
         raise ValueError(f"{len(settings)} configured param groups for {len(optimizer.param_groups)} restored ones")
     for group, wanted in zip(optimizer.param_groups, settings, strict=True):
         group.update(wanted)
+        _place_steps(optimizer, group)
     if scheduler is None:
         return
     base = [w["lr"] for w in settings]
