@@ -214,15 +214,19 @@ def _tree(root: Path) -> dict[str, bytes | str]:
                                        else p.read_bytes()) for p in sorted(root.rglob("*"))}
 
 
-def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_path, mode):
     """A resumed run whose next save hits RLIMIT_FSIZE (a full or quota-limited disk, reproducibly).
 
     SIGXFSZ is ignored in the wrapper (an ignored disposition survives exec), so the write fails
     with EFBIG instead of killing the process: the run must say so in one line, exit non-zero and
     leave step 2 and ``last`` byte-identical, and a plain resume from them must then succeed.
+    With ``--checkpoint_async=true`` the training thread writes only the small files of
+    ``pretrained_model/`` (all under the limit) and the save returns; the weights fail in the
+    background, and the end-of-run wait reports it naming the step.
     """
     out = tmp_path / "run"
-    args = [*MLP, "--log_freq=1", "--save_freq=2"]
+    args = [*MLP, "--log_freq=1", "--save_freq=2", f"--checkpoint_async={str(mode == 'async').lower()}"]
     first = launch.run_command([SCRIPT, *args, "--steps=2", f"--output_dir={out}"], timeout_s=180)
     assert first.returncode == 0, first.describe()
     ckpts = out / "checkpoints"
@@ -233,12 +237,19 @@ def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_pa
 
     resume = ["--resume=true", f"--config_path={ckpts / 'last'}", "--steps=4"]
     hurt = launch.run_command([launch.PYTHON, "-c", SET_FILE_LIMIT, str(limit), SCRIPT, *resume], timeout_s=180)
-    print(f"\n[drill write failure] rc={hurt.returncode} in {hurt.elapsed_s:.1f} s; stderr:\n{hurt.stderr.strip()}")
+    print(f"\n[drill write failure, {mode}] rc={hurt.returncode} in {hurt.elapsed_s:.1f} s; stderr:\n"
+          f"{hurt.stderr.strip()}")
     assert hurt.returncode not in (0, None) and not hurt.timed_out, hurt.describe()
     errors = [ln for ln in hurt.stderr.splitlines() if ln.startswith("lerobot-train: error: ")]
     assert len(errors) == 1 and re.search(r"File too large|EFBIG|file size", errors[0]), hurt.describe()
+    assert "checkpoint 000004 was not saved (the previous checkpoint and `last` are unchanged)" in errors[0]
     assert "Traceback" not in hurt.output, hurt.describe()
-    assert "checkpoint: " not in hurt.stdout  # no save was reported as done
+    if mode == "sync":
+        assert "checkpoint: " not in hurt.stdout  # no save was reported as done
+    else:  # reported as started only, and the background write is what failed
+        assert [ln for ln in hurt.stdout.splitlines() if ln.startswith("checkpoint: ")] == [
+            f"checkpoint: {ckpts / '000004'} (writing in the background)"], hurt.describe()
+        assert "model.safetensors" in errors[0]
     assert _tree(ckpts) == before, "the failed save changed the previous checkpoint, `last` or left debris"
 
     again = launch.run_command([SCRIPT, *resume], timeout_s=180)

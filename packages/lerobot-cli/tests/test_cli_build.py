@@ -129,7 +129,7 @@ def every_section_non_default() -> TrainConfig:
         ),
         output_dir="outputs/x", job_name="job", resume=True, abandon_newer_checkpoints=True, seed=7, steps=123, batch_size=4, num_workers=0,
         log_freq=3, save_freq=50, save_checkpoint=False, save_on_interrupt=False,
-        checkpoint_format=CheckpointFormat.SAFETENSORS_DCP,
+        checkpoint_format=CheckpointFormat.SAFETENSORS_DCP, checkpoint_async=True,
         optimizer=OptimizerConfig(type="adam", lr=0.1, weight_decay=0.2, betas=(0.8, 0.9), eps=1e-6,
                                   grad_clip_norm=1.0),
         scheduler=SchedulerConfig(type="constant_with_warmup", num_warmup_steps=5, num_decay_steps=10,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import attrs
 from lerobot_ckpt import (
+    AsyncCheckpointer,
     BaseModel,
     CheckpointPaths,
     Parallelism,
@@ -122,7 +123,14 @@ def _exactness_lost(record: TrainingStepRecord, run: RunInfo) -> bool:
 
 
 class Checkpointer:
-    """Saves at ``save_freq`` and at the last step; restores a run from a checkpoint directory."""
+    """Saves at ``save_freq`` and at the last step; restores a run from a checkpoint directory.
+
+    With ``checkpoint_async`` a save returns once the state is copied and the files are written in
+    the background (``lerobot_ckpt.AsyncCheckpointer``); :meth:`wait` is then the point where a
+    failed background write surfaces, as the same ``CheckpointSaveError`` a synchronous save raises
+    (exit 1, one line naming the step). The runner calls it where every rank is at the same step:
+    after the loop (before publishing) and on an interrupt; the next save waits by itself.
+    """
 
     def __init__(self, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop,
                  write_pretrained: Callable[[Path], None], base_model: BaseModel | None = None) -> None:
@@ -133,22 +141,42 @@ class Checkpointer:
         self.info = run_info(cfg, runtime, base_model)
         self.last_saved: int | None = None
         self.last_path: Path | None = None
+        # Collective (a gloo group for the background writes): every rank builds its Checkpointer at
+        # the same point of train(), so the group is created there on all of them.
+        self.saver = (AsyncCheckpointer.create(timeout_s=runtime.timeout_s)
+                      if cfg.checkpoint_async and cfg.save_checkpoint else None)
 
     def due(self, step: int) -> bool:
         if not self.cfg.save_checkpoint:
             return False
         return step == self.cfg.steps or (self.cfg.save_freq > 0 and step % self.cfg.save_freq == 0)
 
-    def save(self, step: int) -> Path:
+    def save(self, step: int) -> str:
+        """Save ``step`` (collective); returns what the ``checkpoint:`` line says: the step directory,
+        and for an asynchronous save that it is still being written (it is committed, or its failure
+        reported, at the next save or :meth:`wait`), so the line never claims a checkpoint that may fail."""
         loop = self.loop
-        path = save_checkpoint(
+        save = save_checkpoint if self.saver is None else self.saver.save
+        path = save(
             Path(self.cfg.output_dir), step, run=self.info, objects=_training_objects(loop),
             sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
             loop_state=loop.state_dict(), write_pretrained=self.write_pretrained,
             adapter_state=_adapter_state(loop.model),
         )
-        self.last_saved, self.last_path = step, path
-        return path
+        self.last_saved = step
+        if self.saver is not None:
+            return f"{path} (writing in the background)"
+        self.last_path = path
+        return str(path)
+
+    def wait(self) -> None:
+        """Block until the background save in flight (if any) committed; raise its error if it failed.
+
+        Collective in effect: call it on every rank at the same step. ``last_path`` names only
+        committed checkpoints, so publishing after it uploads a complete one.
+        """
+        if self.saver is not None and (done := self.saver.wait()) is not None:
+            self.last_path = done.path
 
     def resume(self, plan: ResumePlan, warn: Callable[[str], None]) -> ResumeState:
         """Restore everything, then say in one warning what differs from an uninterrupted run.

@@ -79,6 +79,12 @@ class TrainConfig:
         default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat,
         metadata=_h("Model artifact of sharded runs.", choices=tuple(f.value for f in CheckpointFormat)),
     )
+    checkpoint_async: bool = field(
+        default=False,
+        metadata=_h("Copy each checkpoint's state to CPU memory and write it in the background while training "
+                    "goes on; the next save, the end of the run and an interrupt wait for it, and a failed write "
+                    "stops the run naming the step (the previous checkpoint and `last` stay)."),
+    )
     optimizer: OptimizerConfig | None = field(
         default=None, metadata=_h("Optimizer (default: the policy's preset; flags override fields).")
     )

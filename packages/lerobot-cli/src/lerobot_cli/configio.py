@@ -41,7 +41,16 @@ def resolve_all_types(cls: type) -> type:
     return cls
 
 
+def _strict_bool(value: Any, _type: type) -> bool:
+    """JSON ``true``/``false`` only: cattrs' default ``bool(value)`` would read ``"false"`` or ``"maybe"``
+    in a hand-edited ``train_config.json`` as true (``--checkpoint_async``, ``--save_checkpoint`` …)."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"JSON true or false, not {value!r}")
+
+
 converter = configure_converter(cattrs.Converter(forbid_extra_keys=True), strict=True)
+converter.register_structure_hook(bool, _strict_bool)
 resolve_all_types(TrainConfig)
 
 

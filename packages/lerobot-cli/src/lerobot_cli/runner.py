@@ -164,6 +164,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loader = _loader(workload.dataset, sampler, cfg, runtime)
         with watch:
             loop.run((pre(batch) for batch in loader), cfg.steps)
+        checkpointer.wait()  # --checkpoint_async: the last save commits (or fails) before publish and exit
         if wants_publish(cfg) and checkpointer.last_path is not None:
             uploaded = publish(cfg, runtime, CheckpointPaths(checkpointer.last_path).pretrained_model)
             reporter.print(f"published to {cfg.policy.repo_id}: {', '.join(uploaded or [])}")
@@ -174,6 +175,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loop.check_finite()  # every rank is at this step: never save a NaN the last log step did not see
         if cfg.save_checkpoint and cfg.save_on_interrupt and checkpointer.last_saved != loop.step:
             reporter.print(f"checkpoint: {checkpointer.save(loop.step)}")
+        checkpointer.wait()  # a background save in flight commits (or fails: exit 1) before the exit
         raise SystemExit(exc.exit_code) from None
     finally:
         reporter.close()
