@@ -147,9 +147,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         for line in banner_lines(cfg, runtime, policy, workload.dataset.meta.num_frames,
                                  workload.dataset.meta.num_episodes, loop.step):
             reporter.print(line)
-        if runtime.parallelism.is_sharded:
-            for line in plan_.describe():
-                reporter.print(as_flags(line))
+        # the whole plan when sharded; unsharded runs list only activation checkpointing and compile
+        for line in plan_.describe() if runtime.parallelism.is_sharded else plan_.describe_regions():
+            reporter.print(as_flags(line))
         # Every-step hooks read nothing of the device (check_finite=False), so ordinary steps cost no host
         # sync: the loss, its parts, the grad norm and the NaN check are read at log and save steps.
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)
