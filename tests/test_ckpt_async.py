@@ -121,3 +121,29 @@ def test_training_runs_during_a_background_save_and_kill_9_leaves_last_on_the_pr
     assert last_end == f"{resumed_to:06d}" and staging_end == []
     record = json.loads((ckpts / "last" / "training_state" / "training_step.json").read_text())
     assert record["step"] == resumed_to
+
+
+def test_an_interrupt_waits_for_its_background_save_before_exiting(launch, tmp_path):
+    """SIGINT: the interrupt's own save goes to the background (held DELAY_S before writing) and the
+    process exits only once it committed. Without that wait the daemon writer would die with the
+    process and no checkpoint would exist at all (save_freq=0: the interrupt's is the only one)."""
+    out = tmp_path / "run"
+    cmd = [SCRIPT, *MLP, "--log_freq=1", "--save_freq=0", "--steps=100000", "--checkpoint_async=true",
+           f"--output_dir={out}"]
+    env = launch.clean_env({"LEROBOT_CKPT_TEST_COMMIT_DELAY_S": str(DELAY_S)})
+    job = drill_job.DrillJob(cmd, tmp_path, env, launch.free_port(), launch)
+    try:
+        job.wait_for(lambda: _metrics_lines(out) >= 5, STARTUP_S, "five loop steps")
+        t0 = time.monotonic()
+        os.kill(job.proc.pid, signal.SIGINT)
+        ended = job.wait_end(60)
+        output = job.output()
+    finally:
+        job.close()
+    assert ended is not None and job.proc.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert ended >= DELAY_S * 0.9, (ended, output[-3000:])  # it waited for the background phase
+    step = json.loads((out / "checkpoints" / "last" / "training_state" / "training_step.json").read_text())["step"]
+    assert f"checkpoint: {out / 'checkpoints' / f'{step:06d}'} (writing in the background)" in output
+    assert _listing(out / "checkpoints")[1] == []  # committed, no staging directory left
+    print(f"\n[async interrupt] SIGINT -> exit {job.proc.returncode} after {time.monotonic() - t0:.1f} s, "
+          f"checkpoint {step:06d} committed")
