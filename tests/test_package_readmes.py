@@ -29,6 +29,8 @@ BLOCKS = {
     ("lerobot-ckpt", "save_checkpoint(output_dir, step, *, run"): ("listing", "public API signatures"),
     ("lerobot-ckpt", "run = RunInfo(world_size=dist.get_world_"):
         ("listing", "fragment: the sharded call pattern (run for real by tests/multiproc/ckpt_sharded.py)"),
+    ("lerobot-ckpt", "saver = AsyncCheckpointer.create(timeout"):
+        ("listing", "fragment: the asynchronous call pattern (run for real by packages/lerobot-ckpt/tests/test_ckpt_async.py)"),
     ("lerobot-trainloop", "ShardedBatchSampler(num_samples, batch_s"): ("listing", "public API signatures"),
     ("lerobot-trainloop", "import torch"): ("test", "tests/multiproc/accelerate_child.py"),
     ("lerobot-cli", "from lerobot_cli.config import TrainConf"): ("listing", "public API imports and signatures"),
