@@ -133,6 +133,7 @@ def test_pi0_joint_layers_shard_in_pairs_with_bitwise_gradients(fsdp):
         assert pi0["grouped"] == [f"model.paligemma_with_expert.paligemma.model.language_model.layers.{i} + "
                                   f"model.paligemma_with_expert.gemma_expert.model.layers.{i}" for i in range(2)]
         assert pi0["loss"] == float(loss)
+        assert pi0["checkpointed_loss"] == pi0["loss"] and pi0["checkpointed_grad_diff"] <= 1e-6
         assert pi0["grads"].keys() == expected.keys()
         differ = {n: max(abs(a - b) for a, b in zip(pi0["grads"][n], g, strict=True))
                   for n, g in expected.items() if pi0["grads"][n] != g}

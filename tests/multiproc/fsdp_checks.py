@@ -20,6 +20,7 @@ import torch.distributed as dist
 from fsdp_workload import CollectiveSpy, accumulation_trace, full, json_ready, train, train_act
 from lerobot_parallel import (
     AcceleratorConfig,
+    ActivationCheckpointingConfig,
     FSDPConfig,
     MixedPrecisionPolicyConfig,
     ParallelismConfig,
@@ -125,8 +126,19 @@ def pi0_check(rt) -> dict:
     loss.backward()
     grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).flatten().tolist()
              for n, p in wrapped.model.named_parameters() if p.grad is not None}
+    # --policy.gradient_checkpointing=true is activation checkpointing of the units: the joint method,
+    # checkpointed and registered with FSDP, recomputes each pair after FSDP gathered it again in backward
+    checkpointed = tiny_pi0()
+    acc = AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig("full"))
+    ac_model = wrap_model(checkpointed, rt, build_plan(checkpointed, rt, acc)).model
+    ac_loss, _ = ac_model(*pi0_batch())
+    ac_loss.backward()
+    ac_diff = max(float(((p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).flatten()
+                         - torch.tensor(grads[n])).abs().max())
+                  for n, p in ac_model.named_parameters() if p.grad is not None)
     return {"loss": float(loss), "grads": grads, "shards": shard_facts(wrapped.model),
-            "grouped": [u.label for u in build_plan(tiny_pi0(), rt).units if u.members]}
+            "grouped": [u.label for u in build_plan(tiny_pi0(), rt).units if u.members],
+            "checkpointed_loss": float(ac_loss.detach()), "checkpointed_grad_diff": ac_diff}
 
 
 def main() -> None:
