@@ -114,8 +114,15 @@ def test_compiled_act_matches_eager(regional):
     batch = act_batch(cfg)
     compiled = AcceleratorConfig(compile=CompileConfig(enabled=True, backend="aot_eager", regional=regional),
                                  activation_checkpointing=ActivationCheckpointingConfig("full" if regional else "none"))
+    import torch._dynamo
+
     loss0, grads0, _, _ = train_once(lambda: ACTPolicy(cfg), AcceleratorConfig(), batch)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     loss1, grads1, _, plan = train_once(lambda: ACTPolicy(cfg), compiled, batch)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs >= (3 if regional else 1), graphs  # the encoder, VAE encoder and decoder layers did compile
     assert plan.describe_regions()[-1].endswith("each of 9 block(s) (ACTEncoderLayer x8, ACTDecoderLayer x1)"
                                                 if regional else "the whole policy")
     assert loss1 == pytest.approx(loss0, rel=1e-5, abs=1e-6)

@@ -3,6 +3,8 @@ refuses, gradients against the plain model, saved-activation bytes, parameter na
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from lerobot_parallel import (
@@ -15,8 +17,9 @@ from lerobot_parallel import (
 from lerobot_parallel.config import ActivationCheckpointingConfig, CompileConfig
 from lerobot_parallel.errors import ShardingError
 from lerobot_parallel.plan import build_plan
+from lerobot_parallel.regions import Region
 from lerobot_parallel.runtime import ParallelRuntime
-from lerobot_parallel.testing import BlockRegressor, JointTowers, MainTowerLayer, PlainRegressor
+from lerobot_parallel.testing import BlockRegressor, JointTowers, PlainRegressor
 from lerobot_parallel.wrap import wrap_model
 
 SINGLE = ParallelRuntime.preview(ParallelismConfig())
@@ -70,21 +73,66 @@ def test_grouped_units_are_one_region_and_the_joint_method_is_checkpointed():
     keys = list(model.state_dict())
     wrap_model(model, SINGLE, plan)
     assert list(model.state_dict()) == keys  # nothing re-parented: checkpoints keep their names
-    assert model.main[0].joint.__wrapped__.__func__ is MainTowerLayer.joint
+    region = model.main[0].__dict__["joint"]
+    assert isinstance(region, Region) and region.module is model.main[0] and region.name == "joint"
+    assert repr(region) == "Region(MainTowerLayer.joint, checkpoint=full)"
     with pytest.raises(ShardingError, match="already applied"):
         wrap_model(model, SINGLE, plan)
 
 
-def test_inductor_regional_compile_on_cpu_matches_eager():
-    """inductor (C++ kernels on CPU), with full checkpointing inside: 1e-5 relative/absolute."""
-    loss0, grads0, _, _ = run(BlockRegressor(depth=2), accelerator(), regression_batch())
-    loss1, grads1, _, plan = run(BlockRegressor(depth=2), accelerator("full", enabled=True), regression_batch())
+def test_a_deep_copy_runs_its_own_weights():
+    """An EMA shadow is a deep copy: its checkpointed blocks must run the copy's parameters, not the original's."""
+    model = BlockRegressor(depth=2)
+    wrap_model(model, SINGLE, build_plan(model, SINGLE, accelerator("full")))
+    shadow = copy.deepcopy(model)
+    assert shadow.blocks[0].__dict__["forward"].module is shadow.blocks[0]
+    with torch.no_grad():
+        for p in shadow.parameters():
+            p.add_(0.5)
+    batch = regression_batch()
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            plain = BlockRegressor(depth=2)
+            plain.load_state_dict(shadow.state_dict())
+            assert torch.equal(shadow(batch)[0], plain(batch)[0])
+            assert not torch.equal(shadow(batch)[0], model(batch)[0])
+
+
+def compiled_graphs() -> int:
+    import torch._dynamo
+
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def test_inductor_regional_compile_on_cpu_matches_eager(fresh_dynamo):
+    """inductor (C++ kernels on CPU), with full checkpointing inside, on the joint towers (the block model's
+    probe writes a dict, a side effect dynamo will not trace inside a checkpoint: it would run eager)."""
+    batch = JointTowers.batch(8, 0)
+    loss0, grads0, _, _ = run(JointTowers(depth=2), accelerator(), batch)
+    loss1, grads1, _, plan = run(JointTowers(depth=2), accelerator("full", enabled=True), batch)
+    assert compiled_graphs() == 1  # one graph for both blocks: identical blocks share it
     assert plan.describe_regions() == [
-        "Activation checkpointing: full, on 2 block(s) (Block x2)",
-        "Compile: torch.compile backend=inductor mode=default, regional, each of 2 block(s) (Block x2)"]
+        "Activation checkpointing: full, on 2 block(s) (MainTowerLayer+SideTowerLayer x2)",
+        ("Compile: torch.compile backend=inductor mode=default, regional, each of 2 block(s) "
+        "(MainTowerLayer+SideTowerLayer x2)")]
     assert loss1 == pytest.approx(loss0, rel=1e-5)
     for name, g in grads0.items():
         torch.testing.assert_close(grads1[name], g, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_identical_blocks_share_one_compiled_graph(fresh_dynamo):
+    run(JointTowers(depth=5), accelerator("selective", enabled=True, backend="aot_eager"), JointTowers.batch(8, 0))
+    assert compiled_graphs() == 1
 
 
 def test_unsharded_regions_need_declared_blocks():

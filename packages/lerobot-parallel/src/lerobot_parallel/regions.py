@@ -16,6 +16,7 @@ backward runs after FSDP's pre-backward gather of the same unit.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,8 +27,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from lerobot_parallel.config import CompileConfig
 from lerobot_parallel.errors import ShardingError
-
-_MARK = "_lerobot_parallel_regions"  # on a module: the transforms already applied to it
 
 # Ops whose outputs ``selective`` keeps: matmuls, convolutions and attention kernels, the expensive ones.
 # Everything else in a block (norms, activations, softmax, dropout, elementwise) is recomputed.
@@ -80,6 +79,40 @@ def region_methods(module: nn.Module) -> tuple[str, ...]:
     return ("forward", *getattr(type(module), "_fsdp_forward_methods", ()))
 
 
+class Region:
+    """A block's method, checkpointed and/or compiled; set on the block as an instance attribute.
+
+    It calls the method of the block's class (looked up at call time, so FSDP's subclassing and
+    ``register_fsdp_forward_method`` wrapping this object keep working) on the block it belongs to.
+    ``copy.deepcopy`` of the model (an EMA shadow, say) gives the copy a ``Region`` of its own, bound to
+    the copied block: a plain closure would be shared and run the original's weights in the copy.
+    """
+
+    def __init__(self, module: nn.Module, name: str, checkpointing: str, compile_config: CompileConfig | None) -> None:
+        self.module, self.name = module, name
+        self.checkpointing, self.compile_config = checkpointing, compile_config
+        fn: Callable[..., Any] = self.original
+        if checkpointing != "none":
+            fn = checkpointed(fn, checkpointing)
+        if compile_config is not None:
+            fn = _compiled(fn, compile_config)
+        self._run = fn
+
+    def original(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(type(self.module), self.name)(self.module, *args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> Region:
+        return Region(copy.deepcopy(self.module, memo), self.name, self.checkpointing, self.compile_config)
+
+    def __repr__(self) -> str:
+        done = [f"checkpoint={self.checkpointing}"] if self.checkpointing != "none" else []
+        done += ["compiled"] if self.compile_config is not None else []
+        return f"Region({type(self.module).__name__}.{self.name}, {', '.join(done)})"
+
+
 def _compiled(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
     return torch.compile(fn, backend=config.backend, mode=config.mode)
 
@@ -106,21 +139,10 @@ def apply_regions(model: nn.Module, blocks: Iterable[str], *, checkpointing: str
     regional = compile_config.enabled and compile_config.regional
     for path in blocks:
         module = model.get_submodule(path)
-        if getattr(module, _MARK, None):
+        if any(isinstance(module.__dict__.get(name), Region) for name in region_methods(module)):
             raise ShardingError(f"{path or type(model).__name__}: activation checkpointing / compile was already "
                                 "applied to this module; build a fresh model for a new plan")
-        applied = []
         for name in region_methods(module):
-            fn = getattr(module, name)
-            if checkpointing != "none":
-                fn = checkpointed(fn, checkpointing)
-            if regional:
-                fn = _compiled(fn, compile_config)
-            setattr(module, name, fn)
-        if checkpointing != "none":
-            applied.append(f"checkpoint:{checkpointing}")
-        if regional:
-            applied.append("compile")
-        object.__setattr__(module, _MARK, tuple(applied))
+            setattr(module, name, Region(module, name, checkpointing, compile_config if regional else None))
     if compile_config.enabled and not compile_config.regional:
         model.compile(backend=compile_config.backend, mode=compile_config.mode)
