@@ -282,7 +282,7 @@ def _dcp_tensors(directory: Path, tmp: Path) -> dict:
 @pytest.mark.slow
 def test_an_async_save_under_fsdp2_writes_the_sync_save_s_tensors_while_training_goes_on(chain, tmp_path):
     """Step 3 saved synchronously and asynchronously (safetensors_dcp); step 4 trained while the
-    asynchronous one was in flight (rank 1's background phase held back 1.5 s, so rank 0's waited
+    asynchronous one was in flight (rank 1's background phase held back 2.5 s, so rank 0's waited
     in the checkpoint group during FSDP2's all-gathers and reduce-scatters on the training group)."""
     out, report = chain
     sync, asyn = out / "fmt_safetensors_dcp" / "checkpoints" / "000003", out / "async_safetensors_dcp" / "checkpoints"

@@ -200,7 +200,7 @@ def mode_save() -> dict:
                     write_pretrained=write_adapter_files, adapter_state=adapter_state)
     saver = AsyncCheckpointer.create(timeout_s=60)
     if rank == 1:  # rank 0's background phase then waits for rank 1's in the checkpoint group, during step 4
-        os.environ[TEST_COMMIT_DELAY_ENV] = "1.5"
+        os.environ[TEST_COMMIT_DELAY_ENV] = "2.5"
     saver.save(OUT / "async_safetensors_dcp", 3, run=run_info(2, 1, 2, "safetensors_dcp"),
                objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
                sampler_state={"epoch": 0, "offset": 24}, write_pretrained=write_pretrained)

@@ -112,17 +112,17 @@ def test_async_save_snapshots_the_step_trains_meanwhile_and_writes_the_sync_file
     t0 = time.monotonic()
     target = saver.save(tmp_path / "async", 3, sampler_state=sampler, loop_state=loop, **kwargs)
     returned = time.monotonic()
+    in_flight, committed_at_return = saver.in_flight, target.exists()
     sampler["offset"], loop["step"] = 99, 99  # the caller's dicts move on too
     step_times = [_step(model, opt, sched) for _ in range(5)]  # mutates every parameter and moment
-    in_flight = saver.in_flight
-    committed_before = target.exists()
     done = saver.wait()
 
-    assert in_flight == 3 and not committed_before
+    assert in_flight == 3 and not committed_at_return
     assert done.path == target and read_last(tmp_path / "async" / "checkpoints") == target
     assert returned - t0 < 0.5 <= done.committed - done.snapshot_done
-    # (a) the steps ran while the save was in flight: after its snapshot, before its commit
-    assert all(done.snapshot_done < t < done.committed for t in step_times), (done, step_times)
+    # (a) training stepped while the save was in flight: after its snapshot, before its commit (the
+    # background waits 1 s before writing; on a loaded machine later steps may end after the commit)
+    assert done.snapshot_done < step_times[0] < done.committed, (done, step_times)
     # (c) the background wrote the state of step 3 (not of step 8): the synchronous save's files, tensors bitwise
     assert _files(target) == _files(sync_dir)
     assert saver.wait() is None  # nothing in flight any more
