@@ -3,8 +3,9 @@
 # Python 3.12, then run every policy's round trip against it (tools/interop/*_lerobot_interop.py).
 #
 # The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
-# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft and the
-# transformers of its [pi] extra (< 5.6, which pi0/pi05 need; an env without the extra is rebuilt). No
+# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, the
+# transformers of its [pi] extra (< 5.6, which pi0/pi05 need; an env without the extra is rebuilt) and the
+# diffusers of its [diffusion] extra (LeRobot's DiffusionPolicy refuses to build without it). No
 # Python 3.12 means no interop run: that is said in one line and fails, so a missing run is never read
 # as a pass.
 set -euo pipefail
@@ -34,6 +35,7 @@ from importlib.metadata import version
 assert version("lerobot") == sys.argv[1] and version("peft") == sys.argv[2]
 # transformers from the [pi] extra (>= 5.4, < 5.6): without it there is none, or a newer one pi0 cannot use
 assert tuple(int(part) for part in version("transformers").split(".")[:2]) < (5, 6)
+version("diffusers")  # the [diffusion] extra
 EOF
 }
 
@@ -46,8 +48,8 @@ if ! env_ok; then
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   uv venv -q --python "$PY312" "$VENV"
-  uv pip install -q --python "$VENV/bin/python" "lerobot[pi]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
-  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi] ${LEROBOT_VERSION} (transformers < 5.6) with peft ${PEFT_VERSION}" >&2; exit 1; }
+  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
 else
   echo "interop: reusing LeRobot ${LEROBOT_VERSION} in ${VENV}"
 fi
