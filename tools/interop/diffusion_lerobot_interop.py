@@ -68,6 +68,11 @@ VARIANTS = {
     ),
 }
 LOSS_SEED, CHUNK_SEED = 1234, 99
+SCHEDULER_ATOL = 1e-6
+# scheduler cases: (type, beta_schedule, prediction_type, clip_sample, num_train_timesteps, num_inference_steps)
+SCHEDULER_CASES = [(kind, schedule, pred, clip, 100, steps)
+                   for kind in ("DDPM", "DDIM") for schedule in ("squaredcos_cap_v2", "linear", "scaled_linear")
+                   for pred in ("epsilon", "sample") for clip in (True, False) for steps in (100, 7)]
 
 
 def _tuples(overrides: dict) -> dict:
@@ -158,6 +163,31 @@ def load_reference(path: Path) -> tuple[dict, dict]:
     data = load_file(str(path))
     inputs = {k[3:]: v for k, v in data.items() if k.startswith("in.")}
     return inputs, {k: v for k, v in data.items() if k.startswith("out.")}
+
+
+def run_scheduler(make, case: tuple) -> dict[str, torch.Tensor]:
+    """betas, add_noise at every 9th timestep, and a whole reverse chain (fixed model outputs, seeded
+    DDPM noise) of one scheduler built by ``make(name, **kwargs)``."""
+    kind, schedule, pred, clip, train_steps, steps = case
+    sched = make(kind, num_train_timesteps=train_steps, beta_start=1e-4, beta_end=0.02, beta_schedule=schedule,
+                 clip_sample=clip, clip_sample_range=1.0, prediction_type=pred)
+    g = torch.Generator().manual_seed(5)
+    x0, eps = torch.randn(4, 8, 3, generator=g), torch.randn(4, 8, 3, generator=g)
+    ts = torch.arange(0, train_steps, 9)[:4]
+    noisy = sched.add_noise(x0, eps, ts)
+    sched.set_timesteps(steps)
+    sample = torch.randn(4, 8, 3, generator=g)
+    outputs = torch.randn(len(sched.timesteps), 4, 8, 3, generator=g)
+    torch.manual_seed(7)
+    for i, t in enumerate(sched.timesteps):
+        result = sched.step(outputs[i], t, sample)
+        sample = getattr(result, "prev_sample", result)
+    return {"alphas_cumprod": sched.alphas_cumprod.clone(), "noisy": noisy, "final": sample,
+            "timesteps": torch.as_tensor(sched.timesteps).clone()}
+
+
+def case_name(case: tuple) -> str:
+    return "-".join(str(part) for part in case)
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
@@ -261,6 +291,33 @@ def lerobot_check(work: Path, variant: str) -> bool:
     return ok
 
 
+def lerobot_schedulers(out: Path) -> None:
+    """diffusers' results for every scheduler case (what LeRobot's DiffusionModel builds)."""
+    from lerobot.policies.diffusion.modeling_diffusion import _make_noise_scheduler
+
+    tensors = {f"{case_name(c)}.{k}": v.contiguous() for c in SCHEDULER_CASES
+               for k, v in run_scheduler(_make_noise_scheduler, c).items()}
+    save_file(tensors, str(out))
+    print(f"[lerobot-schedulers] wrote {len(SCHEDULER_CASES)} cases to {out}")
+
+
+def ours_schedulers(ref_file: Path) -> bool:
+    from lerobot_cli.policies.diffusion.schedulers import make_noise_scheduler
+
+    ref = load_file(str(ref_file))
+    worst, bad = 0.0, []
+    for case in SCHEDULER_CASES:
+        for key, value in run_scheduler(make_noise_scheduler, case).items():
+            expected = ref[f"{case_name(case)}.{key}"]
+            diff = (value.double() - expected.double()).abs().max().item() if value.shape == expected.shape else 1e9
+            worst = max(worst, diff)
+            if diff > SCHEDULER_ATOL:
+                bad.append(f"{case_name(case)}.{key}: {diff:.2e}")
+    print(f"[ours vs diffusers] {len(SCHEDULER_CASES)} scheduler cases (DDPM/DDIM x 3 beta schedules x "
+          f"epsilon/sample x clip on/off x 100/7 steps): max|Δ| = {worst:.2e} {'ok' if not bad else bad[:5]}")
+    return not bad
+
+
 def lerobot_sizes() -> None:
     """Full default DiffusionConfig (ResNet18, down_dims 512/1024/2048) with one 3x96x96 camera, state 2,
     action 2 (PushT's features): key count, parameter count, buffer elements."""
@@ -277,7 +334,8 @@ def lerobot_sizes() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", nargs="?", default="run",
-                        choices=["run", "ours-write", "ours-check", "lerobot-check", "lerobot-sizes"])
+                        choices=["run", "ours-write", "ours-check", "lerobot-check", "lerobot-sizes",
+                                 "lerobot-schedulers"])
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--variant", choices=sorted(VARIANTS), action="append",
                         help="config variant(s) to check (default: all)")
@@ -298,6 +356,9 @@ def main() -> int:
     if args.mode == "lerobot-sizes":
         lerobot_sizes()
         return 0
+    if args.mode == "lerobot-schedulers":
+        lerobot_schedulers(args.dir)
+        return 0
     work = args.dir or Path(tempfile.mkdtemp(prefix="diffusion-interop-"))
     work.mkdir(parents=True, exist_ok=True)
     me = str(Path(__file__).resolve())
@@ -305,8 +366,11 @@ def main() -> int:
         ours_write(work, v)
     flags = [arg for v in variants for arg in ("--variant", v)]
     lerobot = subprocess.run([args.lerobot_python, me, "lerobot-check", str(work), *flags], check=False)
-    lerobot_ok = lerobot.returncode == 0
+    schedulers = subprocess.run([args.lerobot_python, me, "lerobot-schedulers", str(work / "schedulers.safetensors")],
+                                check=False)
+    lerobot_ok = lerobot.returncode == 0 and schedulers.returncode == 0
     ours_ok = all([ours_check(work, v) for v in variants])  # noqa: C419 - check every variant
+    ours_ok = ours_schedulers(work / "schedulers.safetensors") and ours_ok
     print(f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: {'PASS' if ours_ok else 'FAIL'}")
     return 0 if lerobot_ok and ours_ok else 1
 

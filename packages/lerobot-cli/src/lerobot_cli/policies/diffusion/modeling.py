@@ -9,7 +9,9 @@ and keep ``n_action_steps`` actions from the current step on. Parameters live un
 
 Random draws follow LeRobot's order (training: one ``randn`` of the trajectory's shape, then one
 ``randint`` of timesteps; inference: the prior, then one ``randn`` per DDPM step), so with the same seed
-and weights both produce the same loss and the same actions.
+and weights both produce the same loss and the same actions. A training batch from this stack's
+dataset carries each sample's ``index``; then each sample's noise and timestep follow its index (as
+pi0's flow noise does), so data-parallel layouts of one global batch draw the same noise as one process.
 """
 
 from __future__ import annotations
@@ -168,8 +170,27 @@ class DiffusionPolicy(nn.Module):
                 timesteps: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The diffusion MSE; ``noise``/``timesteps`` (optional) replace the random draws."""
         batch = self._with_image_stack(batch, add_time=self.config.n_obs_steps == 1)
+        if noise is None and timesteps is None:
+            noise, timesteps = self._draw_per_sample(batch)
         loss = self.diffusion.compute_loss(batch, noise=noise, timesteps=timesteps)
         return loss, {}
+
+    def _draw_per_sample(self, batch: dict[str, Any]) -> tuple[Tensor | None, Tensor | None]:
+        """Each sample's noise and timestep from one draw of the global RNG plus its dataset ``index``, so a
+        sample gets the same draws whichever rank and micro-batch it lands in (every rank seeds the global
+        RNG alike and draws in lockstep). Without an ``index`` (a foreign batch): ``(None, None)``, and the
+        model draws from the global RNG directly, as LeRobot does."""
+        index, actions = batch.get("index"), batch.get(ACTION)
+        if not isinstance(index, Tensor) or not isinstance(actions, Tensor) or index.numel() != actions.shape[0]:
+            return None, None
+        base = int(torch.randint(0, 2**62, ()))
+        noises, steps = [], []
+        for sample in index.reshape(-1).tolist():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
+                noises.append(torch.randn((1, *actions.shape[1:])))
+                steps.append(torch.randint(0, self.config.num_train_timesteps, (1,)))
+        return torch.cat(noises).to(actions.device), torch.cat(steps).to(actions.device)
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
