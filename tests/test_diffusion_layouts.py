@@ -4,12 +4,13 @@ One process, DDP x2 and FSDP2 x2 train the same global batches and log the same 
 the backbone (no batch statistics) and each sample's noise and timestep keyed by its dataset index make
 the layouts compute the same thing. FSDP2 shards the U-Net's residual blocks and the camera encoder (its
 ``_fsdp_wrap_modules``) and writes a ``pretrained_model/`` with LeRobot's keys that loads back. A longer
-single-process run shows the loss going down.
+single-process run (the README's diffusion command) shows the loss going down.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -86,10 +87,21 @@ def test_fsdp2_shards_residual_blocks_and_the_camera_encoder_and_saves_lerobot_k
     assert json.loads((model_dir / "config.json").read_text())["type"] == "diffusion"
 
 
-def test_loss_goes_down(launch, tmp_path):
+def readme_command() -> list[str]:
+    """The flags of the diffusion command in packages/lerobot-cli/README.md (``uv run lerobot-train`` dropped)."""
+    text = (REPO / "packages" / "lerobot-cli" / "README.md").read_text()
+    block = text.split("<!-- diffusion-command", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:3] == ["uv", "run", "lerobot-train"], words[:3]
+    return words[3:]
+
+
+def test_readme_command_trains_and_the_loss_goes_down(launch, tmp_path):
     out = tmp_path / "long"
-    train(launch, *TINY, "--policy.scheduler_name=constant_with_warmup", "--steps=60", "--log_freq=10",
-          "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out}")
+    flags = [f for f in readme_command() if not f.startswith("--output_dir=")]
+    assert "--steps=60" in flags and "--policy.type=diffusion" in flags
+    flags = [f.replace("data/lerobot/demo_reach", str(DEMO)) for f in flags]
+    train(launch, *flags, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out}")
     got = list(losses(out).values())
     assert len(got) == 6
     # diffusion losses are noisy step to step (random timesteps): compare the first and last two logs
