@@ -119,6 +119,9 @@ def test_device_choice():
 def test_backend_choice():
     assert backend_for(torch.device("cpu")) == "gloo"
     assert backend_for(torch.device("cuda", 0)) == "nccl"
+    # FSDP2 with CPU offload reduces host tensors (sharded grads, their norm): gloo beside nccl
+    assert backend_for(torch.device("cuda", 0), cpu_collectives=True) == "cuda:nccl,cpu:gloo"
+    assert backend_for(torch.device("cpu"), cpu_collectives=True) == "gloo"
 
 
 def _free_port() -> int:

@@ -186,12 +186,17 @@ def resolve_device(choice: str | torch.device | None, local_rank: int, local_wor
     return torch.device(dev_type, index)
 
 
-def backend_for(device: torch.device) -> str:
-    """nccl for CUDA, gloo for CPU, torch's default for other accelerators (xccl, hccl …)."""
+def backend_for(device: torch.device, cpu_collectives: bool = False) -> str:
+    """nccl for CUDA, gloo for CPU, torch's default for other accelerators (xccl, hccl …).
+
+    ``cpu_collectives``: the run also reduces tensors that live in host memory (FSDP2 with CPU offload:
+    the sharded gradients and their clip norm are on the CPU), which nccl cannot; CUDA then gets
+    ``cuda:nccl,cpu:gloo``, one group whose collectives go to nccl or gloo by the tensors' device.
+    """
     if device.type == "cpu":
         return "gloo"
     if device.type == "cuda":
-        return "nccl"
+        return "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
     return dist.get_default_backend_for_device(device)
 
 
@@ -254,9 +259,9 @@ def init_runtime(
                 f"{world} processes were launched but MASTER_ADDR/MASTER_PORT are not set; "
                 "launch with torchrun or accelerate launch"
             )
-        backend = backend_for(dev)
+        backend = backend_for(dev, cpu_collectives=resolved.is_sharded and accelerator.fsdp.cpu_offload)
         _init_process_group(backend, rank, world, datetime.timedelta(seconds=accelerator.timeout_s),
-                            dev if backend == "nccl" else None)
+                            dev if "nccl" in backend else None)
     runtime = ParallelRuntime(rank=rank, world_size=world, local_rank=launch.local_rank, device=dev,
                               backend=backend, parallelism=resolved, mesh=None, timeout_s=accelerator.timeout_s,
                               owns_process_group=not adopted, launcher=launch.launcher)
