@@ -1,6 +1,7 @@
 """Tiny Diffusion Policy through ``lerobot-train`` on the demo dataset (camera + state + env state).
 
-One process, DDP x2 and FSDP2 x2 train the same global batches and log the same losses: group norm in
+One process, DDP x2 and FSDP2 x2 train the same global batches and log the same losses (step 1 to 1e-6,
+later steps to 1e-4; see the test): group norm in
 the backbone (no batch statistics) and each sample's noise and timestep keyed by its dataset index make
 the layouts compute the same thing. FSDP2 shards the U-Net's residual blocks and the camera encoder (its
 ``_fsdp_wrap_modules``) and writes a ``pretrained_model/`` with LeRobot's keys that loads back. A longer
@@ -24,10 +25,10 @@ SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "ler
 pytestmark = pytest.mark.slow
 
 TINY = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=diffusion",
-        "--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true", "--policy.resize_shape=[32,32]",
+        "--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
         "--policy.down_dims=[16,32]", "--policy.horizon=8", "--policy.n_action_steps=4",
         "--policy.spatial_softmax_num_keypoints=8", "--policy.diffusion_step_embed_dim=16",
-        "--policy.num_train_timesteps=20", "--policy.optimizer_lr=1e-3", "--policy.scheduler_warmup_steps=0"]
+        "--policy.num_train_timesteps=20", "--policy.scheduler_warmup_steps=0"]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -46,7 +47,7 @@ def train(launch, *args: str, nproc: int = 1):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
     root = tmp_path_factory.mktemp("diffusion")
-    common = [*TINY, "--steps=4", "--log_freq=1"]
+    common = [*TINY, "--policy.optimizer_lr=1e-4", "--steps=4", "--log_freq=1"]
     out = {name: root / name for name in ("single", "ddp", "fsdp")}
     single = train(launch, *common, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out['single']}")
     ddp = train(launch, *common, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={out['ddp']}", nproc=2)
@@ -63,7 +64,12 @@ def test_layouts_log_the_same_losses(runs):
         got = losses(runs[name][0])
         assert sorted(got) == sorted(reference), name
         for step, loss in reference.items():
-            assert abs(got[step] - loss) <= 1e-5 * max(1.0, abs(loss)), (name, step, got[step], loss)
+            # Step 1 runs the same weights (only the reductions' order differs: measured ~1e-7). Later steps
+            # follow updates whose gradients were reduced in another order; Adam's normalised update turns those
+            # last-bit differences (tiny gradients included) into lr-sized weight differences, which the
+            # camera's ResNet and spatial softmax amplify: measured up to ~1.5e-5 at step 4.
+            tol = 1e-6 if step == 1 else 1e-4
+            assert abs(got[step] - loss) <= tol * max(1.0, abs(loss)), (name, step, got[step], loss)
 
 
 def test_fsdp2_shards_residual_blocks_and_the_camera_encoder_and_saves_lerobot_keys(runs):

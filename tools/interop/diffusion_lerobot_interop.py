@@ -38,23 +38,25 @@ from safetensors.torch import load_file, save_file
 ATOL = 1e-5
 # name -> (features {key: (type, shape)}, config overrides)
 VARIANTS = {
-    # DDPM, epsilon, one camera with random crops, state + env state, FiLM scale, padding-masked loss
+    # (camera sizes give feature maps of 2x2 or more: on a 1x1 map spatial softmax is constant and the
+# camera would not matter)
+# DDPM, epsilon, one camera with random crops, state + env state, FiLM scale, padding-masked loss
     "ddpm": (
         {"observation.state": ("STATE", (4,)), "observation.environment_state": ("ENV", (3,)),
-         "observation.images.top": ("VISUAL", (3, 40, 40)), "action": ("ACTION", (2,))},
+         "observation.images.top": ("VISUAL", (3, 72, 80)), "action": ("ACTION", (2,))},
         {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "down_dims": [16, 32], "kernel_size": 5,
          "n_groups": 8, "diffusion_step_embed_dim": 16, "spatial_softmax_num_keypoints": 8,
-         "crop_shape": [32, 36], "crop_is_random": True, "num_train_timesteps": 20,
+         "crop_shape": [64, 70], "crop_is_random": True, "num_train_timesteps": 20,
          "do_mask_loss_for_padding": True},
     ),
     # DDIM, sample prediction, two cameras through one shared group-norm encoder, resize + crop ratio,
     # three observation steps, bias-only FiLM, clip range 1.5, 5 inference steps
     "ddim": (
-        {"observation.state": ("STATE", (3,)), "observation.images.left": ("VISUAL", (3, 36, 44)),
-         "observation.images.right": ("VISUAL", (3, 36, 44)), "action": ("ACTION", (3,))},
+        {"observation.state": ("STATE", (3,)), "observation.images.left": ("VISUAL", (3, 50, 60)),
+         "observation.images.right": ("VISUAL", (3, 50, 60)), "action": ("ACTION", (3,))},
         {"n_obs_steps": 3, "horizon": 16, "n_action_steps": 6, "down_dims": [8, 16, 32], "kernel_size": 3,
          "n_groups": 4, "diffusion_step_embed_dim": 8, "spatial_softmax_num_keypoints": 4,
-         "use_separate_rgb_encoder_per_camera": False, "use_group_norm": True, "resize_shape": [30, 30],
+         "use_separate_rgb_encoder_per_camera": False, "use_group_norm": True, "resize_shape": [80, 72],
          "crop_ratio": 0.8, "noise_scheduler_type": "DDIM", "prediction_type": "sample",
          "num_train_timesteps": 50, "num_inference_steps": 5, "use_film_scale_modulation": False,
          "clip_sample_range": 1.5},
@@ -213,7 +215,13 @@ def ours_write(work: Path, variant: str) -> None:
     save_pretrained(policy, cfg, out)
     save_processors(pre, post, out)
     inputs = make_inputs(features, overrides, 3)
-    save_reference(out / "reference.safetensors", inputs, run_policy(policy, pre, post, inputs))
+    outputs = run_policy(policy, pre, post, inputs)
+    save_reference(out / "reference.safetensors", inputs, outputs)
+    cameras = [k for k, (kind, _) in features.items() if kind == "VISUAL"]
+    if cameras:  # the comparison must exercise the camera path: other images, another loss
+        blank = {**inputs, **{k: torch.zeros_like(inputs[k]) for k in cameras}}
+        if torch.equal(run_policy(policy, pre, post, blank)["out.loss"], outputs["out.loss"]):
+            raise SystemExit(f"[ours-write] {variant}: the loss does not depend on the cameras")
     print(f"[ours-write] wrote {out}")
 
 

@@ -52,7 +52,7 @@ LEROBOT_CONFIG_KEYS = [
 LEROBOT_FULL_KEYS, LEROBOT_FULL_PARAMS = 273, 262_709_026
 
 FEATURES = {"observation.state": PolicyFeature("STATE", (4,)), "observation.environment_state": PolicyFeature("ENV", (3,)),
-            "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))}
+            "observation.images.top": PolicyFeature("VISUAL", (3, 40, 48))}  # a 2x2 feature map
 ACTION = {"action": PolicyFeature("ACTION", (2,))}
 TINY = {"down_dims": (16, 32), "horizon": 8, "n_action_steps": 4, "spatial_softmax_num_keypoints": 4,
         "diffusion_step_embed_dim": 8, "num_train_timesteps": 10, "pretrained_backbone_weights": None}
@@ -159,9 +159,9 @@ def test_resize_derives_crop_shape_as_lerobot():
 @pytest.mark.parametrize(("kwargs", "needle"), [
     ({"input_features": {"observation.state": PolicyFeature("STATE", (4,))}}, "at least one camera"),
     ({"input_features": {"observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))}}, "needs observation.state"),
-    ({"input_features": {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 32, 40))}},
+    ({"input_features": {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 32, 48))}},
      "every camera at the same shape"),
-    ({"crop_shape": (40, 20)}, "does not fit inside observation.images.top (32x32)"),
+    ({"crop_shape": (50, 20)}, "does not fit inside observation.images.top (40x48)"),
 ])
 def test_feature_rules(kwargs, needle):
     with pytest.raises(ValueError, match=None) as err:
@@ -207,7 +207,7 @@ def test_full_default_size_on_meta_equals_lerobot_counts():
 def test_group_norm_and_shared_encoder_keys():
     from lerobot_cli.policies.diffusion.modeling import DiffusionPolicy
 
-    two = {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 32, 32))}
+    two = {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 40, 48))}
     sd = DiffusionPolicy(tiny_config(input_features=two, use_group_norm=True,
                                      use_separate_rgb_encoder_per_camera=False)).state_dict()
     assert "diffusion.rgb_encoder.backbone.1.weight" in sd and "diffusion.rgb_encoder.backbone.1.running_mean" not in sd
@@ -302,6 +302,10 @@ def test_loss_is_the_noise_mse_and_masking_excludes_padded_steps():
     with torch.no_grad():
         err_x0 = (model.unet(noisy, t, global_cond=cond) - batch["action"]) ** 2
     torch.testing.assert_close(sample(batch, noise=noise, timesteps=t)[0], err_x0.mean())
+    # every input conditions the U-Net (on a 1x1 feature map spatial softmax would make the camera constant)
+    for key in FEATURES:
+        changed = {**batch, key: torch.zeros_like(batch[key])}
+        assert not torch.equal(policy(changed, noise=noise, timesteps=t)[0], a), key
 
 
 def test_noise_follows_the_dataset_index_so_split_batches_draw_alike():
