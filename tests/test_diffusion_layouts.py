@@ -112,3 +112,18 @@ def test_readme_command_trains_and_the_loss_goes_down(launch, tmp_path):
     assert len(got) == 6
     # diffusion losses are noisy step to step (random timesteps): compare the first and last two logs
     assert sum(got[-2:]) < 0.85 * sum(got[:2]), got
+
+
+def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_line(launch):
+    base = [SCRIPT, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--policy.type=diffusion",
+            "--dry_run=true", "--parallelism.dp_shard=4"]
+    res = launch.run_command([*base, "--policy.pretrained_backbone_weights=null"], timeout_s=120)
+    assert res.returncode == 0, res.describe()
+    # LeRobot's default size with the demo's features (state 2, env state 2, one camera, action 2)
+    assert "Policy: diffusion; parameters 262,823,714" in res.stdout, res.stdout
+    assert "Wrap units from the policy._fsdp_wrap_modules: 13 unit(s) + the root" in res.stdout
+    assert "(0.250x of the unsharded" in res.stdout
+    res = launch.run_command(base, timeout_s=120, env={"TORCH_HOME": "/nonexistent-torch-home"})
+    assert res.returncode == 2, res.describe()
+    assert "Traceback" not in res.output
+    assert "pass --policy.pretrained_backbone_weights=null for a randomly initialised backbone" in res.stderr
