@@ -109,6 +109,12 @@ def test_unbatched_observation_gets_a_batch_dim_and_dtype_cast():
     assert half["a"].dtype == torch.bfloat16 and half["b"].dtype == torch.long
 
 
+def test_device_step_keeps_the_dataset_index_on_the_host():
+    """Policies read ``index`` on the host (per-sample noise seeds): a device copy would be read back each step."""
+    moved = DeviceStep("meta")({"index": torch.arange(3), "action": torch.zeros(3, 2)})
+    assert moved["action"].device.type == "meta" and moved["index"].device.type == "cpu"
+
+
 def test_saved_files_use_lerobot_names_and_step_layout(tmp_path):
     pre, post = make_pre_post_processors(_config(), _stats(), device="cpu")
     written = save_processors(pre, post, tmp_path)

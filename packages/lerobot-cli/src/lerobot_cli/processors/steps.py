@@ -107,9 +107,13 @@ class DeviceStep(ProcessorStep):
 
     A bare ``"cuda"`` means this process's current CUDA device, and a tensor already on a GPU stays
     there: with one process per GPU, the same saved pipeline must serve every rank.
+
+    The sample's dataset ``index`` stays in host memory: policies read it on the host (pi0's and
+    diffusion's per-sample noise seeds), and reading a device copy back would stall every step.
     """
 
     registry_name: ClassVar[str] = "device_processor"
+    host_keys: ClassVar[frozenset[str]] = frozenset({"index"})
 
     def __init__(self, device: str = "cpu", float_dtype: str | None = None) -> None:
         if float_dtype is not None and float_dtype not in _FLOAT_DTYPES:
@@ -133,7 +137,7 @@ class DeviceStep(ProcessorStep):
         return tensor
 
     def __call__(self, batch: Batch) -> Batch:
-        return {k: self._move(v) if isinstance(v, Tensor) else v for k, v in batch.items()}
+        return {k: self._move(v) if isinstance(v, Tensor) and k not in self.host_keys else v for k, v in batch.items()}
 
     def get_config(self) -> dict[str, Any]:
         return {"device": self.device, "float_dtype": self.float_dtype}

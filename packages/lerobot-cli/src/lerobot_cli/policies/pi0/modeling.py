@@ -200,7 +200,9 @@ class PI0Policy(nn.Module):
                 torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
                 noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
                 times.append(self.model.sample_time(1, torch.device("cpu")))
-        return torch.cat(noises).to(actions.device), torch.cat(times).to(actions.device)
+        # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
+        return (torch.cat(noises).to(actions.device, non_blocking=True),
+                torch.cat(times).to(actions.device, non_blocking=True))
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
