@@ -114,6 +114,18 @@ def test_readme_command_trains_and_the_loss_goes_down(launch, tmp_path):
     assert sum(got[-2:]) < 0.85 * sum(got[:2]), got
 
 
+def test_fsdp2_bf16_with_lerobots_batch_norm_backbone(launch, tmp_path):
+    """LeRobot's default backbone (trainable batch norm, fp32 running statistics) under FSDP2 with
+    parameters gathered in bf16."""
+    flags = [f for f in TINY if f != "--policy.use_group_norm=true"]
+    res = train(launch, *flags, "--policy.optimizer_lr=1e-3", "--steps=2", "--log_freq=1", "--batch_size=4",
+                "--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16", "--save_checkpoint=false",
+                f"--output_dir={tmp_path / 'bf16'}", nproc=2)
+    assert "parameters all-gathered in bfloat16" in res.stdout
+    got = losses(tmp_path / "bf16")
+    assert sorted(got) == [1, 2] and all(0 < v < 10 for v in got.values()), got
+
+
 def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_line(launch):
     base = [SCRIPT, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--policy.type=diffusion",
             "--dry_run=true", "--parallelism.dp_shard=4"]

@@ -396,6 +396,23 @@ def test_resize_crop_train_and_eval():
     assert torch.isfinite(loss)
 
 
+def test_batch_norm_is_torchs_and_normalises_in_fp32_when_fsdp_gathers_bf16_affine_terms():
+    from lerobot_cli.policies.diffusion.vision import BatchNorm2d
+
+    torch.manual_seed(0)
+    ours, ref = BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+    assert set(ours.state_dict()) == set(ref.state_dict())
+    x = torch.randn(3, 4, 5, 5)
+    assert torch.equal(ours(x), ref(x)) and torch.equal(ours.running_mean, ref.running_mean)
+    # FSDP2 bf16: affine terms arrive in bf16, the statistics stay fp32 (torch's kernel refuses the mix)
+    ours.weight.data, ours.bias.data = ours.weight.data.bfloat16(), ours.bias.data.bfloat16()
+    out = ours(x.bfloat16())
+    expected = ref(x.bfloat16().float())
+    assert out.dtype == torch.bfloat16 and int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 2
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+
+
 def test_missing_backbone_weights_say_how_to_train_without_them(tmp_path, monkeypatch):
     from lerobot_cli.policies.diffusion.modeling import DiffusionPolicy
 

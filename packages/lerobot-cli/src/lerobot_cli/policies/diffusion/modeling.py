@@ -112,7 +112,7 @@ class DiffusionModel(nn.Module):
             timesteps = torch.randint(0, self.noise_scheduler.num_train_timesteps, (trajectory.shape[0],),
                                       device=trajectory.device).long()
         noisy = self.noise_scheduler.add_noise(trajectory, eps, timesteps)
-        pred = self.unet(noisy, timesteps, global_cond=global_cond)
+        pred = self.unet(noisy, timesteps, global_cond=global_cond).to(trajectory.dtype)  # bf16 under FSDP2 bf16
         target = eps if self.config.prediction_type == "epsilon" else trajectory
         loss = F.mse_loss(pred, target, reduction="none")
         if self.config.do_mask_loss_for_padding:

@@ -95,7 +95,9 @@ class DiffusionConditionalUnet1d(nn.Module):
     def forward(self, x: Tensor, timestep: Tensor, global_cond: Tensor | None = None) -> Tensor:
         """``x``: ``(B, T, action_dim)``; ``timestep``: ``(B,)``; ``global_cond``: ``(B, global_cond_dim)``."""
         x = x.transpose(1, 2)
-        cond = self.diffusion_step_encoder(timestep)
+        sinusoid, mlp = self.diffusion_step_encoder[0], self.diffusion_step_encoder[1:]
+        # the MLP's dtype: bf16 when FSDP2 gathers parameters in bf16 (the root unit does not cast its inputs)
+        cond = mlp(sinusoid(timestep).to(self.diffusion_step_encoder[1].weight.dtype))
         if global_cond is not None:
             cond = torch.cat([cond, global_cond], dim=-1)
         skips = []

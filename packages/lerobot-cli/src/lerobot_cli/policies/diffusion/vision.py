@@ -26,8 +26,27 @@ _ARCHS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3
 _TRUNK_INDEX = {"conv1": 0, "bn1": 1, "layer1": 4, "layer2": 5, "layer3": 6, "layer4": 7}
 
 
+class BatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` (same state) that also runs when FSDP2 gathers its affine terms in bf16 while the
+    running statistics, buffers, stay float32: it then normalises in the statistics' dtype. Otherwise it
+    is ``nn.BatchNorm2d`` exactly."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        stats = self.running_mean
+        if self.weight is None or stats is None or self.weight.dtype == stats.dtype:
+            return super().forward(x)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        out = F.batch_norm(x.to(stats.dtype), stats, self.running_var, self.weight.to(stats.dtype),
+                           self.bias.to(stats.dtype), self.training, factor, self.eps)
+        return out.to(x.dtype)
+
+
 def _norm(channels: int, group_norm: bool) -> nn.Module:
-    return nn.GroupNorm(channels // 16, channels) if group_norm else nn.BatchNorm2d(channels)
+    return nn.GroupNorm(channels // 16, channels) if group_norm else BatchNorm2d(channels)
 
 
 class BasicBlock(nn.Module):
