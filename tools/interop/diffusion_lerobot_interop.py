@@ -43,7 +43,8 @@ VARIANTS = {
 # DDPM, epsilon, one camera with random crops, state + env state, FiLM scale, padding-masked loss
     "ddpm": (
         {"observation.state": ("STATE", (4,)), "observation.environment_state": ("ENV", (3,)),
-         "observation.images.top": ("VISUAL", (3, 72, 80)), "action": ("ACTION", (2,))},
+         "observation.images.top": ("VISUAL", (3, 72, 80)), "observation.images.wrist": ("VISUAL", (3, 72, 80)),
+         "action": ("ACTION", (2,))},
         {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "down_dims": [16, 32], "kernel_size": 5,
          "n_groups": 8, "diffusion_step_embed_dim": 16, "spatial_softmax_num_keypoints": 8,
          "crop_shape": [64, 70], "crop_is_random": True, "num_train_timesteps": 20,
