@@ -104,10 +104,11 @@ def run_policy(policy, pre, post, inputs: dict) -> dict[str, torch.Tensor]:
     torch.manual_seed(1234)  # the VAE draws one randn_like(mu): same seed, same latent sample
     loss, info = policy.forward(pre(dict(inputs)))
     policy.eval()
-    return {"out.chunk": chunk.detach().float(), "out.loss": loss.detach().reshape(1),
-            # floats in LeRobot, detached 0-d tensors in ours: as_tensor takes both
-            "out.l1": torch.as_tensor(info["l1_loss"], dtype=torch.float32).reshape(1).cpu(),
-            "out.kld": torch.as_tensor(info.get("kld_loss", 0.0), dtype=torch.float32).reshape(1).cpu()}
+    # floats in LeRobot, detached 0-d tensors in ours (as_tensor takes both); cloned, because ours may be
+    # the loss tensor itself (l1 without the VAE) and safetensors refuses tensors that share memory
+    return {"out.chunk": chunk.detach().float(), "out.loss": loss.detach().reshape(1).clone(),
+            "out.l1": torch.as_tensor(info["l1_loss"], dtype=torch.float32).reshape(1).cpu().clone(),
+            "out.kld": torch.as_tensor(info.get("kld_loss", 0.0), dtype=torch.float32).reshape(1).cpu().clone()}
 
 
 def compare(tag: str, ref: dict, got: dict) -> bool:
