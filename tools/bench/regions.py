@@ -80,17 +80,11 @@ class Variant:
         self.saved = 0
 
     def step(self, measure_bytes: bool = False) -> float:
-        total = [0]
-
-        def pack(t):
-            total[0] += t.numel() * t.element_size()
-            return t
+        from lerobot_parallel.testing import saved_tensor_bytes
 
         t0 = time.perf_counter()
         if measure_bytes:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss, _ = self.run(self.model)
-            self.saved = total[0]
+            (loss, _), self.saved = saved_tensor_bytes(lambda: self.run(self.model))
         else:
             loss, _ = self.run(self.model)
         loss.backward()
@@ -135,7 +129,7 @@ def compile_table(steps: int, batch_size: int) -> None:
 
     model_fn, cfg = act_policy(dropout=0.0)
     b = act_batch(cfg, batch_size)
-    run = lambda m: m(b)  # noqa: E731
+    run = lambda m: m(b)
     variants = []
     for name, comp in (("eager", CompileConfig()), ("regional", CompileConfig(enabled=True)),
                        ("whole", CompileConfig(enabled=True, regional=False))):

@@ -216,20 +216,6 @@ def test_bfloat16_bases_train_with_fp32_vision_and_norms():
     assert chunk.dtype == torch.float32 and torch.isfinite(chunk).all()
 
 
-def _saved_bytes(fn):
-    """Bytes of the tensors autograd keeps for backward while ``fn`` runs (checkpointed regions keep
-    only their inputs; selective ones also what they choose to save)."""
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, total[0]
-
-
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradients(mode, monkeypatch):
     """--policy.gradient_checkpointing=true is lerobot-parallel's activation checkpointing of each wrap unit
@@ -240,6 +226,7 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
     from lerobot_parallel.config import ActivationCheckpointingConfig
     from lerobot_parallel.plan import build_plan
     from lerobot_parallel.runtime import ParallelRuntime
+    from lerobot_parallel.testing import saved_tensor_bytes
     from lerobot_parallel.wrap import wrap_model
 
     deep = attrs.evolve(variants.GEMMA_VARIANTS["gemma_tiny"], depth=6)
@@ -257,7 +244,7 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
             assert "PaliGemmaLayer+ExpertLayer" in {block.class_name for block in plan.blocks}
         model = wrap_model(policy, runtime, plan).model
         torch.manual_seed(1)
-        (loss, _), nbytes = _saved_bytes(lambda m=model: m(b, noise=noise, time=time))
+        (loss, _), nbytes = saved_tensor_bytes(lambda m=model: m(b, noise=noise, time=time))
         loss.backward()
         saved.append(nbytes)
         grads.append({n: p.grad for n, p in policy.named_parameters() if p.grad is not None})

@@ -13,6 +13,7 @@ from lerobot_parallel import AcceleratorConfig, ParallelismConfig
 from lerobot_parallel.config import ActivationCheckpointingConfig, CompileConfig
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_parallel.testing import saved_tensor_bytes
 from lerobot_parallel.wrap import wrap_model
 
 RUNTIME = ParallelRuntime.preview(ParallelismConfig())
@@ -33,19 +34,6 @@ def act_batch(cfg: ACTConfig, batch_size: int = 2) -> dict[str, torch.Tensor]:
             "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool)}
 
 
-def saved_bytes(fn):
-    """Bytes of the tensors autograd keeps for backward while ``fn`` runs."""
-    total = [0]
-
-    def pack(t):
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, total[0]
-
-
 def train_once(model_fn, accelerator: AcceleratorConfig, batch, seed: int = 0):
     """Loss, gradients by name and saved bytes of one forward+backward of a fresh model (same seeds)."""
     torch.manual_seed(seed)
@@ -53,7 +41,7 @@ def train_once(model_fn, accelerator: AcceleratorConfig, batch, seed: int = 0):
     plan = build_plan(model, RUNTIME, accelerator)
     run = wrap_model(model, RUNTIME, plan).model
     torch.manual_seed(seed + 1)  # dropout, VAE sampling
-    (loss, _), nbytes = saved_bytes(lambda: run(batch))
+    (loss, _), nbytes = saved_tensor_bytes(lambda: run(batch))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return float(loss.detach()), grads, nbytes, plan

@@ -19,7 +19,7 @@ from lerobot_parallel.errors import ShardingError
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.regions import Region
 from lerobot_parallel.runtime import ParallelRuntime
-from lerobot_parallel.testing import BlockRegressor, JointTowers, PlainRegressor
+from lerobot_parallel.testing import BlockRegressor, JointTowers, PlainRegressor, saved_tensor_bytes
 from lerobot_parallel.wrap import wrap_model
 
 SINGLE = ParallelRuntime.preview(ParallelismConfig())
@@ -39,16 +39,9 @@ def run(model: torch.nn.Module, acc: AcceleratorConfig, batch: dict) -> tuple[fl
     """One forward+backward through ``wrap_model``: loss, gradients by name, bytes saved for backward, plan."""
     plan = build_plan(model, SINGLE, acc)
     wrapped = wrap_model(model, SINGLE, plan).model
-    saved = [0]
-
-    def pack(t):
-        saved[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss, _ = wrapped(batch)
+    (loss, _), saved = saved_tensor_bytes(lambda: wrapped(batch))
     loss.backward()
-    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}, saved[0], plan
+    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}, saved, plan
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])

@@ -13,7 +13,8 @@ how tests tell FSDP's parameter casting from autocast's.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -177,3 +178,17 @@ class JointTowers(nn.Module):
         g = torch.Generator().manual_seed(seed)
         return {"x": torch.randn(batch_size, 4, in_dim, generator=g), "z": torch.randn(batch_size, 3, in_dim, generator=g),
                 "y": torch.randn(batch_size, out_dim, generator=g)}
+
+
+def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``(fn(), bytes)``: what ``fn`` returns and the bytes of the tensors autograd kept for backward while it
+    ran (``saved_tensors_hooks``); what activation checkpointing tests and benchmarks compare."""
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, total[0]
