@@ -16,6 +16,17 @@ import subprocess
 import time
 from pathlib import Path
 
+DEMO = Path(__file__).resolve().parents[1] / "data" / "lerobot" / "demo_reach"
+# the small, fast lerobot-train job the drills interrupt, kill and resume
+MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
+       "--policy.hidden_dim=32", "--batch_size=4"]
+
+
+def metrics_lines(out: Path) -> int:
+    """Loop steps logged so far by the job writing ``out`` (its metrics.jsonl lines)."""
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
 
 def _parent_of(pid: int) -> int | None:
     try:

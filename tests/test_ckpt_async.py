@@ -27,8 +27,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
-MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
-       "--policy.hidden_dim=32", "--batch_size=4"]
 STARTUP_S = 180
 DELAY_S = 2.0
 
@@ -43,11 +41,9 @@ def _load(name: str):
 
 
 drill_job = _load("drill_job")
+MLP, metrics_lines = drill_job.MLP, drill_job.metrics_lines
 
 
-def _metrics_lines(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
 def _listing(ckpts: Path) -> tuple[set[int], list[str], str | None]:
@@ -81,9 +77,9 @@ def test_training_runs_during_a_background_save_and_kill_9_leaves_last_on_the_pr
                 break
             assert time.monotonic() < deadline and job.proc.poll() is None, job.output()
             time.sleep(0.02)
-        t_seen, lines_seen = time.monotonic(), _metrics_lines(out)
+        t_seen, lines_seen = time.monotonic(), metrics_lines(out)
         time.sleep(DELAY_S / 2)  # still inside the background phase (it waits DELAY_S before writing)
-        lines_later = _metrics_lines(out)
+        lines_later = metrics_lines(out)
         _, staging_k, last_k = _listing(ckpts)
         ranks = job.find_workers(2)
         for pid in ranks.values():  # kill -9 of the job: both ranks, then the launcher
@@ -133,7 +129,7 @@ def test_an_interrupt_waits_for_its_background_save_before_exiting(launch, tmp_p
     env = launch.clean_env({"LEROBOT_CKPT_TEST_COMMIT_DELAY_S": str(DELAY_S)})
     job = drill_job.DrillJob(cmd, tmp_path, env, launch.free_port(), launch)
     try:
-        job.wait_for(lambda: _metrics_lines(out) >= 5, STARTUP_S, "five loop steps")
+        job.wait_for(lambda: metrics_lines(out) >= 5, STARTUP_S, "five loop steps")
         t0 = time.monotonic()
         os.kill(job.proc.pid, signal.SIGINT)
         ended = job.wait_end(60)

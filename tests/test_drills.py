@@ -23,8 +23,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
-MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
-       "--policy.hidden_dim=32", "--batch_size=4"]
 STARTUP_S = 240  # 4 ranks importing torch on 2 shared cores; only bounds the wait for the first step
 
 pytestmark = pytest.mark.slow
@@ -38,11 +36,9 @@ def _load(name: str):
 
 
 drill_job = _load("drill_job")
+MLP, metrics_lines = drill_job.MLP, drill_job.metrics_lines
 
 
-def _metrics_lines(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
 def _start_training(launch, tmp_path: Path, nproc: int, *extra: str):
@@ -56,7 +52,7 @@ def _start_training(launch, tmp_path: Path, nproc: int, *extra: str):
     cmd = [launch.PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
            "--monitor-interval=0.2", SCRIPT, *MLP, "--steps=1000000", "--log_freq=1", "--save_checkpoint=false", f"--output_dir={out}", *extra]
     job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port, launch)
-    job.wait_for(lambda: _metrics_lines(out) >= 2, STARTUP_S, "two metrics lines")
+    job.wait_for(lambda: metrics_lines(out) >= 2, STARTUP_S, "two metrics lines")
     return job
 
 
