@@ -91,8 +91,11 @@ def test_a_stopped_rank_hits_the_collective_timeout(launch, tmp_path):
     out after ``--accelerator.timeout_s`` and the rank must report itself failed: that is ours;
     (2) torchrun then SIGTERMs the frozen rank, which cannot act on it while stopped, so the agent
     waits its fixed 30 s shutdown grace before SIGKILL: that is torchrun's, and bounded, not hidden.
+    (torchrun's ``--shutdown-timeout`` does not shorten it: on a worker failure the agent closes the
+    others with the hard-coded 30 s default of ``PContext.close``.) The collective timeout is 5 s,
+    enough for the ranks' start-up skew on two shared cores; the product accepts any value > 0.
     """
-    timeout_s, torchrun_grace_s = 10, 30
+    timeout_s, torchrun_grace_s = 5, 30
     job = _start_training(launch, tmp_path, 2, f"--accelerator.timeout_s={timeout_s}")
     try:
         pid = job.find_workers(2)[1]
