@@ -112,7 +112,8 @@ def test_each_format_writes_its_artifacts_and_records_them(chain):
         assert record["parallelism"] == {"dp_replicate": 1, "dp_shard": 2}
         assert record["artifacts"] == {"model_safetensors": fmt != "dcp", "model_dcp": fmt != "safetensors",
                                        "optimizer_single_file": False, "optimizer_dcp": True,
-                                       "peft_adapter": False, "scheduler": True, "scaler": False}
+                                       "peft_adapter": False, "ema_safetensors": False, "ema_dcp": False,
+                                       "scheduler": True, "scaler": False}
     hsdp = json.loads((_step(out, "hsdp") / "training_state" / "training_step.json").read_text())
     assert hsdp["parallelism"] == {"dp_replicate": 2, "dp_shard": 2} and hsdp["world_size"] == 4
     assert hsdp["checkpoint_format"] == "safetensors_dcp" and hsdp["artifacts"]["model_safetensors"]

@@ -134,7 +134,8 @@ def test_files_and_their_content(tmp_path):
         "grad_accum_steps": 2, "mixed_precision": "no", "parallelism": {"dp_replicate": 1, "dp_shard": 1},
         "checkpoint_format": "safetensors", "sampler": {"epoch": 1, "offset": 15}}
     assert record["artifacts"] == {"model_safetensors": True, "model_dcp": False, "optimizer_single_file": True,
-                                   "optimizer_dcp": False, "peft_adapter": False, "scheduler": True, "scaler": False}
+                                   "optimizer_dcp": False, "peft_adapter": False, "ema_safetensors": False,
+                                   "ema_dcp": False, "scheduler": True, "scaler": False}
     assert record["versions"]["lerobot-ckpt"] == "0.1.0" and record["versions"]["lerobot-cli"] == "9.9"
     assert record["versions"]["torch"] == torch.__version__
     parsed = read_training_step(step_dir / "pretrained_model" / "train_config.json")

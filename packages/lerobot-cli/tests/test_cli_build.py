@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from lerobot_trainloop.config import EmaConfig
 from lerobot_ckpt import CheckpointFormat
 from lerobot_cli import configio
 from lerobot_cli.cli.argv import split_argv
@@ -136,6 +137,7 @@ def every_section_non_default() -> TrainConfig:
                                   peak_lr=0.2, decay_lr=0.01),
         peft=PeftConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=("q",), full_training_modules=("head",)),
         trackio=TrackioConfig(enable=True, project="p"),
+        ema=EmaConfig(enable=True, decay=0.99, update_after_step=3, inv_gamma=2.0, power=0.5, use_for_eval=False),
         parallelism=ParallelismConfig(dp_replicate=2, dp_shard=-1),
         accelerator=AcceleratorConfig(
             mixed_precision="fp16", gradient_accumulation=GradientAccumulationConfig(steps=3),

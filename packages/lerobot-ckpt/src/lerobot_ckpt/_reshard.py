@@ -69,7 +69,7 @@ class _Shape:
 class _SafetensorsSlices:
     """A safetensors file checked against targets, then copied into them slice by slice."""
 
-    def __init__(self, path, targets: dict[str, torch.Tensor]) -> None:
+    def __init__(self, path, targets: dict[str, torch.Tensor], *, subset: bool = False) -> None:
         if not path.is_file():
             raise MissingCheckpointFileError(path)
         self.path = path
@@ -82,7 +82,7 @@ class _SafetensorsSlices:
         self.names = {k: k for k in shapes}
         self.names.update({alias: kept for alias, kept in metadata.items() if alias not in shapes and kept in shapes})
         found = {k: shapes[v] for k, v in self.names.items()}
-        problem = mismatch(targets, found)
+        problem = mismatch(targets, found, subset=subset)
         if problem:
             raise ModelMismatchError(f"{path} does not match the model: {problem}")
         self.targets = targets
@@ -183,8 +183,49 @@ def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Mod
 
 def prepare_state(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Module | None,
                   optimizer: torch.optim.Optimizer | None, adapter_state: AdapterState | None, apply_adapter,
-                  collective: bool) -> PreparedState:
+                  collective: bool, ema: dict[str, torch.Tensor] | None = None) -> PreparedState:
     """Check every source against the live objects; nothing is modified until ``apply()``."""
     weights = _weights(paths, record, model, adapter_state, apply_adapter, collective)
     optim = _optimizer(paths, record, model, optimizer, collective) if optimizer is not None else None
-    return PreparedState(step for step in (weights, optim) if step is not None)
+    shadow = ema_step(paths, record, model=model, ema=ema, adapter_state=adapter_state, collective=collective)
+    return PreparedState(step for step in (weights, optim, shadow) if step is not None)
+
+
+def _ema_targets(model: nn.Module, ema: dict[str, torch.Tensor],
+                 adapter_state: AdapterState | None) -> dict[str, torch.Tensor]:
+    """The shadow's tensors under the names the EMA files use: the model's FQNs (one name per tied
+    tensor), or the adapter file's keys for a PEFT run (the selection the save made, applied to the
+    model's state with the shadow in place)."""
+    first: dict[int, str] = {}
+    for name, t in ema.items():
+        first.setdefault(id(t), name)
+    if adapter_state is None:
+        return {name: ema[name] for name in first.values()}
+    selected = {k: v for k, v in adapter_state(model_state(model, None, ema)).items() if id(v) in first}
+    if len({id(v) for v in selected.values()}) != len(first):
+        raise CheckpointConfigError("the EMA shadow covers parameters the PEFT adapter selection does not name: "
+                                    "it must cover the trainable (adapter) parameters only")
+    return selected
+
+
+def ema_step(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Module | None,
+             ema: dict[str, torch.Tensor] | None, adapter_state: AdapterState | None, collective: bool) -> Step | None:
+    """Checked source of the EMA shadow (``pretrained_model_ema/``) and the in-place read into it;
+    None when none is asked for or the checkpoint has none (the caller says so).
+
+    DCP shards when the checkpoint has them (resharded onto the shadow's placements), else the
+    safetensors file (each rank reading its slice). Only the shadow's keys are read: the files
+    hold the whole model state (buffers and frozen weights are the live model's)."""
+    art = record.artifacts
+    if ema is None or not art.ema:
+        return None
+    if model is None:
+        raise CheckpointConfigError("restoring an EMA shadow needs model= as well (its files are keyed like the model)")
+    ema_paths = paths.ema
+    targets = _ema_targets(model, dict(ema), adapter_state)
+    if art.ema_dcp:
+        index = _checked_index(ema_paths.model_dcp)
+        check_model(index, targets, subset=True)
+        return lambda: load_dcp(ema_paths.model_dcp, MODEL_KEY, targets, collective=collective)
+    file = ema_paths.adapter_weights if art.peft_adapter else ema_paths.model_weights
+    return _SafetensorsSlices(file, targets, subset=True).copy

@@ -5,8 +5,9 @@ A writer is either the main rank's alone (the non-sharded weights and optimizer 
 sharded model). :mod:`lerobot_ckpt.save` runs them in one transaction and only has to know which
 kind each is: collective writers get the staging path broadcast and an agreement before and after,
 main-rank writers run inside the main rank's part of it. Each returns the :class:`Artifacts` it
-wrote, so ``training_step.json`` records exactly what is on disk. A further state (an EMA shadow,
-say) is one more writer of either kind.
+wrote, so ``training_step.json`` records exactly what is on disk. An EMA shadow is the weights
+writer of its topology again, with the shadow in place of the live parameters (``override``),
+redirected into ``pretrained_model_ema/`` by :class:`InEma`.
 
 An asynchronous save (:mod:`lerobot_ckpt.async_save`) asks each writer for its
 :meth:`Writer.snapshot` on the training thread at the save step: the writers it returns hold CPU
@@ -36,7 +37,7 @@ from lerobot_ckpt.layout import CheckpointPaths
 from lerobot_ckpt.safetensors.files import write_tensors
 from lerobot_ckpt.safetensors.gather import gather_to_cpu, write_gathered, write_planned
 from lerobot_ckpt.safetensors.stream import SafetensorsPlan
-from lerobot_ckpt.state.fqn import AdapterState, model_state, optimizer_state, tied_aliases
+from lerobot_ckpt.state.fqn import AdapterState, model_state, optimizer_state, tied_aliases, with_override
 from lerobot_ckpt.state.model import unwrap_model
 from lerobot_ckpt.state.optimizer import save_optimizer_state
 from lerobot_ckpt.state.record import Artifacts, RunInfo
@@ -73,15 +74,18 @@ class WholeWeights:
 
     model: nn.Module | Mapping[str, torch.Tensor] | None
     adapter_state: AdapterState | None
+    override: Mapping[str, torch.Tensor] | None = None  # an EMA shadow, in place of the live parameters
     collective: ClassVar[bool] = False
 
     def _state(self) -> tuple[dict[str, torch.Tensor], bool] | None:
         """The tensors to write and whether they are the adapter's (None: no model given)."""
         if self.model is None:
             return None
+        state = unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else dict(self.model)
+        state = with_override(state, self.override)
         if self.adapter_state is not None:
-            return self.adapter_state(unwrap_model(self.model).state_dict()), True
-        return (unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else self.model), False
+            return self.adapter_state(state), True
+        return state, False
 
     def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
         return _write_weights(paths, self._state())
@@ -158,10 +162,11 @@ class ShardedState:
     model: nn.Module
     optimizer: torch.optim.Optimizer | None
     adapter_state: AdapterState | None
+    override: Mapping[str, torch.Tensor] | None = None  # an EMA shadow's shards, in place of the live ones
     collective: ClassVar[bool] = True
 
     def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
-        state = model_state(self.model, self.adapter_state)
+        state = model_state(self.model, self.adapter_state, self.override)
         fmt, peft = self.run.checkpoint_format, self.adapter_state is not None
         weights = paths.adapter_weights if peft else paths.model_weights
         if fmt.writes_dcp:
@@ -189,7 +194,7 @@ class ShardedState:
     def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
         """The DCP parts as CPU copies of this rank's shards; the gathered file as whole tensors on the
         main rank (the gather is collective over the training group, so it happens here)."""
-        state = model_state(self.model, self.adapter_state)
+        state = model_state(self.model, self.adapter_state, self.override)
         fmt, peft = self.run.checkpoint_format, self.adapter_state is not None
         out: list[Writer] = []
         if fmt.writes_dcp:
@@ -242,3 +247,23 @@ class StagedGathered:
         with writing(path):
             write_planned(path, self.plan, self.tensors)
         return self.artifacts
+
+
+@define(frozen=True, eq=False)
+class InEma:
+    """``inner`` (a weights writer given the EMA shadow as its override) writing into
+    ``pretrained_model_ema/`` instead of ``pretrained_model/``; ``artifacts`` says what that is."""
+
+    inner: Writer
+    artifacts: Artifacts
+
+    @property
+    def collective(self) -> bool:
+        return self.inner.collective
+
+    def write(self, paths: CheckpointPaths, comm: Collective) -> Artifacts:
+        self.inner.write(paths.ema, comm)
+        return self.artifacts
+
+    def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
+        return tuple(InEma(w, self.artifacts) for w in self.inner.snapshot(comm))

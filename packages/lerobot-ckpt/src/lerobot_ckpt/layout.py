@@ -6,7 +6,8 @@ so changing one here is a format change. Torch-free on purpose: the CLI resolves
 imports torch.
 
 ``<output_dir>/checkpoints/<step>/pretrained_model/…`` and ``…/training_state/…``, plus
-``checkpoints/last -> <step>``. Names starting with a dot inside ``checkpoints/`` are transient
+``checkpoints/last -> <step>``. A run with an EMA adds ``…/pretrained_model_ema/``, the same files
+with the EMA weights (:attr:`CheckpointPaths.ema` names them). Names starting with a dot inside ``checkpoints/`` are transient
 (staging directories, a symlink being swapped) and never a checkpoint.
 """
 
@@ -22,6 +23,7 @@ RUN_LOCK = ".lerobot-run.lock"  # in <output_dir>/: the run holding the director
 ABANDONED_DIR = "abandoned"  # in <output_dir>/: checkpoints (and metrics) a resume set aside, never deleted
 LAST_LINK = "last"
 PRETRAINED_MODEL_DIR = "pretrained_model"
+EMA_PRETRAINED_MODEL_DIR = "pretrained_model_ema"  # LeRobot's: the EMA weights, loadable like pretrained_model/
 TRAINING_STATE_DIR = "training_state"
 
 # pretrained_model/
@@ -98,10 +100,22 @@ class CheckpointPaths:
     """The paths inside one step directory (or inside its staging twin while it is being written)."""
 
     root: Path = field(converter=_path)
+    # The weights directory these paths name: pretrained_model/, or pretrained_model_ema/ (see ``ema``).
+    pretrained_name: str = field(default=PRETRAINED_MODEL_DIR, kw_only=True)
 
     @property
     def pretrained_model(self) -> Path:
-        return self.root / PRETRAINED_MODEL_DIR
+        return self.root / self.pretrained_name
+
+    @property
+    def ema(self) -> CheckpointPaths:
+        """The same step directory with ``pretrained_model_ema/`` as its weights directory: every
+        ``pretrained_model/`` name below then points into it (``training_state/`` is shared)."""
+        return CheckpointPaths(self.root, pretrained_name=EMA_PRETRAINED_MODEL_DIR)
+
+    @property
+    def pretrained_model_ema(self) -> Path:
+        return self.ema.pretrained_model
 
     @property
     def training_state(self) -> Path:

@@ -23,7 +23,7 @@ from attrs import define, field
 from attrs.validators import instance_of
 
 from lerobot_ckpt._collective import Collective, describe
-from lerobot_ckpt._reshard import prepare_state
+from lerobot_ckpt._reshard import ema_step, prepare_state
 from lerobot_ckpt.discovery import resolve_checkpoint_dir
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
@@ -52,6 +52,8 @@ class ResumeState:
     record: TrainingStepRecord
     rng_restored: bool  # False when the checkpoint has no state for this rank (it ran on fewer ranks)
     scaler_restored: bool  # False when the saved run was not fp16 (the scaler starts fresh)
+    # False when an EMA shadow was passed but the checkpoint has none (the shadow keeps its start values)
+    ema_restored: bool = False
 
     @property
     def step(self) -> int:
@@ -86,6 +88,7 @@ class LoadRequest:
             or self.adapter_state is not None
             or (wants_weights and art.model_dcp)
             or (optimizer is not None and art.optimizer_dcp and not art.optimizer_single_file)
+            or (self.objects.ema is not None and art.ema_dcp)
         )
 
 
@@ -169,7 +172,8 @@ class _States:
         if self.rng is not None:
             rng_state.restore(self.rng)
         return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=self.rng is not None,
-                           scaler_restored=self.scaler is not None)
+                           scaler_restored=self.scaler is not None,
+                           ema_restored=request.objects.ema is not None and record.artifacts.ema)
 
 
 def load_checkpoint(
@@ -216,7 +220,7 @@ def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request:
         files = _present(_state_files(paths, record, request))
         prepared = prepare_state(paths, record, model=model, optimizer=request.objects.optimizer,
                                  adapter_state=request.adapter_state, apply_adapter=request.apply_adapter,
-                                 collective=collective)
+                                 collective=collective, ema=request.objects.ema)
         states = _States.read(paths, files, request)
     except CheckpointError as exc:
         error = exc
@@ -240,6 +244,8 @@ def _load_whole_files(paths: CheckpointPaths, record: TrainingStepRecord, reques
     weights = read_checked_weights(paths.model_weights, model) if paths.model_weights in files else None
     adapter = read_tensors(paths.adapter_weights)[0] if paths.adapter_weights in files else None
     optim_sd = read_optimizer(paths, optimizer) if optimizer is not None else None
+    shadow = ema_step(paths, record, model=model, ema=request.objects.ema, adapter_state=request.adapter_state,
+                      collective=False)
     states = _States.read(paths, files, request)
 
     if adapter is not None:  # first: the caller's code is the one step that may still refuse
@@ -248,4 +254,6 @@ def _load_whole_files(paths: CheckpointPaths, record: TrainingStepRecord, reques
         apply_weights(model, weights)
     if optim_sd is not None:
         apply_optimizer(optimizer, optim_sd)
+    if shadow is not None:
+        shadow()
     return states.restore(paths, record, request)

@@ -26,7 +26,7 @@ class TrainingObjects:
     """What a checkpoint saves and a resume restores; any of them may be ``None`` (not saved / not restored).
 
     ``model`` may be wrapped (DDP, ``torch.compile``) or ``fully_shard``-ed; a save also takes a plain
-    state dict, a load needs the module. ``scheduler`` and ``scaler`` are anything with
+    state dict, a load needs the module (and so does ``ema``). ``scheduler`` and ``scaler`` are anything with
     ``state_dict()``/``load_state_dict()``; a disabled ``GradScaler`` counts as no scaler.
     """
 
@@ -34,3 +34,8 @@ class TrainingObjects:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Stateful | None = None
     scaler: Stateful | None = None
+    # An EMA shadow: {parameter FQN: tensor}, the trainable parameters only (every name of a tied one),
+    # aliasing the shadow's storage (DTensor shards of the same placements under FSDP2/HSDP). Saved
+    # as ``pretrained_model_ema/`` (the model's state with these tensors in place of the live ones),
+    # loaded back into these tensors in place.
+    ema: Mapping[str, torch.Tensor] | None = None

@@ -42,7 +42,7 @@ from torch import nn
 
 from lerobot_ckpt._collective import Collective, describe
 from lerobot_ckpt._snapshot import FrozenState, snapshot
-from lerobot_ckpt._writers import ShardedState, WholeOptimizer, WholeWeights, Writer, writing
+from lerobot_ckpt._writers import InEma, ShardedState, WholeOptimizer, WholeWeights, Writer, writing
 from lerobot_ckpt.commit.staging import StagedCheckpoint
 from lerobot_ckpt.errors import CheckpointConfigError, CheckpointSaveError, CheckpointWriteError
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
@@ -102,6 +102,9 @@ class SaveRequest:
             )
         if self.adapter_state is not None and not isinstance(model, nn.Module):
             raise CheckpointConfigError("adapter_state= needs the model (an nn.Module) to take the adapter from")
+        if self.objects.ema is not None and model is None:
+            raise CheckpointConfigError("an EMA shadow (objects.ema) is saved as the model's state with the shadow in "
+                                        "place of the live weights: pass the model too")
         if run.mixed_precision == "fp16" and not self.scaler_enabled:
             raise CheckpointConfigError(
                 "mixed_precision=fp16 needs its loss scaler: pass scaler= (an enabled GradScaler)")
@@ -116,18 +119,24 @@ class SaveRequest:
 
     def writers(self) -> tuple[Writer, ...]:
         """What this save writes between staging and finishing (see :mod:`lerobot_ckpt._writers`)."""
-        model, optimizer = self.objects.model, self.objects.optimizer
+        model, optimizer, ema = self.objects.model, self.objects.optimizer, self.objects.ema
+        fmt = self.run.checkpoint_format
         if self.run.parallelism.is_sharded:
-            return (ShardedState(self.run, model, optimizer, self.adapter_state),)
+            ema_writer = () if ema is None else (InEma(
+                ShardedState(self.run, model, None, self.adapter_state, override=ema),
+                Artifacts(ema_safetensors=fmt.writes_safetensors, ema_dcp=fmt.writes_dcp)),)
+            return (ShardedState(self.run, model, optimizer, self.adapter_state), *ema_writer)
         whole_optimizer = () if optimizer is None else (WholeOptimizer(optimizer),)
-        return (WholeWeights(model, self.adapter_state), *whole_optimizer)
+        ema_writer = () if ema is None else (InEma(WholeWeights(model, self.adapter_state, override=ema),
+                                                   Artifacts(ema_safetensors=True)),)
+        return (WholeWeights(model, self.adapter_state), *whole_optimizer, *ema_writer)
 
     def frozen(self) -> SaveRequest:
         """This request as the background phase of an asynchronous save needs it, taken now: the
         scheduler's and scaler's state and the sampler/loop state copied (the live objects move
         on); model, optimizer and callbacks dropped (the snapshot writers hold their part)."""
         objects = self.objects
-        frozen = TrainingObjects(
+        frozen = TrainingObjects(  # ema too is dropped: its snapshot writers hold its copy
             scheduler=None if objects.scheduler is None else FrozenState(objects.scheduler),
             scaler=None if objects.scaler is None else FrozenState(objects.scaler))
         return attrs.evolve(self, objects=frozen, sampler_state=snapshot(self.sampler_state),
@@ -274,8 +283,13 @@ class _Transaction:
             return
         try:
             self.staged = StagedCheckpoint.begin(self.checkpoints, self.request.step)
+            ema_dir = self.staged.paths.pretrained_model_ema
+            if self.request.objects.ema is not None:  # LeRobot's: a second directory, loadable the same way
+                ema_dir.mkdir()
             if self.request.write_pretrained is not None:
                 self.request.write_pretrained(self.staged.paths.pretrained_model)
+                if self.request.objects.ema is not None:
+                    self.request.write_pretrained(ema_dir)
         except Exception as exc:  # noqa: BLE001 - peers must hear of any failure, or they hang
             self._fail(exc)
             self._abort()

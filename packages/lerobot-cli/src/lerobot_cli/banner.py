@@ -30,6 +30,18 @@ def _peft_lines(cfg: TrainConfig) -> list[str]:
             f"frozen base {cfg.policy.pretrained_path}"]
 
 
+def _ema_lines(cfg: TrainConfig, runtime: ParallelRuntime) -> list[str]:
+    ema = cfg.ema
+    if not ema.enable:
+        return []
+    decay = (f"constant decay {ema.decay}" if ema.decay is not None else
+             f"decay 1-(1+t/{ema.inv_gamma})^-{ema.power} in [{ema.min_decay}, {ema.max_decay}]")
+    where = ("each rank of its own shards" if runtime.parallelism.is_sharded
+             else "every rank" if runtime.is_distributed else "this process")
+    after = f", a copy for the first {ema.update_after_step} updates" if ema.update_after_step else ""
+    return [f"EMA: {decay}{after}; kept by {where}; saved as pretrained_model_ema/"]
+
+
 def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, num_frames: int,
                  num_episodes: int, start_step: int = 0) -> list[str]:
     p = runtime.parallelism
@@ -45,6 +57,7 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_peft_lines(cfg),
+        *_ema_lines(cfg, runtime),
         effective_batch_line(cfg.batch_size, p.dp_world_size, k),
         f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer "
         f"update{'' if cfg.steps // k == 1 else 's'}"

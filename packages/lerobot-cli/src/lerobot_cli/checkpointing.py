@@ -84,9 +84,10 @@ def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: Processor
 
 
 def _training_objects(loop: TrainLoop) -> TrainingObjects:
-    """What a checkpoint of this loop saves and its resume restores: the same four objects."""
+    """What a checkpoint of this loop saves and its resume restores: the same objects (the EMA shadow
+    too, when the run keeps one)."""
     return TrainingObjects(model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
-                           scaler=loop.precision.scaler)
+                           scaler=loop.precision.scaler, ema=None if loop.ema is None else loop.ema.state())
 
 
 def _adapter_state(model: nn.Module):
@@ -109,6 +110,18 @@ def _warn_rounded_weights(checkpoint_dir: Path, state: ResumeState, warn: Callab
     if dtype != "float32":
         warn(f"resuming from {weights}, which holds {dtype} weights (converted with --dtype), not the run's fp32 "
              "master weights: training continues from the rounded values")
+
+
+def _ema_notes(loop: TrainLoop, state: ResumeState) -> list[str]:
+    """A shadow that does not continue is said, never silent: LeRobot's evaluation reads it."""
+    has = state.record.artifacts.ema
+    if loop.ema is not None and not has:
+        return [f"the checkpoint has no EMA shadow (it was trained without --ema.enable=true): the EMA starts from "
+                f"the resumed weights at step {state.step}"]
+    if loop.ema is None and has:
+        return ["the checkpoint's EMA shadow is not continued (--ema.enable=false): this run's checkpoints have no "
+                "pretrained_model_ema/"]
+    return []
 
 
 def _legacy_loop_state(record: TrainingStepRecord) -> dict:
@@ -206,6 +219,7 @@ class Checkpointer:
             notes += loop.sampler.load_state_dict(state.sampler_state)
         self.last_saved = state.step  # the resumed step is committed already: never saved again
         _warn_rounded_weights(checkpoint_dir, state, warn)
+        notes += _ema_notes(loop, state)
         changes = state.record.changes_for(self.info)
         if not _exactness_lost(state.record, self.info):
             notes = [n for n in notes if "sample-exactness" not in n]

@@ -12,6 +12,7 @@ from attrs import define, evolve, field
 from lerobot_ckpt import CheckpointFormat
 from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
 from lerobot_parallel.validators import count
+from lerobot_trainloop.config import EmaConfig
 
 from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
@@ -93,6 +94,7 @@ class TrainConfig:
     )
     peft: PeftConfig | None = field(default=None, metadata=_h("Adapter fine-tuning (any --peft.* flag enables it)."))
     trackio: TrackioConfig = field(factory=TrackioConfig)
+    ema: EmaConfig = field(factory=EmaConfig)
     parallelism: ParallelismConfig = field(factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(factory=AcceleratorConfig)
     allow_nonfinite_loss: bool = field(

@@ -19,6 +19,7 @@ from lerobot_parallel.job_message import print_once_per_job
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import wrap_model
+from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler
 from torch.utils.data import DataLoader
@@ -123,9 +124,13 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         len(workload.dataset), cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size,
         seed=cfg.seed,
     )
+    # The shadow starts as a copy of the weights as wrapped (a resume then loads it); each rank keeps
+    # the EMA of what it holds: its shards under FSDP2/HSDP, the adapters alone under PEFT.
+    ema = ModelEma(wrapped.module, cfg.ema) if cfg.ema.enable else None
     loop = TrainLoop(
         wrapped, optimizer, scheduler=scheduler, accelerator=cfg.accelerator,
         grad_clip_norm=opt_cfg.grad_clip_norm, allow_nonfinite_loss=cfg.allow_nonfinite_loss, sampler=sampler,
+        ema=ema,
     )
     checkpointer = Checkpointer(cfg, runtime, loop, pretrained_writer(
         cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy),

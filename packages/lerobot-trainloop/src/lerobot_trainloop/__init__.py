@@ -1,22 +1,63 @@
-"""Data-parallel training loop pieces: sharded resumable sampler, step loop, metric reduction.
+"""Data-parallel training loop pieces: sharded resumable sampler, step loop, EMA, metric reduction.
 
-Plain imports: every piece needs torch anyway, and a version check reads package metadata
+Importing the package does not import torch (a CLI builds and validates its config tree, ``EmaConfig``
+included, before torch loads): the configs and batch arithmetic are eager, every torch-using name
+loads on first attribute access. A version check reads package metadata
 (``importlib.metadata.version("lerobot-trainloop")``) without importing the package.
 """
 
+from typing import TYPE_CHECKING
+
 from lerobot_parallel.batching import effective_batch_line, effective_batch_size
 
-from lerobot_trainloop.batch import batch_size_of, move_to_device
-from lerobot_trainloop.loop import DEFAULT_REDUCTIONS, NonFiniteLossError, StepEvent, StepOutput, TrainLoop
-from lerobot_trainloop.metrics import Meter, MetricsTracker
-from lerobot_trainloop.sampler import ShardedBatchSampler, epoch_permutation
+from lerobot_trainloop.config import EmaConfig
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checkers (never run)
+    from lerobot_trainloop.batch import batch_size_of, move_to_device
+    from lerobot_trainloop.ema import ModelEma
+    from lerobot_trainloop.loop import DEFAULT_REDUCTIONS, NonFiniteLossError, StepEvent, StepOutput, TrainLoop
+    from lerobot_trainloop.metrics import Meter, MetricsTracker
+    from lerobot_trainloop.sampler import ShardedBatchSampler, epoch_permutation
+
+_LAZY = {
+    "batch_size_of": "lerobot_trainloop.batch",
+    "move_to_device": "lerobot_trainloop.batch",
+    "ModelEma": "lerobot_trainloop.ema",
+    "DEFAULT_REDUCTIONS": "lerobot_trainloop.loop",
+    "NonFiniteLossError": "lerobot_trainloop.loop",
+    "StepEvent": "lerobot_trainloop.loop",
+    "StepOutput": "lerobot_trainloop.loop",
+    "TrainLoop": "lerobot_trainloop.loop",
+    "Meter": "lerobot_trainloop.metrics",
+    "MetricsTracker": "lerobot_trainloop.metrics",
+    "ShardedBatchSampler": "lerobot_trainloop.sampler",
+    "epoch_permutation": "lerobot_trainloop.sampler",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lerobot_trainloop' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "DEFAULT_REDUCTIONS",
+    "EmaConfig",
     "Meter",
     "MetricsTracker",
+    "ModelEma",
     "NonFiniteLossError",
     "ShardedBatchSampler",
     "StepEvent",

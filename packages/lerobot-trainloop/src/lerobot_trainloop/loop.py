@@ -51,6 +51,7 @@ from lerobot_parallel.precision import Precision, build_precision
 from lerobot_parallel.wrap import WrappedModel
 
 from lerobot_trainloop.batch import batch_size_of, move_to_device
+from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.hooks import Hook, ScheduledHook, schedule
 from lerobot_trainloop.memory import peak_memory
 from lerobot_trainloop.metrics import MetricsTracker, accumulation_dtype, gather_rows
@@ -124,6 +125,7 @@ class TrainLoop:
         grad_clip_norm: float | None = None,
         allow_nonfinite_loss: bool = False,
         sampler: ShardedBatchSampler | None = None,
+        ema: ModelEma | None = None,
     ) -> None:
         if not isinstance(wrapped, WrappedModel):
             raise TypeError(f"TrainLoop drives what lerobot_parallel.wrap_model returns (a WrappedModel), got "
@@ -141,6 +143,7 @@ class TrainLoop:
         self.grad_clip_norm = grad_clip_norm
         self.allow_nonfinite_loss = allow_nonfinite_loss
         self.sampler = sampler
+        self.ema = ema  # updated after every optimizer update (a skipped fp16 one too, as LeRobot's)
         self.step = 0  # a resumed run restores it with load_state_dict
         self.optimizer_steps = 0
         self.skipped_updates = 0
@@ -211,6 +214,8 @@ class TrainLoop:
             stepped = self.precision.step(self.optimizer)
             skipped = not stepped
             self.optimizer.zero_grad(set_to_none=True)
+            if self.ema is not None:
+                self.ema.update()
             self.optimizer_steps += stepped
             self.skipped_updates += skipped
             self.metrics.update("update_s", time.perf_counter() - t_up)
@@ -364,8 +369,11 @@ class TrainLoop:
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The loop's own counters, JSON-able (the scaler, optimizer and sampler have their own states)."""
-        return {"step": self.step, "optimizer_steps": self.optimizer_steps, "skipped_updates": self.skipped_updates,
-                "grad_accum_steps": self.grad_accum_steps, "accumulated": self.accumulated}
+        state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "skipped_updates": self.skipped_updates,
+                 "grad_accum_steps": self.grad_accum_steps, "accumulated": self.accumulated}
+        if self.ema is not None:
+            state["ema_updates"] = self.ema.updates
+        return state
 
     def load_state_dict(self, state: dict) -> list[str]:
         """Continue from ``state``; returns what a resume should tell the user (nothing is logged here).
@@ -384,6 +392,8 @@ class TrainLoop:
         self.step = step
         self.optimizer_steps = int(state.get("optimizer_steps", (step - pending) // saved_k))
         self.skipped_updates = int(state.get("skipped_updates", 0))
+        if self.ema is not None and "ema_updates" in state:  # its tensors are the checkpoint loader's
+            self.ema.load_state_dict({"updates": state["ema_updates"]})
         notes = []
         if pending:
             notes.append(

@@ -105,10 +105,11 @@ def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: 
         targets.update(holder[key])
 
 
-def check_model(index: DcpIndex, targets: dict[str, torch.Tensor]) -> None:
-    """The shards hold exactly the model's keys with the same global shapes (before any change)."""
+def check_model(index: DcpIndex, targets: dict[str, torch.Tensor], *, subset: bool = False) -> None:
+    """The shards hold exactly the model's keys with the same global shapes (before any change);
+    ``subset``: at least ``targets``' keys (an EMA shadow's, read from a full state)."""
     stored = index.under(MODEL_KEY)
-    problem = mismatch(targets, stored)
+    problem = mismatch(targets, stored, subset=subset)
     if problem:
         raise ModelMismatchError(f"{index.directory} does not match the model: {problem}")
 

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from lerobot_ckpt.errors import CheckpointConfigError
 from lerobot_ckpt.state.model import unwrap_model
 
 AdapterState = Callable[[dict[str, Any]], dict[str, Any]]
@@ -37,10 +38,23 @@ def is_sharded_model(model: nn.Module) -> bool:
     return any(isinstance(t, DTensor) for t in chain(model.parameters(), model.buffers()))
 
 
-def model_state(model: nn.Module, adapter_state: AdapterState | None = None) -> dict[str, torch.Tensor]:
-    """The live state keyed by FQN (or by the caller's adapter keys, e.g. PEFT's file names)."""
-    state = get_model_state_dict(model)
+def model_state(model: nn.Module, adapter_state: AdapterState | None = None,
+                override: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The live state keyed by FQN (or by the caller's adapter keys, e.g. PEFT's file names);
+    ``override`` replaces some entries first (an EMA shadow in place of the live parameters)."""
+    state = with_override(get_model_state_dict(model), override)
     return adapter_state(state) if adapter_state is not None else state
+
+
+def with_override(state: dict[str, Any], override: Mapping[str, torch.Tensor] | None) -> dict[str, Any]:
+    """``state`` with ``override``'s entries in place of its own; every override key must be one of
+    the state's (a shadow keyed by other names would silently save the live weights)."""
+    if not override:
+        return state
+    unknown = override.keys() - state.keys()
+    if unknown:
+        raise CheckpointConfigError(f"{len(unknown)} EMA entries are not in the model's state dict: {', '.join(sorted(unknown)[:5])}")
+    return {**state, **override}
 
 
 def tied_aliases(model: nn.Module, keys: Mapping[str, Any]) -> dict[str, str]:

@@ -37,10 +37,15 @@ def few(names: Iterable[str], shown: int = SHOWN) -> str:
     return text + (f" (+{len(items) - shown} more)" if len(items) > shown else "")
 
 
-def mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str | None:
-    """What differs between the model's state dict and a checkpoint's, or None when they fit."""
+def mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], *,
+             subset: bool = False) -> str | None:
+    """What differs between the model's state dict and a checkpoint's, or None when they fit.
+
+    ``subset``: ``expected`` is a part of the state (an EMA shadow's trainable parameters), so keys
+    the checkpoint has beyond it are fine; every expected key must still be there, with its shape.
+    """
     missing = expected.keys() - found.keys()
-    unexpected = found.keys() - expected.keys()
+    unexpected = set() if subset else found.keys() - expected.keys()
     shapes = [
         f"{k} (checkpoint {tuple(found[k].shape)}, model {tuple(expected[k].shape)})"
         for k in sorted(expected.keys() & found.keys())

@@ -105,12 +105,19 @@ class Artifacts:
     optimizer_single_file: bool = False
     optimizer_dcp: bool = False
     peft_adapter: bool = False
+    # pretrained_model_ema/: the EMA weights in the same kinds of file (adapter-only when peft_adapter)
+    ema_safetensors: bool = False
+    ema_dcp: bool = False
     scheduler: bool = False
     scaler: bool = False
 
     def __or__(self, other: Artifacts) -> Artifacts:
         """What two writers wrote together: a flag is set when either set it."""
         return Artifacts(**{a.name: getattr(self, a.name) or getattr(other, a.name) for a in attrs.fields(Artifacts)})
+
+    @property
+    def ema(self) -> bool:
+        return self.ema_safetensors or self.ema_dcp
 
 
 def _sha256(inst, attribute, value) -> None:
