@@ -24,11 +24,12 @@ HELP = f"""usage: {PROG} --checkpoint_dir=DIR [--dtype={{{','.join(DTYPE_CHOICES
                            [--push_to_hub=REPO_ID [--private=true]] [--overwrite=true]
 
 Merge the DCP weight shards of a sharded LeRobot checkpoint (pretrained_model/pytorch_model_fsdp_0/)
-into pretrained_model/model.safetensors (adapter_model.safetensors for a PEFT run). Runs offline in
+into pretrained_model/model.safetensors (adapter_model.safetensors for a PEFT run), and the EMA
+weights' shards of pretrained_model_ema/ (runs with --ema.enable=true) the same way. Runs offline in
 one process, without GPU or process group; memory stays about one tensor, not the model.
 
   --checkpoint_dir=DIR     a checkpoint step directory (…/checkpoints/005000 or checkpoints/last)
-                           or its pretrained_model/ directory
+                           or its pretrained_model/ directory (pretrained_model_ema/: that one alone)
   --dtype=DTYPE            cast floating-point weights to bfloat16, float16 or float32
                            (default: as stored, i.e. fp32 master weights)
   --delete_dcp=true        after the output is written and verified, remove the shard directory and
@@ -186,8 +187,10 @@ def run(args: ConvertArgs) -> int:
     finally:
         bar.close()
     extra = "; verified and removed the DCP shards" if result.deleted_dcp else ""
-    print(f"{PROG}: wrote {result.output} ({result.tensors} tensors, {result.bytes / 1e6:.1f} MB) "
-          f"in {result.seconds:.1f} s{extra}")
+    for done in (result.ema, result):
+        if done is not None:
+            print(f"{PROG}: wrote {done.output} ({done.tensors} tensors, {done.bytes / 1e6:.1f} MB) "
+                  f"in {done.seconds:.1f} s{extra}")
     if result.deleted_dcp and args.dtype not in (None, "float32"):
         print(f"{PROG}: warning: the fp32 master weights are gone; this checkpoint now holds {args.dtype} "
               "weights only, and a resume from it continues from the rounded values", file=sys.stderr)

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 from attrs import define, field
 
 from lerobot_ckpt._dtypes import DType, dtype_of
@@ -56,6 +57,7 @@ from lerobot_ckpt.layout import (
     ADAPTER_WEIGHTS,
     MODEL_DCP_DIR,
     MODEL_WEIGHTS,
+    EMA_PRETRAINED_MODEL_DIR,
     PRETRAINED_MODEL_DIR,
     TRAINING_STATE_DIR,
     CheckpointPaths,
@@ -95,6 +97,8 @@ class ConvertResult:
     verified: bool
     deleted_dcp: bool
     record_updated: bool
+    # A step directory's pretrained_model_ema/ with DCP shards is converted in the same call, the same way.
+    ema: ConvertResult | None = None
 
 
 @define(frozen=True)
@@ -107,6 +111,18 @@ class Located:
     @property
     def dcp(self) -> Path:
         return self.pretrained / MODEL_DCP_DIR
+
+    @property
+    def is_ema(self) -> bool:
+        return self.pretrained.name == EMA_PRETRAINED_MODEL_DIR
+
+    @property
+    def ema_sibling(self) -> Located | None:
+        """The step's ``pretrained_model_ema/`` when this is its ``pretrained_model/`` and it has shards."""
+        if self.step_dir is None or self.is_ema:
+            return None
+        ema = self.step_dir / EMA_PRETRAINED_MODEL_DIR
+        return Located(ema, self.step_dir) if (ema / MODEL_DCP_DIR).is_dir() else None
 
     @property
     def is_peft(self) -> bool:
@@ -286,9 +302,12 @@ def _record(where: Located, *, deleting: bool) -> bool:
     paths = CheckpointPaths(where.step_dir)
     if not paths.training_step.is_file():
         return False
-    changes = {"model_dcp": False} if deleting else {}
-    if not where.is_peft:
-        changes["model_safetensors"] = True
+    if where.is_ema:  # the EMA flags cover the adapter file too
+        changes = {"ema_dcp": False, "ema_safetensors": True} if deleting else {"ema_safetensors": True}
+    else:
+        changes = {"model_dcp": False} if deleting else {}
+        if not where.is_peft:
+            changes["model_safetensors"] = True
     if not changes:
         return False
     try:
@@ -305,11 +324,14 @@ def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None,
                 progress: Callable[[Progress], None] | None = None) -> ConvertResult:
     """Merge the DCP weight shards of a checkpoint into one safetensors file next to them.
 
+    Given a step directory (or its ``pretrained_model/``), a ``pretrained_model_ema/`` beside it
+    with shards is converted too, with the same options (``ConvertResult.ema``); its own directory
+    converts it alone.
+
     ``dtype`` casts floating tensors (``"bfloat16"``, ``"float16"``, ``"float32"``, or the
     ``torch.dtype``; default: as stored, and then torch is never imported). ``verify`` defaults to ``delete_dcp``. Raises :class:`CheckpointError` subclasses
     for everything a user can fix (missing or truncated shards, an existing output, a full disk).
     """
-    t0 = time.monotonic()
     if dtype is not None:
         name = str(dtype).removeprefix("torch.")
         if name not in DTYPES:
@@ -317,6 +339,23 @@ def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None,
         dtype = DTYPES[name]
     verify = delete_dcp if verify is None else verify
     where = locate(checkpoint_dir)
+    ema = where.ema_sibling
+    if ema is not None and where.dcp.is_dir():  # both outputs checked before either is written
+        _check_output(ema, overwrite)
+        _check_output(where, overwrite)
+        ema_result = _convert(ema, dtype, delete_dcp, overwrite, verify, progress)
+        return attrs.evolve(_convert(where, dtype, delete_dcp, overwrite, verify, progress), ema=ema_result)
+    return _convert(where, dtype, delete_dcp, overwrite, verify, progress)
+
+
+def _check_output(where: Located, overwrite: bool) -> None:
+    if where.output.exists() and not overwrite:
+        raise OutputExistsError(f"{where.output} already exists; pass --overwrite to replace it")
+
+
+def _convert(where: Located, dtype: DType | None, delete_dcp: bool, overwrite: bool, verify: bool,
+             progress: Callable[[Progress], None] | None) -> ConvertResult:
+    t0 = time.monotonic()
     if not where.dcp.is_dir():
         raise MissingCheckpointFileError(where.dcp, _no_dcp_message(where))
     index = DcpIndex.read(where.dcp)
@@ -325,8 +364,7 @@ def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None,
     if not tensors:
         raise CorruptCheckpointError(where.dcp, "the shards hold no tensors")
     output = where.output
-    if output.exists() and not overwrite:
-        raise OutputExistsError(f"{output} already exists; pass --overwrite to replace it")
+    _check_output(where, overwrite)
     plan = SafetensorsPlan.build(((name, _out_dtype(t.dtype, dtype), t.shape) for name, t in tensors.items()),
                                  FORMAT_METADATA)
     _check_disk(where.pretrained, plan.total_size, output)

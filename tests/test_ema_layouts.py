@@ -1,0 +1,138 @@
+"""EMA through ``lerobot-train`` (a small MLP on the demo dataset): one process and FSDP2 x2 keep the
+same shadow (FSDP2: each rank the EMA of its own shards, saved as DCP shards of
+``pretrained_model_ema/``); a resume continues it bitwise on the same topology and to 1e-6 on another
+one (where the model itself differs by reduction order), from the restored shadow and update count
+rather than a restart; ``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads
+``pretrained_model_ema/``. One launch per run, four in all.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
+
+pytestmark = pytest.mark.slow
+
+MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
+       "--policy.hidden_dim=32", "--ema.enable=true", "--steps=6", "--save_freq=3", "--log_freq=3"]
+FSDP = ["--parallelism.dp_shard=2", "--batch_size=4", "--checkpoint_format=dcp"]
+
+
+def train(launch, *args: str, nproc: int = 1):
+    res = (launch.run_command([SCRIPT, *args], timeout_s=180) if nproc == 1
+           else launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=240))
+    assert not res.timed_out and res.returncode == 0, res.describe()
+    return res
+
+
+def tensors(path: Path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def resumable_copy(run: Path, dst: Path, step: int) -> Path:
+    """``run`` copied with its checkpoints after ``step`` removed (``last`` pointing at ``step``)."""
+    shutil.copytree(run, dst, symlinks=True)
+    ckpts = dst / "checkpoints"
+    for d in ckpts.iterdir():
+        if d.name.isdigit() and int(d.name) > step:
+            shutil.rmtree(d)
+    (ckpts / "last").unlink()
+    (ckpts / "last").symlink_to(f"{step:06d}")
+    (dst / "metrics.jsonl").write_text("".join(
+        ln + "\n" for ln in (run / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["step"] <= step))
+    return ckpts / f"{step:06d}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, launch):
+    from lerobot_ckpt.convert.merge import convert_dcp
+
+    root = tmp_path_factory.mktemp("ema")
+    single, fsdp = root / "single", root / "fsdp"
+    res_single = train(launch, *MLP, "--batch_size=8", f"--output_dir={single}")
+    res_fsdp = train(launch, *MLP, *FSDP, f"--output_dir={fsdp}", nproc=2)
+    same = resumable_copy(fsdp, root / "same", 3)
+    res_same = train(launch, "--resume=true", f"--config_path={same}", nproc=2)
+    other = resumable_copy(fsdp, root / "other", 3)
+    res_other = train(launch, "--resume=true", f"--config_path={other}", "--batch_size=8", "--parallelism.dp_shard=1")
+    converted = {name: convert_dcp(run / "checkpoints" / "000006") for name, run in
+                 (("fsdp", fsdp), ("same", root / "same"))}
+    return {"root": root, "single": single, "fsdp": fsdp, "same": root / "same", "other": root / "other",
+            "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout},
+            "stderr": {"same": res_same.stderr, "other": res_other.stderr}, "converted": converted}
+
+
+def ema_file(run: Path, step: int = 6) -> Path:
+    return run / "checkpoints" / f"{step:06d}" / "pretrained_model_ema" / "model.safetensors"
+
+
+def live_file(run: Path, step: int = 6) -> Path:
+    return run / "checkpoints" / f"{step:06d}" / "pretrained_model" / "model.safetensors"
+
+
+def test_banner_says_where_the_shadow_lives(runs):
+    assert "EMA: decay 1-(1+t/1.0)^-0.75 in [0.0, 0.9999]; kept by this process" in runs["stdout"]["single"]
+    assert "kept by each rank of its own shards; saved as pretrained_model_ema/" in runs["stdout"]["fsdp"]
+
+
+def test_sharded_shadow_equals_the_unsharded_one(runs):
+    import torch
+
+    fsdp = runs["fsdp"] / "checkpoints" / "000006"
+    record = json.loads((fsdp / "training_state" / "training_step.json").read_text())
+    assert record["artifacts"]["ema_dcp"] and record["loop"]["ema_updates"] == 6
+    assert (fsdp / "pretrained_model_ema" / "pytorch_model_fsdp_0").is_dir()  # each rank wrote its shards
+    assert runs["converted"]["fsdp"].ema is not None  # lerobot-convert-dcp converted the EMA shards too
+    assert json.loads((fsdp / "training_state" / "training_step.json").read_text())["artifacts"]["ema_safetensors"]
+    ref, got = tensors(ema_file(runs["single"])), tensors(ema_file(runs["fsdp"]))
+    live = tensors(live_file(runs["single"]))
+    assert set(ref) == set(got) == set(live)
+    for k in ref:
+        assert torch.allclose(got[k], ref[k], atol=1e-6, rtol=0), (k, (got[k] - ref[k]).abs().max())
+    # and the shadow is not the live weights (6 updates of the warmup schedule average several steps)
+    assert max((ref[k] - live[k]).abs().max().item() for k in ref if k.endswith("weight")) > 1e-4
+
+
+def test_same_topology_resume_continues_the_shadow_bitwise(runs):
+    import torch
+
+    assert "EMA" not in runs["stderr"]["same"]  # restored, so nothing to warn about
+    for name in (live_file, ema_file):
+        a, b = tensors(name(runs["fsdp"])), tensors(name(runs["same"]))
+        assert all(torch.equal(a[k], b[k]) for k in a), name.__name__
+
+
+def test_other_topology_resume_continues_the_restored_shadow(runs):
+    """FSDP2 x2 (DCP shards) -> one process: the shadow is read from the shards into whole tensors and
+    continues; a restarted one would equal the live weights of step 4 onwards (decay 0 at its first update)."""
+    import torch
+
+    assert "EMA" not in runs["stderr"]["other"]
+    other = runs["other"] / "checkpoints" / "000006"
+    record = json.loads((other / "training_state" / "training_step.json").read_text())
+    assert record["loop"]["ema_updates"] == 6 and record["artifacts"]["ema_safetensors"]
+    ref, got = tensors(ema_file(runs["single"])), tensors(ema_file(runs["other"]))
+    for k in ref:
+        assert torch.allclose(got[k], ref[k], atol=1e-6, rtol=0), (k, (got[k] - ref[k]).abs().max())
+
+
+def test_policy_path_loads_the_ema_weights(runs):
+    import torch
+    from lerobot_cli.policies.pretrained import load_pretrained
+
+    directory = runs["single"] / "checkpoints" / "000006" / "pretrained_model_ema"
+    cfg, policy = load_pretrained(directory)
+    assert cfg.type == "mlp"
+    expected = tensors(directory / "model.safetensors")
+    state = policy.state_dict()
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
