@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from attrs import define
@@ -23,6 +24,8 @@ from attrs import define
 REPO = Path(__file__).resolve().parents[1]
 MULTIPROC = Path(__file__).resolve().parent / "multiproc"
 PYTHON = sys.executable
+LEROBOT_TRAIN = str(Path(PYTHON).parent / "lerobot-train")  # the workspace's console script
+TRAIN_MANY = MULTIPROC / "train_many.py"
 
 
 def free_port() -> int:
@@ -128,3 +131,36 @@ def accelerate_launch(script: Path | str, *args: str, launch_args: tuple[str, ..
     """``accelerate launch <launch_args> script``: the workspace's own ``accelerate`` console script."""
     cmd = [str(Path(PYTHON).parent / "accelerate"), "launch", *launch_args, str(script), *args]
     return run_command(cmd, timeout_s=timeout_s, env=env, cwd=cwd)
+
+
+def lerobot_train(*args: str, nproc: int = 1, timeout_s: float | None = None,
+                  env: dict[str, str] | None = None) -> Launched:
+    """One ``lerobot-train <args>`` run that must succeed: on one process (``nproc=1``, default
+    timeout 240 s) or under ``torchrun --nproc-per-node=nproc`` (default 300 s). Asserts it neither
+    timed out nor exited non-zero (the message is the run's output) and returns the ``Launched``."""
+    if nproc == 1:
+        res = run_command([LEROBOT_TRAIN, *args], timeout_s=timeout_s or 240, env=env)
+    else:
+        res = torchrun(LEROBOT_TRAIN, *args, nproc=nproc, timeout_s=timeout_s or 300, env=env)
+    assert not res.timed_out and res.returncode == 0, res.describe()
+    return res
+
+
+def lerobot_train_runs(*runs: Sequence[str], nproc: int = 1, timeout_s: float | None = None,
+                       env: dict[str, str] | None = None) -> list[str]:
+    """Several ``lerobot-train`` runs (each a sequence of flags) one after another in ONE launch
+    (``multiproc/train_many.py``: ``lerobot_cli.train.main`` per run, in the same processes), so the
+    start-up is paid once. Every run must succeed (asserted as in ``lerobot_train``); returns each
+    run's stdout (rank 0's, where lerobot-train prints), in order."""
+    args: list[str] = []
+    for flags in runs:
+        args += [*flags, "--then"]
+    budget = timeout_s or (240 if nproc == 1 else 300) + 60 * (len(runs) - 1)
+    if nproc == 1:
+        res = run_command([PYTHON, str(TRAIN_MANY), *args], timeout_s=budget, env=env)
+    else:
+        res = torchrun(TRAIN_MANY, *args, nproc=nproc, timeout_s=budget, env=env)
+    assert not res.timed_out and res.returncode == 0, res.describe()
+    parts = res.stdout.split("=== train_many run ")[1:]
+    assert [p.split(" ===", 1)[0] for p in parts] == [str(i) for i in range(len(runs))], res.describe()
+    return [p.split(" ===\n", 1)[1] if " ===\n" in p else "" for p in parts]

@@ -1,0 +1,53 @@
+"""Several ``lerobot-train`` runs, one after another, in one launch (one process per rank).
+
+argv: the runs' flags, each run's flags ended by ``--then`` (the last one may omit it). Each run is
+``lerobot_cli.train.main(flags)``, the console script's own entry point; it opens and tears down its
+own process group (``parallel_session``; a second group in a process gets its own store prefix), so
+runs share only the interpreter: the launch's start-up (torchrun, imports) is paid once, not per run.
+Before each run rank 0 prints ``RUN_MARKER <i>`` so the test can split stdout per run
+(``launch.lerobot_train_runs``). A run that returns non-zero ends the launch with its code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import arm_watchdog
+
+arm_watchdog(float(os.environ.get("TRAIN_MANY_WATCHDOG_S", "600")))
+
+RUN_SEPARATOR = "--then"
+RUN_MARKER = "=== train_many run"
+
+
+def split_runs(argv: list[str]) -> list[list[str]]:
+    runs, current = [], []
+    for arg in argv:
+        if arg == RUN_SEPARATOR:
+            runs.append(current)
+            current = []
+        else:
+            current.append(arg)
+    if current:
+        runs.append(current)
+    return runs
+
+
+def main() -> int:
+    from lerobot_cli.train import main as lerobot_train
+
+    for i, flags in enumerate(split_runs(sys.argv[1:])):
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{RUN_MARKER} {i} ===", flush=True)
+        code = lerobot_train(flags)
+        sys.stdout.flush()
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
