@@ -6,6 +6,10 @@ three checkpoint formats; its DCP checkpoint converts to one ``model.safetensors
 and HSDP 2x2 resumes it. A 100-step run shows the loss going down, and ``--dry_run`` plans the
 full-size pi0 (LeRobot's parameter count) without allocating it. Tiny pi05 (same towers, adaRMS time
 conditioning, quantile-normalised state in the prompt) trains alike on one process and FSDP2 x2.
+
+Every run is a real ``lerobot-train`` (its ``main``), but they share three launches (the ``runs``
+fixture, ``launch.lerobot_train_runs``): the one-process runs, the x2 runs and the x4 runs, each
+launch's runs one after another in the same ranks, so start-up is paid three times instead of eleven.
 """
 
 from __future__ import annotations
@@ -13,14 +17,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
-SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
 TOKENIZER_BUILDER = REPO / "packages" / "lerobot-cli" / "tests" / "vla_tokenizer.py"
 DEMO_BUILDER = REPO / "tools" / "make_demo_dataset.py"
 
@@ -38,15 +40,6 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
-def train(launch, *args: str, nproc: int = 1):
-    if nproc == 1:
-        res = launch.run_command([SCRIPT, *args], timeout_s=240)
-    else:
-        res = launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=300)
-    assert not res.timed_out and res.returncode == 0, res.describe()
-    return res
-
-
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -59,17 +52,53 @@ def tokenizer(tmp_path_factory) -> Path:
     return _load("vla_tokenizer", TOKENIZER_BUILDER).save_tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
+def _demo(root: Path = DEMO) -> list[str]:
+    return ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={root}", "--num_workers=0"]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, launch, tokenizer) -> dict[str, Path]:
+def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, Path | str]:
+    """Every run of this file, in three launches; ``runs[name]`` is a run's output directory and
+    ``runs[name + ".stdout"]`` what it printed."""
     root = tmp_path_factory.mktemp("pi0")
+    names = ("single", "long", "pi05_single", "dry_run", "ddp", "fsdp", "frozen", "lora", "pi05_fsdp", "hsdp",
+             "resumed")
+    out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_pi0(tokenizer), "--steps=4", "--save_freq=4"]
-    out = {name: root / name for name in ("single", "ddp", "fsdp", "hsdp")}
-    train(launch, *common, "--batch_size=8", f"--output_dir={out['single']}")
-    train(launch, *common, "--batch_size=4", f"--output_dir={out['ddp']}", nproc=2)
-    train(launch, *common, "--batch_size=4", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp",
-          f"--output_dir={out['fsdp']}", nproc=2)
-    train(launch, *common, "--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2",
-          f"--output_dir={out['hsdp']}", nproc=4)
+    base = out["single"] / "checkpoints" / "000004" / "pretrained_model"  # written by the first launch
+    pi05 = [*tiny_pi0(tokenizer, policy="pi05", root=demo_with_quantiles), "--steps=3"]
+    one_process = {
+        "single": [*common, "--batch_size=8", f"--output_dir={out['single']}"],
+        # decay_lr = peak: a constant 1e-3 after the fitted warm-up (the preset would decay to 2.5e-6 in 100 steps)
+        "long": [*tiny_pi0(tokenizer), "--steps=100", "--batch_size=8", "--save_checkpoint=false", "--log_freq=10",
+                 "--policy.optimizer_lr=1e-3", "--policy.scheduler_decay_lr=1e-3", f"--output_dir={out['long']}"],
+        "pi05_single": [*pi05, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out['pi05_single']}"],
+        "dry_run": [*_demo()[:2], "--policy.type=pi0", "--dry_run=true", "--parallelism.dp_shard=4"],
+    }
+    fine_tune = [*_demo(), f"--policy.path={base}", "--parallelism.dp_shard=2", "--batch_size=4", "--steps=2",
+                 "--save_freq=2", "--log_freq=1", "--policy.optimizer_lr=1e-3"]
+    two_processes = {
+        "ddp": [*common, "--batch_size=4", f"--output_dir={out['ddp']}"],
+        "fsdp": [*common, "--batch_size=4", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp",
+                 f"--output_dir={out['fsdp']}"],
+        "frozen": [*fine_tune, "--policy.freeze_vision_encoder=true", "--accelerator.mixed_precision=bf16",
+                   f"--output_dir={out['frozen']}"],
+        "lora": [*fine_tune, "--peft.r=4", f"--output_dir={out['lora']}"],
+        "pi05_fsdp": [*pi05, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=3",
+                      f"--output_dir={out['pi05_fsdp']}"],
+    }
+    hsdp = ["--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]
+    four_processes = {
+        "hsdp": [*common, *hsdp, f"--output_dir={out['hsdp']}"],
+        # the FSDP2 x2 run's DCP checkpoint (a copy, made below) resumed on HSDP 2x2
+        "resumed": ["--resume=true", f"--config_path={out['resumed'] / 'checkpoints' / '000004'}", "--steps=6",
+                    *hsdp],
+    }
+    for nproc, group in ((1, one_process), (2, two_processes), (4, four_processes)):
+        if nproc == 4:
+            shutil.copytree(out["fsdp"], out["resumed"], symlinks=True)
+        stdouts = launch.lerobot_train_runs(*group.values(), nproc=nproc)
+        out.update({f"{name}.stdout": stdout for name, stdout in zip(group, stdouts, strict=True)})
     return out
 
 
@@ -83,7 +112,7 @@ def test_every_layout_computes_the_same_losses(runs):
             assert abs(got[step] - loss) <= 1e-5 * max(1.0, abs(loss)), (name, step, got[step], loss)
 
 
-def test_sharded_checkpoint_converts_to_lerobot_keys_and_resumes_on_hsdp(runs, launch, tmp_path, tokenizer):
+def test_sharded_checkpoint_converts_to_lerobot_keys_and_resumes_on_hsdp(runs, tmp_path):
     import torch
     from lerobot_ckpt import convert_dcp
     from lerobot_cli.policies.pi0.modeling import PI0Policy
@@ -103,32 +132,23 @@ def test_sharded_checkpoint_converts_to_lerobot_keys_and_resumes_on_hsdp(runs, l
     assert set(policy.state_dict()) == set(weights)
     policy.load_state_dict(weights, strict=True)
 
-    resumed = tmp_path / "resumed"
-    shutil.copytree(runs["fsdp"], resumed, symlinks=True)
-    train(launch, "--resume=true", f"--config_path={resumed / 'checkpoints' / '000004'}", "--steps=6",
-          "--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", nproc=4)
+    resumed = runs["resumed"]  # resumed from a copy of the FSDP2 run's 000004 on HSDP 2x2 (the fixture)
     assert sorted(losses(resumed)) == [1, 2, 3, 4, 5, 6]
     assert (resumed / "checkpoints" / "000006" / "pretrained_model" / "model.safetensors").is_file()
 
 
-def test_loss_goes_down_over_100_steps(launch, tmp_path, tokenizer):
-    out = tmp_path / "long"
-    # decay_lr = peak: a constant 1e-3 after the fitted warm-up (the preset would decay to 2.5e-6 in 100 steps)
-    train(launch, *tiny_pi0(tokenizer), "--steps=100", "--batch_size=8", "--save_checkpoint=false",
-          "--log_freq=10", "--policy.optimizer_lr=1e-3", "--policy.scheduler_decay_lr=1e-3", f"--output_dir={out}")
-    got = list(losses(out).values())
+def test_loss_goes_down_over_100_steps(runs):
+    got = list(losses(runs["long"]).values())
     assert len(got) == 10
     # Flow-matching losses are noisy step to step (random times): compare the first and last three logs.
     assert sum(got[-3:]) < 0.85 * sum(got[:3]), got
 
 
-def test_dry_run_plans_full_size_pi0_without_allocating(launch):
-    res = launch.run_command([SCRIPT, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
-                              "--policy.type=pi0", "--dry_run=true", "--parallelism.dp_shard=4"], timeout_s=120)
-    assert res.returncode == 0, res.describe()
-    assert "Policy: pi0; parameters 4,028,019,472" in res.stdout
-    assert "PaliGemmaLayer+ExpertLayer x18" in res.stdout and "SiglipEncoderLayer x27" in res.stdout
-    assert "(0.250x of the unsharded" in res.stdout
+def test_dry_run_plans_full_size_pi0_without_allocating(runs):
+    stdout = runs["dry_run.stdout"]  # the run exited 0: launch.lerobot_train_runs asserts it
+    assert "Policy: pi0; parameters 4,028,019,472" in stdout
+    assert "PaliGemmaLayer+ExpertLayer x18" in stdout and "SiglipEncoderLayer x27" in stdout
+    assert "(0.250x of the unsharded" in stdout
 
 
 def _weights(directory: Path) -> dict:
@@ -137,16 +157,12 @@ def _weights(directory: Path) -> dict:
     return load_file(directory / "model.safetensors")
 
 
-def test_frozen_vision_tower_stays_bitwise_under_fsdp2_with_bf16(runs, launch, tmp_path):
+def test_frozen_vision_tower_stays_bitwise_under_fsdp2_with_bf16(runs):
     """Fine-tune the single run's policy under FSDP2 x2 with bf16 mixed precision and a frozen SigLIP:
     the vision weights come back bit for bit, the rest moved, and the masters are saved in fp32."""
     base = runs["single"] / "checkpoints" / "000004" / "pretrained_model"
-    out = tmp_path / "frozen"
-    res = train(launch, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
-                f"--policy.path={base}", "--policy.freeze_vision_encoder=true", "--accelerator.mixed_precision=bf16",
-                "--parallelism.dp_shard=2", "--batch_size=4", "--steps=2", "--save_freq=2", "--log_freq=1",
-                "--policy.optimizer_lr=1e-3", f"--output_dir={out}", nproc=2)
-    assert "parameters all-gathered in bfloat16" in res.stdout
+    out = runs["frozen"]
+    assert "parameters all-gathered in bfloat16" in runs["frozen.stdout"]
     before, after = _weights(base), _weights(out / "checkpoints" / "000002" / "pretrained_model")
     assert before.keys() == after.keys()
     vision = [k for k in before if ".vision_tower." in k]
@@ -156,14 +172,10 @@ def test_frozen_vision_tower_stays_bitwise_under_fsdp2_with_bf16(runs, launch, t
     assert {str(v.dtype) for v in after.values()} == {"torch.float32"}
 
 
-def test_lora_with_lerobots_default_pi0_targets_under_fsdp2(runs, launch, tmp_path):
+def test_lora_with_lerobots_default_pi0_targets_under_fsdp2(runs):
     from safetensors.torch import load_file
 
-    base = runs["single"] / "checkpoints" / "000004" / "pretrained_model"
-    out = tmp_path / "lora"
-    train(launch, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
-          f"--policy.path={base}", "--peft.r=4", "--parallelism.dp_shard=2", "--batch_size=4", "--steps=2",
-          "--save_freq=2", "--log_freq=1", "--policy.optimizer_lr=1e-3", f"--output_dir={out}", nproc=2)
+    out = runs["lora"]  # the single run's policy fine-tuned with --peft.r=4 on FSDP2 x2, 2 steps
     adapter = load_file(out / "checkpoints" / "000002" / "pretrained_model" / "adapter_model.safetensors")
     targets = {k.split(".lora_")[0] for k in adapter}
     # LeRobot's default pi0 targets: the expert's q/v projections and the five action/state projections.
@@ -186,14 +198,10 @@ def demo_with_quantiles(tmp_path_factory) -> Path:
     return _load("make_demo_dataset", DEMO_BUILDER).build(tmp_path_factory.mktemp("demo") / "demo_reach")
 
 
-def test_tiny_pi05_trains_alike_on_one_process_and_fsdp2(launch, tokenizer, demo_with_quantiles, tmp_path):
+def test_tiny_pi05_trains_alike_on_one_process_and_fsdp2(runs):
     from safetensors.torch import load_file
 
-    common = [*tiny_pi0(tokenizer, policy="pi05", root=demo_with_quantiles), "--steps=3"]
-    single, fsdp = tmp_path / "single", tmp_path / "fsdp"
-    train(launch, *common, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={single}")
-    train(launch, *common, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=3", f"--output_dir={fsdp}",
-          nproc=2)
+    single, fsdp = runs["pi05_single"], runs["pi05_fsdp"]
     reference, got = losses(single), losses(fsdp)
     assert sorted(reference) == sorted(got) == [1, 2, 3]
     for step, loss in reference.items():
