@@ -3,7 +3,8 @@ same shadow (FSDP2: each rank the EMA of its own shards, saved as DCP shards of
 ``pretrained_model_ema/``); a resume continues it bitwise on the same topology and to 1e-6 on another
 one (where the model itself differs by reduction order), from the restored shadow and update count
 rather than a restart; ``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads
-``pretrained_model_ema/``. One launch per run, four in all.
+``pretrained_model_ema/``; a PEFT run under FSDP2 averages the adapters only (and the fully trained
+head), written in both formats. One launch per run, five in all.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "ler
 
 pytestmark = pytest.mark.slow
 
-MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
-       "--policy.hidden_dim=32", "--ema.enable=true", "--steps=6", "--save_freq=3", "--log_freq=3"]
+DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--ema.enable=true",
+        "--log_freq=3"]
+MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32", "--steps=6", "--save_freq=3"]
 FSDP = ["--parallelism.dp_shard=2", "--batch_size=4", "--checkpoint_format=dcp"]
 
 
@@ -67,8 +69,14 @@ def runs(tmp_path_factory, launch):
     res_other = train(launch, "--resume=true", f"--config_path={other}", "--batch_size=8", "--parallelism.dp_shard=1")
     converted = {name: convert_dcp(run / "checkpoints" / "000006") for name, run in
                  (("fsdp", fsdp), ("same", root / "same"))}
+    base = single / "checkpoints" / "000006" / "pretrained_model"
+    peft = root / "peft"
+    res_peft = train(launch, *DATA, "--steps=3", "--save_freq=3", "--parallelism.dp_shard=2", "--batch_size=4",
+                     "--checkpoint_format=safetensors_dcp", f"--policy.path={base}", "--peft.r=4",
+                     '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-2", f"--output_dir={peft}",
+                     nproc=2)
     return {"root": root, "single": single, "fsdp": fsdp, "same": root / "same", "other": root / "other",
-            "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout},
+            "peft": peft, "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout, "peft": res_peft.stdout},
             "stderr": {"same": res_same.stderr, "other": res_other.stderr}, "converted": converted}
 
 
@@ -136,3 +144,22 @@ def test_policy_path_loads_the_ema_weights(runs):
     expected = tensors(directory / "model.safetensors")
     state = policy.state_dict()
     assert all(torch.equal(state[k], expected[k]) for k in expected)
+
+
+def test_peft_shadow_covers_the_adapters_only(runs):
+    import torch
+    from lerobot_cli.policies.pretrained import load_pretrained
+
+    step = runs["peft"] / "checkpoints" / "000003"
+    live = tensors(step / "pretrained_model" / "adapter_model.safetensors")
+    ema = tensors(step / "pretrained_model_ema" / "adapter_model.safetensors")
+    assert set(ema) == set(live) and any("lora_A" in k for k in ema) and any("action_head" in k for k in ema)
+    assert not (step / "pretrained_model_ema" / "model.safetensors").exists()  # never the frozen base
+    assert (step / "pretrained_model_ema" / "pytorch_model_fsdp_0").is_dir()
+    assert (step / "pretrained_model_ema" / "adapter_config.json").is_file()
+    assert max((ema[k] - live[k]).abs().max().item() for k in ema) > 1e-5  # averaged, not a copy
+    assert "EMA: " in runs["stdout"]["peft"]
+    _, policy = load_pretrained(step / "pretrained_model_ema")  # base + the EMA adapter, as --policy.path does
+    lora = {k.replace(".default", ""): v for k, v in policy.state_dict().items() if "lora_" in k}
+    assert set(lora) == {k for k in ema if "lora_" in k}
+    assert all(torch.equal(v, ema[k]) for k, v in lora.items())
