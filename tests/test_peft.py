@@ -4,7 +4,8 @@ One chain of launches (``multiproc/peft_run.py`` runs the product's runner and t
 live model) on a tiny ACT base saved as a pretrained policy: LoRA runs on 1 process (B=4), DDP 2 and FSDP2
 2 (B=2) train 3 steps on the same global batch; HSDP 2×2 (B=1) resumes the FSDP2 run's step-2
 ``dcp`` checkpoint and trains step 3; FSDP2 trains a bf16 base under bf16 mixed precision. The base
-has no VAE, no dropout and 1-step chunks (nothing padded), so the reduced losses must agree.
+has no VAE, no dropout and 1-step chunks (nothing padded), so the reduced losses must agree. The x2
+runs (DDP, FSDP2, the bf16 base) share one launch of peft_run.py, one after another.
 """
 
 from __future__ import annotations
@@ -41,15 +42,23 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
-def _run(launch, out: Path, base: Path, *flags: str, nproc: int = 1, timeout_s: float = 300) -> SimpleNamespace:
-    out.mkdir(parents=True, exist_ok=True)
-    args = (str(out), str(base), *DATA, f"--policy.path={base}", *flags, f"--output_dir={out / 'run'}")
+def _run_many(launch, *runs: tuple[Path, Path, tuple[str, ...]], nproc: int = 1,
+              timeout_s: float = 300) -> list[SimpleNamespace]:
+    """``(out, base, flags)`` runs one after another in ONE launch of peft_run.py (start-up paid once)."""
+    args: list[str] = []
+    for out, base, flags in runs:
+        out.mkdir(parents=True, exist_ok=True)
+        args += [str(out), str(base), *DATA, f"--policy.path={base}", *flags, f"--output_dir={out / 'run'}", "--then"]
     job = (launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=timeout_s) if nproc > 1
            else launch.run_command([sys.executable, str(SCRIPT), *args], timeout_s=timeout_s))
     assert job.returncode == 0 and not job.timed_out, job.describe()
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
-    return SimpleNamespace(out=out, run=out / "run", ranks=ranks, losses=_losses(out / "run"),
-                           adapter=_tensors(out / "final_adapter.safetensors"))
+    return [SimpleNamespace(out=out, run=out / "run", losses=_losses(out / "run"),
+                            ranks=[json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)],
+                            adapter=_tensors(out / "final_adapter.safetensors")) for out, _, _ in runs]
+
+
+def _run(launch, out: Path, base: Path, *flags: str, nproc: int = 1, timeout_s: float = 300) -> SimpleNamespace:
+    return _run_many(launch, (out, base, flags), nproc=nproc, timeout_s=timeout_s)[0]
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +77,31 @@ def base(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(launch, base, tmp_path_factory) -> dict[str, SimpleNamespace]:
+def bf16_base(base, tmp_path_factory) -> Path:
+    """``base`` with its floating-point weights stored in bf16."""
+    import torch
+    from safetensors.torch import save_file
+
+    bf16 = tmp_path_factory.mktemp("peft_bf16") / "bf16_base"
+    shutil.copytree(base, bf16)
+    weights = _tensors(bf16 / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              str(bf16 / "model.safetensors"), metadata={"format": "pt"})
+    return bf16
+
+
+@pytest.fixture(scope="module")
+def runs(launch, base, bf16_base, tmp_path_factory) -> dict[str, SimpleNamespace]:
+    """The x2 runs (DDP, FSDP2 and the bf16 base's FSDP2 run) share one launch."""
     root = tmp_path_factory.mktemp("peft_runs")
-    out = {"single": _run(launch, root / "single", base, *LORA, "--batch_size=4"),
-           "ddp": _run(launch, root / "ddp", base, *LORA, "--batch_size=2", nproc=2),
-           "fsdp": _run(launch, root / "fsdp", base, *LORA, "--batch_size=2", "--parallelism.dp_shard=2",
-                        "--checkpoint_format=dcp", "--save_freq=2", nproc=2)}
+    out = {"single": _run(launch, root / "single", base, *LORA, "--batch_size=4")}
+    out["ddp"], out["fsdp"], out["bf16"] = _run_many(
+        launch, (root / "ddp", base, (*LORA, "--batch_size=2")),
+        (root / "fsdp", base, (*LORA, "--batch_size=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp",
+                               "--save_freq=2")),
+        (root / "bf16", bf16_base, (*LORA[:-1], "--steps=2", "--batch_size=2", "--parallelism.dp_shard=2",
+                                    "--accelerator.mixed_precision=bf16", "--save_checkpoint=false")),
+        nproc=2, timeout_s=400)
     resumed_from = out["fsdp"].run / "checkpoints" / "000002"
     out["hsdp"] = _run(launch, root / "hsdp", base, "--resume=true", f"--config_path={resumed_from}",
                        "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=1",
@@ -193,17 +221,8 @@ def test_dcp_adapter_needs_conversion_then_loads(runs, launch, tmp_path):
     assert kind == "PeftModel" and diff < TOL
 
 
-def test_bf16_base_under_fsdp2_keeps_its_dtype_and_trains_fp32_adapters(launch, base, tmp_path):
-    import torch
-    from safetensors.torch import save_file
-
-    bf16 = tmp_path / "bf16_base"
-    shutil.copytree(base, bf16)
-    weights = _tensors(bf16 / "model.safetensors")
-    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
-              str(bf16 / "model.safetensors"), metadata={"format": "pt"})
-    run = _run(launch, tmp_path / "run", bf16, *LORA[:-1], "--steps=2", "--batch_size=2",
-               "--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16", "--save_checkpoint=false", nproc=2)
+def test_bf16_base_under_fsdp2_keeps_its_dtype_and_trains_fp32_adapters(runs):
+    run = runs["bf16"]  # the bf16 base, LoRA on FSDP2 x2 under bf16 mixed precision, 2 steps (``runs``)
     for report in run.ranks:
         frozen, trainable = report["frozen"], report["trainable"]
         weights_2d = [k for k in frozen if k.endswith(".weight") and k in report["shards"]]

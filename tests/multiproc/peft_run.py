@@ -1,7 +1,9 @@
 """One real ``lerobot-train`` PEFT run on this rank (flags as on the command line), then checks of the
 live model that the checkpoint alone cannot show.
 
-argv: ``<out_dir> <base pretrained_model dir> <lerobot-train flags...>``. Every rank writes
+argv: ``<out_dir> <base pretrained_model dir> <lerobot-train flags...>``, or several such runs, each
+ended by ``--then``: they run one after another in the same ranks (each in its own process group), so
+the launch's start-up is paid once. For every run, every rank writes
 ``rank<r>.json``: for each frozen base parameter whether it is bitwise the base file's tensor, the
 dtypes of frozen and trainable parameters, local vs global sizes of base weights (the shard a rank
 holds), and whether each adapter moved away from its initial value. Rank 0 also writes the trained
@@ -17,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import arm_watchdog, rank, write_json
 
-arm_watchdog(300)
+arm_watchdog(600)
 
 import torch
 from lerobot_ckpt import read_tensors, unwrap_model
@@ -70,8 +72,23 @@ def checks(model, base_file: Path) -> dict:
     return {"frozen": frozen, "trainable": trainable, "shards": shards}
 
 
+def split_runs(argv: list[str]) -> list[list[str]]:
+    runs, current = [], []
+    for arg in argv:
+        if arg == "--then":
+            runs.append(current)
+            current = []
+        else:
+            current.append(arg)
+    return [*runs, current] if current else runs
+
+
 def main() -> None:
-    out, base_dir, argv = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+    for run in split_runs(sys.argv[1:]):
+        run_one(Path(run[0]), Path(run[1]), run[2:])
+
+
+def run_one(out: Path, base_dir: Path, argv: list[str]) -> None:
     flags = split_argv(argv).flags
     result = build_train_config(flags)
     cfg = result.config.finalized()
