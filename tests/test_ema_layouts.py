@@ -4,7 +4,8 @@ same shadow (FSDP2: each rank the EMA of its own shards, saved as DCP shards of
 one (where the model itself differs by reduction order), from the restored shadow and update count
 rather than a restart; ``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads
 ``pretrained_model_ema/``; a PEFT run under FSDP2 averages the adapters only (and the fully trained
-head), written in both formats. One launch per run, five in all.
+head), written in both formats. The held-out eval loss (with the EMA weights) is the same under one
+process, DDP x2 and FSDP2 x2. One launch per run, six in all.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--ema.enable=true",
         "--log_freq=3"]
-MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32", "--steps=6", "--save_freq=3"]
+MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32", "--steps=6", "--save_freq=3",
+       "--dataset.eval_split=0.2", "--eval_steps=3"]
 FSDP = ["--parallelism.dp_shard=2", "--batch_size=4", "--checkpoint_format=dcp"]
 
 
@@ -63,6 +65,8 @@ def runs(tmp_path_factory, launch):
     single, fsdp = root / "single", root / "fsdp"
     res_single = train(launch, *MLP, "--batch_size=8", f"--output_dir={single}")
     res_fsdp = train(launch, *MLP, *FSDP, f"--output_dir={fsdp}", nproc=2)
+    ddp = root / "ddp"
+    train(launch, *MLP, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={ddp}", nproc=2)
     same = resumable_copy(fsdp, root / "same", 3)
     res_same = train(launch, "--resume=true", f"--config_path={same}", nproc=2)
     other = resumable_copy(fsdp, root / "other", 3)
@@ -75,7 +79,7 @@ def runs(tmp_path_factory, launch):
                      "--checkpoint_format=safetensors_dcp", f"--policy.path={base}", "--peft.r=4",
                      '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-2", f"--output_dir={peft}",
                      nproc=2)
-    return {"root": root, "single": single, "fsdp": fsdp, "same": root / "same", "other": root / "other",
+    return {"root": root, "single": single, "fsdp": fsdp, "ddp": ddp, "same": root / "same", "other": root / "other",
             "peft": peft, "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout, "peft": res_peft.stdout},
             "stderr": {"same": res_same.stderr, "other": res_other.stderr}, "converted": converted}
 
@@ -163,3 +167,21 @@ def test_peft_shadow_covers_the_adapters_only(runs):
     lora = {k.replace(".default", ""): v for k, v in policy.state_dict().items() if "lora_" in k}
     assert set(lora) == {k for k in ema if "lora_" in k}
     assert all(torch.equal(v, ema[k]) for k, v in lora.items())
+
+
+def eval_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["eval/loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if "eval/loss" in r}
+
+
+def test_eval_loss_is_the_same_on_every_layout(runs):
+    assert "Eval: 6 of 30 episodes held out" in runs["stdout"]["single"]
+    assert "on 317 frames with the EMA weights" in runs["stdout"]["fsdp"]
+    ref = eval_losses(runs["single"])
+    assert sorted(ref) == [3, 6] and ref[6] < ref[3]
+    for name in ("ddp", "fsdp"):
+        got = eval_losses(runs[name])
+        assert sorted(got) == [3, 6], name
+        for step, value in ref.items():
+            # the weights differ by float summation order only (~1e-7); the eval sums weigh each sample alike
+            assert abs(got[step] - value) <= 1e-6 * max(1.0, abs(value)), (name, step, got[step], value)

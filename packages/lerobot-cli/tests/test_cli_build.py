@@ -121,7 +121,7 @@ def test_config_path_with_another_policy_type_replaces_the_policy(tmp_path):
 def every_section_non_default() -> TrainConfig:
     mlp = config_class("mlp")
     return TrainConfig(
-        dataset=DatasetConfig(repo_id="me/data", root="/data/x", episodes=(0, 3, 5), revision="v3.0"),
+        dataset=DatasetConfig(repo_id="me/data", root="/data/x", episodes=(0, 3, 5), eval_split=0.1, revision="v3.0"),
         policy=mlp(
             hidden_dim=32, n_blocks=3, dropout=0.1, device="cpu", repo_id="me/policy", push_to_hub=False,
             tags=["a"], input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,))},
@@ -136,6 +136,7 @@ def every_section_non_default() -> TrainConfig:
         scheduler=SchedulerConfig(type="constant_with_warmup", num_warmup_steps=5, num_decay_steps=10,
                                   peak_lr=0.2, decay_lr=0.01),
         peft=PeftConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=("q",), full_training_modules=("head",)),
+        eval_steps=50, max_eval_samples=100,
         trackio=TrackioConfig(enable=True, project="p"),
         ema=EmaConfig(enable=True, decay=0.99, update_after_step=3, inv_gamma=2.0, power=0.5, use_for_eval=False),
         parallelism=ParallelismConfig(dp_replicate=2, dp_shard=-1),

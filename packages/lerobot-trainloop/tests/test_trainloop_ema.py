@@ -44,7 +44,7 @@ def test_constant_decay_after_the_first_copy():
     ({"inv_gamma": 0}, "ema.inv_gamma must be a number > 0"),
     ({"power": -1.0}, "ema.power must be a number > 0"),
     ({"min_decay": 0.9, "max_decay": 0.5}, "ema.min_decay must be ≤ ema.max_decay"),
-    ({"decay": 0.99, "max_decay": 0.9}, "exclude each other"),
+    ({"decay": 0.99, "max_decay": 0.9}, "ema.decay \\(a constant decay\\) excludes changed ema.min_decay"),
     ({"enable": "yes"}, "ema.enable must be true or false"),
 ])
 def test_invalid_settings_are_refused_by_name(kwargs, words):

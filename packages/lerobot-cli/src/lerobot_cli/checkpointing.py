@@ -206,7 +206,7 @@ class Checkpointer:
             # Before anything is loaded: the saved data position means nothing in another dataset.
             raise StateMismatchError(
                 f"{checkpoint_dir} was trained on {saved['num_samples']} samples, but this run's dataset has "
-                f"{loop.sampler.num_samples} (another --dataset.episodes selection, or another dataset): its data "
+                f"{loop.sampler.num_samples} (another --dataset.episodes selection or --dataset.eval_split, or another dataset): its data "
                 "position does not apply; resume on the same data, or start a new run from its weights with "
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )

@@ -93,6 +93,14 @@ class TrainConfig:
         default=None, metadata=_h("LR schedule (default: the policy's preset, often none).")
     )
     peft: PeftConfig | None = field(default=None, metadata=_h("Adapter fine-tuning (any --peft.* flag enables it)."))
+    eval_steps: int = field(
+        default=0, validator=count("--eval_steps", minimum=0),
+        metadata=_h("Held-out eval loss every N loop steps (0: never); needs --dataset.eval_split > 0."),
+    )
+    max_eval_samples: int = field(
+        default=0, validator=count("--max_eval_samples", minimum=0),
+        metadata=_h("Cap on held-out frames evaluated (the first of each task, LeRobot's rule; 0: all)."),
+    )
     trackio: TrackioConfig = field(factory=TrackioConfig)
     ema: EmaConfig = field(factory=EmaConfig)
     parallelism: ParallelismConfig = field(factory=ParallelismConfig)

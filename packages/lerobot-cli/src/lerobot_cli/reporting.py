@@ -83,6 +83,21 @@ class Reporter:
         done = step - self._start
         eta = elapsed / done * (self.total - step) if done > 0 else math.nan
         self.print(format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else ""))
+        self._record(step, elapsed, metrics)
+        self._last_loss = f"loss {_fmt(metrics.get('loss', math.nan))}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, status=self._last_loss)
+
+    def log_eval(self, step: int, metrics: dict[str, float], samples: int, weights: str) -> None:
+        """The held-out eval loss and its parts, as ``eval/<name>`` (console, metrics.jsonl, trackio)."""
+        if not self.enabled:
+            return
+        named = {f"eval/{k}": v for k, v in metrics.items()}
+        parts = " ".join(f"{k}={_fmt(v)}" for k, v in named.items())
+        self.print(f"eval step {step}/{self.total} {parts} ({samples} held-out frames, {weights} weights)")
+        self._record(step, time.perf_counter() - self._t0, named)
+
+    def _record(self, step: int, elapsed: float, metrics: dict[str, float]) -> None:
         record = {"step": step, "time_s": round(elapsed, 4),
                   **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
         if self._jsonl is None:  # opened at the first record: a run that fails before it leaves no empty file
@@ -92,9 +107,6 @@ class Reporter:
         self._jsonl.flush()
         if self.tracker is not None:
             self.tracker.log(metrics, step=step)
-        self._last_loss = f"loss {_fmt(metrics.get('loss', math.nan))}"
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step, status=self._last_loss)
 
     def close(self) -> None:
         if self.tracker is not None:

@@ -20,6 +20,7 @@ from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import wrap_model
 from lerobot_trainloop.ema import ModelEma
+from lerobot_trainloop.evaluation import EvalBatches, evaluate
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler
 from torch.utils.data import DataLoader
@@ -31,6 +32,7 @@ from lerobot_cli.cli.errors import PROG, UsageError, is_quiet_rank, leave_quietl
 from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
+from lerobot_cli.datasets.split import eval_sample_indices
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
@@ -105,6 +107,35 @@ def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: Pa
     )
 
 
+class _HeldOut:
+    """The eval loss of ``--dataset.eval_split``'s episodes every ``--eval_steps`` (every dp rank its share)."""
+
+    def __init__(self, workload, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop) -> None:
+        self.cfg, self.loop, self.split = cfg, loop, workload.split
+        self.pre = workload.preprocessor
+        dataset = workload.eval_dataset
+        self.indices = eval_sample_indices(dataset.task_index, cfg.max_eval_samples)
+        self.sampler = EvalBatches(self.indices, cfg.batch_size, dp_rank=runtime.dp_rank,
+                                   dp_world_size=runtime.dp_world_size)
+        workers = cfg.num_workers
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers,
+                                 pin_memory=runtime.device.type == "cuda", persistent_workers=workers > 0,
+                                 generator=torch.Generator().manual_seed(cfg.seed))
+        self.ema = loop.ema if loop.ema is not None and cfg.ema.use_for_eval else None
+
+    def describe(self) -> str:
+        split, n = self.split, len(self.indices)
+        weights = "EMA" if self.ema is not None else "live"
+        return (f"Eval: {len(split.eval)} of {len(split.train) + len(split.eval)} episodes held out "
+                f"(--dataset.eval_split={self.cfg.dataset.eval_split}, per task the last ones; {split.tasks} "
+                f"task{'s' if split.tasks != 1 else ''}); eval loss every {self.cfg.eval_steps} steps on {n} frames "
+                f"with the {weights} weights")
+
+    def run(self, step: int, reporter: Reporter) -> None:
+        metrics = evaluate(self.loop, (self.pre(b) for b in self.loader), self.sampler.weights(), ema=self.ema)
+        reporter.log_eval(step, metrics, len(self.indices), "EMA" if self.ema is not None else "live")
+
+
 def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = None) -> TrainLoop:
     """Train on this rank; returns the finished loop (its ``model`` is still wrapped and sharded)."""
     cfg, resume = plan.cfg, plan.resume
@@ -160,6 +191,10 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)
         if cfg.log_freq > 0:
             loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)
+        if cfg.eval_steps > 0 and workload.eval_dataset is not None:  # before a save at the same step
+            held_out = _HeldOut(workload, cfg, runtime, loop)
+            reporter.print(held_out.describe())
+            loop.add_hook(lambda ev: held_out.run(ev.step, reporter), every=cfg.eval_steps)
         if cfg.save_checkpoint:
             loop.add_hook(lambda ev: reporter.print(f"checkpoint: {checkpointer.save(ev.step)}"),
                           every=cfg.save_freq or None, at=[cfg.steps])

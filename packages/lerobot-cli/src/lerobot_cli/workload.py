@@ -32,6 +32,7 @@ from lerobot_cli.datasets import (
     split_policy_features,
 )
 from lerobot_cli.datasets.layout import STATS_PATH
+from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode
@@ -48,11 +49,26 @@ log = logging.getLogger(__name__)
 
 @define
 class Workload:
-    dataset: LeRobotDataset
+    dataset: LeRobotDataset  # the training episodes (all but the held-out ones)
     policy_config: PolicyConfig
     policy: nn.Module
     preprocessor: ProcessorPipeline
     postprocessor: ProcessorPipeline
+    eval_dataset: LeRobotDataset | None = None  # --dataset.eval_split's held-out episodes
+    split: EpisodeSplit | None = None
+
+
+def _datasets(cfg: TrainConfig, meta, delta) -> tuple[LeRobotDataset, LeRobotDataset | None, EpisodeSplit | None]:
+    """The training dataset and, with ``--dataset.eval_split``, the held-out one (disjoint episodes)."""
+    if cfg.dataset.eval_split == 0:
+        return make_dataset(cfg.dataset, delta_timestamps=delta), None, None
+    split = split_episodes(meta.select(cfg.dataset.episodes), cfg.dataset.eval_split)
+    for task in split.whole_tasks:
+        log.warning("task %r has too few episodes to keep one for training at --dataset.eval_split=%s: all of them "
+                    "are held out (LeRobot's rule)", task, cfg.dataset.eval_split)
+    root = meta.root
+    return (LeRobotDataset(root, episodes=split.train, delta_timestamps=delta),
+            LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta), split)
 
 
 def policy_config_for_dataset(policy: PolicyConfig, features: dict) -> PolicyConfig:
@@ -141,7 +157,7 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
         action_delta_indices=policy_cfg.action_delta_indices,
         reward_delta_indices=policy_cfg.reward_delta_indices,
     )
-    dataset = make_dataset(cfg.dataset, delta_timestamps=delta)
+    dataset, eval_dataset, split = _datasets(cfg, meta, delta)
     pretrained = Path(policy_cfg.pretrained_path) if policy_cfg.pretrained_path else None
     source = processors_from or pretrained
     if source is not None and _has_processors(source):
@@ -152,7 +168,7 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
         except MissingStatsError as exc:
             raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
     _load_tokenizers(pre)
-    return Workload(dataset, policy_cfg, policy, pre, post)
+    return Workload(dataset, policy_cfg, policy, pre, post, eval_dataset, split)
 
 
 def _load_tokenizers(pre) -> None:

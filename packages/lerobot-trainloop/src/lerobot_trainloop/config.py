@@ -68,8 +68,8 @@ class EmaConfig:
             raise ValueError(f"ema.min_decay must be ≤ ema.max_decay, got min_decay={self.min_decay} and "
                              f"max_decay={self.max_decay}")
         if self.decay is not None and (self.min_decay, self.max_decay) != (0.0, 0.9999):
-            raise ValueError("ema.decay (a constant decay) and ema.min_decay/ema.max_decay (the schedule's clamps) "
-                             "exclude each other: set one or the other")
+            raise ValueError("ema.decay (a constant decay) excludes changed ema.min_decay and ema.max_decay (the "
+                             "schedule's clamps): set one or the other")
 
     def decay_at(self, update: int) -> float:
         """The decay applied by the ``update``-th update (1-based), as diffusers' ``EMAModel.get_decay``."""

@@ -26,6 +26,9 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             raise UsageError("--policy.repo_id with --checkpoint_format=dcp: the final checkpoint would hold no "
                              "model.safetensors to publish; use --checkpoint_format=safetensors_dcp, or convert "
                              "and publish later with lerobot-convert-dcp --push_to_hub")
+    if cfg.eval_steps > 0 and cfg.dataset.eval_split == 0:
+        raise UsageError(f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
+                         "--dataset.eval_split=FRACTION (e.g. 0.1), or --eval_steps=0")
     if cfg.peft is not None:
         check_peft(cfg)
     if cfg.trackio.enable:

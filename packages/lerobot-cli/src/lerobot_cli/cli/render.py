@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
-LIBRARY_SECTIONS = ("parallelism", "accelerator")  # the TrainConfig sections the library configs fill
+LIBRARY_SECTIONS = ("parallelism", "accelerator", "ema")  # the TrainConfig sections the library configs fill
 # Library arguments the CLI fills from a flag of another name (the runner passes --policy.device as device=).
 ARGUMENTS = {"device": "policy.device"}
 

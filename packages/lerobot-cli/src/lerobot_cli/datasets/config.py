@@ -22,6 +22,9 @@ class DatasetConfig:
     episodes: tuple[int, ...] | None = field(
         default=None, converter=_episodes, metadata={"help": "Episode indices to train on, e.g. '[0,3,5]'."}
     )
+    eval_split: float = field(
+        default=0.0,
+        metadata={"help": "Fraction of episodes held out per task for the eval loss (the last ones; 0: none)."})
     revision: str | None = field(default=None, metadata={"help": "Hub revision to download when not cached."})
     video_backend: str = field(
         default="pyav", metadata={"help": "Video decoder.", "choices": ("pyav",)}
@@ -38,5 +41,9 @@ class DatasetConfig:
                     f"--dataset.episodes must be a JSON list of distinct episode indices ≥ 0, "
                     f"got {list(self.episodes)!r}"
                 )
+        split = self.eval_split
+        if isinstance(split, bool) or not isinstance(split, int | float) or not 0.0 <= split < 1.0:
+            raise ValueError(f"--dataset.eval_split must be a fraction in [0, 1), got {split!r} (e.g. 0.1 holds out "
+                             "the last 10% of each task's episodes; 0 holds out none)")
         if self.video_backend not in ("pyav",):
             raise ValueError(f"--dataset.video_backend: invalid choice {self.video_backend!r} (choose from pyav)")

@@ -133,6 +133,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
     def num_episodes(self) -> int:
         return self.meta.num_episodes
 
+    @property
+    def task_index(self) -> np.ndarray:
+        """Each frame's task index, in dataset order (the held-out cap selects frames per task)."""
+        return self._task_index.copy()
+
     def __len__(self) -> int:
         return len(self._ep_pos)
 
