@@ -146,12 +146,29 @@ def lerobot_train(*args: str, nproc: int = 1, timeout_s: float | None = None,
     return res
 
 
+@define(frozen=True)
+class RunOutput:
+    """What one run of ``lerobot_train_runs`` printed (rank 0's share of the launch's output)."""
+    stdout: str
+    stderr: str
+
+
+RUN_MARKER = "=== train_many run "  # multiproc/train_many.py prints it (rank 0) before each run
+
+
+def _split_runs(text: str, n: int, res: Launched) -> list[str]:
+    parts = text.split(RUN_MARKER)[1:]
+    assert [p.split(" ===", 1)[0] for p in parts] == [str(i) for i in range(n)], res.describe()
+    return [p.split(" ===\n", 1)[1] if " ===\n" in p else "" for p in parts]
+
+
 def lerobot_train_runs(*runs: Sequence[str], nproc: int = 1, timeout_s: float | None = None,
-                       env: dict[str, str] | None = None) -> list[str]:
+                       env: dict[str, str] | None = None) -> list[RunOutput]:
     """Several ``lerobot-train`` runs (each a sequence of flags) one after another in ONE launch
     (``multiproc/train_many.py``: ``lerobot_cli.train.main`` per run, in the same processes), so the
     start-up is paid once. Every run must succeed (asserted as in ``lerobot_train``); returns each
-    run's stdout (rank 0's, where lerobot-train prints), in order."""
+    run's stdout and stderr, split at the marker rank 0 prints before each run (another rank's
+    stderr lands in the run it was printed during; torchrun's own log lines too)."""
     args: list[str] = []
     for flags in runs:
         args += [*flags, "--then"]
@@ -161,6 +178,5 @@ def lerobot_train_runs(*runs: Sequence[str], nproc: int = 1, timeout_s: float | 
     else:
         res = torchrun(TRAIN_MANY, *args, nproc=nproc, timeout_s=budget, env=env)
     assert not res.timed_out and res.returncode == 0, res.describe()
-    parts = res.stdout.split("=== train_many run ")[1:]
-    assert [p.split(" ===", 1)[0] for p in parts] == [str(i) for i in range(len(runs))], res.describe()
-    return [p.split(" ===\n", 1)[1] if " ===\n" in p else "" for p in parts]
+    stdouts, stderrs = _split_runs(res.stdout, len(runs), res), _split_runs(res.stderr, len(runs), res)
+    return [RunOutput(out, err) for out, err in zip(stdouts, stderrs, strict=True)]

@@ -97,8 +97,8 @@ def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, 
     for nproc, group in ((1, one_process), (2, two_processes), (4, four_processes)):
         if nproc == 4:
             shutil.copytree(out["fsdp"], out["resumed"], symlinks=True)
-        stdouts = launch.lerobot_train_runs(*group.values(), nproc=nproc)
-        out.update({f"{name}.stdout": stdout for name, stdout in zip(group, stdouts, strict=True)})
+        printed_runs = launch.lerobot_train_runs(*group.values(), nproc=nproc)
+        out.update({f"{name}.stdout": printed.stdout for name, printed in zip(group, printed_runs, strict=True)})
     return out
 
 

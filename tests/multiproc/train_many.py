@@ -4,7 +4,7 @@ argv: the runs' flags, each run's flags ended by ``--then`` (the last one may om
 ``lerobot_cli.train.main(flags)``, the console script's own entry point; it opens and tears down its
 own process group (``parallel_session``; a second group in a process gets its own store prefix), so
 runs share only the interpreter: the launch's start-up (torchrun, imports) is paid once, not per run.
-Before each run rank 0 prints ``RUN_MARKER <i>`` so the test can split stdout per run
+Before each run rank 0 prints ``RUN_MARKER <i> ===`` on stdout and stderr, so the test can split both per run
 (``launch.lerobot_train_runs``). A run that returns non-zero ends the launch with its code.
 """
 
@@ -41,7 +41,9 @@ def main() -> int:
 
     for i, flags in enumerate(split_runs(sys.argv[1:])):
         if int(os.environ.get("RANK", "0")) == 0:
+            sys.stderr.flush()
             print(f"{RUN_MARKER} {i} ===", flush=True)
+            print(f"{RUN_MARKER} {i} ===", file=sys.stderr, flush=True)
         code = lerobot_train(flags)
         sys.stdout.flush()
         if code:
