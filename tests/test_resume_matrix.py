@@ -1,12 +1,14 @@
 """Resume and the run directory, as a user meets them: every case continues bitwise or says why not.
 
-Each case is a real ``lerobot-train`` process on a copy of one real run, so what is checked is what a
+Each case is a real ``lerobot-train`` run on a copy of one real run, so what is checked is what a
 user would see: the losses in ``metrics.jsonl``, the warnings on stderr, the files left on disk.
 The matrix: same topology, moved and copied run directories, another batch size, an optimizer
 override, a checkpoint saved inside an accumulation window, an older checkpoint with newer ones
 beside it (refused, then set aside on request), DDP → FSDP2 at the same world size; and the run
 directory's lock (a second run refused, a crashed run's stale lock taken over), interrupted-save
-leftovers, and a fresh run over a directory a failed run left.
+leftovers, and a fresh run over a directory a failed run left. Runs that need nothing between them
+share a launch (``launch.lerobot_train_runs``: ``lerobot-train``'s ``main`` per run, one after another),
+each with its own stdout and stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -77,8 +80,8 @@ def runs(tmp_path_factory, launch):
     """One uninterrupted 8-step run (K=2, checkpoints at 4 and 8) and one that stopped at step 4."""
     root = tmp_path_factory.mktemp("matrix")
     full, half = root / "full", root / "half"
-    lerobot_train(launch, *MLP, *K2, "--steps=8", "--save_freq=4", f"--output_dir={full}")
-    lerobot_train(launch, *MLP, *K2, "--steps=4", "--save_freq=4", f"--output_dir={half}")
+    launch.lerobot_train_runs([*MLP, *K2, "--steps=8", "--save_freq=4", f"--output_dir={full}"],
+                              [*MLP, *K2, "--steps=4", "--save_freq=4", f"--output_dir={half}"])  # one launch
     return root, full, half
 
 
@@ -87,10 +90,73 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_same_topology_continues_bitwise_in_place(launch, runs):
-    root, full, half = runs
+def resume_flags(checkpoint: Path, *args: str) -> list[str]:
+    return ["--resume=true", f"--config_path={checkpoint}", *args]
+
+
+@pytest.fixture(scope="module")
+def resumed(launch, runs) -> dict[str, SimpleNamespace]:
+    """The one-process cases that resume a copy of ``half`` and must succeed, each prepared as its test
+    says, then run one after another in ONE launch (``launch.lerobot_train_runs``): ``resumed[case]``
+    holds the case's directories and ``res``, the run's own stdout and stderr. ``same`` runs first, so
+    nothing printed once per process (a Python warning) can be missing from its stderr."""
+    root, _, half = runs
+    cases: dict[str, SimpleNamespace] = {}
+    flags: dict[str, list[str]] = {}
+
     run = copy_run(half, root / "same")
-    res = resume(launch, run / "checkpoints" / "last", "--steps=8", "--output_dir=null")  # null: not given
+    cases["same"] = SimpleNamespace(run=run)
+    flags["same"] = resume_flags(run / "checkpoints" / "last", "--steps=8", "--output_dir=null")  # null: not given
+
+    run = copy_run(half, root / "before_move")
+    moved = root / "after_move"
+    run.rename(moved)
+    cases["moved"] = SimpleNamespace(run=run, moved=moved)
+    flags["moved"] = resume_flags(moved / "checkpoints" / "last", "--steps=8")
+
+    original = copy_run(half, root / "original")
+    copy = copy_run(original, root / "copy")
+    cases["copied"] = SimpleNamespace(original=original, copy=copy, before=snapshot(original))
+    flags["copied"] = resume_flags(copy / "checkpoints" / "last", "--steps=8")
+
+    run = copy_run(half, root / "batch")
+    cases["batch"] = SimpleNamespace(run=run)
+    flags["batch"] = resume_flags(run / "checkpoints" / "last", "--steps=8", "--batch_size=2")
+
+    run = copy_run(half, root / "lr")
+    cases["lr"] = SimpleNamespace(run=run)
+    flags["lr"] = resume_flags(run / "checkpoints" / "last", "--steps=8", "--optimizer.lr=0.0005")
+
+    # a trainer that saved mid-window: its record without loop state, saved with K=3 at step 4
+    run = copy_run(half, root / "legacy")
+    record = run / "checkpoints/000004/training_state/training_step.json"
+    data = json.loads(record.read_text())
+    data.pop("loop")
+    data["grad_accum_steps"] = 3
+    record.write_text(json.dumps(data))
+    cases["legacy"] = SimpleNamespace(run=run)
+    flags["legacy"] = resume_flags(run / "checkpoints" / "last", "--steps=8")
+
+    # resume: a later save was killed mid-write (its staging tree is all that is left of it)
+    run = copy_run(half, root / "leftover")
+    shutil.copytree(run / "checkpoints" / "000004", run / "checkpoints" / ".tmp-000006-12345")
+    cases["leftover"] = SimpleNamespace(run=run)
+    flags["leftover"] = resume_flags(run / "checkpoints" / "last", "--steps=8")
+    # fresh: the run's very first save was interrupted twice (only the staging tree exists)
+    fresh = root / "leftover_fresh"
+    (fresh / "checkpoints" / ".tmp-000002-999" / "pretrained_model").mkdir(parents=True)
+    (fresh / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    cases["leftover_fresh"] = SimpleNamespace(run=fresh)
+    flags["leftover_fresh"] = [*MLP, "--steps=2", f"--output_dir={fresh}"]
+
+    for case, res in zip(flags, launch.lerobot_train_runs(*flags.values()), strict=True):
+        cases[case].res = res
+    return cases
+
+
+def test_same_topology_continues_bitwise_in_place(runs, resumed):
+    _, full, _ = runs
+    run, res = resumed["same"].run, resumed["same"].res  # resumed with --output_dir=null (not given)
     assert warnings_of(res.stderr) == [] and "WARNING" not in res.stderr, res.stderr
     assert len(warnings_of(res.stderr, copied=True)) == 1  # a copy of `half`: said once, and it writes here
     assert "resuming at step 4" in res.stdout and f"→  {run}" in res.stdout
@@ -101,12 +167,10 @@ def test_same_topology_continues_bitwise_in_place(launch, runs):
                             "accumulated": 0}
 
 
-def test_moved_run_continues_where_it_is_now(launch, runs):
-    root, full, half = runs
-    run = copy_run(half, root / "before_move")
-    moved = root / "after_move"
-    run.rename(moved)
-    res = resume(launch, moved / "checkpoints" / "last", "--steps=8")
+def test_moved_run_continues_where_it_is_now(runs, resumed):
+    _, full, half = runs
+    case = resumed["moved"]  # a copy of `half` renamed from `run` to `moved`, then resumed there
+    run, moved, res = case.run, case.moved, case.res
     (warning,) = warnings_of(res.stderr, copied=True)
     assert f"continuing the run in {moved}" in warning and f"output_dir={half}" in warning
     assert not run.exists()  # the old location is not recreated
@@ -115,31 +179,26 @@ def test_moved_run_continues_where_it_is_now(launch, runs):
     assert saved["output_dir"] == str(moved)  # the config says where the run really is
 
 
-def test_copied_run_writes_into_the_copy_and_leaves_the_original_alone(launch, runs):
-    root, full, half = runs
-    original = copy_run(half, root / "original")
-    copy = copy_run(original, root / "copy")
-    before = snapshot(original)
-    res = resume(launch, copy / "checkpoints" / "last", "--steps=8")
+def test_copied_run_writes_into_the_copy_and_leaves_the_original_alone(runs, resumed):
+    _, full, _ = runs
+    case = resumed["copied"]  # `copy` of `original` resumed; `before`: the snapshot of `original` before it
+    original, copy, before, res = case.original, case.copy, case.before, case.res
     assert f"continuing the run in {copy}" in res.stderr
     assert snapshot(original) == before
     assert (copy / "checkpoints" / "000008").is_dir() and losses(copy) == losses(full)
 
 
-def test_another_batch_size_continues_the_stream_and_says_exactness_is_lost(launch, runs):
-    root, _, half = runs
-    run = copy_run(half, root / "batch")
-    res = resume(launch, run / "checkpoints" / "last", "--steps=8", "--batch_size=2")
+def test_another_batch_size_continues_the_stream_and_says_exactness_is_lost(resumed):
+    run, res = resumed["batch"].run, resumed["batch"].res  # resumed with --batch_size=2
     (warning,) = warnings_of(res.stderr)
     assert "batch_size: 4 → 2" in warning and "per-rank sample-exactness is lost" in warning
     state = json.loads((run / "checkpoints/last/training_state/training_step.json").read_text())
     assert state["sampler"]["offset"] == 4 * 4 + 4 * 2  # the same stream, continued at sample 16
 
 
-def test_optimizer_override_is_applied_and_recorded(launch, runs):
-    root, full, half = runs
-    run = copy_run(half, root / "lr")
-    res = resume(launch, run / "checkpoints" / "last", "--steps=8", "--optimizer.lr=0.0005")
+def test_optimizer_override_is_applied_and_recorded(runs, resumed):
+    _, full, _ = runs
+    run, res = resumed["lr"].run, resumed["lr"].res  # resumed with --optimizer.lr=0.0005
     (warning,) = warnings_of(res.stderr)
     assert "changed optimizer/scheduler settings, applied from step 4 on: optimizer.lr: 0.001 → 0.0005" in warning
     lrs = {r["step"]: r["lr"] for r in records(run)}
@@ -151,18 +210,12 @@ def test_optimizer_override_is_applied_and_recorded(launch, runs):
     assert saved["optimizer"]["lr"] == 0.0005
 
 
-def test_checkpoint_saved_inside_an_accumulation_window_says_what_it_lost(launch, runs):
+def test_checkpoint_saved_inside_an_accumulation_window_says_what_it_lost(resumed):
     """Saves land on window boundaries now; a checkpoint from a trainer that saved mid-window (its
     record without loop state, saved with K=3 at step 4) still resumes, and the warning says which
-    micro-batches' gradients are gone rather than claiming exactness."""
-    root, _, half = runs
-    run = copy_run(half, root / "legacy")
-    record = run / "checkpoints/000004/training_state/training_step.json"
-    data = json.loads(record.read_text())
-    data.pop("loop")
-    data["grad_accum_steps"] = 3
-    record.write_text(json.dumps(data))
-    res = resume(launch, run / "checkpoints" / "last", "--steps=8")
+    micro-batches' gradients are gone rather than claiming exactness. (The record is edited so in
+    ``resumed``.)"""
+    res = resumed["legacy"].res
     (warning,) = warnings_of(res.stderr)
     assert "grad_accum_steps: 3 → 2" in warning
     assert ("inside a 3-step gradient-accumulation window: the gradients of its last 1 micro-batch(es) (steps 4-4) "
@@ -194,9 +247,11 @@ def test_older_checkpoint_is_refused_then_set_aside_on_request(launch, runs):
 def test_ddp_to_fsdp2_at_the_same_world_size_is_not_called_inexact(launch, tmp_path):
     args = [*MLP, "--save_freq=2"]
     full, half = tmp_path / "full", tmp_path / "half"
-    lerobot_train(launch, *args, "--steps=4", f"--output_dir={full}", nproc=2)
-    lerobot_train(launch, *args, "--steps=2", f"--output_dir={half}", nproc=2)
-    res = resume(launch, half / "checkpoints" / "last", "--steps=4", "--parallelism.dp_shard=2", nproc=2)
+    # one launch: the two DDP runs, then the FSDP2 resume of the shorter one (its stderr is split off)
+    *_, res = launch.lerobot_train_runs(
+        [*args, "--steps=4", f"--output_dir={full}"], [*args, "--steps=2", f"--output_dir={half}"],
+        ["--resume=true", f"--config_path={half / 'checkpoints' / 'last'}", "--steps=4", "--parallelism.dp_shard=2"],
+        nproc=2)
     (warning,) = warnings_of(res.stderr)
     assert "dp_replicate: 2 → 1; dp_shard: 1 → 2" in warning and "sample-exactness" not in warning
     got, want = losses(half), losses(full)
@@ -245,20 +300,15 @@ def test_one_run_owns_its_directory_and_a_crashed_owner_is_taken_over(launch, tm
     assert not (out / ".lerobot-run.lock").exists()  # released at the end
 
 
-def test_interrupted_save_leftovers_are_recognised_and_cleaned(launch, runs):
-    root, full, half = runs
+def test_interrupted_save_leftovers_are_recognised_and_cleaned(runs, resumed):
+    _, full, _ = runs
     # resume: a later save was killed mid-write (its staging tree is all that is left of it)
-    run = copy_run(half, root / "leftover")
-    shutil.copytree(run / "checkpoints" / "000004", run / "checkpoints" / ".tmp-000006-12345")
-    res = resume(launch, run / "checkpoints" / "last", "--steps=8")
+    run, res = resumed["leftover"].run, resumed["leftover"].res
     (warning,) = warnings_of(res.stderr)
     assert "removed what an interrupted save left" in warning and ".tmp-000006-12345" in warning
     assert losses(run) == losses(full)
     # fresh: the run's very first save was interrupted twice (only the staging tree exists)
-    fresh = root / "leftover_fresh"
-    (fresh / "checkpoints" / ".tmp-000002-999" / "pretrained_model").mkdir(parents=True)
-    (fresh / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    res = lerobot_train(launch, *MLP, "--steps=2", f"--output_dir={fresh}")
+    fresh, res = resumed["leftover_fresh"].run, resumed["leftover_fresh"].res
     notes = warnings_of(res.stderr)
     assert any(".tmp-000002-999" in n for n in notes) and any("committed no checkpoint" in n for n in notes)
     assert sorted(p.name for p in (fresh / "checkpoints").iterdir()) == ["000002", "last"]
