@@ -10,6 +10,8 @@ stack before the outer timeout fires.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import socket
@@ -162,16 +164,43 @@ def _split_runs(text: str, n: int, res: Launched) -> list[str]:
     return [p.split(" ===\n", 1)[1] if " ===\n" in p else "" for p in parts]
 
 
-def lerobot_train_runs(*runs: Sequence[str], nproc: int = 1, timeout_s: float | None = None,
+def tree_digest(root: Path | str) -> dict[str, str]:
+    """Every entry under ``root``: a file's sha256, a link's ``-> target``, ``dir`` for a directory."""
+    root = Path(root)
+    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else "dir" if p.is_dir()
+                                       else hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(root.rglob("*"))}
+
+
+@define(frozen=True)
+class TreeDigest:
+    """Not a run: an item of ``lerobot_train_runs`` at which rank 0 writes ``tree_digest(root)`` as JSON to
+    ``path`` (after the runs before it returned on rank 0, before the next one starts anywhere: that
+    one's process group needs rank 0). What a test compares the tree with after the later runs."""
+    root: Path
+    path: Path
+
+    def args(self) -> list[str]:
+        return [TREE_DIGEST, str(self.root), str(self.path)]
+
+    def read(self) -> dict[str, str]:
+        return json.loads(Path(self.path).read_text())
+
+
+TREE_DIGEST = "@tree_digest"  # train_many.py's word for a TreeDigest item
+
+
+def lerobot_train_runs(*runs: Sequence[str] | TreeDigest, nproc: int = 1, timeout_s: float | None = None,
                        env: dict[str, str] | None = None) -> list[RunOutput]:
     """Several ``lerobot-train`` runs (each a sequence of flags) one after another in ONE launch
     (``multiproc/train_many.py``: ``lerobot_cli.train.main`` per run, in the same processes), so the
-    start-up is paid once. Every run must succeed (asserted as in ``lerobot_train``); returns each
-    run's stdout and stderr, split at the marker rank 0 prints before each run (another rank's
+    start-up is paid once. A ``TreeDigest`` item records a directory between two runs. Every run must
+    succeed (asserted as in ``lerobot_train``); returns each run's stdout and stderr, split at the marker rank 0 prints before each run (another rank's
     stderr lands in the run it was printed during; torchrun's own log lines too)."""
     args: list[str] = []
     for flags in runs:
-        args += [*flags, "--then"]
+        args += [*(flags.args() if isinstance(flags, TreeDigest) else flags), "--then"]
+    runs = tuple(r for r in runs if not isinstance(r, TreeDigest))
     budget = timeout_s or (240 if nproc == 1 else 300) + 60 * (len(runs) - 1)
     if nproc == 1:
         res = run_command([PYTHON, str(TRAIN_MANY), *args], timeout_s=budget, env=env)
