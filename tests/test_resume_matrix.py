@@ -320,14 +320,17 @@ def test_interrupted_save_leftovers_are_recognised_and_cleaned(runs, resumed):
 def test_sharded_resume_through_lerobot_train_is_bitwise(launch, tmp_path, nproc, degrees):
     """FSDP2 and HSDP, saved as DCP shards and resumed by lerobot-train on the same topology, continue
     with the very floats of the uninterrupted run. The resume branches off step 2 into a new run
-    directory, which also shows that the original run is left as it was."""
+    directory, which also shows that the original run is left as it was. Both runs share a launch;
+    the original is digested between them."""
     args = [*MLP, "--batch_size=2", "--save_freq=2", "--checkpoint_format=dcp", *degrees]
     full, branch = tmp_path / "full", tmp_path / "branch"
-    lerobot_train(launch, *args, "--steps=4", f"--output_dir={full}", nproc=nproc)
-    before = snapshot(full)
-    res = resume(launch, full / "checkpoints" / "000002", "--steps=4", f"--output_dir={branch}", nproc=nproc)
+    # one launch: the run, a digest of its directory (every file's sha256), then the resume
+    before = launch.TreeDigest(full, tmp_path / "full_before.json")
+    _, res = launch.lerobot_train_runs(
+        [*args, "--steps=4", f"--output_dir={full}"], before,
+        resume_flags(full / "checkpoints" / "000002", "--steps=4", f"--output_dir={branch}"), nproc=nproc)
     assert f"continuing {full / 'checkpoints' / '000002'} in the new run directory {branch}" in res.stderr
-    assert snapshot(full) == before
+    assert before.read() and launch.tree_digest(full) == before.read()
     got, want = losses(branch), losses(full)
     assert sorted(got) == [3, 4] and all(got[s] == want[s] for s in got), (got, want)
     assert (branch / "checkpoints" / "000004" / "training_state" / "optimizer_0").is_dir()
