@@ -27,11 +27,17 @@ PYTHON = sys.executable
 DEFAULT_STEPS = 2
 TINY_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
             "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=1",
-            "--policy.chunk_size=5", "--policy.n_action_steps=5"]
+            "--policy.chunk_size=5", "--policy.n_action_steps=5",
+            "--policy.pretrained_backbone_weights=null"]  # offline: no ImageNet download (LeRobot's default)
 # pi0 / pi05 on the demo dataset at the README's tiny size, with the shipped byte-level tokenizer (offline)
 TINY_VLA = ["--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
             "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
             "--policy.n_action_steps=10", f"--policy.tokenizer_name={REPO / 'data' / 'tokenizers' / 'demo_bytes'}"]
+# Diffusion Policy at the size of tests/test_diffusion_layouts.py (group norm: no ImageNet weights, offline)
+TINY_DIFFUSION = ["--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
+                  "--policy.down_dims=[16,32]", "--policy.horizon=8", "--policy.n_action_steps=4",
+                  "--policy.spatial_softmax_num_keypoints=8", "--policy.diffusion_step_embed_dim=16",
+                  "--policy.num_train_timesteps=20", "--policy.scheduler_warmup_steps=0"]
 TINY_RUN = ["--num_workers=0", "--log_freq=1"]
 LAUNCH_TIMEOUT_S = 240  # hard limit per command; the whole file takes ~2.5 min on 2 CPU cores
 TOOL_TIMEOUT_S = 120
@@ -162,6 +168,8 @@ def _train_args(args: list[str], spec: dict, cwd: Path) -> list[str]:
     extra = list(TINY_RUN)
     if "--policy.type=act" in args:
         extra += TINY_ACT
+    if "--policy.type=diffusion" in args:
+        extra += TINY_DIFFUSION
     if ("--policy.type=pi0" in args or "--policy.type=pi05" in args) and "--dry_run=true" not in args:
         extra += TINY_VLA  # a dry run plans the full size on the meta device, in seconds
     if spec.get("steps"):

@@ -318,7 +318,8 @@ def test_act_default_size_plan():
 
     policy = ACTPolicy(ACTConfig(input_features={"observation.state": PolicyFeature("STATE", (14,)),
                                                  "observation.images.top": PolicyFeature("VISUAL", (3, 96, 96))},
-                                 output_features={"action": PolicyFeature("ACTION", (14,))}))
+                                 output_features={"action": PolicyFeature("ACTION", (14,))},
+                                 pretrained_backbone_weights=None))
     plan = build_plan(policy, ParallelRuntime.preview(ParallelismConfig(dp_shard=4)),
                       AcceleratorConfig(mixed_precision="bf16"))
     assert [u.class_name for u in plan.units] == ["ACTEncoderLayer"] * 8 + ["ACTDecoderLayer"]

@@ -26,7 +26,7 @@ REPO = HERE.parent
 BIN = Path(sys.executable).parent
 DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={REPO / 'data/lerobot/demo_reach'}",
         "--num_workers=0", "--log_freq=1"]
-BASE_ACT = {"dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
+BASE_ACT = {"pretrained_backbone_weights": None, "dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
             "chunk_size": 1, "n_action_steps": 1, "use_vae": False, "dropout": 0.0}
 LORA = ["--peft.r=4", '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-3", "--steps=3"]
 TOL = 1e-5

@@ -87,7 +87,8 @@ def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(launch, t
 def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(launch, tmp_path, nproc):
     # Two episodes (98 frames) and a global batch of 8: an epoch ends after 12 steps, so the resume at
     # step 16 (sample 128) is mid-epoch in epoch 1. ACT (dropout, VAE sampling) checks the RNG restore.
-    args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.dim_model=32",
+    args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
+            "--policy.dim_model=32",
             "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1",
             "--policy.chunk_size=5", "--policy.n_action_steps=5", f"--batch_size={8 // nproc}", "--log_freq=1",
             "--save_freq=16"]

@@ -2,7 +2,7 @@
 
 The real huggingface_hub code path runs; only its network calls are replaced by recorders that
 append one JSON line per call to ``$FAKE_HUB_LOG`` (with the calling rank), so a test can check
-exactly what would have been uploaded, and by whom. Used by tests/test_publish.py and the guide tests.
+exactly what would have been uploaded or downloaded, and by whom. Used by tests/test_publish.py and the guide tests.
 """
 
 import json
@@ -36,8 +36,25 @@ def _inner_whoami(self, token=None):
     return {"name": "me", "type": "user"}
 
 
+def snapshot_download(repo_id, *, repo_type=None, local_dir=None, revision=None, **kw):
+    """The download's transport: copies ``$FAKE_HUB_DATASETS/<repo_id>`` (a local stand-in for the Hub
+    repo) into ``local_dir``, slowly enough that a second concurrent download would be seen overlapping."""
+    import shutil
+    import time
+
+    _record("snapshot_download", repo_id=repo_id, repo_type=repo_type, local_rank=os.environ.get("LOCAL_RANK", "0"))
+    source = os.path.join(os.environ.get("FAKE_HUB_DATASETS", "/nonexistent"), repo_id)
+    if not os.path.isdir(source):
+        raise OSError(f"fake hub: no repository {repo_id}")
+    time.sleep(1.0)
+    shutil.copytree(source, local_dir, dirs_exist_ok=True)
+    _record("snapshot_done", repo_id=repo_id)
+    return local_dir
+
+
 # The test user is logged in: a token exists, so the real credential lookup finds one.
 os.environ.setdefault("HF_TOKEN", "hf_fake_token_of_the_test_user")
 huggingface_hub.HfApi._inner_whoami = _inner_whoami
 huggingface_hub.HfApi.create_repo = create_repo
 huggingface_hub.HfApi.create_commit = create_commit
+huggingface_hub.snapshot_download = snapshot_download

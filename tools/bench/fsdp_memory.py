@@ -37,7 +37,7 @@ def _act(image_size: int):
     cfg = ACTConfig(
         input_features={"observation.state": PolicyFeature("STATE", (14,)),
                         "observation.images.top": PolicyFeature("VISUAL", (3, image_size, image_size))},
-        output_features={"action": PolicyFeature("ACTION", (14,))},
+        output_features={"action": PolicyFeature("ACTION", (14,))}, pretrained_backbone_weights=None,
     )
     return cfg, ACTPolicy(cfg)
 

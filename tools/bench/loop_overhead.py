@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
-POLICY = ["--policy.dim_model=128", "--policy.dim_feedforward=512", "--policy.chunk_size=20",
+POLICY = ["--policy.pretrained_backbone_weights=null", "--policy.dim_model=128", "--policy.dim_feedforward=512", "--policy.chunk_size=20",
           "--policy.n_action_steps=20", "--policy.dropout=0.0"]
 WARMUP = 10
 

@@ -63,10 +63,11 @@ GIB = 1024**3
 
 DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}"]
 # The tiny ACT of tests/guide_harness.py; chunk 20 like the README so the loss has something to learn.
-TINY_ACT = ["--policy.type=act", "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
+TINY_ACT = ["--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
             "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=1",
             "--policy.chunk_size=20", "--policy.n_action_steps=20"]
-DEFAULT_ACT = ["--policy.type=act"]  # LeRobot's default size (dim 512, 4+1 layers, 4 VAE layers, chunk 100)
+# LeRobot's default size (dim 512, 4+1 layers, 4 VAE layers, chunk 100); the machine has no network
+DEFAULT_ACT = ["--policy.type=act", "--policy.pretrained_backbone_weights=null"]
 TINY_PI0 = ["--policy.type=pi0", "--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
             "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
             "--policy.n_action_steps=10", f"--policy.tokenizer_name={TOKENIZER}"]

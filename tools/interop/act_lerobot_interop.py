@@ -152,7 +152,8 @@ def ours_write(work: Path, variant: str) -> None:
     features, overrides = VARIANTS[variant]
     feats = {k: PolicyFeature(type=t, shape=s) for k, (t, s) in features.items()}
     cfg = ACTConfig(input_features={k: f for k, f in feats.items() if k != "action"},
-                    output_features={"action": feats["action"]}, device="cpu", **{**SMALL, **overrides})
+                    output_features={"action": feats["action"]}, device="cpu", pretrained_backbone_weights=None,
+                    **{**SMALL, **overrides})
     torch.manual_seed(0)
     policy = ACTPolicy(cfg)
     with torch.no_grad():

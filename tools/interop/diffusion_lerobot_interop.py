@@ -18,6 +18,11 @@ loss: random crops, one ``randn`` of the trajectory's shape, one ``randint`` of 
 prior, then one ``randn`` per DDPM step), so each comparison seeds it before the call. The loss runs in
 train mode (batch norms use batch statistics and update their running ones); the chunk, before it, in eval.
 
+EMA (``--ema.enable=true``): our ``lerobot-train`` writes ``pretrained_model_ema/`` for a short run on the
+demo dataset; LeRobot's ``from_pretrained`` loads it (keys, shapes, chunk and loss compared as above), and
+our EMA update over a sequence of weight snapshots is compared with diffusers' ``EMAModel`` built as
+LeRobot's trainer builds it (warmup schedule, ``update_after_step``).
+
 ``lerobot-sizes`` (LeRobot env) prints the key and parameter counts of the full default-size policy that
 ``packages/lerobot-cli/tests/test_policy_diffusion.py`` checks ours against.
 Exit status 0 means every comparison passed.
@@ -71,6 +76,17 @@ VARIANTS = {
     ),
 }
 LOSS_SEED, CHUNK_SEED = 1234, 99
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+# the tiny diffusion run of tests/test_diffusion_layouts.py, with EMA (update_after_step 1: a copy first)
+EMA_RUN = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
+           "--policy.type=diffusion", "--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
+           "--policy.down_dims=[16,32]", "--policy.horizon=8", "--policy.n_action_steps=4",
+           "--policy.spatial_softmax_num_keypoints=8", "--policy.diffusion_step_embed_dim=16",
+           "--policy.num_train_timesteps=20", "--policy.scheduler_warmup_steps=0", "--policy.optimizer_lr=1e-3",
+           "--steps=4", "--save_freq=4", "--log_freq=0", "--batch_size=4",
+           "--ema.enable=true", "--ema.update_after_step=1", "--ema.power=0.5"]
+EMA_SEQUENCE = {"update_after_step": 1, "inv_gamma": 1.0, "power": 0.5, "min_decay": 0.0, "max_decay": 0.9999}
 SCHEDULER_ATOL = 1e-6
 # scheduler cases: (type, beta_schedule, prediction_type, clip_sample, num_train_timesteps, num_inference_steps)
 SCHEDULER_CASES = [(kind, schedule, pred, clip, 100, steps)
@@ -251,6 +267,47 @@ def config_matches(tag: str, src: Path, cfg) -> bool:
     return not differ
 
 
+def ours_write_ema(work: Path) -> None:
+    """A 4-step EMA run's ``pretrained_model_ema/`` with our reference outputs, and our EMA over 8 snapshots."""
+    from lerobot_cli.policies.pretrained import load_pretrained
+    from lerobot_cli.processors import load_processors
+    from lerobot_trainloop import EmaConfig, ModelEma
+
+    out = work / "ours_ema_run"
+    subprocess.run([str(Path(sys.executable).parent / "lerobot-train"), *EMA_RUN, f"--output_dir={out}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    step = out / "checkpoints" / "last"
+    src = step / "pretrained_model_ema"
+    cfg, policy = load_pretrained(src)
+    live = load_file(str(step / "pretrained_model" / "model.safetensors"))
+    ema = load_file(str(src / "model.safetensors"))
+    moved = max((ema[k] - live[k]).abs().max().item() for k in ema if k in live)
+    if moved == 0:
+        raise SystemExit("[ours-write ema] pretrained_model_ema/ holds the live weights")
+    pre, post = load_processors(src)
+    features = {k: (f.type.value, tuple(f.shape)) for k, f in {**cfg.input_features, **cfg.output_features}.items()}
+    inputs = make_inputs(features, {"n_obs_steps": cfg.n_obs_steps, "horizon": cfg.horizon}, 21)
+    save_reference(src / "reference.safetensors", inputs, run_policy(policy, pre, post, inputs))
+
+    g = torch.Generator().manual_seed(8)
+    shapes = {"w": (5, 3), "b": (5,)}
+    module = torch.nn.Module()
+    for name, shape in shapes.items():
+        module.register_parameter(name, torch.nn.Parameter(torch.randn(shape, generator=g)))
+    tensors = {f"start.{n}": p.detach().clone() for n, p in module.named_parameters()}
+    tracker = ModelEma(module, EmaConfig(enable=True, **EMA_SEQUENCE))
+    for i in range(8):
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+                tensors[f"live{i}.{name}"] = p.detach().clone()
+        tracker.update()
+        for name, value in tracker.state().items():
+            tensors[f"ema{i}.{name}"] = value.clone()
+    save_file(tensors, str(work / "ema_sequence.safetensors"))
+    print(f"[ours-write] wrote {src} (EMA vs live weights: max|Δ| {moved:.2e}) and 8 EMA updates")
+
+
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
 
 def _lerobot_config(features: dict, overrides: dict):
@@ -300,6 +357,38 @@ def lerobot_check(work: Path, variant: str) -> bool:
     return ok
 
 
+def lerobot_check_ema(work: Path) -> bool:
+    """LeRobot loads our ``pretrained_model_ema/``; diffusers' EMAModel (LeRobot's trainer's EMA) equals ours."""
+    from diffusers.training_utils import EMAModel
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
+    src = work / "ours_ema_run" / "checkpoints" / "last" / "pretrained_model_ema"
+    policy = DiffusionPolicy.from_pretrained(str(src))
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(src))
+    inputs, ref = load_reference(src / "reference.safetensors")
+    tag = "lerobot<-ours ema"
+    ok = check_keys(tag, policy, src / "model.safetensors")
+    ok = compare(tag, ref, run_policy(policy, pre, post, inputs)) and ok
+
+    seq = load_file(str(work / "ema_sequence.safetensors"))
+    names = sorted({k.split(".", 1)[1] for k in seq if k.startswith("start.")})
+    params = [torch.nn.Parameter(seq[f"start.{n}"].clone()) for n in names]
+    cfg = EMA_SEQUENCE  # as LeRobot's lerobot_train builds it: decay=max_decay, warmup on
+    ema = EMAModel(params, decay=cfg["max_decay"], min_decay=cfg["min_decay"], update_after_step=cfg["update_after_step"],
+                   use_ema_warmup=True, inv_gamma=cfg["inv_gamma"], power=cfg["power"])
+    worst = 0.0
+    for i in range(8):
+        with torch.no_grad():
+            for n, p in zip(names, params, strict=True):
+                p.copy_(seq[f"live{i}.{n}"])
+        ema.step(params)
+        for n, s in zip(names, ema.shadow_params, strict=True):
+            worst = max(worst, (s - seq[f"ema{i}.{n}"]).abs().max().item())
+    print(f"[{tag}] 8 EMA updates vs diffusers' EMAModel (LeRobot's): max|Δ| = {worst:.2e}")
+    return ok and worst == 0.0
+
+
 def lerobot_schedulers(out: Path) -> None:
     """diffusers' results for every scheduler case (what LeRobot's DiffusionModel builds)."""
     from lerobot.policies.diffusion.modeling_diffusion import _make_noise_scheduler
@@ -344,7 +433,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", nargs="?", default="run",
                         choices=["run", "ours-write", "ours-check", "lerobot-check", "lerobot-sizes",
-                                 "lerobot-schedulers"])
+                                 "lerobot-schedulers", "lerobot-check-ema"])
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--variant", choices=sorted(VARIANTS), action="append",
                         help="config variant(s) to check (default: all)")
@@ -368,16 +457,20 @@ def main() -> int:
     if args.mode == "lerobot-schedulers":
         lerobot_schedulers(args.dir)
         return 0
+    if args.mode == "lerobot-check-ema":
+        return 0 if lerobot_check_ema(args.dir) else 1
     work = args.dir or Path(tempfile.mkdtemp(prefix="diffusion-interop-"))
     work.mkdir(parents=True, exist_ok=True)
     me = str(Path(__file__).resolve())
     for v in variants:
         ours_write(work, v)
+    ours_write_ema(work)
     flags = [arg for v in variants for arg in ("--variant", v)]
     lerobot = subprocess.run([args.lerobot_python, me, "lerobot-check", str(work), *flags], check=False)
     schedulers = subprocess.run([args.lerobot_python, me, "lerobot-schedulers", str(work / "schedulers.safetensors")],
                                 check=False)
-    lerobot_ok = lerobot.returncode == 0 and schedulers.returncode == 0
+    ema = subprocess.run([args.lerobot_python, me, "lerobot-check-ema", str(work)], check=False)
+    lerobot_ok = lerobot.returncode == 0 and schedulers.returncode == 0 and ema.returncode == 0
     ours_ok = all([ours_check(work, v) for v in variants])  # noqa: C419 - check every variant
     ours_ok = ours_schedulers(work / "schedulers.safetensors") and ours_ok
     print(f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: {'PASS' if ours_ok else 'FAIL'}")

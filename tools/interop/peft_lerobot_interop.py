@@ -23,7 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 ATOL = 1e-5
-SMALL = {"dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
+SMALL = {"pretrained_backbone_weights": None, "dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1,
+         "n_decoder_layers": 1,
          "chunk_size": 5, "n_action_steps": 5, "dropout": 0.0}
 
 

@@ -1,4 +1,5 @@
-"""ResNet backbone: frozen BN math, torchvision-format weight files, hub-cache lookup without download."""
+"""ResNet backbone: frozen BN math, torchvision-format weight files (the name lookup and download:
+test_policy_backbone_weights.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from lerobot_cli.policies.act.backbone import (
     FrozenBatchNorm2d,
     ResNetFeatureMap,
     load_backbone_weights,
-    resolve_backbone_weights,
 )
 from lerobot_cli.policies.act.embeddings import ACTSinusoidalPositionEmbedding2d, sinusoidal_embedding_1d
 
@@ -71,20 +71,6 @@ def test_wrong_weights_file_is_rejected(tmp_path):
     torch.save(ResNetFeatureMap("resnet34").state_dict(), path)
     with pytest.raises(ValueError, match="does not fit"):
         load_backbone_weights(ResNetFeatureMap("resnet18"), str(path))
-
-
-def test_torchvision_names_resolve_in_hub_cache_only(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="never download"):
-        resolve_backbone_weights("ResNet18_Weights.IMAGENET1K_V1")
-    cached = tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
-    cached.parent.mkdir(parents=True)
-    torch.save(_torchvision_style_state(2), cached)
-    assert resolve_backbone_weights("ResNet18_Weights.DEFAULT") == cached
-    with pytest.raises(ValueError, match="unknown torchvision weights"):
-        resolve_backbone_weights("ResNet18_Weights.IMAGENET9K")
-    with pytest.raises(FileNotFoundError, match="no file"):
-        resolve_backbone_weights(str(tmp_path / "missing.pth"))
 
 
 def test_position_embeddings():

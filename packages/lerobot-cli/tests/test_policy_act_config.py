@@ -22,10 +22,10 @@ LEROBOT_DEFAULTS = {
 }
 
 
-def test_defaults_equal_lerobot_and_backbone_weights_default_to_none():
+def test_defaults_equal_lerobot_backbone_weights_included():
     cfg = ACTConfig()
     assert {k: getattr(cfg, k) for k in LEROBOT_DEFAULTS} == LEROBOT_DEFAULTS
-    assert cfg.pretrained_backbone_weights is None
+    assert cfg.pretrained_backbone_weights == "ResNet18_Weights.IMAGENET1K_V1"  # LeRobot's ImageNet default
     assert cfg.normalization_mapping == {
         "VISUAL": NormalizationMode.MEAN_STD, "STATE": NormalizationMode.MEAN_STD,
         "ACTION": NormalizationMode.MEAN_STD,

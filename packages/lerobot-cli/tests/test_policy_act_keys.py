@@ -33,7 +33,7 @@ def test_state_dict_keys_and_shapes_equal_lerobot():
                         "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))},
         output_features={"action": PolicyFeature("ACTION", (2,))},
         chunk_size=5, n_action_steps=5, dim_model=32, n_heads=4, dim_feedforward=64, n_encoder_layers=2,
-        n_decoder_layers=1, n_vae_encoder_layers=2, latent_dim=8,
+        n_decoder_layers=1, n_vae_encoder_layers=2, latent_dim=8, pretrained_backbone_weights=None,
     )
     ours = [(k, str(tuple(v.shape))) for k, v in ACTPolicy(cfg).state_dict().items()]
     expected = _expected_keys()

@@ -11,7 +11,7 @@ from lerobot_cli.policies.act.modeling import ACTPolicy
 from lerobot_cli.policies.features import PolicyFeature
 
 CHUNK, B = 5, 2
-SMALL = {"chunk_size": CHUNK, "n_action_steps": CHUNK, "dim_model": 32, "n_heads": 4, "dim_feedforward": 64,
+SMALL = {"pretrained_backbone_weights": None, "chunk_size": CHUNK, "n_action_steps": CHUNK, "dim_model": 32, "n_heads": 4, "dim_feedforward": 64,
          "n_encoder_layers": 2, "n_decoder_layers": 1, "n_vae_encoder_layers": 2, "latent_dim": 8}
 CAM = (3, 32, 32)
 

@@ -28,7 +28,8 @@ def _act_config(**overrides) -> ACTConfig:
                         "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))},
         output_features={"action": PolicyFeature("ACTION", (2,))},
         chunk_size=4, n_action_steps=4, dim_model=16, n_heads=2, dim_feedforward=32, n_encoder_layers=1,
-        n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=4, **overrides,
+        n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=4,
+        **{"pretrained_backbone_weights": None, **overrides},
     )
 
 

@@ -31,7 +31,7 @@ def _act() -> ACTConfig:
                         "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 32, 32))},
         output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))},
         chunk_size=5, n_action_steps=3, normalization_mapping={"STATE": NormalizationMode.MIN_MAX},
-        tags=["a"], temporal_ensemble_coeff=None,
+        tags=["a"], temporal_ensemble_coeff=None, pretrained_backbone_weights=None,
     )
 
 

@@ -87,8 +87,8 @@ def test_update_is_diffusers_arithmetic_and_reads_nothing():
             ema.update()
         assert syncs.syncs(any_label=True) == []
         d = cfg.decay_at(n)
-        for name, p in model.named_parameters():  # s -= (1 - d) * (s - p), as EMAModel.step
-            expected[name].sub_(expected[name] - p.detach(), alpha=1 - d)
+        for name, p in model.named_parameters():  # s -= (1 - d) * (s - p), as EMAModel.step (foreach=False)
+            expected[name].sub_((1 - d) * (expected[name] - p.detach()))
         assert ema.decay == d
     assert all(torch.equal(ema.state()[k], v) for k, v in expected.items())
     assert ema.updates == 5

@@ -33,6 +33,7 @@ from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.split import eval_sample_indices
+from lerobot_cli.fetching import prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
@@ -142,6 +143,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     run_info(cfg, runtime)  # checkpoint format vs the resolved topology: refuse before any work
     set_seed(cfg.seed)
     processors_from = CheckpointPaths(resume.checkpoint).pretrained_model if resume else None
+    prefetch(cfg, runtime, resuming=resume is not None)  # downloads once per machine, before every rank reads
     workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from,
                               resuming=resume is not None)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, len(workload.dataset), cfg.dataset.episodes)

@@ -8,8 +8,9 @@ rank with ``ema.use_for_eval``, and because identical updates of identical weigh
 identical everywhere at no communication cost; the price is one fp32 copy of the trainable
 weights per rank. With PEFT only the adapters are trainable, so the shadow covers exactly them.
 
-The update is diffusers' ``EMAModel.step`` arithmetic (``s -= (1 - decay) * (s - p)``, foreach),
-so a shadow equals LeRobot's for the same weights; frozen parameters never change, so their EMA
+The update is diffusers' ``EMAModel.step`` arithmetic (``s -= (1 - decay) * (s - p)``, foreach, rounded
+as it rounds), so a shadow equals LeRobot's bitwise for the same weights (``tools/interop/
+diffusion_lerobot_interop.py`` checks it against ``EMAModel``); frozen parameters never change, so their EMA
 is the live value and is not stored. The update counter (``updates``) is the loop's to save; the
 tensors are saved by ``lerobot_ckpt`` through :meth:`ModelEma.state`.
 """
@@ -67,8 +68,11 @@ class ModelEma:
         self.decay = self.config.decay_at(self.updates)
         # Re-read the locals: an optimizer may have replaced a parameter's local storage.
         live = [_local(p) for p in self._params]
-        torch._foreach_sub_(self._shadow_local, torch._foreach_sub(self._shadow_local, live),
-                            alpha=1 - self.decay)
+        # s -= (1 - decay) * (s - p), rounded as LeRobot's EMAModel.step rounds it (product, then difference;
+        # an alpha= subtraction may fuse the two and differ in the last bit)
+        step = torch._foreach_sub(self._shadow_local, live)
+        torch._foreach_mul_(step, 1 - self.decay)
+        torch._foreach_sub_(self._shadow_local, step)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The shadow keyed by parameter name (every name of a tied parameter), aliasing its storage:

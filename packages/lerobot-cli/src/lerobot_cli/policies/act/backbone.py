@@ -9,26 +9,12 @@ small robot batches and FSDP never shards BN state.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-# torchvision's file names for the ImageNet weights, as they appear in the torch hub cache.
-_TORCHVISION_FILES = {
-    "ResNet18_Weights.IMAGENET1K_V1": "resnet18-f37072fd.pth",
-    "ResNet34_Weights.IMAGENET1K_V1": "resnet34-b627a593.pth",
-    "ResNet50_Weights.IMAGENET1K_V1": "resnet50-0676ba61.pth",
-    "ResNet50_Weights.IMAGENET1K_V2": "resnet50-11ad3fa6.pth",
-    "ResNet101_Weights.IMAGENET1K_V1": "resnet101-63fe2227.pth",
-    "ResNet101_Weights.IMAGENET1K_V2": "resnet101-cd907fc2.pth",
-    "ResNet152_Weights.IMAGENET1K_V1": "resnet152-394f9c45.pth",
-    "ResNet152_Weights.IMAGENET1K_V2": "resnet152-f82ba261.pth",
-}
-_DEFAULT_VERSION = {"18": "V1", "34": "V1", "50": "V2", "101": "V2", "152": "V2"}
-_WEIGHTS_NAME = re.compile(r"^ResNet(\d+)_Weights\.(\w+)$")
-
+from lerobot_cli.policies.backbone_weights import read_backbone_state, resolve_backbone_weights
 
 class FrozenBatchNorm2d(nn.Module):
     """Batch norm with fixed statistics and affine terms, all buffers (torchvision's names and eps)."""
@@ -162,44 +148,10 @@ class ResNetFeatureMap(nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
-def resolve_backbone_weights(spec: str) -> Path:
-    """The local file behind ``--policy.pretrained_backbone_weights``; never downloads.
-
-    A torchvision name (``ResNet18_Weights.IMAGENET1K_V1``, ``..._Weights.DEFAULT``) is looked up in the
-    torch hub cache, where torchvision itself would have stored it.
-    """
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return path
-    match = _WEIGHTS_NAME.match(spec)
-    if match is None:
-        raise FileNotFoundError(f"--policy.pretrained_backbone_weights: no file at {path}")
-    depth, version = match.groups()
-    if version == "DEFAULT" and depth in _DEFAULT_VERSION:
-        spec = f"ResNet{depth}_Weights.IMAGENET1K_{_DEFAULT_VERSION[depth]}"
-    if spec not in _TORCHVISION_FILES:
-        raise ValueError(f"--policy.pretrained_backbone_weights: unknown torchvision weights {spec!r} "
-                         f"(known: {', '.join(_TORCHVISION_FILES)})")
-    cached = Path(torch.hub.get_dir()) / "checkpoints" / _TORCHVISION_FILES[spec]
-    if not cached.is_file():
-        raise FileNotFoundError(
-            f"--policy.pretrained_backbone_weights={spec}: not in the torch hub cache ({cached}). Runs here "
-            "never download; copy torchvision's file there or pass the path of a local weights file."
-        )
-    return cached
-
-
 def load_backbone_weights(backbone: ResNetFeatureMap, spec: str) -> Path:
     """Load a torchvision-format ResNet state dict into ``backbone``; returns the file used."""
     file = resolve_backbone_weights(spec)
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(file))
-    else:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-            state = state["state_dict"]
+    state = read_backbone_state(file)
     prefix = "model.backbone."  # also accept a whole ACT checkpoint and take its backbone
     if any(k.startswith(prefix) for k in state):
         state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

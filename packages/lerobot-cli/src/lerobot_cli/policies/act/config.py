@@ -1,10 +1,10 @@
 """ACT (Action Chunking Transformer) config: LeRobot's ``ACTConfig`` field for field, torch-free.
 
 Field names and defaults equal LeRobot's so that a ``config.json`` written by either side loads in the
-other. One deliberate difference: ``pretrained_backbone_weights`` defaults to ``None`` (LeRobot:
-``"ResNet18_Weights.IMAGENET1K_V1"``) because a run here never downloads anything by default. It may
-name a local weights file (a torchvision ResNet state dict, ``.pth``/``.pt``/``.safetensors``), or a
-torchvision weights name, which is then looked up in the local torch hub cache only.
+other, ``pretrained_backbone_weights`` included: LeRobot's ImageNet ResNet18
+(``"ResNet18_Weights.IMAGENET1K_V1"``), from the torch hub cache or downloaded into it as torchvision
+does (``policies/backbone_weights.py``). It may also name a local weights file (a torchvision ResNet
+state dict, ``.pth``/``.pt``/``.safetensors``), or be ``null`` for a randomly initialised backbone.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import ClassVar
 from attrs import define
 
 from lerobot_cli.optim.config import OptimizerConfig
+from lerobot_cli.policies.backbone_weights import DEFAULT_BACKBONE_WEIGHTS
 from lerobot_cli.policies.config import PolicyConfig
 
 SUPPORTED_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -35,7 +36,7 @@ class ACTConfig(PolicyConfig):
 
     # Vision backbone.
     vision_backbone: str = "resnet18"
-    pretrained_backbone_weights: str | None = None
+    pretrained_backbone_weights: str | None = DEFAULT_BACKBONE_WEIGHTS
     replace_final_stride_with_dilation: bool = False
     # Transformer.
     pre_norm: bool = False

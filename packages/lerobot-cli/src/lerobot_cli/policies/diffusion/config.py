@@ -1,8 +1,9 @@
 """Diffusion Policy config: LeRobot 0.6.1's ``DiffusionConfig`` field for field, torch-free.
 
 Names and defaults equal LeRobot's, so a ``config.json`` written by either side loads in the other
-(``pretrained_backbone_weights`` included: LeRobot's ImageNet ResNet18 by default, looked up in the
-local torch hub cache; pass ``null`` for a random backbone or a local weights file). As in LeRobot,
+(``pretrained_backbone_weights`` included: LeRobot's ImageNet ResNet18 by default, from the torch hub
+cache or downloaded into it as torchvision does; pass ``null`` for a random backbone or a local
+weights file; see ``policies/backbone_weights.py``). As in LeRobot,
 ``resize_shape`` with ``crop_ratio < 1`` derives ``crop_shape`` when the config is made, so the derived
 value is what ``config.json`` records.
 
@@ -20,16 +21,17 @@ from typing import ClassVar
 from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+from lerobot_cli.policies.backbone_weights import DEFAULT_BACKBONE_WEIGHTS
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
 
 SUPPORTED_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 PREDICTION_TYPES = ("epsilon", "sample")
+
 NOISE_SCHEDULERS = ("DDPM", "DDIM")
 BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
 LR_SCHEDULERS = ("cosine", "constant_with_warmup")
 GRAD_CLIP_NORM = 10.0  # LeRobot's AdamConfig default; DiffusionConfig has no field for it.
-DEFAULT_BACKBONE_WEIGHTS = "ResNet18_Weights.IMAGENET1K_V1"
 FINAL_CONV_GROUPS = 8  # LeRobot's U-Net head uses GroupNorm(8, down_dims[0]) whatever n_groups says
 
 
@@ -65,7 +67,8 @@ class DiffusionConfig(PolicyConfig):
     crop_shape: tuple[int, int] | None = field(default=None, converter=_optional_pair)
     crop_is_random: bool = True
     pretrained_backbone_weights: str | None = field(default=DEFAULT_BACKBONE_WEIGHTS, metadata={
-        "help": "torchvision weights name (from the local torch hub cache), a local file, or null (random)."})
+        "help": "torchvision weights name (from the torch hub cache, downloaded when missing), a local file, or "
+                "null (random)."})
     use_group_norm: bool = False
     spatial_softmax_num_keypoints: int = 32
     use_separate_rgb_encoder_per_camera: bool = True

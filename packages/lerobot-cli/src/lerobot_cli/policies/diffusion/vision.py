@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.cli.errors import UsageError
-from lerobot_cli.policies.act.backbone import resolve_backbone_weights
+from lerobot_cli.policies.backbone_weights import read_backbone_state, resolve_backbone_weights
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
 
 _ARCHS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
@@ -118,25 +117,10 @@ def trunk_output_hw(h: int, w: int) -> tuple[int, int]:
     return h, w
 
 
-class BackboneWeightsUnavailable(UsageError, FileNotFoundError):
-    """The named backbone weights are not on this machine (lerobot-train prints it as one error line)."""
-
-
 def load_trunk_weights(trunk: nn.Sequential, spec: str) -> None:
     """A torchvision ResNet state dict (``--policy.pretrained_backbone_weights``) into the trunk."""
-    try:
-        file = resolve_backbone_weights(spec)
-    except FileNotFoundError as exc:
-        where = str(exc).split(". Runs here never download")[0]
-        raise BackboneWeightsUnavailable(
-            f"{where}, and runs here never download: pass --policy.pretrained_backbone_weights=null for a randomly "
-            "initialised backbone, or the path of a local torchvision ResNet file") from None
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(file))
-    else:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+    file = resolve_backbone_weights(spec)
+    state = read_backbone_state(file)
     mapped = {}
     for key, value in state.items():
         head, _, rest = key.partition(".")
