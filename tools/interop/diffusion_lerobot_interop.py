@@ -88,6 +88,8 @@ EMA_RUN = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--
            "--ema.enable=true", "--ema.update_after_step=1", "--ema.power=0.5"]
 EMA_SEQUENCE = {"update_after_step": 1, "inv_gamma": 1.0, "power": 0.5, "min_decay": 0.0, "max_decay": 0.9999}
 SCHEDULER_ATOL = 1e-6
+# LR schedules of the diffusion preset: (diffusers scheduler name, warm-up steps, run steps)
+LR_CASES = [("cosine", 5, 20), ("cosine", 500, 3000), ("constant_with_warmup", 7, 30)]
 # scheduler cases: (type, beta_schedule, prediction_type, clip_sample, num_train_timesteps, num_inference_steps)
 SCHEDULER_CASES = [(kind, schedule, pred, clip, 100, steps)
                    for kind in ("DDPM", "DDIM") for schedule in ("squaredcos_cap_v2", "linear", "scaled_linear")
@@ -393,13 +395,30 @@ def lerobot_schedulers(out: Path) -> None:
     """diffusers' results for every scheduler case (what LeRobot's DiffusionModel builds)."""
     from lerobot.policies.diffusion.modeling_diffusion import _make_noise_scheduler
 
+    from diffusers.optimization import get_scheduler
+
     tensors = {f"{case_name(c)}.{k}": v.contiguous() for c in SCHEDULER_CASES
                for k, v in run_scheduler(_make_noise_scheduler, c).items()}
+    for name, warmup, steps in LR_CASES:  # how LeRobot's DiffuserSchedulerConfig.build makes the LR schedule
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
+        sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=steps)
+        tensors[f"lr.{name}.{warmup}.{steps}"] = torch.tensor(_lr_curve(opt, sched, steps), dtype=torch.float64)
     save_file(tensors, str(out))
     print(f"[lerobot-schedulers] wrote {len(SCHEDULER_CASES)} cases to {out}")
 
 
+def _lr_curve(opt, sched, steps: int) -> list[float]:
+    out = []
+    for _ in range(steps + 1):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
 def ours_schedulers(ref_file: Path) -> bool:
+    from lerobot_cli.optim.factory import build_scheduler
+    from lerobot_cli.policies.diffusion.config import DiffusionConfig
     from lerobot_cli.policies.diffusion.schedulers import make_noise_scheduler
 
     ref = load_file(str(ref_file))
@@ -413,7 +432,15 @@ def ours_schedulers(ref_file: Path) -> bool:
                 bad.append(f"{case_name(case)}.{key}: {diff:.2e}")
     print(f"[ours vs diffusers] {len(SCHEDULER_CASES)} scheduler cases (DDPM/DDIM x 3 beta schedules x "
           f"epsilon/sample x clip on/off x 100/7 steps): max|Δ| = {worst:.2e} {'ok' if not bad else bad[:5]}")
-    return not bad
+    lr_worst = 0.0
+    for name, warmup, steps in LR_CASES:  # the preset's LR schedule, through our optimizer factory
+        preset = DiffusionConfig(scheduler_name=name, scheduler_warmup_steps=warmup, optimizer_lr=1e-4).scheduler_preset()
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
+        ours = torch.tensor(_lr_curve(opt, build_scheduler(preset, opt, steps), steps), dtype=torch.float64)
+        lr_worst = max(lr_worst, (ours - ref[f"lr.{name}.{warmup}.{steps}"]).abs().max().item())
+    print(f"[ours vs diffusers] LR schedules of the preset ({', '.join(f'{n} W={w} T={t}' for n, w, t in LR_CASES)}): "
+          f"max|Δ| = {lr_worst:.2e} (lr 1e-4)")
+    return not bad and lr_worst <= 1e-12
 
 
 def lerobot_sizes() -> None:

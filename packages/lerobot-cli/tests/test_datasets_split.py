@@ -95,3 +95,27 @@ def test_max_eval_samples_takes_the_first_frames_of_each_task():
     assert eval_sample_indices(task_index, 0) == list(range(9))
     assert eval_sample_indices(task_index, 6) == [0, 1, 3, 4, 5, 6]  # 6 // 3 tasks = 2 each
     assert eval_sample_indices(task_index, 2) == [0, 3, 5]  # at least one per task
+
+
+def test_drop_n_last_frames_never_starts_a_sample_at_an_episode_end(root):
+    """LeRobot's drop_n_last_frames (diffusion: 7): the sampler draws positions, SubsetBatches maps them to
+    rows that are not among the last n frames of their episode; one epoch draws each such row once."""
+    from lerobot_trainloop import SubsetBatches
+
+    ds = LeRobotDataset(root)
+    rows = ds.rows_without_last(2)
+    assert len(rows) == sum(n - 2 for n in LENGTHS)
+    sampler = ShardedBatchSampler(len(rows), 3, seed=1)
+    drawn = [r for batch in _one_epoch_exact(SubsetBatches(sampler, rows), len(rows), 3) for r in batch]
+    assert sorted(drawn[:len(rows)]) == sorted(rows.tolist())
+    for r in drawn:
+        item = ds[r]
+        assert int(item["frame_index"]) < LENGTHS[int(item["episode_index"])] - 2
+    assert len(ds.rows_without_last(0)) == len(ds)
+    assert len(ds.rows_without_last(7)) == 0  # every episode has at most 7 frames
+
+
+def _one_epoch_exact(batches, n: int, batch_size: int):
+    it = iter(batches)
+    for _ in range(math.ceil(n / batch_size)):
+        yield next(it)

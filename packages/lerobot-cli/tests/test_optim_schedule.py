@@ -44,3 +44,18 @@ def test_peak_lr_scales_every_group_relative_to_its_own_lr():
     cfg = SchedulerConfig(num_warmup_steps=0, num_decay_steps=10, peak_lr=2e-3, decay_lr=0.0)
     assert lrs(cfg, 1e-3, 10)[0] == pytest.approx(2e-3)
     assert lrs(cfg, 1e-3, 10)[10] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_diffuser_cosine_is_diffusers_get_scheduler_cosine():
+    """diffusers' get_cosine_schedule_with_warmup (num_cycles 0.5), written out: LeRobot's diffusion preset."""
+    warmup, total = 5, 20
+
+    def diffusers(step):
+        if step < warmup:
+            return step / max(1, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
+
+    got = lrs(SchedulerConfig(type="diffuser_cosine", num_warmup_steps=warmup), 1e-4, total)
+    assert got == pytest.approx([1e-4 * diffusers(s) for s in range(total + 2)], rel=1e-12, abs=0)
+    assert got[0] == 0.0 and got[warmup] == pytest.approx(1e-4) and got[total] == 0.0

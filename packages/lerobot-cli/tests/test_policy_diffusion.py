@@ -108,7 +108,7 @@ def test_registry_flags_presets_and_delta_indices():
     assert (cfg.optimizer.type, cfg.optimizer.lr, cfg.optimizer.betas, cfg.optimizer.eps, cfg.optimizer.weight_decay,
             cfg.optimizer.grad_clip_norm) == ("adam", 1e-4, (0.95, 0.999), 1e-8, 1e-6, 10.0)
     assert (cfg.scheduler.type, cfg.scheduler.num_warmup_steps, cfg.scheduler.decay_lr) == (
-        "cosine_decay_with_warmup", 500, 0.0)
+        "diffuser_cosine", 500, 0.0)
     assert DiffusionConfig(scheduler_name="constant_with_warmup").scheduler_preset().type == "constant_with_warmup"
     d = DiffusionConfig(n_obs_steps=3, horizon=16, n_action_steps=8)
     assert d.observation_delta_indices == [-2, -1, 0]

@@ -22,7 +22,7 @@ from lerobot_parallel.wrap import wrap_model
 from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.evaluation import EvalBatches, evaluate
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
-from lerobot_trainloop.sampler import ShardedBatchSampler
+from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
 from torch.utils.data import DataLoader
 
 from lerobot_cli.banner import banner_lines
@@ -97,7 +97,20 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
     return 0
 
 
-def _loader(dataset, sampler: ShardedBatchSampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:
+def _training_rows(workload):
+    """The frames that may start a training sample, when the policy drops episode ends (diffusion's
+    ``drop_n_last_frames``, as LeRobot's sampler does); None: all of them."""
+    n = getattr(workload.policy_config, "drop_n_last_frames", 0) or 0
+    if n <= 0:
+        return None
+    rows = workload.dataset.rows_without_last(n)
+    if len(rows) == 0:
+        raise DatasetError(f"--policy.drop_n_last_frames={n} leaves no frame to train on: every episode of the "
+                           f"training set has at most {n} frames; lower it, or select longer episodes")
+    return rows
+
+
+def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:
     workers = cfg.num_workers
     # Its own generator: creating an iterator draws a worker base seed, which must not shift the global
     # RNG stream (dropout, VAE sampling) or a resumed run would no longer match an uninterrupted one.
@@ -146,7 +159,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     prefetch(cfg, runtime, resuming=resume is not None)  # downloads once per machine, before every rank reads
     workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from,
                               resuming=resume is not None)
-    check_batch_fits(cfg.batch_size, runtime.dp_world_size, len(workload.dataset), cfg.dataset.episodes)
+    rows = _training_rows(workload)
+    num_samples = len(workload.dataset) if rows is None else len(rows)
+    check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
     plan_ = sharding_plan(cfg, workload.policy, runtime)
     wrapped = wrap_model(workload.policy, runtime, plan_)
     policy = wrapped.module
@@ -154,7 +169,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
     scheduler = build_scheduler(cfg.scheduler, optimizer, cfg.steps)
     sampler = ShardedBatchSampler(
-        len(workload.dataset), cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size,
+        num_samples, cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size,
         seed=cfg.seed,
     )
     # The shadow starts as a copy of the weights as wrapped (a resume then loads it); each rank keeps
@@ -203,7 +218,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
         pre = workload.preprocessor
-        loader = _loader(workload.dataset, sampler, cfg, runtime)
+        loader = _loader(workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime)
         with watch:
             loop.run((pre(batch) for batch in loader), cfg.steps)
         checkpointer.wait()  # --checkpoint_async: the last save commits (or fails) before publish and exit

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
     from lerobot_trainloop.ema import ModelEma
     from lerobot_trainloop.loop import DEFAULT_REDUCTIONS, NonFiniteLossError, StepEvent, StepOutput, TrainLoop
     from lerobot_trainloop.metrics import Meter, MetricsTracker
-    from lerobot_trainloop.sampler import ShardedBatchSampler, epoch_permutation
+    from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches, epoch_permutation
 
 _LAZY = {
     "batch_size_of": "lerobot_trainloop.batch",
@@ -33,6 +33,7 @@ _LAZY = {
     "Meter": "lerobot_trainloop.metrics",
     "MetricsTracker": "lerobot_trainloop.metrics",
     "ShardedBatchSampler": "lerobot_trainloop.sampler",
+    "SubsetBatches": "lerobot_trainloop.sampler",
     "epoch_permutation": "lerobot_trainloop.sampler",
 }
 
@@ -62,6 +63,7 @@ __all__ = [
     "ShardedBatchSampler",
     "StepEvent",
     "StepOutput",
+    "SubsetBatches",
     "TrainLoop",
     "batch_size_of",
     "effective_batch_line",

@@ -203,3 +203,24 @@ class _FlatSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self._batches) * self._batches.batch_size
+
+
+class SubsetBatches(Sampler[list[int]]):
+    """``batches`` (positions ``0..len(rows)-1``) as dataset rows: ``rows[p]`` for each position.
+
+    For a training set that samples only some frames of its dataset (LeRobot's ``drop_n_last_frames``:
+    no episode's last frames start a sample): the sampler, its state and its resume work on the
+    positions, the DataLoader reads the rows.
+    """
+
+    def __init__(self, batches: Sampler[list[int]], rows) -> None:
+        self.batches = batches
+        self.rows = [int(r) for r in rows]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rows = self.rows
+        for batch in self.batches:
+            yield [rows[i] for i in batch]
+
+    def __len__(self) -> int:
+        return len(self.batches)

@@ -133,6 +133,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
     def num_episodes(self) -> int:
         return self.meta.num_episodes
 
+    def rows_without_last(self, n: int) -> np.ndarray:
+        """The rows that are not among the last ``n`` frames of their episode (LeRobot's
+        ``drop_n_last_frames``: such frames never start a training sample), in dataset order."""
+        lengths = self.meta.episodes[L.EP_LENGTH].astype(np.int64)
+        offset = np.arange(len(self._ep_pos)) - self._ep_start[self._ep_pos]
+        return np.flatnonzero(offset < lengths[self._ep_pos] - n)
+
     @property
     def task_index(self) -> np.ndarray:
         """Each frame's task index, in dataset order (the held-out cap selects frames per task)."""

@@ -6,7 +6,7 @@ from attrs import define, field
 from lerobot_parallel.validators import choice
 
 OPTIMIZER_TYPES = ("adamw", "adam", "sgd")
-SCHEDULER_TYPES = ("cosine_decay_with_warmup", "constant_with_warmup")
+SCHEDULER_TYPES = ("cosine_decay_with_warmup", "constant_with_warmup", "diffuser_cosine")
 
 
 def _one_of(flag: str, choices: tuple[str, ...], default: str, help: str):

@@ -68,7 +68,9 @@ def lr_factor(cfg: SchedulerConfig, base_lr: float, total_steps: int):
 
     ``cosine_decay_with_warmup``: linear warm-up from ``1/(W+1)`` of the peak, then a cosine from the
     peak (as if it began at step 0) down to ``decay_lr`` at ``decay``. ``constant_with_warmup``: linear
-    warm-up from 0, then the peak."""
+    warm-up from 0, then the peak. ``diffuser_cosine``: diffusers' ``get_scheduler("cosine")``, which
+    LeRobot's Diffusion Policy preset uses: linear warm-up from 0, then one half cosine from the peak at
+    the warm-up's end to 0 at ``decay`` (``--steps`` by default)."""
     peak = cfg.peak_lr if cfg.peak_lr is not None else base_lr
     scale = peak / base_lr if base_lr > 0 else 0.0
     warmup, decay = cfg.fitted_steps(total_steps)
@@ -77,6 +79,11 @@ def lr_factor(cfg: SchedulerConfig, base_lr: float, total_steps: int):
     def factor(step: int) -> float:
         if cfg.type == "constant_with_warmup":
             return scale * (step / max(1, warmup) if step < warmup else 1.0)
+        if cfg.type == "diffuser_cosine":
+            if step < warmup:
+                return scale * step / max(1, warmup)
+            progress = (step - warmup) / max(1, decay - warmup)
+            return scale * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
         if step < warmup:
             start = 1 / (warmup + 1)
             return scale * ((start - 1) * (1 - step / warmup) + 1)

@@ -200,11 +200,10 @@ class DiffusionConfig(PolicyConfig):
                                weight_decay=self.optimizer_weight_decay, grad_clip_norm=GRAD_CLIP_NORM)
 
     def scheduler_preset(self) -> SchedulerConfig:
-        """LeRobot's diffusers schedule by name. ``constant_with_warmup`` is the same formula here;
-        ``cosine`` (diffusers: warm-up from 0, then one half cosine from the warm-up end to the last step)
-        maps onto ``cosine_decay_with_warmup`` decaying to 0 at the last step, which warms up from
-        ``1/(W+1)`` and times its cosine from step 0: the same shape, not bit-for-bit the same values."""
-        kind = "constant_with_warmup" if self.scheduler_name == "constant_with_warmup" else "cosine_decay_with_warmup"
+        """LeRobot's diffusers schedule by name, with diffusers' formula: ``constant_with_warmup``, and
+        ``cosine`` as ``diffuser_cosine`` (warm-up from 0, then one half cosine from the warm-up end to 0
+        at the last step; ``tools/interop/diffusion_lerobot_interop.py`` compares the values)."""
+        kind = "constant_with_warmup" if self.scheduler_name == "constant_with_warmup" else "diffuser_cosine"
         return SchedulerConfig(type=kind, num_warmup_steps=self.scheduler_warmup_steps, peak_lr=self.optimizer_lr,
                                decay_lr=0.0)
 
