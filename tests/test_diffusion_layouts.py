@@ -1,6 +1,6 @@
 """Tiny Diffusion Policy through ``lerobot-train`` on the demo dataset (camera + state + env state).
 
-One process, DDP x2 and FSDP2 x2 train the same global batches and log the same losses (step 1 to 1e-6,
+One process, DDP x2, FSDP2 x2 and HSDP 2x2 train the same global batches and log the same losses (step 1 to 1e-6,
 later steps to 1e-4; see the test): group norm in
 the backbone (no batch statistics) and each sample's noise and timestep keyed by its dataset index make
 the layouts compute the same thing. FSDP2 shards the U-Net's residual blocks and the camera encoder (its
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -35,32 +36,48 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
-def train(launch, *args: str, nproc: int = 1):
-    if nproc == 1:
-        res = launch.run_command([SCRIPT, *args], timeout_s=240)
-    else:
-        res = launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=300)
-    assert not res.timed_out and res.returncode == 0, res.describe()
-    return res
+def readme_command() -> list[str]:
+    """The flags of the diffusion command in packages/lerobot-cli/README.md (``uv run lerobot-train`` dropped)."""
+    text = (REPO / "packages" / "lerobot-cli" / "README.md").read_text()
+    block = text.split("<!-- diffusion-command", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:3] == ["uv", "run", "lerobot-train"], words[:3]
+    return words[3:]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
+    """Three launches: one process (the layout reference, then the README's longer command), x2 (DDP,
+    FSDP2, FSDP2 bf16 with batch norm) and x4 (HSDP 2x2); the same global batch of 8 in every layout run."""
     root = tmp_path_factory.mktemp("diffusion")
     common = [*TINY, "--policy.optimizer_lr=1e-4", "--steps=4", "--log_freq=1"]
-    out = {name: root / name for name in ("single", "ddp", "fsdp")}
-    single = train(launch, *common, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out['single']}")
-    ddp = train(launch, *common, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={out['ddp']}", nproc=2)
-    fsdp = train(launch, *common, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=4",
-                 f"--output_dir={out['fsdp']}", nproc=2)
-    return {"single": (out["single"], single.stdout), "ddp": (out["ddp"], ddp.stdout),
-            "fsdp": (out["fsdp"], fsdp.stdout)}
+    out = {name: root / name for name in ("single", "long", "ddp", "fsdp", "bf16", "hsdp")}
+    readme = [f.replace("data/lerobot/demo_reach", str(DEMO)) for f in readme_command() if not f.startswith("--output_dir=")]
+    assert "--steps=60" in readme and "--policy.type=diffusion" in readme
+    no_gn = [f for f in TINY if f != "--policy.use_group_norm=true"]
+    one = launch.lerobot_train_runs(
+        [*common, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out['single']}"],
+        [*readme, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out['long']}"])
+    two = launch.lerobot_train_runs(
+        [*common, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={out['ddp']}"],
+        [*common, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=4", f"--output_dir={out['fsdp']}"],
+        # LeRobot's default backbone (trainable batch norm, fp32 running statistics) under FSDP2 with
+        # parameters gathered in bf16
+        [*no_gn, "--policy.optimizer_lr=1e-3", "--steps=2", "--log_freq=1", "--batch_size=4",
+         "--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16", "--save_checkpoint=false",
+         f"--output_dir={out['bf16']}"], nproc=2)
+    four = launch.lerobot_train(*common, "--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2",
+                                "--save_checkpoint=false", f"--output_dir={out['hsdp']}", nproc=4)
+    stdout = {"single": one[0].stdout, "long": one[1].stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout,
+              "bf16": two[2].stdout, "hsdp": four.stdout}
+    return {name: (out[name], stdout[name]) for name in out}
 
 
 def test_layouts_log_the_same_losses(runs):
     reference = losses(runs["single"][0])
     assert sorted(reference) == [1, 2, 3, 4]
-    for name in ("ddp", "fsdp"):
+    assert "topology dp_replicate=2 x dp_shard=2 (HSDP)" in runs["hsdp"][1]
+    for name in ("ddp", "fsdp", "hsdp"):
         got = losses(runs[name][0])
         assert sorted(got) == sorted(reference), name
         for step, loss in reference.items():
@@ -93,36 +110,17 @@ def test_fsdp2_shards_residual_blocks_and_the_camera_encoder_and_saves_lerobot_k
     assert json.loads((model_dir / "config.json").read_text())["type"] == "diffusion"
 
 
-def readme_command() -> list[str]:
-    """The flags of the diffusion command in packages/lerobot-cli/README.md (``uv run lerobot-train`` dropped)."""
-    text = (REPO / "packages" / "lerobot-cli" / "README.md").read_text()
-    block = text.split("<!-- diffusion-command", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    words = shlex.split(block.replace("\\\n", " "))
-    assert words[:3] == ["uv", "run", "lerobot-train"], words[:3]
-    return words[3:]
-
-
-def test_readme_command_trains_and_the_loss_goes_down(launch, tmp_path):
-    out = tmp_path / "long"
-    flags = [f for f in readme_command() if not f.startswith("--output_dir=")]
-    assert "--steps=60" in flags and "--policy.type=diffusion" in flags
-    flags = [f.replace("data/lerobot/demo_reach", str(DEMO)) for f in flags]
-    train(launch, *flags, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out}")
-    got = list(losses(out).values())
+def test_readme_command_trains_and_the_loss_goes_down(runs):
+    got = list(losses(runs["long"][0]).values())
     assert len(got) == 6
     # diffusion losses are noisy step to step (random timesteps): compare the first and last two logs
     assert sum(got[-2:]) < 0.85 * sum(got[:2]), got
 
 
-def test_fsdp2_bf16_with_lerobots_batch_norm_backbone(launch, tmp_path):
-    """LeRobot's default backbone (trainable batch norm, fp32 running statistics) under FSDP2 with
-    parameters gathered in bf16."""
-    flags = [f for f in TINY if f != "--policy.use_group_norm=true"]
-    res = train(launch, *flags, "--policy.optimizer_lr=1e-3", "--steps=2", "--log_freq=1", "--batch_size=4",
-                "--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16", "--save_checkpoint=false",
-                f"--output_dir={tmp_path / 'bf16'}", nproc=2)
-    assert "parameters all-gathered in bfloat16" in res.stdout
-    got = losses(tmp_path / "bf16")
+def test_fsdp2_bf16_with_lerobots_batch_norm_backbone(runs):
+    out, stdout = runs["bf16"]
+    assert "parameters all-gathered in bfloat16" in stdout
+    got = losses(out)
     assert sorted(got) == [1, 2] and all(0 < v < 10 for v in got.values()), got
 
 
@@ -135,7 +133,11 @@ def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_lin
     assert "Policy: diffusion; parameters 262,823,714" in res.stdout, res.stdout
     assert "Wrap units from the policy._fsdp_wrap_modules: 13 unit(s) + the root" in res.stdout
     assert "(0.250x of the unsharded" in res.stdout
-    res = launch.run_command(base, timeout_s=120, env={"TORCH_HOME": "/nonexistent-torch-home"})
+    with socket.socket() as sock:  # a mirror address nothing listens on: the download fails at once, offline
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    res = launch.run_command(base, timeout_s=120, env={"TORCH_HOME": "/nonexistent-torch-home",
+                                                       "LEROBOT_BACKBONE_WEIGHTS_URL": closed})
     assert res.returncode == 2, res.describe()
     assert "Traceback" not in res.output
     assert "pass --policy.pretrained_backbone_weights=null for a randomly initialised backbone" in res.stderr
