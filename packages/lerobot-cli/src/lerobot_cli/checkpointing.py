@@ -39,7 +39,7 @@ from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import save_policy_config
 from lerobot_cli.processors import save_processors
 from lerobot_cli.processors.pipeline import ProcessorPipeline
-from lerobot_cli.runplan import ResumePlan
+from lerobot_cli.runplan import ResumePlan, ema_changes
 
 log = logging.getLogger(__name__)
 _PACKAGES = ("torch", "lerobot-parallel", "lerobot-ckpt", "lerobot-trainloop", "lerobot-cli")
@@ -206,7 +206,7 @@ class Checkpointer:
             # Before anything is loaded: the saved data position means nothing in another dataset.
             raise StateMismatchError(
                 f"{checkpoint_dir} was trained on {saved['num_samples']} samples, but this run's dataset has "
-                f"{loop.sampler.num_samples} (another --dataset.episodes selection or --dataset.eval_split, or another dataset): its data "
+                f"{loop.sampler.num_samples} (another --dataset.episodes selection, --dataset.eval_split or --policy.drop_n_last_frames, or another dataset): its data "
                 "position does not apply; resume on the same data, or start a new run from its weights with "
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )
@@ -220,6 +220,8 @@ class Checkpointer:
         self.last_saved = state.step  # the resumed step is committed already: never saved again
         _warn_rounded_weights(checkpoint_dir, state, warn)
         notes += _ema_notes(loop, state)
+        if changed := ema_changes(self.cfg, plan.saved):
+            notes.append(f"the EMA continues with changed settings from step {state.step} on: {'; '.join(changed)}")
         changes = state.record.changes_for(self.info)
         if not _exactness_lost(state.record, self.info):
             notes = [n for n in notes if "sample-exactness" not in n]

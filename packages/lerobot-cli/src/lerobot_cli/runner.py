@@ -38,7 +38,7 @@ from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
 from lerobot_cli.peft.basefile import PeftSetupError
-from lerobot_cli.publish import PublishError, publish, wants_publish
+from lerobot_cli.publish import PublishError, ema_repo_id, publish, wants_publish
 from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
@@ -223,8 +223,12 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             loop.run((pre(batch) for batch in loader), cfg.steps)
         checkpointer.wait()  # --checkpoint_async: the last save commits (or fails) before publish and exit
         if wants_publish(cfg) and checkpointer.last_path is not None:
-            uploaded = publish(cfg, runtime, CheckpointPaths(checkpointer.last_path).pretrained_model)
+            final = CheckpointPaths(checkpointer.last_path)
+            uploaded = publish(cfg, runtime, final.pretrained_model)
             reporter.print(f"published to {cfg.policy.repo_id}: {', '.join(uploaded or [])}")
+            if loop.ema is not None:  # LeRobot's: the EMA weights beside, as <repo_id>-ema
+                uploaded = publish(cfg, runtime, final.pretrained_model_ema, ema=True)
+                reporter.print(f"published the EMA weights to {ema_repo_id(cfg)}: {', '.join(uploaded or [])}")
         if runtime.is_distributed:
             torch.distributed.barrier()
     except TrainingInterrupted as exc:

@@ -93,6 +93,13 @@ def _flag_given(flags: dict[str, str], *names: str) -> bool:
     return any(n in flags or any(f.startswith(n + ".") for f in flags) for n in names)
 
 
+def ema_changes(cfg: TrainConfig, saved: TrainConfig | None) -> list[str]:
+    """EMA settings a resume changes while both runs keep one (the restored EMA continues under them)."""
+    if saved is None or not (cfg.ema.enable and saved.ema.enable):
+        return []
+    return _section_changes("ema", saved.ema, cfg.ema)
+
+
 def _section_changes(name: str, old, new) -> list[str]:
     if old is None or new is None:
         return []
