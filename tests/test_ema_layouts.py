@@ -5,7 +5,7 @@ one (where the model itself differs by reduction order), from the restored shado
 rather than a restart; ``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads
 ``pretrained_model_ema/``; a PEFT run under FSDP2 averages the adapters only (and the fully trained
 head), written in both formats. The held-out eval loss (with the EMA weights) is the same under one
-process, DDP x2 and FSDP2 x2. One launch per run, six in all.
+process, DDP x2 and FSDP2 x2, and an eval leaves FSDP2 training bitwise as it was. Five launches.
 """
 
 from __future__ import annotations
@@ -64,9 +64,13 @@ def runs(tmp_path_factory, launch):
     root = tmp_path_factory.mktemp("ema")
     single, fsdp = root / "single", root / "fsdp"
     res_single = train(launch, *MLP, "--batch_size=8", f"--output_dir={single}")
-    res_fsdp = train(launch, *MLP, *FSDP, f"--output_dir={fsdp}", nproc=2)
-    ddp = root / "ddp"
-    train(launch, *MLP, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={ddp}", nproc=2)
+    ddp, quiet, evaluated = root / "ddp", root / "fsdp_no_eval", root / "fsdp_eval"
+    res_fsdp, _, _, _ = launch.lerobot_train_runs(
+        [*MLP, *FSDP, f"--output_dir={fsdp}"],
+        [*MLP, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={ddp}"],
+        # no checkpoint after the eval (a save's state-dict pass would hide what the eval leaves gathered)
+        [*MLP, *FSDP, "--save_checkpoint=false", "--eval_steps=0", "--log_freq=1", f"--output_dir={quiet}"],
+        [*MLP, *FSDP, "--save_checkpoint=false", "--log_freq=1", f"--output_dir={evaluated}"], nproc=2)
     same = resumable_copy(fsdp, root / "same", 3)
     res_same = train(launch, "--resume=true", f"--config_path={same}", nproc=2)
     other = resumable_copy(fsdp, root / "other", 3)
@@ -79,7 +83,7 @@ def runs(tmp_path_factory, launch):
                      "--checkpoint_format=safetensors_dcp", f"--policy.path={base}", "--peft.r=4",
                      '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-2", f"--output_dir={peft}",
                      nproc=2)
-    return {"root": root, "single": single, "fsdp": fsdp, "ddp": ddp, "same": root / "same", "other": root / "other",
+    return {"root": root, "single": single, "fsdp": fsdp, "ddp": ddp, "quiet": quiet, "evaluated": evaluated, "same": root / "same", "other": root / "other",
             "peft": peft, "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout, "peft": res_peft.stdout},
             "stderr": {"same": res_same.stderr, "other": res_other.stderr}, "converted": converted}
 
@@ -185,3 +189,14 @@ def test_eval_loss_is_the_same_on_every_layout(runs):
         for step, value in ref.items():
             # the weights differ by float summation order only (~1e-7); the eval sums weigh each sample alike
             assert abs(got[step] - value) <= 1e-6 * max(1.0, abs(value)), (name, step, got[step], value)
+
+
+def test_an_eval_with_the_ema_weights_leaves_fsdp2_training_bitwise_unchanged(runs):
+    """FSDP2 keeps the root's parameters gathered after a forward (and a backward normally follows); an
+    eval forward with the EMA swapped in must not leave them for the next training step."""
+    def train_losses(run):
+        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r}
+
+    assert sorted(eval_losses(runs["evaluated"])) == [3, 6] and not eval_losses(runs["quiet"])
+    assert train_losses(runs["evaluated"]) == train_losses(runs["quiet"])  # every step, bitwise

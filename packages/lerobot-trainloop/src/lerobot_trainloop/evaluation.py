@@ -68,6 +68,18 @@ class EvalBatches:
         return len(self.indices)
 
 
+def _reshard(model: torch.nn.Module) -> None:
+    """Free what FSDP2 gathered for an eval forward. A forward without backward leaves the root's
+    parameters (never resharded after forward) and any ``reshard_after_forward=False`` unit gathered; the
+    next training forward would reuse them as they are, i.e. with the EMA weights swapped in for the eval
+    (a silently wrong step). Resharding makes the next forward gather the live shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def _as_tensor(value, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().reshape(()).to(device=device, dtype=dtype)
@@ -103,6 +115,7 @@ def evaluate(loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma |
                     term = _as_tensor(value, device, dtype) * n
                     sums[name] = sums[name] + term if name in sums else term
                 total += n
+            _reshard(model)  # before the live weights come back
             if n_batches == 0:
                 raise ValueError("the eval batches were empty")
     finally:
