@@ -81,8 +81,9 @@ def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, 
         "ddp": [*common, "--batch_size=4", f"--output_dir={out['ddp']}"],
         "fsdp": [*common, "--batch_size=4", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp",
                  f"--output_dir={out['fsdp']}"],
+        # with openpi's EMA (constant decay 0.99; update_after_step 0: the first update copies)
         "frozen": [*fine_tune, "--policy.freeze_vision_encoder=true", "--accelerator.mixed_precision=bf16",
-                   f"--output_dir={out['frozen']}"],
+                   "--ema.enable=true", "--ema.decay=0.99", f"--output_dir={out['frozen']}"],
         "lora": [*fine_tune, "--peft.r=4", f"--output_dir={out['lora']}"],
         "pi05_fsdp": [*pi05, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=3",
                       f"--output_dir={out['pi05_fsdp']}"],
@@ -170,6 +171,21 @@ def test_frozen_vision_tower_stays_bitwise_under_fsdp2_with_bf16(runs):
     moved = [k for k in before if ".gemma_expert.model.layers." in k and not torch_equal(before[k], after[k])]
     assert moved
     assert {str(v.dtype) for v in after.values()} == {"torch.float32"}
+
+
+def test_openpi_ema_of_a_sharded_pi0_skips_the_frozen_tower(runs):
+    """The same run kept openpi's EMA (decay 0.99) of its FSDP2 shards: pretrained_model_ema/ has every key,
+    the frozen SigLIP as it is, and trained weights that are neither the base's nor the live ones (the first
+    update copies step 1's weights, the second keeps 0.99 of them: s2 = 0.99 w1 + 0.01 w2)."""
+    step = runs["frozen"] / "checkpoints" / "000002"
+    live, ema = _weights(step / "pretrained_model"), _weights(step / "pretrained_model_ema")
+    assert ema.keys() == live.keys() and {str(v.dtype) for v in ema.values()} == {"torch.float32"}
+    assert "kept by each rank of its own shards" in runs["frozen.stdout"]
+    vision = [k for k in live if ".vision_tower." in k]
+    assert all(torch_equal(live[k], ema[k]) for k in vision)
+    base = _weights(runs["single"] / "checkpoints" / "000004" / "pretrained_model")
+    moved = [k for k in live if ".gemma_expert.model.layers." in k and not torch_equal(base[k], live[k])]
+    assert moved and not any(torch_equal(live[k], ema[k]) or torch_equal(base[k], ema[k]) for k in moved)
 
 
 def test_lora_with_lerobots_default_pi0_targets_under_fsdp2(runs):
