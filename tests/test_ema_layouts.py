@@ -200,3 +200,28 @@ def test_an_eval_with_the_ema_weights_leaves_fsdp2_training_bitwise_unchanged(ru
 
     assert sorted(eval_losses(runs["evaluated"])) == [3, 6] and not eval_losses(runs["quiet"])
     assert train_losses(runs["evaluated"]) == train_losses(runs["quiet"])  # every step, bitwise
+
+
+def test_sharded_shadow_loads_bitwise_into_one_process(runs, tmp_path):
+    """The FSDP2 run's step-3 EMA shards (DCP) read into a one-process policy's shadow are exactly the
+    merged file lerobot-convert-dcp makes of them: the restore of a resume on another topology."""
+    import shutil as sh
+
+    import torch
+    from lerobot_ckpt import TrainingObjects, load_checkpoint
+    from lerobot_ckpt.convert.merge import convert_dcp
+    from lerobot_cli.policies.pretrained import build_policy
+    from lerobot_cli.policies.serialization import load_policy_config
+    from lerobot_trainloop import EmaConfig, ModelEma
+
+    step = tmp_path / "000003"
+    sh.copytree(runs["fsdp"] / "checkpoints" / "000003", step)
+    policy = build_policy(load_policy_config(step / "pretrained_model" / "config.json")).train()  # fresh weights
+    ema = ModelEma(policy, EmaConfig(enable=True))
+    state = load_checkpoint(step, objects=TrainingObjects(model=policy, ema=ema.state()), restore_rng=False)
+    assert state.ema_restored
+    convert_dcp(step)  # both pretrained_model/ and pretrained_model_ema/ merged from their shards
+    merged = tensors(step / "pretrained_model_ema" / "model.safetensors")
+    assert all(torch.equal(v, merged[k]) for k, v in ema.state().items())
+    assert not all(torch.equal(v, tensors(step / "pretrained_model" / "model.safetensors")[k])
+                   for k, v in ema.state().items())
