@@ -5,7 +5,7 @@ one (where the model itself differs by reduction order), from the restored shado
 rather than a restart; ``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads
 ``pretrained_model_ema/``; a PEFT run under FSDP2 averages the adapters only (and the fully trained
 head), written in both formats. The held-out eval loss (with the EMA weights) is the same under one
-process, DDP x2 and FSDP2 x2, and an eval leaves FSDP2 training bitwise as it was. Five launches.
+process, DDP x2 and FSDP2 x2, and an eval leaves FSDP2 training bitwise as it was. Four launches.
 """
 
 from __future__ import annotations
@@ -72,17 +72,17 @@ def runs(tmp_path_factory, launch):
         [*MLP, *FSDP, "--save_checkpoint=false", "--eval_steps=0", "--log_freq=1", f"--output_dir={quiet}"],
         [*MLP, *FSDP, "--save_checkpoint=false", "--log_freq=1", f"--output_dir={evaluated}"], nproc=2)
     same = resumable_copy(fsdp, root / "same", 3)
-    res_same = train(launch, "--resume=true", f"--config_path={same}", nproc=2)
     other = resumable_copy(fsdp, root / "other", 3)
+    base = single / "checkpoints" / "000006" / "pretrained_model"
+    peft = root / "peft"
+    res_same, res_peft = launch.lerobot_train_runs(
+        ["--resume=true", f"--config_path={same}"],
+        [*DATA, "--steps=3", "--save_freq=3", "--parallelism.dp_shard=2", "--batch_size=4",
+         "--checkpoint_format=safetensors_dcp", f"--policy.path={base}", "--peft.r=4",
+         '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-2", f"--output_dir={peft}"], nproc=2)
     res_other = train(launch, "--resume=true", f"--config_path={other}", "--batch_size=8", "--parallelism.dp_shard=1")
     converted = {name: convert_dcp(run / "checkpoints" / "000006") for name, run in
                  (("fsdp", fsdp), ("same", root / "same"))}
-    base = single / "checkpoints" / "000006" / "pretrained_model"
-    peft = root / "peft"
-    res_peft = train(launch, *DATA, "--steps=3", "--save_freq=3", "--parallelism.dp_shard=2", "--batch_size=4",
-                     "--checkpoint_format=safetensors_dcp", f"--policy.path={base}", "--peft.r=4",
-                     '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-2", f"--output_dir={peft}",
-                     nproc=2)
     return {"root": root, "single": single, "fsdp": fsdp, "ddp": ddp, "quiet": quiet, "evaluated": evaluated, "same": root / "same", "other": root / "other",
             "peft": peft, "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout, "peft": res_peft.stdout},
             "stderr": {"same": res_same.stderr, "other": res_other.stderr}, "converted": converted}
