@@ -66,7 +66,8 @@ def runs(tmp_path_factory, launch):
     res_single = train(launch, *MLP, "--batch_size=8", f"--output_dir={single}")
     ddp, quiet, evaluated = root / "ddp", root / "fsdp_no_eval", root / "fsdp_eval"
     res_fsdp, _, _, _ = launch.lerobot_train_runs(
-        [*MLP, *FSDP, f"--output_dir={fsdp}"],
+        # written in the background: the EMA shards' snapshot writers (what the resumes below read)
+        [*MLP, *FSDP, "--checkpoint_async=true", f"--output_dir={fsdp}"],
         [*MLP, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={ddp}"],
         # no checkpoint after the eval (a save's state-dict pass would hide what the eval leaves gathered)
         [*MLP, *FSDP, "--save_checkpoint=false", "--eval_steps=0", "--log_freq=1", f"--output_dir={quiet}"],
@@ -99,6 +100,7 @@ def live_file(run: Path, step: int = 6) -> Path:
 def test_banner_says_where_the_shadow_lives(runs):
     assert "EMA: decay 1-(1+t/1.0)^-0.75 in [0.0, 0.9999]; kept by this process" in runs["stdout"]["single"]
     assert "kept by each rank of its own shards; saved as pretrained_model_ema/" in runs["stdout"]["fsdp"]
+    assert "000003 (writing in the background)" in runs["stdout"]["fsdp"]  # the async save path
 
 
 def test_sharded_shadow_equals_the_unsharded_one(runs):
