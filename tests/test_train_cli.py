@@ -1,7 +1,9 @@
 """``lerobot-train`` end to end on the shipped demo dataset: one process, torchrun DDP, resume.
 
 Real processes and real files; the MLP policy keeps each launch to a few seconds, one ACT run checks
-the real workload. Several checks share one launch because each launch costs seconds.
+the real workload. Several checks share one launch because each launch costs seconds: the runs
+that need nothing between them share one ``launch.lerobot_train_runs`` launch per process count
+(fixtures ``two_proc`` and ``one_proc``), each resume test's three runs share one.
 """
 
 from __future__ import annotations
@@ -26,20 +28,48 @@ def losses(output_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def train(launch, tmp_path: Path, name: str, *args: str, nproc: int = 1, env: dict | None = None):
-    out = tmp_path / name
-    argv = [*args, f"--output_dir={out}"] if not any(a.startswith("--config_path") for a in args) else list(args)
-    if nproc == 1:
-        result = launch.run_command([SCRIPT, *argv], timeout_s=180, env=env)
-    else:
-        result = launch.torchrun(SCRIPT, *argv, nproc=nproc, timeout_s=180, env=env)
-    assert result.returncode == 0 and not result.timed_out, result.describe()
-    return out, result
+def _runs(launch, root: Path, runs: dict[str, list[str]], nproc: int) -> dict[str, tuple[Path, object]]:
+    """``runs`` (name -> flags) in ONE ``lerobot_train_runs`` launch, in order; a run without
+    ``--config_path`` writes to ``root/name``. Returns name -> (output_dir, RunOutput)."""
+    argvs = [flags if any(a.startswith("--config_path") for a in flags) else [*flags, f"--output_dir={root / name}"]
+             for name, flags in runs.items()]
+    outs = launch.lerobot_train_runs(*argvs, nproc=nproc)
+    return {name: (root / name, out) for name, out in zip(runs, outs, strict=True)}
 
 
-def test_single_process_banner_metrics_and_checkpoints(launch, tmp_path):
-    out, res = train(launch, tmp_path, "single", *MLP, "--steps=6", "--batch_size=4", "--log_freq=2",
-                     "--save_freq=4", "--accelerator.gradient_accumulation.steps=2")
+@pytest.fixture(scope="module")
+def two_proc(launch, tmp_path_factory):
+    """The file's 2-process runs that need nothing between them, in one torchrun launch: DDP and FSDP2
+    on a global batch of 8, and the base run of the other-world-size resume (resumed in ``one_proc``)."""
+    common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=4"]
+    return _runs(launch, tmp_path_factory.mktemp("cli_x2"), {
+        "two": common,
+        "fsdp": [*common, "--parallelism.dp_shard=-1"],
+        "ws_two": [*MLP, "--batch_size=4", "--log_freq=2", "--save_freq=4", "--steps=4"],
+    }, nproc=2)
+
+
+@pytest.fixture(scope="module")
+def one_proc(launch, tmp_path_factory, two_proc):
+    """The file's 1-process runs in one launch. ``single`` comes first and must print nothing on stderr,
+    so nothing a later run might print only once per process can hide there; the other-world-size resume
+    (the one other run whose stderr is checked) comes right after it."""
+    root = tmp_path_factory.mktemp("cli_x1")
+    pretrained = root / "base" / "checkpoints" / "last" / "pretrained_model"
+    return _runs(launch, root, {
+        "single": [*MLP, "--steps=6", "--batch_size=4", "--log_freq=2", "--save_freq=4",
+                   "--accelerator.gradient_accumulation.steps=2"],
+        "ws_resumed": ["--resume=true", f"--config_path={two_proc['ws_two'][0]}/checkpoints/last", "--steps=6"],
+        "one": [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=8"],
+        # lr=0: a fine-tune that cannot move the weights must save exactly what it loaded.
+        "base": [*MLP, "--steps=3", "--log_freq=0"],
+        "tuned": [*DATA, f"--policy.path={pretrained}", "--optimizer.lr=0", "--steps=2", "--log_freq=0"],
+        "errors_run": [*MLP, "--steps=2", "--log_freq=0"],
+    }, nproc=1)
+
+
+def test_single_process_banner_metrics_and_checkpoints(one_proc):
+    out, res = one_proc["single"]
     text = res.stdout
     assert "Effective batch size: 4 x 1 dp workers x 2 grad accum = 8" in text
     assert "topology dp_replicate=1 x dp_shard=1 (single process)" in text
@@ -60,10 +90,14 @@ def test_single_process_banner_metrics_and_checkpoints(launch, tmp_path):
     assert (step["step"], step["grad_accum_steps"], step["batch_size"], step["dp_world_size"]) == (6, 2, 4, 1)
 
 
-def test_ddp_two_processes_match_one_process_on_the_same_global_batch(launch, tmp_path):
-    common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false"]
-    one, _ = train(launch, tmp_path, "one", *common, "--batch_size=8")
-    two, res = train(launch, tmp_path, "two", *common, "--batch_size=4", nproc=2)
+def test_only_the_main_rank_prints_the_banner(two_proc):
+    # every 2-process run prints it once: the launch's total says no other rank printed it in any run
+    assert sum(res.stdout.count("Effective batch size") for _, res in two_proc.values()) == len(two_proc)
+
+
+def test_ddp_two_processes_match_one_process_on_the_same_global_batch(one_proc, two_proc):
+    one, _ = one_proc["one"]
+    two, res = two_proc["two"]
     assert "Effective batch size: 4 x 2 dp workers x 1 grad accum = 8" in res.stdout
     assert "topology dp_replicate=2 x dp_shard=1 (DDP)" in res.stdout
     assert res.stdout.count("Effective batch size") == 1  # only the main rank prints
@@ -72,10 +106,9 @@ def test_ddp_two_processes_match_one_process_on_the_same_global_batch(launch, tm
     assert all(abs(x - y) <= 1e-5 for x, y in zip(a, b)), (a, b)
 
 
-def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(launch, tmp_path):
-    common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false"]
-    one, _ = train(launch, tmp_path, "one", *common, "--batch_size=8")
-    two, res = train(launch, tmp_path, "fsdp", *common, "--batch_size=4", "--parallelism.dp_shard=-1", nproc=2)
+def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(one_proc, two_proc):
+    one, _ = one_proc["one"]
+    two, res = two_proc["fsdp"]
     assert "topology dp_replicate=1 x dp_shard=2 (FSDP2)" in res.stdout
     assert "Sharding plan: fsdp on mesh (dp_shard=2)" in res.stdout and "(MLPBlock)" in res.stdout
     a, b = losses(one), losses(two)
@@ -87,28 +120,35 @@ def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(launch, t
 def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(launch, tmp_path, nproc):
     # Two episodes (98 frames) and a global batch of 8: an epoch ends after 12 steps, so the resume at
     # step 16 (sample 128) is mid-epoch in epoch 1. ACT (dropout, VAE sampling) checks the RNG restore.
+    # The three runs share one launch; the step-16 state is digested before the resume starts.
     args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
             "--policy.dim_model=32",
             "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1",
             "--policy.chunk_size=5", "--policy.n_action_steps=5", f"--batch_size={8 // nproc}", "--log_freq=1",
             "--save_freq=16"]
-    full, _ = train(launch, tmp_path, "full", *args, "--steps=20", nproc=nproc)
-    half, _ = train(launch, tmp_path, "half", *args, "--steps=16", nproc=nproc)
-    state = json.loads((half / "checkpoints/last/training_state/training_step.json").read_text())
+    full, half = tmp_path / "full", tmp_path / "half"
+    at_16 = launch.TreeDigest(half / "checkpoints" / "000016", tmp_path / "at_16.json")
+    outs = launch.lerobot_train_runs(
+        [*args, "--steps=20", f"--output_dir={full}"],
+        [*args, "--steps=16", f"--output_dir={half}"],
+        at_16,
+        ["--resume=true", f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json", "--steps=20"],
+        nproc=nproc)
+    res = outs[2]
+    step_file = half / "checkpoints/000016/training_state/training_step.json"
+    assert at_16.read()["training_state/training_step.json"] == launch.tree_digest(step_file.parent)[step_file.name]
+    state = json.loads(step_file.read_text())
     assert (state["sampler"]["epoch"], state["sampler"]["offset"]) == (1, 128 - 98)
-    _, res = train(launch, tmp_path, "resumed", "--resume=true",
-                   f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json", "--steps=20",
-                   nproc=nproc)
     assert "resuming at step 16" in res.stdout
-    assert "warning" not in res.stderr.lower(), res.stderr
+    # the resume's stderr, and the earlier runs' (a warning printed once per process would show there)
+    for out in outs:
+        assert "warning" not in out.stderr.lower(), out.stderr
     assert losses(half) == losses(full)  # bitwise: same floats, printed and parsed identically
 
 
-def test_resume_on_another_world_size_warns_once(launch, tmp_path):
-    args = [*MLP, "--batch_size=4", "--log_freq=2", "--save_freq=4"]
-    two, _ = train(launch, tmp_path, "two", *args, "--steps=4", nproc=2)
-    _, res = train(launch, tmp_path, "resumed", "--resume=true", f"--config_path={two}/checkpoints/last",
-                   "--steps=6")
+def test_resume_on_another_world_size_warns_once(one_proc, two_proc):
+    two, _ = two_proc["ws_two"]
+    _, res = one_proc["ws_resumed"]
     warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("lerobot-train: warning:")]
     assert "WARNING" not in res.stderr  # one style for every warning
     assert len(warnings) == 1, res.stderr
@@ -117,12 +157,10 @@ def test_resume_on_another_world_size_warns_once(launch, tmp_path):
     assert step["step"] == 6 and step["world_size"] == 1 and step["sampler"]["offset"] == 4 * 4 * 2 + 2 * 4
 
 
-def test_policy_path_fine_tunes_from_the_saved_weights_and_processors(launch, tmp_path):
-    base, _ = train(launch, tmp_path, "base", *MLP, "--steps=3", "--log_freq=0")
+def test_policy_path_fine_tunes_from_the_saved_weights_and_processors(one_proc):
+    base, _ = one_proc["base"]
     pretrained = base / "checkpoints" / "last" / "pretrained_model"
-    # lr=0: a fine-tune that cannot move the weights must save exactly what it loaded.
-    tuned, res = train(launch, tmp_path, "tuned", *DATA, f"--policy.path={pretrained}", "--optimizer.lr=0",
-                       "--steps=2", "--log_freq=0")
+    tuned, res = one_proc["tuned"]
     assert "Policy: mlp" in res.stdout
     from safetensors.torch import load_file
 
@@ -137,8 +175,8 @@ def test_policy_path_fine_tunes_from_the_saved_weights_and_processors(launch, tm
         assert (tuned / "checkpoints/last/pretrained_model" / name).read_text() == (pretrained / name).read_text()
 
 
-def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path):
-    run, _ = train(launch, tmp_path, "run", *MLP, "--steps=2", "--log_freq=0")
+def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path, one_proc):
+    run, _ = one_proc["errors_run"]
     step = run / "checkpoints" / "000002"
 
     def snapshot() -> dict[str, bytes]:
