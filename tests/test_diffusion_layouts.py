@@ -55,8 +55,9 @@ def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
     readme = [f.replace("data/lerobot/demo_reach", str(DEMO)) for f in readme_command() if not f.startswith("--output_dir=")]
     assert "--steps=60" in readme and "--policy.type=diffusion" in readme
     no_gn = [f for f in TINY if f != "--policy.use_group_norm=true"]
+    ema = ["--ema.enable=true", "--save_freq=4"]  # the reference and HSDP keep an EMA (LeRobot's warmup schedule)
     one = launch.lerobot_train_runs(
-        [*common, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out['single']}"],
+        [*common, *ema, "--batch_size=8", f"--output_dir={out['single']}"],
         [*readme, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out['long']}"])
     two = launch.lerobot_train_runs(
         [*common, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={out['ddp']}"],
@@ -66,8 +67,8 @@ def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
         [*no_gn, "--policy.optimizer_lr=1e-3", "--steps=2", "--log_freq=1", "--batch_size=4",
          "--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16", "--save_checkpoint=false",
          f"--output_dir={out['bf16']}"], nproc=2)
-    four = launch.lerobot_train(*common, "--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2",
-                                "--save_checkpoint=false", f"--output_dir={out['hsdp']}", nproc=4)
+    four = launch.lerobot_train(*common, *ema, "--batch_size=2", "--parallelism.dp_replicate=2",
+                                "--parallelism.dp_shard=2", f"--output_dir={out['hsdp']}", nproc=4)
     stdout = {"single": one[0].stdout, "long": one[1].stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout,
               "bf16": two[2].stdout, "hsdp": four.stdout}
     return {name: (out[name], stdout[name]) for name in out}
@@ -141,3 +142,24 @@ def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_lin
     assert res.returncode == 2, res.describe()
     assert "Traceback" not in res.output
     assert "pass --policy.pretrained_backbone_weights=null for a randomly initialised backbone" in res.stderr
+
+
+def test_hsdp_keeps_the_ema_of_its_shards_as_one_process_does(runs):
+    """HSDP 2x2: each rank's EMA of its shards (replicated across the 2 groups), gathered into
+    pretrained_model_ema/ with every key; it follows the one-process EMA as closely as the weights follow
+    the one-process weights (reduction order, amplified by Adam: see the losses test)."""
+    import torch
+    from safetensors.torch import load_file
+
+    def files(name):
+        step = runs[name][0] / "checkpoints" / "000004"
+        return (load_file(step / "pretrained_model" / "model.safetensors"),
+                load_file(step / "pretrained_model_ema" / "model.safetensors"))
+
+    (live_1, ema_1), (live_h, ema_h) = files("single"), files("hsdp")
+    assert ema_h.keys() == ema_1.keys() == live_h.keys()
+    assert "kept by each rank of its own shards" in runs["hsdp"][1]
+    gap = max((ema_h[k] - ema_1[k]).abs().max().item() for k in ema_1)
+    weights_gap = max((live_h[k] - live_1[k]).abs().max().item() for k in live_1)
+    assert gap <= max(2 * weights_gap, 1e-6), (gap, weights_gap)
+    assert any(not torch.equal(ema_h[k], live_h[k]) for k in ema_h)  # averaged, not a copy
