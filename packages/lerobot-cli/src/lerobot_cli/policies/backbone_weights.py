@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 from pathlib import Path
 
 from lerobot_cli.cli.errors import UsageError
@@ -41,6 +42,7 @@ TORCHVISION_FILES = {
 _DEFAULT_VERSION = {"18": "V1", "34": "V1", "50": "V2", "101": "V2", "152": "V2"}
 _WEIGHTS_NAME = re.compile(r"^ResNet(\d+)_Weights\.(\w+)$")
 _HASH = re.compile(r"-([a-f0-9]+)\.")
+CONNECT_TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole download
 
 
 class BackboneWeightsUnavailable(UsageError, FileNotFoundError):
@@ -79,6 +81,8 @@ def _download(name: str, target: Path, spec: str) -> None:
     url = os.environ.get(URL_ENV, BASE_URL).rstrip("/") + "/" + name
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{name}.part-{os.getpid()}")
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(CONNECT_TIMEOUT_S)  # a firewalled network fails in a minute, not never
     try:
         torch.hub.download_url_to_file(url, str(tmp), hash_prefix=None, progress=False)
         prefix = _HASH.search(name).group(1)
@@ -97,6 +101,7 @@ def _download(name: str, target: Path, spec: str) -> None:
             f"pass {FLAG}=null for a randomly initialised backbone, or the path of a local torchvision ResNet "
             f"file (or set ${URL_ENV} to a mirror)") from None
     finally:
+        socket.setdefaulttimeout(previous)
         if tmp.exists():
             tmp.unlink()
 
