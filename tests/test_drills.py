@@ -213,8 +213,38 @@ def _tree(root: Path) -> dict[str, bytes | str]:
                                        else p.read_bytes()) for p in sorted(root.rglob("*"))}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_path, mode):
+MODES = ("sync", "async")
+LIMIT = 4096  # below the weight and optimizer files, above what the resume appends to metrics.jsonl
+
+
+@pytest.fixture(scope="module")
+def write_failures(launch, tmp_path_factory):
+    """Both modes' drills: their first runs share one launch, then each resume under the file-size
+    limit runs alone (it must fail), then the two plain resumes share one launch. Per mode: the
+    facts the test checks, each taken when the unmerged drill took it."""
+    root = tmp_path_factory.mktemp("write_failure")
+    out = {mode: root / mode / "run" for mode in MODES}
+    args = {mode: [*MLP, "--log_freq=1", "--save_freq=2", f"--checkpoint_async={str(mode == 'async').lower()}"]
+            for mode in MODES}
+    launch.lerobot_train_runs(*([*args[m], "--steps=2", f"--output_dir={out[m]}"] for m in MODES))
+    facts = {}
+    for mode in MODES:
+        ckpts = out[mode] / "checkpoints"
+        before = _tree(ckpts)
+        largest = max(p.stat().st_size for p in ckpts.rglob("*") if p.is_file())
+        metrics_size = (out[mode] / "metrics.jsonl").stat().st_size
+        resume = ["--resume=true", f"--config_path={ckpts / 'last'}", "--steps=4"]
+        hurt = launch.run_command([launch.PYTHON, "-c", SET_FILE_LIMIT, str(LIMIT), SCRIPT, *resume], timeout_s=180)
+        facts[mode] = dict(ckpts=ckpts, before=before, largest=largest, metrics_size=metrics_size, hurt=hurt,
+                           after_hurt=_tree(ckpts), resume=resume)
+    again = launch.lerobot_train_runs(*(facts[m]["resume"] for m in MODES))
+    for mode, res in zip(MODES, again, strict=True):
+        facts[mode]["again"] = res
+    return facts
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(write_failures, mode):
     """A resumed run whose next save hits RLIMIT_FSIZE (a full or quota-limited disk, reproducibly).
 
     SIGXFSZ is ignored in the wrapper (an ignored disposition survives exec), so the write fails
@@ -224,18 +254,10 @@ def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_pa
     ``pretrained_model/`` (all under the limit) and the save returns; the weights fail in the
     background, and the end-of-run wait reports it naming the step.
     """
-    out = tmp_path / "run"
-    args = [*MLP, "--log_freq=1", "--save_freq=2", f"--checkpoint_async={str(mode == 'async').lower()}"]
-    first = launch.run_command([SCRIPT, *args, "--steps=2", f"--output_dir={out}"], timeout_s=180)
-    assert first.returncode == 0, first.describe()
-    ckpts = out / "checkpoints"
-    before = _tree(ckpts)
-    largest = max(p.stat().st_size for p in ckpts.rglob("*") if p.is_file())
-    limit = 4096  # below the weight and optimizer files, above what the resume appends to metrics.jsonl
-    assert largest > limit and (out / "metrics.jsonl").stat().st_size < limit // 2
+    f = write_failures[mode]
+    ckpts, hurt = f["ckpts"], f["hurt"]
+    assert f["largest"] > LIMIT and f["metrics_size"] < LIMIT // 2
 
-    resume = ["--resume=true", f"--config_path={ckpts / 'last'}", "--steps=4"]
-    hurt = launch.run_command([launch.PYTHON, "-c", SET_FILE_LIMIT, str(limit), SCRIPT, *resume], timeout_s=180)
     print(f"\n[drill write failure, {mode}] rc={hurt.returncode} in {hurt.elapsed_s:.1f} s; stderr:\n"
           f"{hurt.stderr.strip()}")
     assert hurt.returncode not in (0, None) and not hurt.timed_out, hurt.describe()
@@ -249,11 +271,9 @@ def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(launch, tmp_pa
         assert [ln for ln in hurt.stdout.splitlines() if ln.startswith("checkpoint: ")] == [
             f"checkpoint: {ckpts / '000004'} (writing in the background)"], hurt.describe()
         assert "model.safetensors" in errors[0]
-    assert _tree(ckpts) == before, "the failed save changed the previous checkpoint, `last` or left debris"
+    assert f["after_hurt"] == f["before"], "the failed save changed the previous checkpoint, `last` or left debris"
 
-    again = launch.run_command([SCRIPT, *resume], timeout_s=180)
-    assert again.returncode == 0, again.describe()
-    assert "resuming at step 2" in again.stdout
+    assert "resuming at step 2" in f["again"].stdout
     assert (ckpts / "last").resolve().name == "000004"
     step = json.loads((ckpts / "last" / "training_state" / "training_step.json").read_text())
     assert step["step"] == 4
