@@ -235,8 +235,8 @@ def write_failures(launch, tmp_path_factory):
         metrics_size = (out[mode] / "metrics.jsonl").stat().st_size
         resume = ["--resume=true", f"--config_path={ckpts / 'last'}", "--steps=4"]
         hurt = launch.run_command([launch.PYTHON, "-c", SET_FILE_LIMIT, str(LIMIT), SCRIPT, *resume], timeout_s=180)
-        facts[mode] = dict(ckpts=ckpts, before=before, largest=largest, metrics_size=metrics_size, hurt=hurt,
-                           after_hurt=_tree(ckpts), resume=resume)
+        facts[mode] = {"ckpts": ckpts, "before": before, "largest": largest, "metrics_size": metrics_size,
+                       "hurt": hurt, "after_hurt": _tree(ckpts), "resume": resume}
     again = launch.lerobot_train_runs(*(facts[m]["resume"] for m in MODES))
     for mode, res in zip(MODES, again, strict=True):
         facts[mode]["again"] = res
