@@ -134,3 +134,16 @@ def test_loop_updates_once_per_optimizer_update_and_saves_the_counter():
     other = TrainLoop(wrap_model(TinyRegressor(seed=2), RT, build_plan(model, RT)), opt, accelerator=acc, ema=fresh)
     other.load_state_dict(loop.state_dict())
     assert fresh.updates == 3 and fresh.decay == 0.9
+
+
+def test_reset_restarts_from_the_live_weights():
+    model = TinyRegressor(seed=2)
+    ema = ModelEma(model, EmaConfig(enable=True, decay=0.5))
+    ema.update()
+    ema.update()
+    with torch.no_grad():  # a resume loads other weights into the model after the shadow was built
+        for p in model.parameters():
+            p.add_(1.0)
+    ema.reset()
+    assert ema.updates == 0 and ema.decay is None
+    assert all(torch.equal(ema.state()[k], p) for k, p in model.named_parameters())

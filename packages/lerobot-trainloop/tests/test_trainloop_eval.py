@@ -114,3 +114,32 @@ def test_eval_does_not_disturb_training_and_evaluates_the_ema():
 def test_an_empty_set_is_refused():
     with pytest.raises(ValueError, match="empty"):
         EvalBatches([], 4)
+
+
+class Noisy(TinyRegressor):
+    """A loss with per-sample noise keyed by the sample's index and one base drawn from the global RNG per
+    forward, as Diffusion Policy draws its noise and timesteps."""
+
+    def forward(self, batch):
+        base = int(torch.randint(0, 2**31 - 1, ()).item())
+        noise = torch.stack([torch.randn((), generator=torch.Generator().manual_seed(base + int(i)))
+                             for i in batch["index"]])
+        pred = self.net(batch["x"])
+        per_sample = ((pred - batch["y"]) ** 2).mean(dim=1) + noise
+        return per_sample.mean(), {}
+
+
+def test_a_seed_makes_a_noisy_policys_eval_independent_of_batches_and_steps():
+    ds = SyntheticRegression(20, seed=3)
+    loop = model_and_loop(Noisy(seed=1))
+    indices = list(range(20))
+
+    def value(batch, seed):
+        sampler = EvalBatches(indices, batch)
+        return evaluate(loop, (ds.batch(b) for b in sampler), sampler.weights(), seed=seed)["loss"]
+
+    seeded = [value(b, 7) for b in (3, 5, 20)]
+    assert max(seeded) - min(seeded) < 1e-6 * abs(seeded[0])  # the same noise per sample, whatever its batch
+    torch.manual_seed(0)
+    unseeded = [value(b, None) for b in (3, 5, 20)]
+    assert max(unseeded) - min(unseeded) > 1e-3  # without it, noise follows the batch and the step

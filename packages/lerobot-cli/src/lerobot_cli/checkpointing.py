@@ -103,13 +103,16 @@ def _warn_rounded_weights(checkpoint_dir: Path, state: ResumeState, warn: Callab
     """Training keeps fp32 master weights; a ``model.safetensors`` cast by ``lerobot-convert-dcp
     --dtype`` (its shards deleted) no longer holds them, and resuming must not pass for exact."""
     art = state.record.artifacts
-    if art.model_dcp or art.peft_adapter or not art.model_safetensors:
+    if art.peft_adapter:
         return
-    weights = CheckpointPaths(checkpoint_dir).model_weights
-    dtype = stored_float_dtype(weights) if weights.is_file() else "float32"
-    if dtype != "float32":
-        warn(f"resuming from {weights}, which holds {dtype} weights (converted with --dtype), not the run's fp32 "
-             "master weights: training continues from the rounded values")
+    paths = CheckpointPaths(checkpoint_dir)
+    for weights, read, what in ((paths.model_weights, art.model_safetensors and not art.model_dcp, "weights"),
+                                (paths.ema.model_weights, state.ema_restored and art.ema_safetensors
+                                 and not art.ema_dcp, "EMA weights")):
+        dtype = stored_float_dtype(weights) if read and weights.is_file() else "float32"
+        if dtype != "float32":
+            warn(f"resuming from {weights}, which holds {dtype} {what} (converted with --dtype), not the run's "
+                 f"fp32 ones: training continues from the rounded values")
 
 
 def _ema_notes(loop: TrainLoop, state: ResumeState) -> list[str]:
@@ -220,6 +223,8 @@ class Checkpointer:
         self.last_saved = state.step  # the resumed step is committed already: never saved again
         _warn_rounded_weights(checkpoint_dir, state, warn)
         notes += _ema_notes(loop, state)
+        if loop.ema is not None and not state.ema_restored:
+            loop.ema.reset()  # from the resumed weights, not the ones built before the load
         if changed := ema_changes(self.cfg, plan.saved):
             notes.append(f"the EMA continues with changed settings from step {state.step} on: {'; '.join(changed)}")
         changes = state.record.changes_for(self.info)

@@ -146,7 +146,8 @@ class _HeldOut:
                 f"with the {weights} weights")
 
     def run(self, step: int, reporter: Reporter) -> None:
-        metrics = evaluate(self.loop, (self.pre(b) for b in self.loader), self.sampler.weights(), ema=self.ema)
+        metrics = evaluate(self.loop, (self.pre(b) for b in self.loader), self.sampler.weights(), ema=self.ema,
+                           seed=self.cfg.seed)
         reporter.log_eval(step, metrics, len(self.indices), "EMA" if self.ema is not None else "live")
 
 

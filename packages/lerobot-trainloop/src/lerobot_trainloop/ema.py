@@ -74,6 +74,13 @@ class ModelEma:
         torch._foreach_mul_(step, 1 - self.decay)
         torch._foreach_sub_(self._shadow_local, step)
 
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Restart the EMA from the live weights (a resume from a checkpoint without one: the shadow was
+        copied from the weights as built, before the checkpoint's were loaded)."""
+        torch._foreach_copy_(self._shadow_local, [_local(p) for p in self._params])
+        self.updates, self.decay = 0, None
+
     def state(self) -> dict[str, torch.Tensor]:
         """The shadow keyed by parameter name (every name of a tied parameter), aliasing its storage:
         a checkpoint reads it and a resume loads into it in place."""

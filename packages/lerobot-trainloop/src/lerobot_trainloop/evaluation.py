@@ -11,7 +11,8 @@ same number of forward passes, since a sharded (FSDP2) forward is collective: a 
 ran out evaluates a placeholder batch (the set's first sample) with weight 0.
 
 The eval does not disturb training: the model is in eval mode inside it (dropout off, as
-LeRobot's), the RNG streams are forked (a run with an eval every N steps trains exactly as one
+LeRobot's), the RNG streams are forked (and, with ``seed``, seeded before each batch, so noise a
+policy draws per sample is the same whatever the batch, rank or step) (a run with an eval every N steps trains exactly as one
 without), and with an EMA and ``ema.use_for_eval`` the EMA weights are swapped in (local shards,
 no collective) and the live ones restored bitwise.
 """
@@ -87,13 +88,17 @@ def _as_tensor(value, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma | None = None) -> dict[str, float]:
+def evaluate(loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma | None = None,
+             seed: int | None = None) -> dict[str, float]:
     """``{"loss": ..., <part>: ...}`` over the held-out set (the same on every dp rank).
 
     ``loop`` is the :class:`~lerobot_trainloop.TrainLoop` (its model, precision and runtime);
     ``batches`` this rank's preprocessed batches in :class:`EvalBatches` order and ``weights`` their
     :meth:`EvalBatches.weights`. Collective over the dp group: every rank calls it at the same step.
-    One device→host read, after the all-reduce.
+    One device→host read, after the all-reduce. ``seed``: the RNG is seeded with it before every batch
+    (inside the fork), so a policy that draws noise (diffusion's noise and timesteps, keyed by the
+    sample's index) draws the same for a sample whatever its batch, its rank or the eval step: the
+    value then depends on the weights alone.
     """
     rt, model = loop.runtime, loop.model
     device = rt.device
@@ -108,6 +113,8 @@ def evaluate(loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma |
             n_batches = 0
             for batch, n in zip(batches, weights, strict=True):
                 n_batches += 1
+                if seed is not None:
+                    torch.manual_seed(seed)
                 with loop.precision.autocast():
                     loss, info = model(move_to_device(batch, device))
                 parts = {"loss": loss, **(info or {})}
