@@ -3,11 +3,12 @@
 Real processes and real files; the MLP policy keeps each launch to a few seconds, one ACT run checks
 the real workload. Several checks share one launch because each launch costs seconds: the runs
 that need nothing between them share one ``launch.lerobot_train_runs`` launch per process count
-(fixtures ``two_proc`` and ``one_proc``), each resume test's three runs share one.
+(fixtures ``two_proc`` and ``one_proc``; the mid-epoch resume's runs included).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -28,21 +29,47 @@ def losses(output_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _runs(launch, root: Path, runs: dict[str, list[str]], nproc: int) -> dict[str, tuple[Path, object]]:
-    """``runs`` (name -> flags) in ONE ``lerobot_train_runs`` launch, in order; a run without
-    ``--config_path`` writes to ``root/name``. Returns name -> (output_dir, RunOutput)."""
-    argvs = [flags if any(a.startswith("--config_path") for a in flags) else [*flags, f"--output_dir={root / name}"]
-             for name, flags in runs.items()]
-    outs = launch.lerobot_train_runs(*argvs, nproc=nproc)
-    return {name: (root / name, out) for name, out in zip(runs, outs, strict=True)}
+def _runs(launch, root: Path, runs: dict, nproc: int) -> dict[str, tuple[Path, object]]:
+    """``runs`` (name -> flags, or a ``launch.TreeDigest``, which is no run) in ONE ``lerobot_train_runs``
+    launch, in order; a run without ``--config_path`` writes to ``root/name``. Returns name ->
+    (output_dir, RunOutput) for the runs, name -> (digest file, TreeDigest) for the digests."""
+    items = [flags if isinstance(flags, launch.TreeDigest) or any(a.startswith("--config_path") for a in flags)
+             else [*flags, f"--output_dir={root / name}"] for name, flags in runs.items()]
+    outs = iter(launch.lerobot_train_runs(*items, nproc=nproc))
+    return {name: (flags.path, flags) if isinstance(flags, launch.TreeDigest) else (root / name, next(outs))
+            for name, flags in runs.items()}
+
+
+def _mid_epoch_resume(launch, root: Path, nproc: int) -> dict:
+    """The mid-epoch resume's runs on ``nproc`` processes: a 20-step run, a 16-step run, its step-16
+    checkpoint digested, and its resume to 20. Two episodes (98 frames) and a global batch of 8: an
+    epoch ends after 12 steps, so the resume at step 16 (sample 128) is mid-epoch in epoch 1. ACT
+    (dropout, VAE sampling) checks the RNG restore."""
+    args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
+            "--policy.dim_model=32",
+            "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1",
+            "--policy.chunk_size=5", "--policy.n_action_steps=5", f"--batch_size={8 // nproc}", "--log_freq=1",
+            "--save_freq=16"]
+    half = root / "act_half"
+    return {
+        "act_full": [*args, "--steps=20"],
+        "act_half": [*args, "--steps=16"],
+        "act_at_16": launch.TreeDigest(half / "checkpoints" / "000016", root / "act_at_16.json"),
+        "act_resumed": ["--resume=true", f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json",
+                        "--steps=20"],
+    }
 
 
 @pytest.fixture(scope="module")
 def two_proc(launch, tmp_path_factory):
-    """The file's 2-process runs that need nothing between them, in one torchrun launch: DDP and FSDP2
-    on a global batch of 8, and the base run of the other-world-size resume (resumed in ``one_proc``)."""
+    """The file's 2-process runs, in one torchrun launch: the mid-epoch resume's first (their stderr is
+    checked: nothing before them could have printed a once-per-process warning out of their sight),
+    then DDP and FSDP2 on a global batch of 8, and the base run of the other-world-size resume (resumed
+    in ``one_proc``)."""
+    root = tmp_path_factory.mktemp("cli_x2")
     common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=4"]
-    return _runs(launch, tmp_path_factory.mktemp("cli_x2"), {
+    return _runs(launch, root, {
+        **_mid_epoch_resume(launch, root, 2),
         "two": common,
         "fsdp": [*common, "--parallelism.dp_shard=-1"],
         "ws_two": [*MLP, "--batch_size=4", "--log_freq=2", "--save_freq=4", "--steps=4"],
@@ -52,13 +79,15 @@ def two_proc(launch, tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_proc(launch, tmp_path_factory, two_proc):
     """The file's 1-process runs in one launch. ``single`` comes first and must print nothing on stderr,
-    so nothing a later run might print only once per process can hide there; the other-world-size resume
-    (the one other run whose stderr is checked) comes right after it."""
+    the mid-epoch resume's runs next (no "warning" on their stderr), then the other-world-size resume
+    (exactly one warning line): so nothing that a run might print only once per process can hide from
+    a later run whose stderr is checked."""
     root = tmp_path_factory.mktemp("cli_x1")
     pretrained = root / "base" / "checkpoints" / "last" / "pretrained_model"
     return _runs(launch, root, {
         "single": [*MLP, "--steps=6", "--batch_size=4", "--log_freq=2", "--save_freq=4",
                    "--accelerator.gradient_accumulation.steps=2"],
+        **_mid_epoch_resume(launch, root, 1),
         "ws_resumed": ["--resume=true", f"--config_path={two_proc['ws_two'][0]}/checkpoints/last", "--steps=6"],
         "one": [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=8"],
         # lr=0: a fine-tune that cannot move the weights must save exactly what it loaded.
@@ -90,9 +119,10 @@ def test_single_process_banner_metrics_and_checkpoints(one_proc):
     assert (step["step"], step["grad_accum_steps"], step["batch_size"], step["dp_world_size"]) == (6, 2, 4, 1)
 
 
-def test_only_the_main_rank_prints_the_banner(two_proc):
+def test_only_the_main_rank_prints_the_banner(launch, two_proc):
     # every 2-process run prints it once: the launch's total says no other rank printed it in any run
-    assert sum(res.stdout.count("Effective batch size") for _, res in two_proc.values()) == len(two_proc)
+    runs = [res for _, res in two_proc.values() if not isinstance(res, launch.TreeDigest)]
+    assert sum(res.stdout.count("Effective batch size") for res in runs) == len(runs) == 6
 
 
 def test_ddp_two_processes_match_one_process_on_the_same_global_batch(one_proc, two_proc):
@@ -117,31 +147,18 @@ def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(one_proc,
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(launch, tmp_path, nproc):
-    # Two episodes (98 frames) and a global batch of 8: an epoch ends after 12 steps, so the resume at
-    # step 16 (sample 128) is mid-epoch in epoch 1. ACT (dropout, VAE sampling) checks the RNG restore.
-    # The three runs share one launch; the step-16 state is digested before the resume starts.
-    args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
-            "--policy.dim_model=32",
-            "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1",
-            "--policy.chunk_size=5", "--policy.n_action_steps=5", f"--batch_size={8 // nproc}", "--log_freq=1",
-            "--save_freq=16"]
-    full, half = tmp_path / "full", tmp_path / "half"
-    at_16 = launch.TreeDigest(half / "checkpoints" / "000016", tmp_path / "at_16.json")
-    outs = launch.lerobot_train_runs(
-        [*args, "--steps=20", f"--output_dir={full}"],
-        [*args, "--steps=16", f"--output_dir={half}"],
-        at_16,
-        ["--resume=true", f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json", "--steps=20"],
-        nproc=nproc)
-    res = outs[2]
+def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(one_proc, two_proc, nproc):
+    runs = one_proc if nproc == 1 else two_proc  # see _mid_epoch_resume
+    (full, full_res), (half, half_res), (_, at_16), (_, res) = (
+        runs[name] for name in ("act_full", "act_half", "act_at_16", "act_resumed"))
+    # the step-16 state, as the 16-step run left it (digested before the resume started)
     step_file = half / "checkpoints/000016/training_state/training_step.json"
-    assert at_16.read()["training_state/training_step.json"] == launch.tree_digest(step_file.parent)[step_file.name]
+    assert at_16.read()["training_state/training_step.json"] == hashlib.sha256(step_file.read_bytes()).hexdigest()
     state = json.loads(step_file.read_text())
     assert (state["sampler"]["epoch"], state["sampler"]["offset"]) == (1, 128 - 98)
     assert "resuming at step 16" in res.stdout
     # the resume's stderr, and the earlier runs' (a warning printed once per process would show there)
-    for out in outs:
+    for out in (full_res, half_res, res):
         assert "warning" not in out.stderr.lower(), out.stderr
     assert losses(half) == losses(full)  # bitwise: same floats, printed and parsed identically
 
