@@ -1,16 +1,15 @@
 """The flag parser and config tree in-process: precedence, types, presets, round trip."""
 
 import json
+import re
 
 import pytest
-
-from lerobot_trainloop.config import EmaConfig
 from lerobot_ckpt import CheckpointFormat
 from lerobot_cli import configio
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.errors import UsageError
-from lerobot_cli.config import TrainConfig, TrackioConfig
+from lerobot_cli.config import TrackioConfig, TrainConfig
 from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
@@ -24,6 +23,7 @@ from lerobot_parallel.config import (
     MixedPrecisionPolicyConfig,
     ParallelismConfig,
 )
+from lerobot_trainloop.config import EmaConfig
 
 
 def build(*argv: str) -> TrainConfig:
@@ -42,6 +42,60 @@ def test_negative_value_after_space():
 @pytest.mark.parametrize(("raw", "value"), [("true", True), ("1", True), ("false", False), ("0", False), ("True", True)])
 def test_booleans(raw, value):
     assert build(f"--save_checkpoint={raw}").save_checkpoint is value
+
+
+def test_every_boolean_spelling_the_parser_accepts_is_documented():
+    """yes/no/on/off are accepted (any case), so the error text, --help and the README list them too."""
+    from pathlib import Path
+
+    from lerobot_cli.cli import schema
+    from lerobot_cli.cli.help import render_help
+
+    with pytest.raises(UsageError) as exc:
+        build("--save_checkpoint=maybe")
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    paragraph = readme[readme.index("Flags are dotted paths"):].split("\n\n")[0]
+    documented = {w for quoted in re.findall(r"`([^`]*)`", paragraph[:paragraph.index("lists")])
+                  for w in quoted.split("/")}
+    intro = render_help(None).split("\n\n")[1]
+    listed = set(re.findall(r"\w+", re.search(r"expected a boolean \(([^)]*)\)", str(exc.value)).group(1)))
+    for word in schema._TRUE + schema._FALSE:
+        for case in (word, word.upper()):
+            assert build(f"--save_checkpoint={case}").save_checkpoint is (word in schema._TRUE)
+        assert word in listed and word in documented and word in re.findall(r"\w+", intro), word
+
+
+def known_flag_specs():
+    """Every flag of the config tree and of every registered policy's fields."""
+    from lerobot_cli.cli.build import known_flags
+    from lerobot_cli.policies import registry
+
+    specs = dict(known_flags(None))
+    for name in registry.available():
+        specs.update(known_flags(config_class(name)))
+    return specs
+
+
+def test_none_is_the_choice_wherever_it_is_one():
+    """`none` is read as null, except where it is a valid choice: activation checkpointing's default mode
+    (was refused as "cannot be null")."""
+    from lerobot_cli.cli.schema import convert
+
+    with_none = [s for s in known_flag_specs().values() if s.choices and "none" in s.choices]
+    assert [s.path for s in with_none] == ["accelerator.activation_checkpointing.mode"]
+    for spec in with_none:
+        assert convert(spec, "none") == "none"
+    cfg = build("--accelerator.activation_checkpointing.mode=none")
+    assert cfg.accelerator.activation_checkpointing.mode == "none"
+    with pytest.raises(UsageError, match=r"mode cannot be null \(expected str; choose from none, full, selective\)"):
+        build("--accelerator.activation_checkpointing.mode=null")
+
+
+def test_a_resume_can_turn_activation_checkpointing_off(tmp_path):
+    saved = build("--policy.type=mlp", "--accelerator.activation_checkpointing.mode=full")
+    configio.save_train_config(saved, tmp_path)
+    cfg = build(f"--config_path={tmp_path}", "--resume=true", "--accelerator.activation_checkpointing.mode=none")
+    assert cfg.accelerator.activation_checkpointing.mode == "none" and cfg.resume
 
 
 def test_bare_boolean_flag():

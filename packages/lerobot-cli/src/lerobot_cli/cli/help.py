@@ -14,7 +14,8 @@ _INTRO = """\
 usage: lerobot-train [--config_path=FILE] [--policy.type=NAME | --policy.path=DIR] [--SECTION.FIELD=VALUE ...]
 
 Train a LeRobot policy on one process, or many with torchrun / accelerate launch (DDP, FSDP2, HSDP).
-Values: --a.b=value or --a.b value; booleans true/false/1/0; lists and objects as JSON; null for none.
+Values: --a.b=value or --a.b value; booleans true/false, 1/0, yes/no or on/off; lists and objects as JSON;
+null (or none) for no value, except where none is one of the flag's choices.
 """
 
 

@@ -21,6 +21,8 @@ from lerobot_cli.configio import resolve_all_types
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _NULL = ("null", "none")
+# What a boolean flag accepts, as the error and the README list it (case-insensitive).
+BOOLEAN_SPELLINGS = "true/false, 1/0, yes/no or on/off"
 
 
 @define(frozen=True)
@@ -112,16 +114,20 @@ def convert(spec: FlagSpec, raw: str) -> Any:
     flag = f"--{spec.path}"
     inner, optional = unwrap_optional(spec.type)
     text = raw.strip()
+    if spec.choices is not None and text in spec.choices:
+        # A choice spelled like null (activation checkpointing's `none`, its default) is that choice.
+        return text
     if text.lower() in _NULL:
         if optional:
             return None
-        raise UsageError(f"{flag} cannot be null (expected {type_name(spec.type)})")
+        choose = f"; choose from {', '.join(spec.choices)}" if spec.choices else ""
+        raise UsageError(f"{flag} cannot be null (expected {type_name(spec.type)}{choose})")
     if inner is bool:
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        raise UsageError(f"{flag}: expected a boolean (true/false/1/0), got {raw!r}")
+        raise UsageError(f"{flag}: expected a boolean ({BOOLEAN_SPELLINGS}), got {raw!r}")
     if inner is int:
         try:
             return int(text)
