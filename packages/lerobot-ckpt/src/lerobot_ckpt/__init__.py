@@ -43,6 +43,7 @@ from lerobot_ckpt.errors import (
     OptimizerMismatchError,
     OutputExistsError,
     StateMismatchError,
+    UnsafeCheckpointError,
     UnsupportedCheckpointError,
 )
 from lerobot_ckpt.layout import CheckpointPaths, checkpoints_dir, step_dir_name
@@ -112,6 +113,7 @@ __all__ = [
     "StateMismatchError",
     "TrainingObjects",
     "TrainingStepRecord",
+    "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
     "checkpoints_dir",
     "convert_dcp",

@@ -12,8 +12,9 @@ shards on an FSDP2/HSDP one. The checkpoint is then read *into* them:
   ``set_optimizer_state_dict(full_state_dict=True)``, which keeps each rank's shard).
 
 Everything is checked first (DCP metadata: keys, global shapes, every shard file present, long
-enough and framed as ``torch.save`` records; safetensors headers; optimizer groups and shapes), so a
-mismatch or a shard overwritten with other bytes raises before anything changes. After the checks, reading happens in place: an I/O error in the middle of it (a disk
+enough and framed as ``torch.save`` records, no record whose pickle could run code; safetensors
+headers; optimizer groups, shapes and the types of param-group settings), so a mismatch, a crafted
+entry or a shard overwritten with other bytes raises before anything changes. After the checks, reading happens in place: an I/O error in the middle of it (a disk
 failing during the resume) can leave a partly loaded model, which the raised error makes visible.
 """
 
@@ -36,6 +37,7 @@ from lerobot_ckpt.dcp.save_load import (
     load_dcp,
     stored_optimizer_fqns,
 )
+from lerobot_ckpt.dcp.untrusted import check_untrusted
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
     CorruptCheckpointError,
@@ -55,7 +57,7 @@ from lerobot_ckpt.state.fqn import (
     param_fqns,
 )
 from lerobot_ckpt.state.model import mismatch
-from lerobot_ckpt.state.optimizer import apply_optimizer, read_optimizer
+from lerobot_ckpt.state.optimizer import apply_optimizer, check_param_groups, read_optimizer
 from lerobot_ckpt.state.record import TrainingStepRecord
 
 Step = Callable[[], None]
@@ -107,12 +109,22 @@ class PreparedState:
             step()
 
 
-def _checked_index(directory) -> DcpIndex:
-    """A DCP directory's index once every shard file is present, long enough and framed as a record."""
+def _checked_index(directory) -> tuple[DcpIndex, dict]:
+    """A DCP directory's index once every shard file is present, long enough, framed as a record and
+    free of records that could run code; with its decoded non-tensor entries (plain data) by path."""
     index = DcpIndex.read(directory)
     index.check_files()
     index.check_records()
-    return index
+    return index, check_untrusted(index)
+
+
+def _stored_groups(plain: dict) -> list[dict]:
+    """The param groups a DCP optimizer directory stores, from its decoded entries."""
+    groups: dict[int, dict] = {}
+    for path, value in plain.items():
+        if len(path) == 4 and path[:2] == (OPTIMIZER_KEY, "param_groups"):
+            groups.setdefault(int(path[2]), {})[str(path[3])] = value
+    return [groups[g] for g in sorted(groups)]
 
 
 def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Module | None,
@@ -130,7 +142,7 @@ def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Modul
         return None
     by_caller = art.peft_adapter and adapter_state is None  # the caller's apply_adapter gets full tensors
     if art.model_dcp:
-        index = _checked_index(paths.model_dcp)
+        index, _ = _checked_index(paths.model_dcp)
         if by_caller:
             with ChunkReader(index.directory) as reader:
                 tensors = {k: read_full_tensor(reader, t, k) for k, t in index.under(MODEL_KEY).items()}
@@ -156,9 +168,10 @@ def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Mod
     params = list(chain.from_iterable(g["params"] for g in optimizer.param_groups))
     fqns = param_fqns(model, optimizer)
     if art.optimizer_dcp:
-        index = _checked_index(paths.optimizer_dcp)
+        index, plain = _checked_index(paths.optimizer_dcp)
         check_optimizer(index, {f: tuple(p.shape) for f, p in zip(fqns, params, strict=True)},
                         len(optimizer.param_groups))
+        check_param_groups(index.directory, _stored_groups(plain), optimizer.state_dict()["param_groups"])
         stored = set(stored_optimizer_fqns(index))
 
         def load() -> None:
@@ -224,7 +237,7 @@ def ema_step(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Mo
     ema_paths = paths.ema
     targets = _ema_targets(model, dict(ema), adapter_state)
     if art.ema_dcp:
-        index = _checked_index(ema_paths.model_dcp)
+        index, _ = _checked_index(ema_paths.model_dcp)
         check_model(index, targets, subset=True)
         return lambda: load_dcp(ema_paths.model_dcp, MODEL_KEY, targets, collective=collective)
     file = ema_paths.adapter_weights if art.peft_adapter else ema_paths.model_weights

@@ -59,6 +59,10 @@ class UnsupportedCheckpointError(CheckpointError):
     """A checkpoint this version cannot load: a newer record format, or artifacts not readable here."""
 
 
+class UnsafeCheckpointError(UnsupportedCheckpointError):
+    """An entry whose unpickling could run code (a crafted or foreign record): never loaded."""
+
+
 class OutputExistsError(CheckpointError):
     """A conversion would replace an existing file; the user has to ask for that (``--overwrite``)."""
 

@@ -45,6 +45,7 @@ from lerobot_ckpt.dcp.index import (
     iter_full_tensor_pieces,
     row_slabs,
 )
+from lerobot_ckpt.dcp.untrusted import check_untrusted
 from lerobot_ckpt.errors import (
     CheckpointError,
     CorruptCheckpointError,
@@ -55,9 +56,9 @@ from lerobot_ckpt.errors import (
 from lerobot_ckpt.layout import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    EMA_PRETRAINED_MODEL_DIR,
     MODEL_DCP_DIR,
     MODEL_WEIGHTS,
-    EMA_PRETRAINED_MODEL_DIR,
     PRETRAINED_MODEL_DIR,
     TRAINING_STATE_DIR,
     CheckpointPaths,
@@ -360,6 +361,7 @@ def _convert(where: Located, dtype: DType | None, delete_dcp: bool, overwrite: b
         raise MissingCheckpointFileError(where.dcp, _no_dcp_message(where))
     index = DcpIndex.read(where.dcp)
     index.check_files()
+    check_untrusted(index)  # no record that could run code is decoded, even by the torch fallback
     tensors = model_tensors(index)
     if not tensors:
         raise CorruptCheckpointError(where.dcp, "the shards hold no tensors")

@@ -21,6 +21,7 @@ alike, which is how the tests check both parses agree on real checkpoints.
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections import OrderedDict
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -167,8 +168,17 @@ def load_metadata(path: Path) -> Metadata:
     """The stand-in ``Metadata`` of a ``.metadata`` file; :class:`CorruptCheckpointError` when it is
     not one, :class:`UnsupportedCheckpointError` when it names a class this reader does not know."""
     try:
-        with open(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CorruptCheckpointError(path, f"cannot read DCP metadata: {exc}") from None
+    return parse_metadata(data, path)
+
+
+def parse_metadata(data: bytes, path: Path) -> Metadata:
+    """:func:`load_metadata` of bytes already read: the bytes a torch-side reader then unpickles with
+    torch's own classes once this accepted them (only the globals listed above can occur in them)."""
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except UnknownGlobal as exc:
         raise UnsupportedCheckpointError(
             f"{path}: the DCP metadata refers to {exc.qualified}, which lerobot-ckpt's metadata reader does not "

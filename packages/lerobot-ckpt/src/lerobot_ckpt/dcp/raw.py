@@ -70,6 +70,11 @@ def _rebuild_v3(storage, storage_offset, size, stride, _requires_grad, _hooks, d
     return _Rebuilt(storage, int(storage_offset), tuple(size), tuple(stride), dtype)
 
 
+class ForeignPickle(pickle.UnpicklingError):
+    """A record's pickle names a global or persistent id that plain checkpoint data never holds: the
+    mark of a crafted (or foreign) record, whose unpickling by a general loader could run code."""
+
+
 class _TensorRecordUnpickler(pickle.Unpickler):
     """Understands a pickled tensor and nothing else (no code runs; unknown globals raise)."""
 
@@ -86,11 +91,11 @@ class _TensorRecordUnpickler(pickle.Unpickler):
             return None
         if module == "torch" and (dtype := by_name(name)) is not None:
             return dtype
-        raise pickle.UnpicklingError(f"unexpected global {module}.{name}")
+        raise ForeignPickle(f"the global {module}.{name}")
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+            raise ForeignPickle(f"the persistent id {str(pid)[:60]}")
         return _Storage(str(pid[2]), pid[1])
 
 
@@ -112,28 +117,51 @@ def _data_start(window: _Window, info: zipfile.ZipInfo) -> int:
     return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
 
 
-def locate(raw: io.RawIOBase, chunk: StoredChunk, dtype: DType) -> RawTensor | None:
-    """The chunk's bytes in the open shard file ``raw``, or None when only ``torch.load`` can read it."""
-    window = _Window(raw, chunk.start, chunk.length)
+def _parse(window: _Window) -> tuple[_Rebuilt, zipfile.ZipInfo, int] | None:
+    """The record's rebuild call, its storage entry and where the storage bytes start; None when the
+    record is not a plain little-endian, uncompressed tensor record. Raises :class:`ForeignPickle` when its
+    pickle names a global or persistent id a tensor record never holds (see :func:`check_tensor_record`)."""
+    with zipfile.ZipFile(window) as archive:
+        names = archive.namelist()
+        pkl = next((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")), None)
+        if pkl is None:
+            return None
+        prefix = pkl[: -len("data.pkl")]
+        order = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names else "little"
+        if order != sys.byteorder:
+            return None
+        rebuilt = _TensorRecordUnpickler(io.BytesIO(archive.read(pkl))).load()
+        if not isinstance(rebuilt, _Rebuilt):
+            return None
+        info = archive.getinfo(f"{prefix}data/{rebuilt.storage.key}")
+        if info.compress_type != zipfile.ZIP_STORED:
+            return None
+        return rebuilt, info, _data_start(window, info)
+
+
+def check_tensor_record(raw: io.RawIOBase, chunk: StoredChunk) -> str | None:
+    """Why the record of ``chunk`` is not a plain tensor record (the global or persistent id its pickle
+    names), or None. Only :class:`ForeignPickle` counts: a record that is merely unusual (compressed,
+    other byte order) or damaged is left to ``torch.load(weights_only=True)``, which reads or refuses it
+    without running code."""
     try:
-        with zipfile.ZipFile(window) as archive:
-            names = archive.namelist()
-            pkl = next((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")), None)
-            if pkl is None:
-                return None
-            prefix = pkl[: -len("data.pkl")]
-            order = archive.read(prefix + "byteorder").decode() if prefix + "byteorder" in names else "little"
-            if order != sys.byteorder:
-                return None
-            rebuilt = _TensorRecordUnpickler(io.BytesIO(archive.read(pkl))).load()
-            if not isinstance(rebuilt, _Rebuilt):
-                return None
-            info = archive.getinfo(f"{prefix}data/{rebuilt.storage.key}")
-            if info.compress_type != zipfile.ZIP_STORED:
-                return None
-            start = _data_start(window, info)
+        _parse(_Window(raw, chunk.start, chunk.length))
+    except ForeignPickle as exc:
+        return str(exc)
     except (zipfile.BadZipFile, pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error):
         return None
+    return None
+
+
+def locate(raw: io.RawIOBase, chunk: StoredChunk, dtype: DType) -> RawTensor | None:
+    """The chunk's bytes in the open shard file ``raw``, or None when only ``torch.load`` can read it."""
+    try:
+        parsed = _parse(_Window(raw, chunk.start, chunk.length))
+    except (zipfile.BadZipFile, pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error):
+        return None
+    if parsed is None:
+        return None
+    rebuilt, info, start = parsed
     numel = 1
     for d in rebuilt.size:
         numel *= d

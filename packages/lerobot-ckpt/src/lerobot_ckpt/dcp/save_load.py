@@ -20,8 +20,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from lerobot_ckpt._collective import describe
-from lerobot_ckpt.dcp.index import MODEL_KEY, OPTIMIZER_KEY, DcpIndex
+from lerobot_ckpt.dcp.index import METADATA_FILE, MODEL_KEY, OPTIMIZER_KEY, DcpIndex
+from lerobot_ckpt.dcp.metadata import load_metadata
+from lerobot_ckpt.dcp.safe_reader import SafePlanner, SafeReader
 from lerobot_ckpt.errors import (
+    CheckpointError,
     CheckpointSaveError,
     CheckpointWriteError,
     CorruptCheckpointError,
@@ -73,12 +76,14 @@ def save_dcp(directory: Path, key: str, state: dict[str, Any], *, process_group:
         raise _translate(exc, directory) from None
 
 
-def _translate_read(exc: CheckpointException, directory: Path) -> CorruptCheckpointError:
+def _translate_read(exc: CheckpointException, directory: Path) -> CheckpointError:
     """A failed DCP read as one line: the lowest failing rank's error, the same on every rank."""
     failure = _lowest_failure(exc)
     if failure is None:
         return CorruptCheckpointError(directory, f"a shard could not be read: {str(exc).splitlines()[0]}")
     rank, inner = failure
+    if isinstance(inner, CheckpointError):  # our own reader's verdict (e.g. an entry that could run code)
+        return inner
     cause = describe(inner).split(". ")[0][:160]  # torch's own advice after the first sentence does not apply
     return CorruptCheckpointError(
         directory, f"rank {rank} could not decode a shard ({cause}); the files were damaged after the save: "
@@ -89,15 +94,18 @@ def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: 
     """Read ``directory`` into ``targets`` in place; DCP reads only each rank's part of each tensor.
 
     ``collective=False`` (plain tensors: one process, or each DDP rank on its own) skips DCP's
-    planning collectives, so it also works without a process group. A shard torch cannot decode
+    planning collectives, so it also works without a process group. Nothing read runs code
+    (:mod:`lerobot_ckpt.dcp.safe_reader`). A shard torch cannot decode
     (damage the framing checks before the read did not see) raises :class:`CorruptCheckpointError`,
     not DCP's multi-rank traceback dump; ``targets`` may then be partly loaded.
     """
+    load_metadata(directory / METADATA_FILE)  # a refusal in our words (DCP would bury it in its own)
     holder = {key: targets}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(holder, storage_reader=dcp.FileSystemReader(directory), no_dist=not collective)
+            dcp.load(holder, storage_reader=SafeReader(directory), planner=SafePlanner(directory),
+                     no_dist=not collective)
         except CheckpointException as exc:
             raise _translate_read(exc, directory) from None
     if holder[key] is not targets:  # DCP replaces non-tensor leaves; keep the caller's dict current
@@ -108,6 +116,10 @@ def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: 
 def check_model(index: DcpIndex, targets: dict[str, torch.Tensor], *, subset: bool = False) -> None:
     """The shards hold exactly the model's keys with the same global shapes (before any change);
     ``subset``: at least ``targets``' keys (an EMA shadow's, read from a full state)."""
+    foreign = [".".join(map(str, p)) for p in index.other_paths if p[:1] == (MODEL_KEY,)]
+    if foreign:
+        raise ModelMismatchError(f"{index.directory} holds non-tensor model entries ({few(foreign)}); model "
+                                 "weights are tensors only, so it is not a model checkpoint lerobot-ckpt loads")
     stored = index.under(MODEL_KEY)
     problem = mismatch(targets, stored, subset=subset)
     if problem:

@@ -12,6 +12,7 @@ JSON. With those the round trip is exact.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import torch
@@ -87,6 +88,7 @@ def read_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> 
     _check_fits(paths, raw_groups, state, optimizer)
     current = optimizer.state_dict()["param_groups"]
     groups = [json_codec.like(group, current[g], fetch) for g, group in enumerate(raw_groups)]
+    check_param_groups(paths.optimizer_param_groups, groups, current)
     return {"state": {i: state[i] for i in sorted(state)}, "param_groups": groups}
 
 
@@ -119,6 +121,48 @@ def _check_fits(paths: CheckpointPaths, groups: list[dict], state: dict[int, dic
             f"{paths.optimizer_state} does not match the optimizer's parameters: {len(wrong)} "
             f"state tensor(s) with another shape: {few(wrong)}"
         )
+
+
+_NON_NEGATIVE = {"lr", "initial_lr", "max_lr", "min_lr", "weight_decay", "eps"}
+
+
+def _kind_problem(saved: Any, live: Any) -> str | None:
+    """Why ``saved`` cannot stand where the live optimizer holds ``live``, or None."""
+    if live is None:  # an optional setting (foreach, fused) unset here
+        return None if saved is None or isinstance(saved, bool | int | float | str) else f"a {type(saved).__name__}"
+    if isinstance(live, bool):  # None: the same optional switch, unset when saved
+        return None if saved is None or isinstance(saved, bool) else f"{saved!r}, not a boolean"
+    if isinstance(live, int | float) or (isinstance(live, torch.Tensor) and live.ndim == 0):
+        number = (isinstance(saved, int | float) and not isinstance(saved, bool)) or \
+            (isinstance(saved, torch.Tensor) and saved.ndim == 0 and saved.is_floating_point())
+        if not number:
+            return f"{saved!r}, not a number"
+        return None if math.isfinite(float(saved)) else f"{float(saved)}, not a finite number"
+    if isinstance(live, list | tuple):
+        if not isinstance(saved, list | tuple) or len(saved) != len(live):
+            return f"{saved!r}, not {len(live)} values"
+        return next((p for p in map(_kind_problem, saved, live) if p is not None), None)
+    if isinstance(live, str):
+        return None if isinstance(saved, str) else f"{saved!r}, not a string"
+    return None
+
+
+def check_param_groups(source: Any, saved: list[dict[str, Any]], live: list[dict[str, Any]]) -> None:
+    """Each saved param-group setting has the live one's type (numbers finite, rates ≥ 0), before any
+    change: a checkpoint's ``lr`` that is a string, ``None`` or a crafted object would otherwise be
+    trained with silently (or read as 0). ``source`` names the file in the error."""
+    for g, (group, current) in enumerate(zip(saved, live, strict=True)):
+        for key, value in group.items():
+            if key == "params" or key not in current:
+                continue
+            problem = _kind_problem(value, current[key])
+            if problem is None and key in _NON_NEGATIVE and isinstance(value, int | float | torch.Tensor) \
+                    and float(value) < 0:
+                problem = f"{float(value)}, which is negative"
+            if problem is not None:
+                raise CorruptCheckpointError(
+                    source, f"param group {g}'s {key} is {problem}; the optimizer holds {current[key]!r} there "
+                    "(the checkpoint was edited or written by another program)")
 
 
 def apply_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
