@@ -62,7 +62,7 @@ def check(directory: Path, digests: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:  # a second build must write the same bytes
         again = write(Path(tmp))
     assert again == digests, f"the tokenizer is not deterministic: {digests} != {again}"
-    tok = AutoTokenizer.from_pretrained(str(directory))
+    tok = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     ids = tok(DEMO_TASK)["input_ids"]
     builder = _builder()
     assert ids[0] == builder.BOS_ID and len(ids) == 1 + len(DEMO_TASK.encode()), ids

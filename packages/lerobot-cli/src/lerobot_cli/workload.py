@@ -21,6 +21,7 @@ from torch import nn
 
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.custom_code import CustomCodeError
 from lerobot_cli.datasets import (
     DatasetError,
     LeRobotDataset,
@@ -167,19 +168,22 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
             pre, post = make_pre_post_processors(policy_cfg, dataset.meta.stats, device=device)
         except MissingStatsError as exc:
             raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
-    _load_tokenizers(pre)
+        source = None
+    named_by = "--policy.tokenizer_name" if source is None else f"{source / PREPROCESSOR_CONFIG}: tokenizer_name"
+    _load_tokenizers(pre, named_by)
     return Workload(dataset, policy_cfg, policy, pre, post, eval_dataset, split)
 
 
-def _load_tokenizers(pre) -> None:
-    """Load the pre-processor's tokenizers now: a tokenizer that cannot be found must stop the run at
-    start-up with its one sentence, not at the first batch after the model was built and sharded."""
+def _load_tokenizers(pre, setting: str) -> None:
+    """Load the pre-processor's tokenizers now: a tokenizer that cannot be found (or that comes with its
+    own code) must stop the run at start-up with its one sentence, not at the first batch after the model
+    was built and sharded. ``setting``: what named the tokenizer (the flag, or the pipeline file)."""
     for step in pre.steps:
         if isinstance(step, TokenizerStep):
             try:
                 step.tokenizer  # noqa: B018 - the property loads it
-            except TokenizerUnavailableError as exc:
-                raise UsageError(exc.naming("--policy.tokenizer_name")) from None
+            except (TokenizerUnavailableError, CustomCodeError) as exc:
+                raise UsageError(exc.naming(setting)) from None
 
 
 def stats_error_message(path: Path, exc: MissingStatsError) -> str:

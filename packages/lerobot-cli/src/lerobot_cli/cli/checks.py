@@ -29,6 +29,7 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
     if cfg.eval_steps > 0 and cfg.dataset.eval_split == 0:
         raise UsageError(f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
                          "--dataset.eval_split=FRACTION (e.g. 0.1), or --eval_steps=0")
+    check_custom_code(cfg)
     if cfg.peft is not None:
         check_peft(cfg)
     if cfg.trackio.enable:
@@ -36,6 +37,25 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
 
         if not trackio_available():
             raise UsageError(missing_trackio_message())
+
+
+def check_custom_code(cfg: TrainConfig) -> None:
+    """A tokenizer directory that names its own Python code is refused before torch (never run, never a
+    "[y/N]" prompt): the one ``--policy.tokenizer_name`` names, and those a ``--policy.path``'s
+    ``policy_preprocessor.json`` names (the pipeline it brings). The loader checks again for the rest."""
+    from lerobot_ckpt.layout import PREPROCESSOR_CONFIG
+
+    from lerobot_cli.custom_code import CustomCodeError, refuse_custom_code, tokenizers_named_in
+
+    named = [("--policy.tokenizer_name", getattr(cfg.policy, "tokenizer_name", None))]
+    if cfg.policy.pretrained_path:
+        file = Path(cfg.policy.pretrained_path) / PREPROCESSOR_CONFIG
+        named += [(f"{file}: tokenizer_name", name) for name in tokenizers_named_in(file)]
+    for setting, name in named:
+        try:
+            refuse_custom_code(name)
+        except CustomCodeError as exc:
+            raise UsageError(exc.naming(setting)) from None
 
 
 def check_peft(cfg: TrainConfig) -> None:

@@ -9,7 +9,8 @@ The tokenizer is a ``transformers.AutoTokenizer`` loaded from ``tokenizer_name``
 directory) on first use, not when the step is built: reading a pipeline file must not need the
 tokenizer, nor import ``transformers``. A tokenizer that cannot be found raises ``TokenizerUnavailableError``
 (one sentence: which tokenizer, and the two ways to make it available) instead of transformers' long
-connection or validation errors.
+connection or validation errors. One that comes with its own Python code is never run: it raises
+``CustomCodeError`` (see ``lerobot_cli.custom_code``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from lerobot_cli.custom_code import (
+    TOKENIZER_STEP,
+    CustomCodeError,
+    is_custom_code_refusal,
+    refuse_custom_code,
+)
 from lerobot_cli.processors.steps import Batch, ProcessorStep, register_step
 
 TOKENS = "observation.language.tokens"
@@ -63,12 +70,17 @@ def _unavailable_message(name: str, reason: str, setting: str = "policy.tokenize
 
 
 def load_tokenizer(name: str) -> Any:
-    """``AutoTokenizer.from_pretrained(name)``, with a missing tokenizer reported as one sentence."""
+    """``AutoTokenizer.from_pretrained(name, trust_remote_code=False)``, with a missing tokenizer reported as
+    one sentence (:class:`TokenizerUnavailableError`) and one that comes with its own Python code refused
+    (:class:`~lerobot_cli.custom_code.CustomCodeError`): never run, and never a "[y/N]" prompt on a rank."""
+    refuse_custom_code(name)
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError) as exc:  # offline / not cached / gated / bad repo id / empty directory
+        if is_custom_code_refusal(exc):  # a Hub repo whose tokenizer exists only as its own code
+            raise CustomCodeError(name, "it names custom Python code (auto_map) for its tokenizer") from None
         raise TokenizerUnavailableError(name, _first_sentence(exc) or type(exc).__name__) from exc
 
 
@@ -94,7 +106,7 @@ def _device_of(batch: Batch) -> torch.device | None:
 class TokenizerStep(ProcessorStep):
     """Tokenize ``batch[task_key]`` with padding/truncation to ``max_length`` (LeRobot's rules)."""
 
-    registry_name: ClassVar[str] = "tokenizer_processor"
+    registry_name: ClassVar[str] = TOKENIZER_STEP
 
     def __init__(self, tokenizer_name: str | None = None, max_length: int = 512, task_key: str = "task",
                  padding_side: str = "right", padding: str = "max_length", truncation: bool = True) -> None:
