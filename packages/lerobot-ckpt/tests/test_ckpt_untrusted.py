@@ -216,3 +216,16 @@ def test_the_exploit_is_real(tmp_path, marker):
     torch.load(io.BytesIO(exploit_record(marker)), weights_only=False)
     assert marker.exists()
     assert Exploit(marker).__reduce__()[1] == (f"touch {marker}",)
+
+
+def test_the_converter_refuses_a_non_tensor_weight_entry_and_writes_nothing(tmp_path):
+    """Converting only the tensors would drop the entry silently (it used to, exit 0)."""
+    path = tmp_path / "000002"
+    _save(path)
+    model_dir = path / "pretrained_model/pytorch_model_fsdp_0"
+    state = {"model": {**get_model_state_dict(_model()), "extra": 3}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(model_dir, overwrite=True), no_dist=True)
+    with pytest.raises(CorruptCheckpointError, match=r"pytorch_model_fsdp_0: 1 weight entry is not a tensor "
+                                                     r"\(model\.extra\); weight shards hold tensors only"):
+        convert_dcp(path)
+    assert sorted(p.name for p in (path / "pretrained_model").iterdir()) == ["pytorch_model_fsdp_0"]

@@ -341,12 +341,13 @@ def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None,
     verify = delete_dcp if verify is None else verify
     where = locate(checkpoint_dir)
     ema = where.ema_sibling
-    if ema is not None and where.dcp.is_dir():  # both outputs checked before either is written
+    if ema is not None and where.dcp.is_dir():  # both checked before either is written
+        ema_tensors, tensors = _checked_tensors(ema), _checked_tensors(where)
         _check_output(ema, overwrite)
         _check_output(where, overwrite)
-        ema_result = _convert(ema, dtype, delete_dcp, overwrite, verify, progress)
-        return attrs.evolve(_convert(where, dtype, delete_dcp, overwrite, verify, progress), ema=ema_result)
-    return _convert(where, dtype, delete_dcp, overwrite, verify, progress)
+        ema_result = _convert(ema, ema_tensors, dtype, delete_dcp, overwrite, verify, progress)
+        return attrs.evolve(_convert(where, tensors, dtype, delete_dcp, overwrite, verify, progress), ema=ema_result)
+    return _convert(where, _checked_tensors(where), dtype, delete_dcp, overwrite, verify, progress)
 
 
 def _check_output(where: Located, overwrite: bool) -> None:
@@ -354,17 +355,30 @@ def _check_output(where: Located, overwrite: bool) -> None:
         raise OutputExistsError(f"{where.output} already exists; pass --overwrite to replace it")
 
 
-def _convert(where: Located, dtype: DType | None, delete_dcp: bool, overwrite: bool, verify: bool,
-             progress: Callable[[Progress], None] | None) -> ConvertResult:
-    t0 = time.monotonic()
+def _checked_tensors(where: Located) -> dict[str, StoredTensor]:
+    """The weights of ``where``'s shards once every file is there and no record could run code;
+    a non-tensor weight entry is refused (a model checkpoint holds tensors only: converting the
+    rest would silently drop it)."""
     if not where.dcp.is_dir():
         raise MissingCheckpointFileError(where.dcp, _no_dcp_message(where))
     index = DcpIndex.read(where.dcp)
     index.check_files()
     check_untrusted(index)  # no record that could run code is decoded, even by the torch fallback
+    if index.other_paths:
+        names = sorted(".".join(map(str, p)) for p in index.other_paths)
+        raise CorruptCheckpointError(
+            where.dcp, f"{len(names)} weight entr{'y is' if len(names) == 1 else 'ies are'} not a tensor "
+            f"({', '.join(names[:3])}{', …' if len(names) > 3 else ''}); weight shards hold tensors only, and "
+            "converting the rest would silently drop them")
     tensors = model_tensors(index)
     if not tensors:
         raise CorruptCheckpointError(where.dcp, "the shards hold no tensors")
+    return tensors
+
+
+def _convert(where: Located, tensors: dict[str, StoredTensor], dtype: DType | None, delete_dcp: bool,
+             overwrite: bool, verify: bool, progress: Callable[[Progress], None] | None) -> ConvertResult:
+    t0 = time.monotonic()
     output = where.output
     _check_output(where, overwrite)
     plan = SafetensorsPlan.build(((name, _out_dtype(t.dtype, dtype), t.shape) for name, t in tensors.items()),
