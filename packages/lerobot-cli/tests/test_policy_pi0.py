@@ -187,6 +187,9 @@ def test_config_json_is_lerobots_when_only_lerobot_settings_are_used():
     ({"paligemma_variant": "gemma_7b"}, r"--policy.paligemma_variant: invalid choice 'gemma_7b'"),
     ({"image_resolution": (56, 42)}, r"--policy.image_resolution must be square"),
     ({"image_resolution": (50, 50)}, r"multiple of the SigLIP patch size 14"),
+    # passed the modulo test, then divided by zero at step 1 (no patch to attend to)
+    ({"image_resolution": (0, 0)}, r"must be \[N, N\] with N a positive multiple of the SigLIP patch size 14"),
+    ({"image_resolution": (-14, -14)}, r"positive multiple of the SigLIP patch size 14 \(e.g. \[224, 224\]\)"),
     ({"n_action_steps": 9}, r"n_action_steps \(9\) cannot be greater than --policy.chunk_size \(4\)"),
     ({"use_relative_actions": True}, r"use_relative_actions=true is not supported here"),
     ({"compile_model": True}, r"compile_model=true is not supported here"),

@@ -30,12 +30,12 @@ from lerobot_cli.datasets import (
     make_dataset,
     resolve_dataset_root,
     resolve_delta_timestamps,
-    split_policy_features,
 )
 from lerobot_cli.datasets.layout import STATS_PATH
 from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.dataset_fit import check_policy_features, policy_config_for_dataset
 from lerobot_cli.policies.features import FeatureType, NormalizationMode
 from lerobot_cli.policies.serialization import load_policy_config
 from lerobot_cli.policies.weights import build_policy, load_policy, without_init_only_fields
@@ -70,18 +70,6 @@ def _datasets(cfg: TrainConfig, meta, delta) -> tuple[LeRobotDataset, LeRobotDat
     root = meta.root
     return (LeRobotDataset(root, episodes=split.train, delta_timestamps=delta),
             LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta), split)
-
-
-def policy_config_for_dataset(policy: PolicyConfig, features: dict) -> PolicyConfig:
-    """Fill the policy's input/output features from the dataset when the config leaves them empty."""
-    if policy.input_features and policy.output_features:
-        return policy
-    inputs, outputs = split_policy_features(dataset_to_policy_features(features))
-    return attrs.evolve(
-        policy,
-        input_features=dict(policy.input_features) or inputs,
-        output_features=dict(policy.output_features) or outputs,
-    )
 
 
 def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source: str) -> None:
@@ -119,6 +107,7 @@ def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -
     and nothing is initialised from pretrained files; a PEFT run still needs its frozen base.
     """
     policy_cfg = policy_config_for_dataset(cfg.policy, features)
+    check_policy_features(policy_cfg)  # before any weight is built (the CLI checked already if it could)
     precision = cfg.accelerator.mixed_precision
     peft_run = cfg.peft is not None or bool(policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path))
     if resuming and not peft_run:

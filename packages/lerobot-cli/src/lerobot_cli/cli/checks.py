@@ -30,6 +30,7 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
         raise UsageError(f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
                          "--dataset.eval_split=FRACTION (e.g. 0.1), or --eval_steps=0")
     check_custom_code(cfg)
+    check_policy_fits_local_dataset(cfg)
     if cfg.peft is not None:
         check_peft(cfg)
     if cfg.trackio.enable:
@@ -37,6 +38,25 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
 
         if not trackio_available():
             raise UsageError(missing_trackio_message())
+
+
+def check_policy_fits_local_dataset(cfg: TrainConfig) -> None:
+    """The policy's feature checks against a dataset already on disk (a camera for pi0/pi05, a diffusion
+    crop inside the images, ...), before torch: a refusal there costs one line, not a traceback per rank.
+    A dataset still to download, or one its reader refuses, is left to the run (it says why)."""
+    from lerobot_cli.datasets.errors import DatasetError
+    from lerobot_cli.datasets.hub import local_dataset_root
+    from lerobot_cli.datasets.metadata import load_meta
+    from lerobot_cli.policies.dataset_fit import check_policy_features, policy_config_for_dataset
+
+    root = local_dataset_root(cfg.dataset)
+    if root is None:
+        return
+    try:
+        policy = policy_config_for_dataset(cfg.policy, load_meta(root).features)
+    except DatasetError:
+        return
+    check_policy_features(policy)
 
 
 def check_custom_code(cfg: TrainConfig) -> None:

@@ -28,6 +28,18 @@ def _has_info(root: Path) -> bool:
     return (root / L.INFO_PATH).is_file()
 
 
+def local_dataset_root(cfg: DatasetConfig) -> Path | None:
+    """Where ``resolve_dataset_root`` would find the dataset without downloading anything; None when it would
+    have to download it (or ``--dataset.root`` holds no dataset: its own error says so later)."""
+    if cfg.root is not None:
+        root = Path(cfg.root).expanduser()
+    elif cfg.repo_id:
+        root = lerobot_home() / cfg.repo_id
+    else:
+        return None
+    return root if _has_info(root) else None
+
+
 def resolve_dataset_root(cfg: DatasetConfig) -> Path:
     """Local root of the dataset ``cfg`` names, downloading it from the Hub only when it is nowhere local.
 

@@ -193,7 +193,8 @@ class DiffusionConfig(PolicyConfig):
             for key, shape in shapes.items():
                 if self.crop_shape[0] > shape[1] or self.crop_shape[1] > shape[2]:
                     raise ValueError(f"--policy.crop_shape {list(self.crop_shape)} does not fit inside {key} "
-                                     f"({shape[1]}x{shape[2]})")
+                                     f"({shape[1]}x{shape[2]}): give at most [{shape[1]}, {shape[2]}], or null for "
+                                     "no crop")
 
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(type="adam", lr=self.optimizer_lr, betas=self.optimizer_betas, eps=self.optimizer_eps,

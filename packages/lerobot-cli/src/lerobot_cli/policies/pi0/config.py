@@ -110,9 +110,11 @@ class PiFlowConfig(PolicyConfig):
             raise ValueError(f"--policy.image_resolution must be square [N, N] (PaliGemma's SigLIP), "
                              f"got {list(self.image_resolution)}")
         patch = VISION_VARIANTS[self.vision_variant].patch_size
-        if self.image_resolution[0] % patch:
-            raise ValueError(f"--policy.image_resolution must be a multiple of the SigLIP patch size {patch}, "
-                             f"got {list(self.image_resolution)}")
+        side = self.image_resolution[0]
+        # 0 and negative multiples pass a plain modulo test; a 0-patch image divided by zero at step 1.
+        if isinstance(side, bool) or not isinstance(side, int) or side < patch or side % patch:
+            raise ValueError(f"--policy.image_resolution must be [N, N] with N a positive multiple of the SigLIP "
+                             f"patch size {patch} (e.g. [{16 * patch}, {16 * patch}]), got {list(self.image_resolution)}")
         if self.empty_cameras < 0:
             raise ValueError(f"--policy.empty_cameras must be ≥ 0, got {self.empty_cameras}")
         vlm, expert = GEMMA_VARIANTS[self.paligemma_variant], GEMMA_VARIANTS[self.action_expert_variant]
@@ -138,8 +140,10 @@ class PiFlowConfig(PolicyConfig):
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""
         if not self.image_features and self.empty_cameras == 0:
-            raise ValueError(f"{self.type} needs at least one camera (observation.images.*) or "
-                             f"--policy.empty_cameras ≥ 1; got inputs {sorted(self.input_features) or 'none'}")
+            raise ValueError(f"{self.type} needs a camera, but the dataset has none (no observation.images.* among "
+                             f"its inputs {sorted(self.input_features) or 'none'}): pass --policy.empty_cameras=1 to "
+                             "train with a blank, masked camera image instead (LeRobot's option), or use a dataset "
+                             "with a camera")
         if self.action_feature is None:
             raise ValueError(f"{self.type} needs an 'action' output feature; got {sorted(self.output_features) or 'none'}")
         for what, feature, limit in (("state", self.robot_state_feature, self.max_state_dim),
