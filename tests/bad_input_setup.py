@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +102,9 @@ def apply_edit(root: Path, edit: dict[str, Any]) -> None:
         target.write_bytes(data[: len(data) // 2])
     elif op == "garble":  # same size, other bytes: every size check passes, the content is garbage
         target.write_bytes(random.Random(0).randbytes(target.stat().st_size))
+    elif op == "header_length":  # a safetensors file whose 8-byte header length says [file, length]
+        data = target.read_bytes()
+        target.write_bytes(struct.pack("<Q", int(args[1])) + data[8:])
     elif op == "write":
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(args[1])

@@ -171,6 +171,33 @@ def test_unknown_step_and_missing_state_file_fail_clearly(tmp_path):
             "rename_observations_processor"} <= set(STEP_REGISTRY)
 
 
+def test_every_pipeline_file_problem_is_a_checkpoint_error_naming_the_file(tmp_path):
+    """What lerobot-train prints as one line (a CheckpointError), never a traceback; nothing is imported."""
+    from lerobot_ckpt import CheckpointError, CorruptCheckpointError
+    from lerobot_cli.processors.pipeline import ProcessorFileError
+
+    file = tmp_path / "p.json"
+    cases = [
+        ({"steps": [{"class": "os.system", "config": {"command": "touch RAN"}}]},
+         r"p.json: step 0 names the Python class 'os.system', which is never imported"),
+        ({"steps": [{"registry_name": "device_processor", "config": {"devise": "cpu"}}]},
+         r"p.json: step 0 \(device_processor\): .*devise"),
+        ({"steps": {"registry_name": "device_processor"}}, r"p.json must hold a JSON object with a 'steps' list"),
+        ("{not json", r"p.json is not a readable JSON file"),
+    ]
+    for content, message in cases:
+        file.write_text(content if isinstance(content, str) else json.dumps(content))
+        with pytest.raises(ProcessorFileError, match=message):
+            ProcessorPipeline.from_pretrained(tmp_path, "p.json")
+    assert not (tmp_path / "RAN").exists() and issubclass(ProcessorFileError, CheckpointError)
+    pre, post = make_pre_post_processors(_config(), _stats())
+    save_processors(pre, post, tmp_path)
+    state = tmp_path / "policy_preprocessor_step_3_normalizer_processor.safetensors"
+    state.write_bytes(state.read_bytes()[:40])  # truncated: the weights' own sentence (read_tensors)
+    with pytest.raises(CorruptCheckpointError, match=r"normalizer_processor.safetensors: not a readable safetensors"):
+        load_processors(tmp_path)
+
+
 def test_rename_and_device_override(tmp_path):
     pre, post = make_pre_post_processors(_config(), _stats(), device="cuda:1",
                                          rename_map={"observation.images.cam": "observation.images.top"})

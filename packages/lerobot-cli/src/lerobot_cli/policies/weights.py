@@ -15,9 +15,9 @@ from pathlib import Path
 
 import attrs
 import torch
-from lerobot_ckpt import pretrained_weights_file
+from lerobot_ckpt import pretrained_weights_file, read_tensors
 from lerobot_ckpt.layout import MODEL_WEIGHTS
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lerobot_cli.policies import registry
@@ -79,7 +79,9 @@ def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True) ->
     file = Path(file)
     if not file.is_file():
         raise FileNotFoundError(f"no weights file at {file}")
-    state = load_file(str(file))
+    # A truncated file or an absurd header is the one sentence a resume gives for its weights (naming the
+    # file), not safetensors' traceback; tied names come back as the shared tensor they alias.
+    state, _ = read_tensors(file)
     adapt = getattr(module, "adapt_state_dict", None)  # a policy's own file-layout fixes (pi0: openpi's names)
     if adapt is not None:
         state = adapt(state)

@@ -3,7 +3,13 @@
 File format (LeRobot's): ``{"name": ..., "steps": [{"registry_name": ..., "config": {...},
 "state_file": "<name>_step_<i>_<registry_name>.safetensors"}, ...]}``; ``state_file`` only for steps
 with state. Loading resolves ``registry_name`` through ``STEP_REGISTRY`` and fails on names it does not
-know, since silently skipping a step (say, a normaliser) would feed a policy garbage.
+know, since silently skipping a step (say, a normaliser) would feed a policy garbage. A step LeRobot
+names by its Python class (``"class": "module.Name"``) is never imported: only registered steps load.
+
+Every problem with the files (not JSON, an unknown step, a config the step refuses, a missing or
+damaged state file) is a :class:`ProcessorFileError` naming the file: a ``CheckpointError``, so the CLI
+prints it as one line, as it does for the weights (a damaged state file gets the weights' own sentence,
+from ``lerobot_ckpt.read_tensors``).
 """
 
 from __future__ import annotations
@@ -15,10 +21,34 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from lerobot_ckpt import CheckpointError, read_tensors
+from safetensors.torch import save_file
 from torch import Tensor
 
 from lerobot_cli.processors.steps import STEP_REGISTRY, Batch, ProcessorStep
+
+
+class ProcessorFileError(CheckpointError):
+    """A processor pipeline file, or a state file it names, that cannot be loaded (named in the message)."""
+
+
+class MissingProcessorFileError(ProcessorFileError, FileNotFoundError):
+    """The pipeline file, or a state file it names, does not exist."""
+
+
+def _step_entry(path: Path, i: int, entry: Any) -> str:
+    """The registry name of step ``i``, or a :class:`ProcessorFileError` saying why it cannot be loaded."""
+    if not isinstance(entry, dict):
+        raise ProcessorFileError(f"{path}: step {i} is {type(entry).__name__}, not a JSON object")
+    name = entry.get("registry_name")
+    if name in STEP_REGISTRY:
+        return name
+    known = ", ".join(sorted(STEP_REGISTRY))
+    if name is None and entry.get("class"):
+        raise ProcessorFileError(
+            f"{path}: step {i} names the Python class {entry['class']!r}, which is never imported (a pipeline file "
+            f"may only use the registered steps: {known}); remove that step, or save the pipeline with this trainer")
+    raise ProcessorFileError(f"{path}: step {i} is {name!r}, which this trainer does not implement (known: {known})")
 
 
 class ProcessorPipeline:
@@ -91,21 +121,29 @@ class ProcessorPipeline:
         directory = Path(directory)
         path = directory / config_filename
         if not path.is_file():
-            raise FileNotFoundError(f"no processor pipeline at {path}")
-        config = json.loads(path.read_text())
+            raise MissingProcessorFileError(f"no processor pipeline at {path}")
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ProcessorFileError(f"{path} is not a readable JSON file: {exc}") from None
+        entries = config.get("steps", []) if isinstance(config, dict) else None
+        if not isinstance(entries, list):
+            raise ProcessorFileError(f"{path} must hold a JSON object with a 'steps' list (LeRobot's pipeline file)")
         steps = []
-        for i, entry in enumerate(config.get("steps", [])):
-            name = entry.get("registry_name")
-            if name not in STEP_REGISTRY:
-                raise ValueError(
-                    f"{path}: step {i} is {name or entry.get('class')!r}, which this trainer does not implement "
-                    f"(known: {', '.join(sorted(STEP_REGISTRY))})"
-                )
-            step = STEP_REGISTRY[name].from_config(entry.get("config", {}))
+        for i, entry in enumerate(entries):
+            name = _step_entry(path, i, entry)
+            try:
+                step = STEP_REGISTRY[name].from_config(entry.get("config") or {})
+            except (TypeError, ValueError) as exc:  # unknown keys, refused values
+                raise ProcessorFileError(f"{path}: step {i} ({name}): {exc}") from None
             if entry.get("state_file"):
-                state_path = directory / entry["state_file"]
+                state_path = directory / str(entry["state_file"])
                 if not state_path.is_file():
-                    raise FileNotFoundError(f"{path}: step {i} ({name}) needs {state_path}, which is missing")
-                step.load_state_dict(load_file(str(state_path)))
+                    raise MissingProcessorFileError(f"{path}: step {i} ({name}) needs {state_path}, which is missing")
+                state, _ = read_tensors(state_path)  # a damaged file: the weights' one sentence, naming it
+                try:
+                    step.load_state_dict(state)
+                except (KeyError, RuntimeError, ValueError) as exc:
+                    raise ProcessorFileError(f"{state_path}: does not fit step {i} ({name}) of {path}: {exc}") from None
             steps.append(step)
         return cls(steps, name=config.get("name", path.stem))
