@@ -29,6 +29,10 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
     if cfg.eval_steps > 0 and cfg.dataset.eval_split == 0:
         raise UsageError(f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
                          "--dataset.eval_split=FRACTION (e.g. 0.1), or --eval_steps=0")
+    if cfg.eval_steps == 0 and cfg.dataset.eval_split > 0:  # it trained on fewer episodes, silently
+        raise UsageError(f"--dataset.eval_split={cfg.dataset.eval_split} holds episodes out of training, but "
+                         "--eval_steps=0 never evaluates on them: pass --eval_steps=N (the eval loss every N steps), "
+                         "or --dataset.eval_split=0 to train on every episode")
     check_custom_code(cfg)
     check_policy_fits_local_dataset(cfg)
     if cfg.peft is not None:

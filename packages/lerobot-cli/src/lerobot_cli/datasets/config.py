@@ -24,7 +24,8 @@ class DatasetConfig:
     )
     eval_split: float = field(
         default=0.0,
-        metadata={"help": "Fraction of episodes held out per task for the eval loss (the last ones; 0: none)."})
+        metadata={"help": "Fraction of episodes held out per task for the eval loss (the last ones; 0: none); "
+                          "needs --eval_steps > 0."})
     revision: str | None = field(default=None, metadata={"help": "Hub revision to download when not cached."})
     video_backend: str = field(
         default="pyav", metadata={"help": "Video decoder.", "choices": ("pyav",)}
