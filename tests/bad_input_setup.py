@@ -64,18 +64,19 @@ def _drop_column(path: Path, column: str) -> None:
     pq.write_table(table.drop_columns([column]), path)
 
 
-def _dcp_from_model(pretrained: Path) -> None:
+def _dcp_from_model(pretrained: Path, extra: dict[str, Any] | None = None) -> None:
     """Write ``pytorch_model_fsdp_0/`` (DCP, key nesting ``model.<name>``) from ``model.safetensors``.
 
     What a ``--checkpoint_format=safetensors_dcp`` run leaves: both artifacts side by side. Built in
     one process (DCP needs no process group) so a converter row does not need an FSDP launch.
+    ``extra``: more model entries (plain values: DCP stores them as non-tensor byte entries).
     """
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
 
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"model": load_file(pretrained / "model.safetensors")},
+        dcp.save({"model": {**load_file(pretrained / "model.safetensors"), **(extra or {})}},
                  checkpoint_id=str(pretrained / "pytorch_model_fsdp_0"))
 
 
@@ -114,8 +115,8 @@ def apply_edit(root: Path, edit: dict[str, Any]) -> None:
         _json_edit(target, args[1], lambda node, key: node.pop(key))
     elif op == "drop_column":
         _drop_column(target, args[1])
-    elif op == "dcp_from_model":
-        _dcp_from_model(target)
+    elif op == "dcp_from_model":  # "dir" or [dir, {extra model entries}]
+        _dcp_from_model(target, args[1] if len(args) > 1 else None)
     elif op == "to_dtype":
         _to_dtype(target, args[1])
     elif op in ("copy", "move"):  # [source, destination], both relative to the setup directory

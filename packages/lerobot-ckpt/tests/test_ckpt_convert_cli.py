@@ -6,6 +6,7 @@ code builds are the exact upload, checked file by file.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def make_checkpoint(root: Path, state=None) -> Path:
     ([], "--checkpoint_dir is required"),
     (["--checkpoint_dir=x", "--dtype=int8"], "--dtype must be one of bfloat16, float16, float32, got 'int8'"),
     (["--checkpoint_dir=x", "--dtype"], "--dtype needs a value: --dtype=..."),
-    (["--checkpoint_dir=x", "--delete_dcp=maybe"], "--delete_dcp takes true or false, got 'maybe'"),
+    (["--checkpoint_dir=x", "--delete_dcp=maybe"], "--delete_dcp takes true or false (also 1/0, yes/no, on/off), got 'maybe'"),
     (["--checkpoint_dir=x", "--private=true"], "--private only applies together with --push_to_hub"),
     (["--checkpoint_dir=x", "--push_to_hub=noslash"], "--push_to_hub must be a Hub repo id like user/name"),
     (["--checkpoint_dir=x", "--frobnicate=1"], "unknown flag --frobnicate (see --help)"),
@@ -60,6 +61,16 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(PROG + message) and err.endswith("\n") and err.count("\n") == 1
+
+
+def test_every_boolean_spelling_accepted_is_the_one_the_error_lists(capsys):
+    from lerobot_ckpt.convert import cli
+
+    assert main(["--checkpoint_dir=x", "--overwrite=maybe"]) == 2
+    listed = set(re.findall(r"\w+", capsys.readouterr().err.split("takes", 1)[1].split("got")[0]))
+    for word in cli._TRUE + cli._FALSE:
+        assert parse_args(["--checkpoint_dir=x", f"--overwrite={word.upper()}"]).overwrite is (word in cli._TRUE)
+        assert word in listed, word
 
 
 def test_flags_parse_in_lerobot_style():

@@ -84,7 +84,7 @@ def _boolean(name: str, value: str | None) -> bool:
         return True
     if value.lower() in _FALSE:
         return False
-    raise UsageError(f"--{name} takes true or false, got {value!r}")
+    raise UsageError(f"--{name} takes true or false (also 1/0, yes/no, on/off), got {value!r}")
 
 
 def parse_args(argv: list[str]) -> ConvertArgs:
