@@ -54,83 +54,130 @@ class SyntheticRegression(Dataset):
 
 
 # -- counting host syncs ------------------------------------------------------------------------
-# Reads that make the host wait for the device when the tensor lives on an accelerator (on CPU they
-# are where those syncs would be, which is why a CPU test can count them), and the blocking
-# collectives (each one waits for every rank). Async collectives (async_op=True) are recorded apart:
-# they wait for nothing when issued.
-TENSOR_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+# Reads: every call that hands tensor values (or a shape that depends on them) to the host. On an
+# accelerator each one waits for the device; on CPU they are where those waits would be, which is why a
+# CPU test can count them. TENSOR_READS are counted whatever the tensor's device, and so are the calls
+# that name the host (.cpu(), .numpy(), .to("cpu")); the data-dependent shapes (DATA_DEPENDENT, and
+# indexing with a boolean mask) too. Collectives are counted by name: a blocking one waits for every
+# rank; an async one (async_op=True) is recorded apart, it waits for nothing when issued.
+TENSOR_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__complex__")
+VALUE_READS = ("equal", "allclose", "is_nonzero")  # torch functions and tensor methods returning a Python bool
+DATA_DEPENDENT = ("nonzero", "argwhere", "masked_select", "unique", "unique_consecutive")
+SYNCHRONIZE = ("torch.cuda.synchronize", "torch.accelerator.synchronize")
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
                "barrier", "monitored_barrier", "reduce", "gather", "gather_object", "scatter", "scatter_object_list")
 
 
+def _is_mask(index: object) -> bool:
+    """A boolean (or legacy uint8) tensor index, alone or inside a tuple: its result's shape is the mask's count."""
+    if isinstance(index, tuple):
+        return any(_is_mask(i) for i in index)
+    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
+
+
+def _to_host(t: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Whether ``t.to(*args, **kwargs)`` is a blocking copy to the host: a non-CPU tensor to CPU, or any
+    tensor to the host named as a string (``"cpu"``). A ``torch.device`` object stands for the run's device
+    (on a CPU run, ``cpu``), so ``t.to(runtime.device)`` is an upload, not a read; ``non_blocking=True``
+    waits for nothing."""
+    flags = [a for a in args if isinstance(a, bool)]  # to(device, dtype, non_blocking, copy)
+    if kwargs.get("non_blocking", bool(flags and flags[0])):
+        return False
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, torch.Tensor):
+        target = target.device
+    if isinstance(target, str):
+        return torch.device(target).type == "cpu"
+    return isinstance(target, torch.device) and target.type == "cpu" and t.device.type != "cpu"
+
+
 class HostSyncCounter:
-    """Records every tensor read (:data:`TENSOR_READS`, and ``.cpu()`` of a non-CPU tensor) and every
-    ``torch.distributed`` collective (:data:`COLLECTIVES`) made while active, each with the label
-    ``label()`` returns at that moment (e.g. the loop step it belongs to).
+    """Records every host read of tensor values and every ``torch.distributed`` collective made while
+    active, each as ``(kind, name, label)`` with the label ``label()`` returns at that moment (e.g. the loop
+    step it belongs to).
+
+    Counted as reads (kind ``read``), on any device: :data:`TENSOR_READS` (``item``, ``tolist``, ``numpy``,
+    ``float(t)``, ``if t:``, ...), :data:`VALUE_READS` (``torch.equal``, ``allclose``), ``.cpu()``,
+    ``.to(...)`` to the host (see :func:`_to_host`), ``dst.copy_(src)`` from a non-CPU ``src`` into a CPU
+    ``dst`` (blocking), the ops whose output shape depends on values (:data:`DATA_DEPENDENT`:
+    ``nonzero``, ``masked_select``, ... as methods or ``torch`` functions, ``torch.where(cond)``),
+    boolean-mask indexing (``t[mask]``, ``t[mask] = v``) and explicit synchronisation
+    (:data:`SYNCHRONIZE`). Collectives (:data:`COLLECTIVES`) are ``collective`` or, with
+    ``async_op=True``, ``async``.
+
+    What a CPU run cannot see: a CPU-to-CPU ``copy_`` (on an accelerator it may be a device-side copy or
+    a download: only the device tells), a ``.to(device)`` with a ``torch.device`` object (the run's own
+    device, on CPU the host), a read made inside C++ (DDP's reducer, FSDP's kernels), and a read
+    through a name bound before the counter started (``from torch import nonzero``).
 
     ``with HostSyncCounter(label=lambda: loop.step) as c: ...`` then ``c.syncs(label)``: the blocking
-    events under a label (``c.events`` has them all as ``(kind, name, label)``; kind is ``read``,
-    ``collective`` or ``async``). Patches the classes and modules while active, so use it in one thread.
+    events under a label (``c.events`` has them all). A read inside a counted call (``float(t)`` calls
+    ``item``; ``all_gather_object`` reads sizes) counts once. Patches classes and modules while active,
+    so use it in one thread.
     """
 
     def __init__(self, label=lambda: None) -> None:
         self.label = label
         self.events: list[tuple[str, str, object]] = []
         self._undo: list[tuple[object, str, object, bool]] = []
-        self._depth = 0  # a read inside a read (float() calls item()) or a collective inside one counts once
+        self._depth = 0  # > 0 inside a counted call
 
-    def _patch(self, owner: object, name: str, make) -> None:
+    def _patch(self, owner: object, name: str, event) -> None:
+        """Replace ``owner.name`` with a wrapper that asks ``event(*args, **kwargs)`` for ``(kind, label)``
+        (None: not an event) and records it unless already inside a counted call."""
         real = getattr(owner, name, None)
         if real is None:
             return
         self._undo.append((owner, name, real, name in vars(owner)))
 
-        def outer(*args, **kwargs):
+        def counted(*args, **kwargs):
+            found = event(*args, **kwargs)
+            if found is None:
+                return real(*args, **kwargs)
+            if self._depth == 0:
+                self.events.append((*found, self.label()))
             self._depth += 1
             try:
-                return wrapped(*args, **kwargs)
+                return real(*args, **kwargs)
             finally:
                 self._depth -= 1
 
-        wrapped = make(real)
-        setattr(owner, name, outer)
-
-    def _record(self, kind: str, name: str) -> None:
-        if self._depth == 1:
-            self.events.append((kind, name, self.label()))
+        setattr(owner, name, counted)
 
     def __enter__(self) -> Self:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        def reader(name):
-            def make(real):
-                def counted(t, *args, **kwargs):
-                    self._record("read", name)
-                    return real(t, *args, **kwargs)
-                return counted
-            return make
+        def always(name: str):
+            return lambda *args, **kwargs: ("read", name)
 
         for name in TENSOR_READS:
-            self._patch(torch.Tensor, name, reader(name))
+            self._patch(torch.Tensor, name, always(name))
+        for name in (*VALUE_READS, *DATA_DEPENDENT):
+            self._patch(torch.Tensor, name, always(name))
+            self._patch(torch, name, always(name))
+        self._patch(torch.Tensor, "cpu", always("cpu"))
+        self._patch(torch.Tensor, "to", lambda t, *a, **k: ("read", "to_cpu") if _to_host(t, a, k) else None)
 
-        def make_cpu(real):
-            def cpu(t, *args, **kwargs):
-                if t.device.type != "cpu":
-                    self._record("read", "cpu")
-                return real(t, *args, **kwargs)
-            return cpu
+        def copy(dst, src, non_blocking=False):
+            blocking_download = (isinstance(src, torch.Tensor) and dst.device.type == "cpu"
+                                 and src.device.type != "cpu" and not non_blocking)
+            return ("read", "copy_to_host") if blocking_download else None
 
-        self._patch(torch.Tensor, "cpu", make_cpu)
+        self._patch(torch.Tensor, "copy_", copy)
+        self._patch(torch.Tensor, "__getitem__", lambda t, index: ("read", "mask_index") if _is_mask(index) else None)
+        self._patch(torch.Tensor, "__setitem__",
+                    lambda t, index, value: ("read", "mask_assign") if _is_mask(index) else None)
+        self._patch(torch, "where", lambda *args, **kwargs: ("read", "where") if len(args) + len(kwargs) == 1 else None)
+        for qualified in SYNCHRONIZE:
+            module_name, _, name = qualified.rpartition(".")
+            module = getattr(torch, module_name.split(".")[1], None)
+            if module is not None:
+                self._patch(module, name, always(name))
 
         def collective(name):
-            def make(real):
-                def counted(*args, **kwargs):
-                    self._record("async" if kwargs.get("async_op") else "collective", name)
-                    return real(*args, **kwargs)
-                return counted
-            return make
+            return lambda *args, **kwargs: ("async" if kwargs.get("async_op") else "collective", name)
 
         for name in COLLECTIVES:
             for module in (dist, c10d):
