@@ -28,6 +28,7 @@ from lerobot_ckpt import (
     save_checkpoint,
     unwrap_model,
 )
+from lerobot_ckpt.layout import ADAPTER_CONFIG, POLICY_CONFIG, TRAIN_CONFIG
 from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_trainloop.loop import TrainLoop
@@ -35,6 +36,7 @@ from torch import nn
 
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.configio import save_train_config
+from lerobot_cli.filewrites import writing
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import save_policy_config
 from lerobot_cli.processors import save_processors
@@ -72,13 +74,17 @@ def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: Processor
         policy_cfg = attrs.evolve(policy_cfg, use_peft=True)
 
     def write(directory: Path) -> None:
-        save_policy_config(policy_cfg, directory)
-        save_train_config(cfg, directory)
+        # each write names its file when the disk refuses it (the processors name theirs themselves)
+        with writing(directory / POLICY_CONFIG):
+            save_policy_config(policy_cfg, directory)
+        with writing(directory / TRAIN_CONFIG):
+            save_train_config(cfg, directory)
         save_processors(pre, post, directory)
         if peft_model is not None:
             from lerobot_cli.peft.adapters import save_adapter_config
 
-            save_adapter_config(peft_model, directory)
+            with writing(directory / ADAPTER_CONFIG):
+                save_adapter_config(peft_model, directory)
 
     return write
 
@@ -119,11 +125,11 @@ def _ema_notes(loop: TrainLoop, state: ResumeState) -> list[str]:
     """A shadow that does not continue is said, never silent: LeRobot's evaluation reads it."""
     has = state.record.artifacts.ema
     if loop.ema is not None and not has:
-        return [f"the checkpoint has no EMA shadow (it was trained without --ema.enable=true): the EMA starts from "
-                f"the resumed weights at step {state.step}"]
+        return [(f"the checkpoint has no EMA shadow (it was trained without --ema.enable=true): the EMA starts from "
+                 f"the resumed weights at step {state.step}")]
     if loop.ema is None and has:
-        return ["the checkpoint's EMA shadow is not continued (--ema.enable=false): this run's checkpoints have no "
-                "pretrained_model_ema/"]
+        return [("the checkpoint's EMA shadow is not continued (--ema.enable=false): this run's checkpoints have no "
+                 "pretrained_model_ema/")]
     return []
 
 

@@ -25,6 +25,7 @@ from lerobot_ckpt import CheckpointError, read_tensors
 from safetensors.torch import save_file
 from torch import Tensor
 
+from lerobot_cli.filewrites import writing
 from lerobot_cli.processors.steps import STEP_REGISTRY, Batch, ProcessorStep
 
 
@@ -109,10 +110,12 @@ class ProcessorPipeline:
             state = s.state_dict()
             if state:
                 path = directory / config["steps"][i]["state_file"]
-                save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+                with writing(path):  # a full disk names the file
+                    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
                 written.append(path)
         path = directory / self.config_filename
-        path.write_text(json.dumps(config, indent=2))  # byte-equal to LeRobot's file
+        with writing(path):
+            path.write_text(json.dumps(config, indent=2))  # byte-equal to LeRobot's file
         return [path, *written]
 
     @classmethod
