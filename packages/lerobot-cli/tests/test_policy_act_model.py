@@ -71,6 +71,36 @@ def test_forward_backward(state, env, cameras, use_vae, pre_norm):
         assert grads["model.vae_encoder_latent_output_proj.weight"].abs().sum() > 0
 
 
+def test_the_eval_loss_is_the_l1_alone_and_the_banner_says_so():
+    """In eval mode the VAE encoder does not run: the loss is the L1 alone and no KL part is reported (an
+    eval/kld_loss of 0 would read as a perfect KL). The banner of a run with --eval_steps says what
+    eval/loss is, since ACT's training loss adds kl_weight x KL."""
+    from lerobot_cli.banner import banner_lines
+    from lerobot_cli.config import TrainConfig
+    from lerobot_cli.datasets.config import DatasetConfig
+    from lerobot_parallel.runtime import ParallelRuntime
+
+    torch.manual_seed(0)
+    cfg = make_config(use_vae=True)
+    policy = ACTPolicy(cfg).eval()
+    loss, info = policy(make_batch(cfg))
+    assert set(info) == {"l1_loss"} and torch.equal(loss, info["l1_loss"])
+
+    def banner(policy_cfg, eval_steps):
+        run = TrainConfig(dataset=DatasetConfig(repo_id="a/b", eval_split=0.1), policy=policy_cfg,
+                          eval_steps=eval_steps, job_name="j", output_dir="o")
+        lines = banner_lines(run, ParallelRuntime.single("cpu"), policy, 10, 2)
+        return [ln for ln in lines if ln.startswith("Eval loss")]
+
+    assert banner(cfg, 5) == [("Eval loss: eval/loss is the L1 action loss alone (= eval/l1_loss): the training loss "
+                               "adds kl_weight (10) x the KL of the VAE encoder, which runs in training only (eval "
+                               "mode predicts from a zero latent), so compare eval/loss with the training l1_loss, not "
+                               "with the training loss")]
+    assert banner(make_config(use_vae=False), 5) == [
+        "Eval loss: eval/loss is the training loss and its parts, computed in eval mode (no dropout)"]
+    assert banner(cfg, 0) == []
+
+
 def test_padded_steps_do_not_affect_the_loss():
     torch.manual_seed(0)
     cfg = make_config(cameras=0, use_vae=False, dropout=0.0)

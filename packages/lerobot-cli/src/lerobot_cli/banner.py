@@ -26,8 +26,8 @@ def _peft_lines(cfg: TrainConfig) -> list[str]:
     peft = cfg.peft
     targets = ", ".join(peft.target_modules) if peft.target_modules else "the policy's default targets"
     extra = f" + fully trained {', '.join(peft.full_training_modules)}" if peft.full_training_modules else ""
-    return [f"PEFT: {peft.method_type} r={peft.r} alpha={peft.lora_alpha or peft.r} on {targets}{extra}; "
-            f"frozen base {cfg.policy.pretrained_path}"]
+    return [(f"PEFT: {peft.method_type} r={peft.r} alpha={peft.lora_alpha or peft.r} on {targets}{extra}; "
+             f"frozen base {cfg.policy.pretrained_path}")]
 
 
 def _ema_lines(cfg: TrainConfig, runtime: ParallelRuntime) -> list[str]:
@@ -49,8 +49,8 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
     k = cfg.accelerator.gradient_accumulation.steps
     lines = [
         f"Job: {cfg.job_name}  →  {cfg.output_dir}",
-        f"Launch: {runtime.launcher}, world size {runtime.world_size}; "
-        f"topology dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} ({MODES.get(p.mode, p.mode)})",
+        (f"Launch: {runtime.launcher}, world size {runtime.world_size}; "
+         f"topology dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} ({MODES.get(p.mode, p.mode)})"),
         f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
         f"Precision: {cfg.accelerator.mixed_precision}"
         + (" (autocast, fp32 master weights)" if cfg.accelerator.mixed_precision != "no" else ""),
@@ -62,9 +62,11 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer "
         f"update{'' if cfg.steps // k == 1 else 's'}"
         + (f"; resuming at step {start_step}" if start_step else ""),
-        "Note: the learning rate and step count are not rescaled for the effective batch size; "
-        "adjust --optimizer.lr / --steps yourself when you scale out.",
+        ("Note: the learning rate and step count are not rescaled for the effective batch size; "
+         "adjust --optimizer.lr / --steps yourself when you scale out."),
     ]
+    if cfg.eval_steps > 0 and cfg.policy is not None:
+        lines.append(f"Eval loss: eval/loss is {cfg.policy.eval_loss_description()}")
     if k > 1 and cfg.save_checkpoint:
         every = f"every {cfg.save_freq} loop steps and " if cfg.save_freq else ""
         lines.append(f"Checkpoints: {every}at step {cfg.steps}, on gradient-accumulation window boundaries (an "

@@ -58,6 +58,11 @@ class PolicyConfig:
         if self.n_obs_steps < 1:
             raise ValueError(f"--policy.n_obs_steps must be ≥ 1, got {self.n_obs_steps}")
 
+    def eval_loss_description(self) -> str:
+        """What ``eval/loss`` is for this policy (said in the banner of a run with ``--eval_steps``): the
+        training loss unless a policy says otherwise (ACT: its KL term needs the training-only encoder)."""
+        return "the training loss and its parts, computed in eval mode (no dropout)"
+
     # Presets: what a run uses unless --optimizer.* / --scheduler.* say otherwise.
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig()
@@ -77,6 +82,11 @@ class PolicyConfig:
     @property
     def reward_delta_indices(self) -> list[int] | None:
         return None
+
+    def placeholder_inputs(self) -> tuple[str, ...]:
+        """Input features the policy fills in itself when a batch lacks them, so a dataset need not have
+        them (pi0/pi05: LeRobot's empty-camera placeholders); none by default."""
+        return ()
 
     def features_of(self, kind: FeatureType) -> dict[str, PolicyFeature]:
         return {k: f for k, f in {**self.input_features, **self.output_features}.items() if f.type == kind}

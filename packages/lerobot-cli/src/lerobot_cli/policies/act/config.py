@@ -121,6 +121,13 @@ class ACTConfig(PolicyConfig):
         if self.action_feature is None:
             raise ValueError(f"ACT needs an 'action' output feature; got {sorted(self.output_features) or 'none'}")
 
+    def eval_loss_description(self) -> str:
+        if not self.use_vae:
+            return super().eval_loss_description()
+        return (f"the L1 action loss alone (= eval/l1_loss): the training loss adds kl_weight ({self.kl_weight:g}) x "
+                "the KL of the VAE encoder, which runs in training only (eval mode predicts from a zero latent), so "
+                "compare eval/loss with the training l1_loss, not with the training loss")
+
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(
             type="adamw", lr=self.optimizer_lr, weight_decay=self.optimizer_weight_decay,
