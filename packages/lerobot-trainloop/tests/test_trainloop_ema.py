@@ -136,6 +136,29 @@ def test_loop_updates_once_per_optimizer_update_and_saves_the_counter():
     assert fresh.updates == 3 and fresh.decay == 0.9
 
 
+def test_an_update_the_fp16_scaler_skipped_is_not_an_ema_update():
+    """The guide: the EMA steps "after every optimizer update". An update the loss scaler skipped (inf
+    gradients at a huge initial scale) left the weights as they were: no EMA step, no count in the schedule."""
+    from lerobot_parallel.precision import build_precision
+
+    ds = SyntheticRegression(64, seed=1)
+    sampler = ShardedBatchSampler(len(ds), 8, seed=0)
+    model = TinyRegressor(seed=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ema = ModelEma(model, EmaConfig(enable=True, decay=0.5))
+    precision = build_precision("fp16", "cpu", init_scale=2.0**40, backoff_factor=2.0**-32)
+    loop = TrainLoop(wrap_model(model, RT, build_plan(model, RT)), opt, accelerator=AcceleratorConfig(mixed_precision="fp16"),
+                     precision=precision, sampler=sampler, ema=ema)
+    seen = []
+    loop.add_hook(lambda e: seen.append((e.output.skipped, ema.updates, {k: v.clone() for k, v in ema.state().items()})),
+                  every=1, check_finite=False)
+    start = {k: v.clone() for k, v in ema.state().items()}
+    loop.run((ds.batch(ix) for ix in sampler), 3)
+    assert [(skipped, updates) for skipped, updates, _ in seen] == [(True, 0), (False, 1), (False, 2)]
+    assert all(torch.equal(seen[0][2][k], v) for k, v in start.items())  # the skipped update left the shadow
+    assert loop.state_dict()["ema_updates"] == 2 and loop.optimizer_steps == 2
+
+
 def test_reset_restarts_from_the_live_weights():
     model = TinyRegressor(seed=2)
     ema = ModelEma(model, EmaConfig(enable=True, decay=0.5))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lerobot_ckpt._torch import INSTALL, torch_missing
 from lerobot_ckpt.commit.filesystem import fsync_dir, remove_quietly
 from lerobot_ckpt.commit.run_lock import LockHolder, RunDirectoryError, RunDirectoryLockedError, RunLock
 from lerobot_ckpt.commit.set_aside import set_aside
@@ -144,7 +145,14 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:
+            if not torch_missing(exc):
+                raise
+            raise ImportError(f"lerobot_ckpt.{name} needs torch, which is not installed: {INSTALL} "
+                              "(lerobot-convert-dcp alone runs without it)") from None
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'lerobot_ckpt' has no attribute {name!r}")

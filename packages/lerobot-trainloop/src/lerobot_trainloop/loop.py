@@ -143,7 +143,9 @@ class TrainLoop:
         self.grad_clip_norm = grad_clip_norm
         self.allow_nonfinite_loss = allow_nonfinite_loss
         self.sampler = sampler
-        self.ema = ema  # updated after every optimizer update (a skipped fp16 one too, as LeRobot's)
+        # Updated after every optimizer update. One the fp16 loss scaler skipped is none: the weights did not
+        # move, so the EMA neither steps nor counts it in its decay schedule (LeRobot's counts it).
+        self.ema = ema
         self.step = 0  # a resumed run restores it with load_state_dict
         self.optimizer_steps = 0
         self.skipped_updates = 0
@@ -214,7 +216,7 @@ class TrainLoop:
             stepped = self.precision.step(self.optimizer)
             skipped = not stepped
             self.optimizer.zero_grad(set_to_none=True)
-            if self.ema is not None:
+            if self.ema is not None and stepped:  # an update the fp16 scaler skipped did not move the weights
                 self.ema.update()
             self.optimizer_steps += stepped
             self.skipped_updates += skipped

@@ -35,6 +35,7 @@ from attrs import define, field
 
 from lerobot_ckpt._dtypes import DType, dtype_of
 from lerobot_ckpt.commit.filesystem import fsync_dir, remove_quietly
+from lerobot_ckpt.convert.cast import cast_bytes
 from lerobot_ckpt.dcp import raw as dcp_raw
 from lerobot_ckpt.dcp.index import (
     MODEL_KEY,
@@ -65,11 +66,12 @@ from lerobot_ckpt.layout import (
 )
 from lerobot_ckpt.safetensors.stream import (
     FORMAT_METADATA,
-    ReusableBuffer,
+    ByteBuffer,
     SafetensorsPlan,
     SafetensorsStreamWriter,
     TensorSlot,
     pread_into,
+    raw_bytes,
 )
 from lerobot_ckpt.state.record import update_artifacts
 
@@ -201,12 +203,12 @@ def _largest(tensors: dict[str, StoredTensor], plan: SafetensorsPlan) -> int:
 
 def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, reader: ChunkReader,
            progress: Callable[[Progress], None] | None) -> None:
-    """Fill the planned file chunk by chunk: a kernel copy when the bytes can go as they are (no
-    torch), a torch cast through two reused buffers for ``--dtype``, ``torch.load`` for records of
-    another shape."""
+    """Fill the planned file chunk by chunk: a kernel copy when the bytes can go as they are, a cast of
+    the bytes through two reused buffers for ``--dtype`` (neither needs torch), ``torch.load`` only for
+    records of another shape (which a torch-free install refuses in one line)."""
     writer = SafetensorsStreamWriter(path, plan)
     largest = _largest(tensors, plan)
-    source, cast = ReusableBuffer(largest), ReusableBuffer(largest)  # allocated (with torch) on first use
+    source = ByteBuffer(largest)  # allocated on first use
     done = 0
     try:
         for i, slot in enumerate(plan.slots, 1):
@@ -218,9 +220,9 @@ def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, 
                 if raw is not None and slot.dtype == stored.dtype:
                     done += writer.copy_range(slot.name, reader.raw(chunk).fileno(), raw.offset, raw.nbytes, row=row)
                 elif raw is not None:
-                    src = source.view("cpu", raw.dtype, raw.shape)
+                    src = source.view(raw.nbytes)
                     pread_into(reader.raw(chunk).fileno(), src, raw.offset)
-                    done += writer.write(slot.name, cast.view("cpu", slot.dtype, raw.shape).copy_(src), row=row)
+                    done += writer.write_bytes(slot.name, cast_bytes(src, raw.dtype, slot.dtype), raw.shape, row=row)
                 else:
                     done += writer.write(slot.name, reader.read(chunk, slot.name).to(slot.dtype.torch), row=row)
             if slabs is None:
@@ -246,19 +248,20 @@ def _same_bytes(fd_a: int, at_a: int, fd_b: int, at_b: int, nbytes: int) -> bool
 
 
 class _Comparer:
-    """Compares tensors from the shards (cast as requested) with the written bytes, in reused buffers."""
+    """Compares the shards' bytes (cast as requested) with the written bytes, in reused buffers."""
 
     def __init__(self, fd: int, capacity: int) -> None:
         self.fd = fd
-        self.source, self.cast, self.written = (ReusableBuffer(capacity) for _ in range(3))
+        self.source, self.written = ByteBuffer(capacity), ByteBuffer(capacity)
+
+    def data(self, expected: memoryview, at: int) -> bool:
+        got = self.written.view(len(expected))
+        pread_into(self.fd, got, at)
+        return got == expected
 
     def tensor(self, piece, dtype: DType, at: int) -> bool:
-        import torch
-
-        expected = self.cast.view("cpu", dtype, tuple(piece.shape)).copy_(piece)
-        got = self.written.view("cpu", dtype, tuple(piece.shape))
-        pread_into(self.fd, got, at)
-        return torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8))
+        """A tensor decoded by torch (records only torch reads)."""
+        return self.data(raw_bytes(piece.to(dtype.torch)), at)
 
     def chunk(self, reader: ChunkReader, chunk: StoredChunk, stored: StoredTensor, slot: TensorSlot, at: int) -> bool:
         raw = dcp_raw.locate(reader.raw(chunk), chunk, stored.dtype)
@@ -266,9 +269,9 @@ class _Comparer:
             return _same_bytes(reader.raw(chunk).fileno(), raw.offset, self.fd, at, raw.nbytes)
         if raw is None:
             return self.tensor(reader.read(chunk, slot.name), slot.dtype, at)
-        piece = self.source.view("cpu", raw.dtype, raw.shape)
-        pread_into(reader.raw(chunk).fileno(), piece, raw.offset)
-        return self.tensor(piece, slot.dtype, at)
+        src = self.source.view(raw.nbytes)
+        pread_into(reader.raw(chunk).fileno(), src, raw.offset)
+        return self.data(cast_bytes(src, raw.dtype, slot.dtype), at)
 
 
 def _verify(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, reader: ChunkReader) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Self
 from attrs import define
 
 from lerobot_ckpt._dtypes import DType, dtype_of
+from lerobot_ckpt._torch import require_torch
 from lerobot_ckpt.dcp.metadata import load_metadata
 from lerobot_ckpt.errors import (
     CheckpointError,
@@ -284,7 +285,8 @@ class ChunkReader:
 
     def read(self, chunk: StoredChunk, where: str) -> torch.Tensor:
         """The chunk decoded by ``torch.load`` (imports torch)."""
-        import torch
+        torch = require_torch(f"decoding {where} in {self.directory / chunk.file} (a record stored in a form "
+                              "only torch reads)")
 
         self.raw(chunk)
         try:
@@ -326,13 +328,12 @@ def iter_full_tensor_pieces(reader: ChunkReader, tensor: StoredTensor, where: st
     Chunks that are not dim-0 slabs (a tensor split along another dim) are assembled into the full
     tensor first, the one case where a whole tensor is held.
     """
-    import torch
-
     slabs = row_slabs(tensor, where, reader.directory)
     if slabs is not None:
         for chunk in slabs:
             yield (chunk.offsets[0] if chunk.offsets else 0), reader.read(chunk, where)
         return
+    torch = require_torch(f"assembling {where} (split along a dimension other than the first)")
     full = torch.empty(tensor.shape, dtype=tensor.dtype.torch)
     for chunk in tensor.chunks:
         index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))

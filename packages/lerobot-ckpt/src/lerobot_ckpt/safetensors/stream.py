@@ -11,8 +11,8 @@ spaces to 8 bytes, same tensor order.
 
 Torch-free at import: dtypes may be ``torch.dtype`` (the gathered save) or
 :class:`lerobot_ckpt._dtypes.DType` (the offline converter, which copies raw bytes with
-``copy_file_range`` and so never needs torch); only :class:`ReusableBuffer` and writing a tensor
-touch torch objects.
+``copy_file_range`` and casts bytes with :mod:`lerobot_ckpt.convert.cast`, so it never needs torch);
+only :class:`ReusableBuffer` and :meth:`SafetensorsStreamWriter.write` touch torch objects.
 """
 
 from __future__ import annotations
@@ -145,6 +145,21 @@ class ReusableBuffer:
         return buf[:nbytes].view(dtype).view(shape)
 
 
+class ByteBuffer:
+    """:class:`ReusableBuffer` for raw bytes (no torch): one ``bytearray``, sized once, viewed per item."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._buf: bytearray | None = None
+
+    def view(self, nbytes: int) -> memoryview:
+        if nbytes > self.capacity:
+            raise ValueError(f"{nbytes} bytes do not fit a {self.capacity}-byte buffer")
+        if self._buf is None:
+            self._buf = bytearray(self.capacity)
+        return memoryview(self._buf)[:nbytes]
+
+
 def pread_into(fd: int, target: torch.Tensor | bytearray | memoryview, offset: int) -> None:
     """Fill a contiguous CPU tensor (or a writable byte buffer) with its size in bytes of ``fd`` at ``offset``."""
     view = memoryview(target).cast("B") if isinstance(target, bytearray | memoryview) else raw_bytes(target)
@@ -207,13 +222,16 @@ class SafetensorsStreamWriter:
 
         ``tensor`` must already have the slot's dtype and be a dim-0 slab of it (all other dims full).
         """
+        if dtype_of(tensor.dtype) != dtype_of(self.plan[name].dtype):
+            raise TypeError(f"{name}: writing {tensor.dtype} into a {self.plan[name].dtype} slot")
+        return self.write_bytes(name, raw_bytes(tensor), tuple(tensor.shape), row=row)
+
+    def write_bytes(self, name: str, data: memoryview, shape: tuple[int, ...], *, row: int = 0) -> int:
+        """:meth:`write` for the bytes of a dim-0 slab of ``shape`` already in the slot's dtype (no torch)."""
         slot = self.plan[name]
-        if dtype_of(tensor.dtype) != dtype_of(slot.dtype):
-            raise TypeError(f"{name}: writing {tensor.dtype} into a {slot.dtype} slot")
-        data = raw_bytes(tensor)
         start = slot.begin + row * slot.row_bytes
-        if start + len(data) > slot.end or tuple(tensor.shape[1:]) != slot.shape[1:]:
-            raise ValueError(f"{name}: rows {row}..+{tuple(tensor.shape)} do not fit shape {slot.shape}")
+        if start + len(data) > slot.end or tuple(shape[1:]) != slot.shape[1:]:
+            raise ValueError(f"{name}: rows {row}..+{shape} do not fit shape {slot.shape}")
         self._pwrite(data, self.plan.data_start + start)
         self._written += len(data)
         return len(data)
