@@ -115,6 +115,15 @@ def test_drop_n_last_frames_never_starts_a_sample_at_an_episode_end(root):
     assert len(ds.rows_without_last(7)) == 0  # every episode has at most 7 frames
 
 
+def test_its_help_says_what_the_sampler_does():
+    """The help used to say the frames were recorded but not dropped; the test above shows they are."""
+    from lerobot_cli.cli.build import known_flags
+    from lerobot_cli.policies import config_class
+
+    text = known_flags(config_class("diffusion"))["policy.drop_n_last_frames"].help
+    assert "never start a training sample" in text and "not drop" not in text
+
+
 def _one_epoch_exact(batches, n: int, batch_size: int):
     it = iter(batches)
     for _ in range(math.ceil(n / batch_size)):

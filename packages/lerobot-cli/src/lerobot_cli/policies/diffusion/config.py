@@ -57,8 +57,8 @@ class DiffusionConfig(PolicyConfig):
     normalization_mapping: dict[str, NormalizationMode] = field(
         factory=_diffusion_normalization, metadata={"help": "Normalization per feature type, as JSON."})
     drop_n_last_frames: int = field(default=7, metadata={
-        "help": "LeRobot's sampler skips this many frames at each episode end (recorded; the sampler here does "
-                "not drop them yet)."})
+        "help": "The last N frames of each episode never start a training sample (dropped by the sampler, as "
+                "LeRobot's is; the held-out eval keeps them)."})
 
     # Vision backbone.
     vision_backbone: str = "resnet18"
