@@ -1,4 +1,5 @@
-"""Package boundaries, checked on the source (every import statement, lazy ones included).
+"""Package boundaries, checked on the source: every import statement (lazy ones included) and, inside a
+package, every ``importlib.import_module`` call whose target the source names (see ``module_graph``).
 
 The allowed edges restate the project's architecture (the shared ARCHITECTURE.md, kept outside this
 repository): ``lerobot-cli → {trainloop, ckpt, parallel}``, ``trainloop → parallel``, ``ckpt`` alone.
@@ -66,15 +67,42 @@ def _module_name(src: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_graph(package: str) -> dict[str, set[str]]:
-    """Module → the modules of the same package it imports (function-level imports included:
-    a lazy import is still a dependency, it only moves the cost)."""
-    src = ROOT / "packages" / package.replace("_", "-") / "src" / package
+def _is_import_call(node: ast.AST) -> bool:
+    """``importlib.import_module(...)``, ``import_module(...)`` or ``__import__(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return ((isinstance(func, ast.Attribute) and func.attr == "import_module")
+            or (isinstance(func, ast.Name) and func.id in ("import_module", "__import__")))
+
+
+def _named_modules(text: str, name: str, is_pkg: bool, modules: dict) -> list[str]:
+    """The modules of the package a string names: ``pkg.mod``, ``pkg.mod:attr`` (an entry-point style
+    target), or, in a package's ``__init__``, a submodule's short name (``f"{__name__}.{short}"``).
+    Never ``name``'s own packages: they are imported before it anyway, and a string equal to one is
+    something else (``"lerobot_cli.policies"`` is also the plugins' entry-point group)."""
+    dotted = text.partition(":")[0]
+    found = [dotted] if dotted in modules else []
+    if is_pkg and f"{name}.{text}" in modules:
+        found.append(f"{name}.{text}")
+    return [m for m in found if not name.startswith(f"{m}.")]
+
+
+def module_graph(package: str, src: Path | None = None) -> dict[str, set[str]]:
+    """Module → the modules of the same package it imports: every ``import`` statement (inside functions
+    and ``TYPE_CHECKING`` blocks too: a lazy import is still a dependency, it only moves the cost), an
+    edge to the package root included (``from pkg import name`` runs ``pkg/__init__``, which may itself
+    re-export the importer), and every ``importlib.import_module``/``__import__`` call: a constant name,
+    or, when the name is computed (a lazy re-export's ``__getattr__``, a registry), every string in that
+    module that names a module of the package (``_LAZY``'s values, ``"pkg.mod:attr"`` targets)."""
+    src = src or ROOT / "packages" / package.replace("_", "-") / "src" / package
     modules = {_module_name(src, p): p for p in src.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         is_pkg = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -84,10 +112,18 @@ def module_graph(package: str) -> dict[str, set[str]]:
                     anchor = name.split(".")[: len(name.split(".")) - node.level + (1 if is_pkg else 0)]
                     base = ".".join([*anchor, base] if base else anchor)
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif _is_import_call(node) and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    relative = first.value.startswith(".")
+                    anchor = name if is_pkg else name.rpartition(".")[0]
+                    targets = [anchor + first.value if relative else first.value]
+                else:
+                    targets = [m for text in strings for m in _named_modules(text, name, is_pkg, modules)]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
-                if target and target != name and target.startswith(package) and target != package:
+                if target and target != name and target.startswith(package):
                     graph[name].add(target)
     return graph
 
@@ -136,3 +172,29 @@ def test_modules_inside_a_package_form_a_dag(package):
 
 def test_cycle_finder_finds_a_lazy_cycle():
     assert cycles({"p.a": {"p.b"}, "p.b": {"p.a"}, "p.c": {"p.a"}}) == [["p.a", "p.b"]]
+
+
+def test_graph_sees_cycles_through_the_package_root_and_import_module(tmp_path):
+    """The edges a source scan most easily drops: ``from pkg import name`` (the root, which lazily
+    re-exports the importer through a ``_LAZY`` table and ``importlib.import_module``), a constant
+    ``import_module`` name, a relative one, and a ``"module:attr"`` registry target."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        'import importlib\n_LAZY = {"Loop": "pkg.loop"}\n\n'
+        "def __getattr__(name):\n    return getattr(importlib.import_module(_LAZY[name]), name)\n")
+    (pkg / "loop.py").write_text("from pkg import Config\n")
+    (pkg / "a.py").write_text('import importlib\n\ndef f():\n    return importlib.import_module("pkg.b")\n')
+    (pkg / "b.py").write_text("from pkg.a import f\n")
+    (pkg / "sub" / "__init__.py").write_text(
+        'from importlib import import_module\n\ndef g():\n    return import_module(".c", __name__)\n')
+    (pkg / "sub" / "c.py").write_text("import pkg.sub\n")
+    (pkg / "registry.py").write_text(
+        'import importlib\nBUILTIN = {"x": "pkg.plugin:X"}\n\n'
+        "def load(key):\n    module, _, attr = BUILTIN[key].partition(':')\n"
+        "    return getattr(importlib.import_module(module), attr)\n")
+    (pkg / "plugin.py").write_text("from pkg.registry import load\n")
+    graph = module_graph("pkg", pkg)
+    assert graph["pkg.loop"] == {"pkg"} and graph["pkg"] == {"pkg.loop"}
+    assert cycles(graph) == [["pkg", "pkg.loop"], ["pkg.a", "pkg.b"], ["pkg.plugin", "pkg.registry"],
+                             ["pkg.sub", "pkg.sub.c"]]

@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from lerobot_ckpt._torch import INSTALL, torch_missing
+from lerobot_ckpt._version import __version__ as __version__  # a leaf: state.record reads it too
 from lerobot_ckpt.commit.filesystem import fsync_dir, remove_quietly
 from lerobot_ckpt.commit.run_lock import LockHolder, RunDirectoryError, RunDirectoryLockedError, RunLock
 from lerobot_ckpt.commit.set_aside import set_aside
@@ -68,8 +69,6 @@ if TYPE_CHECKING:
     from lerobot_ckpt.safetensors.files import read_tensors, write_tensors
     from lerobot_ckpt.save import save_checkpoint
     from lerobot_ckpt.state.model import unwrap_model
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "AsyncCheckpointer": "lerobot_ckpt.async_save",

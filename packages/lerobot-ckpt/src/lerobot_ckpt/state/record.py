@@ -21,6 +21,7 @@ from attrs import Factory, define, field
 from cattrs import transform_error
 from cattrs.errors import ClassValidationError, IterableValidationError
 
+from lerobot_ckpt._version import __version__
 from lerobot_ckpt.commit.filesystem import fsync_dir, write_json
 from lerobot_ckpt.discovery import resolve_checkpoint_dir
 from lerobot_ckpt.errors import (
@@ -256,8 +257,6 @@ def package_versions(*names: str) -> dict[str, str]:
 
 def own_version() -> str:
     """The version of lerobot-ckpt itself, as installed (the source tree's when run from a checkout)."""
-    from lerobot_ckpt import __version__
-
     return package_versions("lerobot-ckpt").get("lerobot-ckpt", __version__)
 
 
