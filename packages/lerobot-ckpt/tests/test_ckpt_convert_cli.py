@@ -182,12 +182,14 @@ def fake_hub(monkeypatch):
 
 def test_push_to_hub_uploads_the_converted_pretrained_model_and_never_shards(tmp_path, fake_hub, capsys):
     step = make_checkpoint(tmp_path)
+    # our settings LeRobot's config.json cannot hold (pi0's vision_variant, tokenizer_name) travel with it
+    (step / "pretrained_model" / "config_extensions.json").write_text('{"type": "pi0"}')
     assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy", "--private=true"]) == 0
     (_, repo), (_, commit) = fake_hub
     assert repo == {"repo_id": "user/policy", "private": True, "exist_ok": True, "repo_type": "model"}
     ops = commit["operations"]
     assert [op.path_in_repo for op in ops] == [
-        "config.json", "model.safetensors", "policy_postprocessor.json",
+        "config.json", "config_extensions.json", "model.safetensors", "policy_postprocessor.json",
         "policy_postprocessor_step_0_unnormalizer.safetensors", "policy_preprocessor.json",
         "policy_preprocessor_step_0_normalizer.safetensors", "train_config.json", "README.md"]
     card = ops[-1].path_or_fileobj
@@ -195,7 +197,7 @@ def test_push_to_hub_uploads_the_converted_pretrained_model_and_never_shards(tmp
     assert b"lerobot-convert-dcp" in card and b"--policy.path=user/policy" in card
     assert all("pytorch_model_fsdp_0" not in str(op.path_or_fileobj) for op in ops)
     assert (step / "pretrained_model" / "pytorch_model_fsdp_0").is_dir()  # converting kept them
-    assert "uploaded config.json, model.safetensors" in capsys.readouterr().out
+    assert "uploaded config.json, config_extensions.json, model.safetensors" in capsys.readouterr().out
 
 
 def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures(tmp_path, fake_hub, monkeypatch,

@@ -39,9 +39,10 @@ def test_every_file_name_of_the_documented_layout(tmp_path):
     def rel(path):
         return path.relative_to(tmp_path / "005000").as_posix()
 
-    assert [rel(x) for x in (p.policy_config, p.train_config, p.model_weights, p.model_dcp, p.preprocessor_config,
-                             p.postprocessor_config, p.adapter_weights, p.adapter_config)] == [
-        "pretrained_model/config.json", "pretrained_model/train_config.json", "pretrained_model/model.safetensors",
+    assert [rel(x) for x in (p.policy_config, p.policy_config_extensions, p.train_config, p.model_weights, p.model_dcp,
+                             p.preprocessor_config, p.postprocessor_config, p.adapter_weights, p.adapter_config)] == [
+        "pretrained_model/config.json", "pretrained_model/config_extensions.json",
+        "pretrained_model/train_config.json", "pretrained_model/model.safetensors",
         "pretrained_model/pytorch_model_fsdp_0", "pretrained_model/policy_preprocessor.json",
         "pretrained_model/policy_postprocessor.json", "pretrained_model/adapter_model.safetensors",
         "pretrained_model/adapter_config.json"]

@@ -27,7 +27,10 @@ EMA_PRETRAINED_MODEL_DIR = "pretrained_model_ema"  # LeRobot's: the EMA weights,
 TRAINING_STATE_DIR = "training_state"
 
 # pretrained_model/
-POLICY_CONFIG = "config.json"
+POLICY_CONFIG = "config.json"  # LeRobot's: only fields its config class has, so its parser accepts the file
+# Our policy settings LeRobot's config class lacks (pi0's vision_variant, tokenizer_name): a sidecar beside
+# config.json, read by lerobot_cli and ignored by LeRobot (it opens config.json alone).
+POLICY_CONFIG_EXTENSIONS = "config_extensions.json"
 TRAIN_CONFIG = "train_config.json"
 MODEL_WEIGHTS = "model.safetensors"
 MODEL_DCP_DIR = "pytorch_model_fsdp_0"  # accelerate's name, so its merge tool reads our shards
@@ -125,6 +128,10 @@ class CheckpointPaths:
     @property
     def policy_config(self) -> Path:
         return self.pretrained_model / POLICY_CONFIG
+
+    @property
+    def policy_config_extensions(self) -> Path:
+        return self.pretrained_model / POLICY_CONFIG_EXTENSIONS
 
     @property
     def train_config(self) -> Path:

@@ -18,6 +18,7 @@ from lerobot_ckpt.layout import (
     MODEL_CARD,
     MODEL_WEIGHTS,
     POLICY_CONFIG,
+    POLICY_CONFIG_EXTENSIONS,
     POSTPROCESSOR_CONFIG,
     POSTPROCESSOR_STATE_GLOB,
     PREPROCESSOR_CONFIG,
@@ -25,8 +26,10 @@ from lerobot_ckpt.layout import (
     TRAIN_CONFIG,
 )
 
-UPLOADED_NAMES = (POLICY_CONFIG, TRAIN_CONFIG, MODEL_WEIGHTS, ADAPTER_WEIGHTS, ADAPTER_CONFIG, PREPROCESSOR_CONFIG,
-                  POSTPROCESSOR_CONFIG, MODEL_CARD)
+# config_extensions.json goes with config.json: without it our loader falls back to defaults for the settings
+# LeRobot's config lacks (a tiny pi0 would then be rebuilt at full size).
+UPLOADED_NAMES = (POLICY_CONFIG, POLICY_CONFIG_EXTENSIONS, TRAIN_CONFIG, MODEL_WEIGHTS, ADAPTER_WEIGHTS, ADAPTER_CONFIG,
+                  PREPROCESSOR_CONFIG, POSTPROCESSOR_CONFIG, MODEL_CARD)
 UPLOADED_GLOBS = (PREPROCESSOR_STATE_GLOB, POSTPROCESSOR_STATE_GLOB)
 
 
