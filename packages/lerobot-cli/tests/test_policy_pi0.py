@@ -10,7 +10,11 @@ import torch
 from lerobot_cli.policies.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.pi0.config import PI0Config
 from lerobot_cli.policies.pi0.modeling import PI0Policy
-from lerobot_cli.policies.serialization import policy_config_from_dict, policy_config_to_dict
+from lerobot_cli.policies.serialization import (
+    policy_config_extensions,
+    policy_config_from_dict,
+    policy_config_to_dict,
+)
 
 PREFIX = "model.paligemma_with_expert."
 FEATURES = {
@@ -178,9 +182,10 @@ def test_config_json_is_lerobots_when_only_lerobot_settings_are_used():
     assert data["type"] == "pi0" and "vision_variant" not in data and "tokenizer_name" not in data
     assert data["paligemma_variant"] == "gemma_2b" and data["tokenizer_max_length"] == 48
     assert data["normalization_mapping"] == {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
-    ours = policy_config_to_dict(tiny())
-    assert ours["vision_variant"] == "tiny"
-    assert policy_config_from_dict(json.loads(json.dumps(ours))) == tiny()
+    # Our settings go to config_extensions.json, whatever their values: config.json stays LeRobot's.
+    ours, extensions = policy_config_to_dict(tiny()), policy_config_extensions(tiny())
+    assert "vision_variant" not in ours and extensions["vision_variant"] == "tiny"
+    assert policy_config_from_dict(json.loads(json.dumps({**ours, **extensions}))) == tiny()
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -16,7 +16,11 @@ from lerobot_cli.policies.pi0.flow import attention_mask_2d
 from lerobot_cli.policies.pi0.modeling import PI0Policy
 from lerobot_cli.policies.pi05.config import PI05Config
 from lerobot_cli.policies.pi05.modeling import PI05Policy
-from lerobot_cli.policies.serialization import policy_config_from_dict, policy_config_to_dict
+from lerobot_cli.policies.serialization import (
+    policy_config_extensions,
+    policy_config_from_dict,
+    policy_config_to_dict,
+)
 
 _spec = importlib.util.spec_from_file_location("_pi0_cases", Path(__file__).with_name("test_policy_pi0.py"))
 pi0_cases = importlib.util.module_from_spec(_spec)
@@ -240,9 +244,10 @@ def test_config_json_is_lerobots_when_only_lerobot_settings_are_used():
     # Everything else is pi0's default (LeRobot's PI05Config differs from its PI0Config in those two only).
     pi0 = policy_config_to_dict(PI0Config(**FEATURES))
     assert {k for k in data if data[k] != pi0[k]} == {"type", "tokenizer_max_length", "normalization_mapping"}
-    ours = policy_config_to_dict(tiny())
-    assert ours["vision_variant"] == "tiny"
-    assert policy_config_from_dict(json.loads(json.dumps(ours))) == tiny()
+    # Our settings go to config_extensions.json, whatever their values: config.json stays LeRobot's.
+    ours, extensions = policy_config_to_dict(tiny()), policy_config_extensions(tiny())
+    assert "vision_variant" not in ours and extensions["vision_variant"] == "tiny"
+    assert policy_config_from_dict(json.loads(json.dumps({**ours, **extensions}))) == tiny()
 
 
 def test_registered_with_pi05s_processors():

@@ -7,9 +7,11 @@ shape LeRobot's draccus writes, so files cross between the two projects. Structu
 have (LeRobot grows fields such as ``pretrained_revision``) are dropped with an ``UnknownConfigKeysWarning``
 instead of failing, since refusing a LeRobot checkpoint over a flag we do not use helps nobody.
 
-A config class may name ``lerobot_extension_fields`` (``{field: default}``): fields of ours that LeRobot's
-class lacks, written only when they differ from that default, so that a config using only LeRobot's
-settings stays a file LeRobot's parser accepts.
+A config class may name ``lerobot_extension_fields``: fields of ours that LeRobot's class lacks. They are
+never written into ``config.json`` (LeRobot's parser refuses unknown keys) but into the sidecar
+``config_extensions.json`` beside it (``policies.extensions``), so every ``config.json`` we write parses with
+LeRobot whatever the settings. ``policy_config_to_dict`` is ``config.json``'s dict, ``policy_config_extensions``
+the sidecar's; our own ``train_config.json`` keeps every field of its policy in one place.
 
 ``configure_converter`` installs these hooks on any converter, so the CLI's ``train_config.json``
 converter handles ``policy: PolicyConfig | None`` the same way.
@@ -29,7 +31,7 @@ from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 from lerobot_ckpt.layout import POLICY_CONFIG
 
-from lerobot_cli.policies import registry
+from lerobot_cli.policies import extensions, registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import PolicyFeature
 
@@ -64,12 +66,7 @@ def _policy_unstructurer(converter: cattrs.Converter) -> Callable[[PolicyConfig]
         cls = type(config)
         if cls not in per_class:
             per_class[cls] = make_dict_unstructure_fn(cls, converter)
-        data = per_class[cls](config)
-        # Fields LeRobot's class lacks are written only when set: LeRobot's parser refuses unknown keys.
-        for name, default in getattr(cls, "lerobot_extension_fields", {}).items():
-            if data.get(name) == default:
-                data.pop(name)
-        return {"type": cls.type, **data}
+        return {"type": cls.type, **per_class[cls](config)}
 
     return unstructure
 
@@ -125,9 +122,19 @@ def configure_converter(converter: cattrs.Converter, *, strict: bool = False) ->
 converter: cattrs.Converter = configure_converter(cattrs.Converter(detailed_validation=False))
 
 
-def policy_config_to_dict(config: PolicyConfig) -> dict[str, Any]:
-    """The JSON-ready dict of ``config``: ``"type"`` first, then every field."""
+def _full_dict(config: PolicyConfig) -> dict[str, Any]:
     return converter.unstructure(config, unstructure_as=PolicyConfig)
+
+
+def policy_config_to_dict(config: PolicyConfig) -> dict[str, Any]:
+    """``config.json``'s JSON-ready dict: ``"type"`` first, then every field LeRobot's class has (every field,
+    for a policy LeRobot lacks); the others are in :func:`policy_config_extensions`."""
+    return extensions.split(_full_dict(config), type(config))[0]
+
+
+def policy_config_extensions(config: PolicyConfig) -> dict[str, Any]:
+    """The sidecar's dict: ``"type"``, then the fields LeRobot's class lacks; empty when there are none."""
+    return extensions.split(_full_dict(config), type(config))[1]
 
 
 def policy_config_from_dict(data: Mapping[str, Any], cls: type[PolicyConfig] = PolicyConfig) -> PolicyConfig:
@@ -141,16 +148,20 @@ def _config_file(path: str | Path) -> Path:
 
 
 def save_policy_config(config: PolicyConfig, path: str | Path) -> Path:
-    """Write ``config.json`` (``path`` is a directory or the file itself); returns the file written."""
+    """Write ``config.json`` and, for a policy with fields LeRobot lacks, ``config_extensions.json`` beside it
+    (``path`` is a directory or the config file itself); returns the config file written."""
     path = Path(path)
     file = path / CONFIG_NAME if path.suffix != ".json" else path
     file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(policy_config_to_dict(config), indent=4) + "\n")
+    lerobot, ours = extensions.split(_full_dict(config), type(config))
+    file.write_text(json.dumps(lerobot, indent=4) + "\n")
+    extensions.write_sidecar(ours, extensions.sidecar_path(file))
     return file
 
 
 def load_policy_config(path: str | Path) -> PolicyConfig:
-    """Read a policy ``config.json`` (ours or LeRobot's) from a directory or the file itself."""
+    """Read a policy ``config.json`` (ours or LeRobot's) from a directory or the file itself, with the
+    ``config_extensions.json`` beside it when there is one (without it, those fields keep their defaults)."""
     file = _config_file(path)
     if not file.is_file():
         raise FileNotFoundError(f"no policy config at {file}")
@@ -158,4 +169,9 @@ def load_policy_config(path: str | Path) -> PolicyConfig:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{file} is not valid JSON: {exc}") from None
+    if isinstance(data, dict):
+        data, unknown = extensions.merge_sidecar(data, file)
+        if unknown:
+            warnings.warn(f"{extensions.SIDECAR_NAME}: ignoring keys the {data['type']} policy does not define: "
+                          f"{', '.join(unknown)}", UnknownConfigKeysWarning, stacklevel=2)
     return policy_config_from_dict(data)

@@ -2,10 +2,11 @@
 
 Names and defaults equal LeRobot's, so a ``config.json`` written by either side loads in the other.
 Two fields are ours: ``vision_variant`` (LeRobot always builds SigLIP so400m) and ``tokenizer_name``
-(LeRobot's processor always names ``google/paligemma-3b-pt-224``). They are written into
-``config.json`` only when they differ from those defaults (``lerobot_extension_fields``), because
-LeRobot's config parser refuses keys it does not know. ``gemma_tiny`` and ``vision_variant=tiny`` are
-for tests and CPU demos; a config using them is ours alone.
+(LeRobot's processor always names ``google/paligemma-3b-pt-224``). They are never written into
+``config.json``, whose unknown keys LeRobot's parser refuses, but into ``config_extensions.json`` beside it
+(``lerobot_extension_fields``, see ``policies.extensions``). ``gemma_tiny`` and ``vision_variant=tiny`` are
+for tests and CPU demos; LeRobot refuses ``paligemma_variant=gemma_tiny`` in a ``config.json`` (it has no
+such model), so a config using them is ours alone.
 
 LeRobot fields this stack does not implement are kept so that LeRobot's files load, and refused
 when set to anything but their off value: ignoring them would train something else than asked.
@@ -20,10 +21,13 @@ from attrs import define, field
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
-from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
+from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, LEROBOT_GEMMA_VARIANTS, VISION_VARIANTS
 
 DTYPES = ("float32", "bfloat16")
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
+# LeRobot's RTCConfig fields: config.json's rtc_config may hold no other key (LeRobot refuses the file).
+RTC_FIELDS = ("enabled", "prefix_attention_schedule", "max_guidance_weight", "execution_horizon", "debug",
+              "debug_maxlen")
 
 
 def _pi0_normalization() -> dict[str, NormalizationMode]:
@@ -39,8 +43,8 @@ def _choice(name: str, value: str, choices) -> None:
 class PiFlowConfig(PolicyConfig):
     """Fields pi0 and pi05 share (LeRobot keeps two copies of them; here they are written once)."""
 
-    lerobot_extension_fields: ClassVar[dict[str, Any]] = {"vision_variant": "so400m",
-                                                          "tokenizer_name": PALIGEMMA_TOKENIZER}
+    # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
+    lerobot_extension_fields: ClassVar[tuple[str, ...]] = ("tokenizer_name", "vision_variant")
 
     paligemma_variant: str = "gemma_2b"
     action_expert_variant: str = "gemma_300m"
@@ -124,6 +128,13 @@ class PiFlowConfig(PolicyConfig):
                 f"{self.action_expert_variant} have different attention heads; joint attention needs the same "
                 "number of heads, key/value heads and head size in both towers"
             )
+        if self.vision_variant != "so400m" and self.paligemma_variant in LEROBOT_GEMMA_VARIANTS:
+            # vision_variant is not in config.json (LeRobot's class lacks it): LeRobot would read this config as
+            # a so400m model, fail to load our weights into it and keep random ones (its pi0 loader only warns).
+            # With gemma_tiny, LeRobot refuses the config.json by its paligemma_variant instead.
+            raise ValueError(f"--policy.vision_variant={self.vision_variant} needs --policy.paligemma_variant=gemma_tiny "
+                             f"(got {self.paligemma_variant}): LeRobot's config.json has no vision_variant and would "
+                             "describe a full-size SigLIP")
         self._refuse_unsupported()
 
     def _refuse_unsupported(self) -> None:
@@ -133,9 +144,16 @@ class PiFlowConfig(PolicyConfig):
                              "processors are not implemented); train with absolute actions")
         if self.compile_model:
             raise ValueError("--policy.compile_model=true is not supported here; leave it false")
-        if self.rtc_config is not None and self.rtc_config.get("enabled", False):
-            raise ValueError("--policy.rtc_config with enabled=true is not supported here (real-time chunking is an "
-                             "inference feature of LeRobot); set it to null")
+        if self.rtc_config is not None:
+            unknown = sorted(set(self.rtc_config) - set(RTC_FIELDS))
+            if unknown:
+                raise ValueError(f"--policy.rtc_config: unknown keys {', '.join(unknown)} (LeRobot's RTCConfig has "
+                                 f"{', '.join(RTC_FIELDS)})")
+            # A missing "enabled" is true to LeRobot (RTCConfig's default): {} means real-time chunking on.
+            if self.rtc_config.get("enabled", True):
+                raise ValueError("--policy.rtc_config with enabled=true (LeRobot's default when the key is missing) "
+                                 "is not supported here (real-time chunking is an inference feature of LeRobot); set "
+                                 "it to null")
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""
