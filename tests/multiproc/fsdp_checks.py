@@ -31,7 +31,7 @@ from lerobot_parallel.plan import build_plan
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.testing import BlockRegressor, PlainRegressor, TiedTokenModel
 from lerobot_parallel.wrap import wrap_model
-from regions_checks import regions_check
+from regions_checks import block_calls, params_gathered, regions_check, summarize
 from torch.distributed.tensor import DTensor
 
 
@@ -118,27 +118,35 @@ def joint_towers_check(rt) -> dict:
 def pi0_check(rt) -> dict:
     """Tiny pi0 under FSDP2 with its grouped joint-layer units: the same full batch on every rank, so
     the gradients must equal one process's bitwise; every parameter is a DTensor shard."""
+    from lerobot_cli.policies.pi0.gemma import ExpertLayer, PaliGemmaLayer
     from pi0_tiny import pi0_batch, tiny_pi0
 
-    policy = tiny_pi0()
-    wrapped = wrap_model(policy, rt, build_plan(policy, rt))
-    loss, _ = wrapped.model(*pi0_batch())
-    loss.backward()
+    def run(acc: AcceleratorConfig) -> tuple[torch.nn.Module, torch.Tensor, dict]:
+        """One forward and backward, recording each ``PaliGemmaLayer.joint`` call (see regions_checks)."""
+        with block_calls(PaliGemmaLayer, "joint") as calls:
+            policy = tiny_pi0()
+            model = wrap_model(policy, rt, build_plan(policy, rt, acc)).model
+            loss, _ = model(*pi0_batch())
+            layers = [m for m in model.modules() if isinstance(m, PaliGemmaLayer)]
+            experts = [m for m in model.modules() if isinstance(m, ExpertLayer)]
+            calls["resharded_before_backward"] = all(not params_gathered(m) for m in [*layers, *experts])
+            calls["phase"] = "backward"
+            loss.backward()
+        return model, loss.detach(), summarize(calls)
+
+    model, loss, calls = run(AcceleratorConfig())
     grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).flatten().tolist()
-             for n, p in wrapped.model.named_parameters() if p.grad is not None}
+             for n, p in model.named_parameters() if p.grad is not None}
     # --policy.gradient_checkpointing=true is activation checkpointing of the units: the joint method,
     # checkpointed and registered with FSDP, recomputes each pair after FSDP gathered it again in backward
-    checkpointed = tiny_pi0()
-    acc = AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig("full"))
-    ac_model = wrap_model(checkpointed, rt, build_plan(checkpointed, rt, acc)).model
-    ac_loss, _ = ac_model(*pi0_batch())
-    ac_loss.backward()
+    ac_model, ac_loss, ac_calls = run(AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig("full")))
     ac_diff = max(float(((p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).flatten()
                          - torch.tensor(grads[n])).abs().max())
                   for n, p in ac_model.named_parameters() if p.grad is not None)
-    return {"loss": float(loss), "grads": grads, "shards": shard_facts(wrapped.model),
+    return {"loss": float(loss), "grads": grads, "shards": shard_facts(model),
             "grouped": [u.label for u in build_plan(tiny_pi0(), rt).units if u.members],
-            "checkpointed_loss": float(ac_loss.detach()), "checkpointed_grad_diff": ac_diff}
+            "checkpointed_loss": float(ac_loss), "checkpointed_grad_diff": ac_diff,
+            "calls": calls, "checkpointed_calls": ac_calls}
 
 
 def main() -> None:

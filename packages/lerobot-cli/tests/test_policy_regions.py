@@ -62,7 +62,7 @@ def test_act_default_checkpointing_keeps_gradients_and_halves_saved_bytes(mode):
     assert loss1 == loss0
     assert grads1.keys() == grads0.keys()
     for name, g in grads0.items():
-        torch.testing.assert_close(grads1[name], g, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(grads1[name], g, rtol=0, atol=0, msg=name)  # bitwise: the same ops recomputed
     assert bytes1 <= 0.5 * bytes0, (bytes0, bytes1)
 
 
@@ -91,7 +91,7 @@ def test_checkpointing_with_lora_trains_only_adapters_with_the_same_gradients():
     assert plan.blocks and all(b.path.startswith("base_model.model.") for b in plan.blocks)
     assert plain.keys() == checkpointed.keys() and all("lora_" in n for n in plain)
     for name, g in plain.items():
-        torch.testing.assert_close(checkpointed[name], g, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(checkpointed[name], g, rtol=0, atol=0, msg=name)  # bitwise: the same ops recomputed
 
 
 @pytest.mark.parametrize("regional", [True, False])

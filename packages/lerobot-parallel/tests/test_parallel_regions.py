@@ -53,8 +53,8 @@ def test_checkpointing_keeps_gradients_and_saves_fewer_bytes(mode, model_fn):
     loss1, grads1, bytes1, plan = run(model_fn(), accelerator(mode), batch)
     assert plan.blocks and plan.activation_checkpointing == mode
     assert loss1 == loss0
-    for name, g in grads0.items():
-        torch.testing.assert_close(grads1[name], g, rtol=0, atol=1e-6, msg=name)
+    for name, g in grads0.items():  # bitwise: the recomputation repeats the same ops on the same values
+        torch.testing.assert_close(grads1[name], g, rtol=0, atol=0, msg=name)
     # full keeps each block's input only; selective also its matmul outputs, and recomputes the rest
     assert bytes1 < (0.25 if mode == "full" else 0.75) * bytes0, (bytes0, bytes1)
 
