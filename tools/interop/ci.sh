@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # LeRobot interop checks for CI: build (or reuse) LeRobot 0.6.1's own environment from this machine's
-# Python 3.12, then run every policy's round trip against it (tools/interop/*_lerobot_interop.py).
+# Python 3.12, then run lerobot-parallel's, lerobot-ckpt's and lerobot-trainloop's own tests on its torch
+# and every policy's round trip against it (tools/interop/*_lerobot_interop.py).
 #
 # The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
 # lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, the
@@ -55,6 +56,20 @@ else
 fi
 
 status=0
+# The libraries on the torch their users have: lerobot-parallel, lerobot-ckpt[torch] and lerobot-trainloop
+# declare torch >= 2.11 (LeRobot's); their own tests run here on LeRobot's torch, which is pinned so that
+# installing them cannot move it.
+lerobot_torch="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("torch"))')"
+echo "interop: the libraries' tests on LeRobot's torch ${lerobot_torch}"
+if uv pip install -q --python "$VENV/bin/python" --constraint <(echo "torch==${lerobot_torch}") pytest \
+      -e packages/lerobot-parallel -e "packages/lerobot-ckpt[torch]" -e packages/lerobot-trainloop \
+    && "$VENV/bin/python" -m pytest -q -p no:cacheprovider --import-mode=importlib \
+      packages/lerobot-parallel/tests packages/lerobot-ckpt/tests packages/lerobot-trainloop/tests; then
+  echo "interop: libraries on torch ${lerobot_torch}: PASS"
+else
+  echo "interop: FAILED: the libraries' tests on LeRobot's torch ${lerobot_torch}" >&2
+  status=1
+fi
 for check in tools/interop/*_lerobot_interop.py; do
   echo "interop: $(basename "$check")"
   if ! uv run --frozen python "$check" --lerobot-python "$VENV/bin/python"; then

@@ -56,13 +56,17 @@ def _save(directory: Path, state) -> Path:
     return directory
 
 
+NEWER_THAN_2_11 = {"bcomplex32"}  # dtypes torch 2.11 (LeRobot 0.6.1's) does not define yet
+
+
 def test_dtype_table_is_torchs():
     """Every torch dtype has an entry with its element size and kind; the safetensors codes are
     safetensors' own."""
     from safetensors.torch import _TYPES
 
     canonical = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype) and str(getattr(torch, n)) == f"torch.{n}"}
-    assert canonical == set(DTYPES)
+    # The table spans every torch the package supports (2.11 to 2.15): the running one may lack newer dtypes.
+    assert canonical <= set(DTYPES) and set(DTYPES) - canonical <= NEWER_THAN_2_11
     for name in canonical:
         real, ours = getattr(torch, name), DTYPES[name]
         assert (ours.itemsize, ours.is_floating_point, ours.torch) == (real.itemsize, real.is_floating_point, real)
@@ -105,7 +109,7 @@ def test_stand_in_fields_match_torchs_objects(tmp_path):
         assert type(mine).__name__ == type(entry).__name__, key
         if hasattr(entry, "properties"):
             assert str(mine.properties.dtype) == str(entry.properties.dtype)
-            assert mine.properties.strides == entry.properties.strides
+            assert mine.properties.strides == getattr(entry.properties, "strides", None)  # torch ≥ 2.12
             assert mine.properties.layout == str(entry.properties.layout)
             assert mine.size == tuple(entry.size)
             assert [(c.offsets, c.sizes) for c in mine.chunks] == [(tuple(c.offsets), tuple(c.sizes))

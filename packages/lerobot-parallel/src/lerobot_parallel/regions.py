@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,6 +50,13 @@ def _selective_policy(saved: frozenset[Any]) -> Callable[..., CheckpointPolicy]:
     return policy
 
 
+# respect_saved_tensors_hooks (torch ≥ 2.12): what selective keeps goes through the caller's saved-tensor
+# hooks (offloading, counting) like every other saved tensor; older torch (LeRobot's 2.11) has no such
+# argument and keeps those tensors outside the hooks, which changes nothing this package does with them.
+_HOOKS_SEE_SAC_SAVES = ({"respect_saved_tensors_hooks": True}
+                        if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
+
+
 def checkpointed(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
     """``fn`` run under non-reentrant ``torch.utils.checkpoint`` (``full``) or selective checkpointing.
 
@@ -66,9 +74,7 @@ def checkpointed(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         if policy is None:
             return checkpoint(fn, *args, use_reentrant=False, **kwargs)
-        # respect_saved_tensors_hooks: what selective keeps goes through the caller's saved-tensor hooks
-        # (offloading, counting) like every other saved tensor.
-        return checkpoint(fn, *args, use_reentrant=False, respect_saved_tensors_hooks=True,
+        return checkpoint(fn, *args, use_reentrant=False, **_HOOKS_SEE_SAC_SAVES,
                           context_fn=functools.partial(create_selective_checkpoint_contexts, policy), **kwargs)
 
     return run

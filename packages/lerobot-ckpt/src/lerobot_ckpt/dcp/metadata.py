@@ -144,6 +144,9 @@ _GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
+ALLOWED_GLOBALS = frozenset(_GLOBALS)  # besides torch.<dtype>: what a torch-side reader may resolve
+
+
 class UnknownGlobal(pickle.UnpicklingError):
     def __init__(self, module: str, name: str) -> None:
         super().__init__(f"{module}.{name}")
