@@ -23,10 +23,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from lerobot_ckpt import Parallelism, RunInfo, TrainingObjects, save_checkpoint, write_tensors
 from torch import nn
 from torch.distributed.fsdp import fully_shard
-
-from lerobot_ckpt import Parallelism, RunInfo, TrainingObjects, save_checkpoint, write_tensors
 
 OUT = Path(__file__).resolve().parents[1] / "packages" / "lerobot-ckpt" / "tests" / "data"
 
