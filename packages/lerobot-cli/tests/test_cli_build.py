@@ -98,6 +98,19 @@ def test_a_resume_can_turn_activation_checkpointing_off(tmp_path):
     assert cfg.accelerator.activation_checkpointing.mode == "none" and cfg.resume
 
 
+def test_none_against_the_policys_own_checkpointing_switch_is_refused():
+    from lerobot_cli.cli.checks import check_checkpointing_off
+
+    flags = {"policy.type": "pi0", "policy.gradient_checkpointing": "true",
+             "accelerator.activation_checkpointing.mode": "none"}
+    cfg = build_train_config(flags).config
+    with pytest.raises(UsageError, match=r"add --policy.gradient_checkpointing=false to turn it off"):
+        check_checkpointing_off(cfg, flags)
+    check_checkpointing_off(cfg, {k: v for k, v in flags.items() if k.startswith("policy.")})  # none by default
+    flags["policy.gradient_checkpointing"] = "false"
+    check_checkpointing_off(build_train_config(flags).config, flags)
+
+
 def test_bare_boolean_flag():
     assert build("--dry_run").dry_run is True
 

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lerobot_cli.cli.argv import split_argv
         from lerobot_cli.cli.build import build_train_config
-        from lerobot_cli.cli.checks import check_runnable
+        from lerobot_cli.cli.checks import check_checkpointing_off, check_runnable
 
         parsed = split_argv(argv)
         if parsed.help:
@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = result.config.finalized()
         cfg = _format_for_resume(cfg, parsed.flags)
         check_runnable(cfg, result.config_path)
+        check_checkpointing_off(cfg, parsed.flags)
         from lerobot_parallel.env_guard import enforce_accelerate_env_guard
 
         enforce_accelerate_env_guard(cfg.accelerator.mixed_precision, warn=warn)

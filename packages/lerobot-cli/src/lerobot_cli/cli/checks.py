@@ -44,6 +44,17 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             raise UsageError(missing_trackio_message())
 
 
+def check_checkpointing_off(cfg: TrainConfig, flags: dict[str, str]) -> None:
+    """``--accelerator.activation_checkpointing.mode=none`` given, while the policy's own
+    ``gradient_checkpointing=true`` (pi0/pi05, LeRobot's field, read as ``full``) would turn it on anyway:
+    say which switch to turn off rather than checkpoint silently (a resume inherits the policy's field)."""
+    given = flags.get("accelerator.activation_checkpointing.mode", "").strip()
+    if given == "none" and getattr(cfg.policy, "gradient_checkpointing", False):
+        raise UsageError("--accelerator.activation_checkpointing.mode=none, but --policy.gradient_checkpointing=true "
+                         "(the policy's own switch, read as mode=full) turns activation checkpointing on: add "
+                         "--policy.gradient_checkpointing=false to turn it off")
+
+
 def check_policy_fits_local_dataset(cfg: TrainConfig) -> None:
     """The policy's feature checks against a dataset already on disk (a camera for pi0/pi05, a diffusion
     crop inside the images, ...), before torch: a refusal there costs one line, not a traceback per rank.
