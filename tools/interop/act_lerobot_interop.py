@@ -19,7 +19,9 @@ interpreters and hands files between them:
 tests keep in packages/lerobot-cli/tests/data/lerobot_act_env/, and ``lerobot-keys FILE`` the list of
 LeRobot's state-dict keys in packages/lerobot-cli/tests/data/act_small_keys.txt.
 ``--variant`` limits the round trip to one config ("vae": post-norm with VAE, camera + state + env;
-"prenorm": pre-norm, GELU, no VAE, two cameras of different sizes, two decoder layers).
+"prenorm": pre-norm, GELU, no VAE, two cameras of different sizes named ``observation.wrist_rgb`` and
+``observation.top``, wrist first, two decoder layers: LeRobot takes every VISUAL feature in the config's order,
+never a key prefix, and so must we).
 Exit status 0 means every comparison passed.
 """
 
@@ -47,12 +49,13 @@ FEATURES = {
 }
 CAMERALESS = {k: v for k, v in FEATURES.items() if v[0] != "VISUAL"}
 # Each variant: (features, config overrides). "vae": the default post-norm ACT with a VAE;
-# "prenorm": pre-norm, GELU, no VAE, two cameras of different sizes, no env state, two decoder layers.
+# "prenorm": pre-norm, GELU, no VAE, two cameras of different sizes, no env state, two decoder layers; the
+# cameras have no observation.images prefix and are not in alphabetical order (the config's order counts).
 VARIANTS = {
     "vae": (FEATURES, {}),
     "prenorm": (
-        {"observation.state": ("STATE", (4,)), "observation.images.left": ("VISUAL", (3, 64, 64)),
-         "observation.images.wrist": ("VISUAL", (3, 32, 48)), "action": ("ACTION", (3,))},
+        {"observation.state": ("STATE", (4,)), "observation.wrist_rgb": ("VISUAL", (3, 32, 48)),
+         "observation.top": ("VISUAL", (3, 64, 64)), "action": ("ACTION", (3,))},
         {"pre_norm": True, "use_vae": False, "feedforward_activation": "gelu", "n_decoder_layers": 2},
     ),
 }

@@ -45,10 +45,12 @@ ATOL = 1e-5
 VARIANTS = {
     # (camera sizes give feature maps of 2x2 or more: on a 1x1 map spatial softmax is constant and the
 # camera would not matter)
-# DDPM, epsilon, one camera with random crops, state + env state, FiLM scale, padding-masked loss
+# DDPM, epsilon, two cameras with random crops, each through its own encoder, state + env state, FiLM scale,
+# padding-masked loss. The cameras have no observation.images prefix and are not in alphabetical order: LeRobot
+# takes every VISUAL feature in the config's order (camera i -> encoder i), never a key prefix, and so must we.
     "ddpm": (
         {"observation.state": ("STATE", (4,)), "observation.environment_state": ("ENV", (3,)),
-         "observation.images.top": ("VISUAL", (3, 72, 80)), "observation.images.wrist": ("VISUAL", (3, 72, 80)),
+         "observation.wrist_rgb": ("VISUAL", (3, 72, 80)), "observation.top": ("VISUAL", (3, 72, 80)),
          "action": ("ACTION", (2,))},
         {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "down_dims": [16, 32], "kernel_size": 5,
          "n_groups": 8, "diffusion_step_embed_dim": 16, "spatial_softmax_num_keypoints": 8,
