@@ -166,3 +166,21 @@ def test_rtc_config_means_to_us_what_it_means_to_lerobot(rtc, message):
     with pytest.raises(ValueError, match=message):
         _pi0(rtc_config=rtc)
     assert _pi0(rtc_config={"enabled": False, "execution_horizon": 5}).rtc_config["enabled"] is False
+
+
+def test_policy_path_reads_the_sidecar_and_flags_override_it(tmp_path):
+    """--policy.path takes our settings from config_extensions.json (train_config.json then records them), and a
+    sidecar key the policy lacks is one warning naming the file, as for config.json."""
+    from lerobot_cli.cli.argv import split_argv
+    from lerobot_cli.cli.build import build_train_config
+
+    pretrained = tmp_path / "pretrained_model"
+    save_policy_config(_pi0(**TINY_VLA, tokenizer_name="/data/tok"), pretrained)
+    extra = json.loads((pretrained / "config_extensions.json").read_text())
+    (pretrained / "config_extensions.json").write_text(json.dumps({**extra, "future_knob": 1}))
+    result = build_train_config(split_argv(["--dataset.repo_id=a/b", f"--policy.path={tmp_path}",
+                                            "--policy.tokenizer_name=/other/tok"]).flags)
+    policy = result.config.policy
+    assert (policy.vision_variant, policy.paligemma_variant, policy.tokenizer_name) == ("tiny", "gemma_tiny", "/other/tok")
+    assert any("config_extensions.json: ignoring keys the pi0 policy does not define: future_knob" in w
+               for w in result.warnings)
