@@ -6,6 +6,7 @@ the two facts people get wrong when they move from one GPU to many.
 
 from __future__ import annotations
 
+import torch
 from lerobot_parallel.batching import effective_batch_line
 from lerobot_parallel.runtime import ParallelRuntime
 from torch import nn
@@ -18,6 +19,23 @@ MODES = {"single": "single process", "ddp": "DDP", "fsdp": "FSDP2", "hsdp": "HSD
 def count_params(model: nn.Module) -> tuple[int, int]:
     params = list(model.parameters())
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def precision_line(mixed_precision: str, policy: nn.Module) -> str:
+    """What the optimizer updates, read from the parameters themselves: under mixed precision fp32 masters
+    (the workload and FSDP2 upcast trainable parameters); without it a policy built in low precision
+    (pi0/pi05 ``--policy.dtype=bfloat16``) has its bf16 values updated directly, which rounds away every
+    update smaller than a bf16 step, so that is said, with the flag that keeps fp32 masters."""
+    trainable = [p for p in policy.parameters() if p.requires_grad and p.is_floating_point()]
+    low = [p for p in trainable if p.dtype != torch.float32]
+    autocast = mixed_precision != "no"
+    if not low:
+        return f"Precision: {mixed_precision}" + (" (autocast, fp32 master weights)" if autocast else "")
+    dtypes = ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in low}))
+    line = (f"Precision: {mixed_precision}{' (autocast)' if autocast else ''}; {sum(p.numel() for p in low):,} of "
+            f"{sum(p.numel() for p in trainable):,} trainable parameters are {dtypes} without fp32 master weights "
+            f"(the optimizer updates the {dtypes} values, as LeRobot does with --policy.dtype=bfloat16)")
+    return line + ("" if autocast else "; --accelerator.mixed_precision=bf16 keeps fp32 masters")
 
 
 def _peft_lines(cfg: TrainConfig) -> list[str]:
@@ -52,8 +70,7 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         (f"Launch: {runtime.launcher}, world size {runtime.world_size}; "
          f"topology dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} ({MODES.get(p.mode, p.mode)})"),
         f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
-        f"Precision: {cfg.accelerator.mixed_precision}"
-        + (" (autocast, fp32 master weights)" if cfg.accelerator.mixed_precision != "no" else ""),
+        precision_line(cfg.accelerator.mixed_precision, policy),
         f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_peft_lines(cfg),

@@ -17,6 +17,7 @@ from lerobot_ckpt.layout import POLICY_CONFIG, POSTPROCESSOR_CONFIG, PREPROCESSO
 from lerobot_parallel.config import AcceleratorConfig, ActivationCheckpointingConfig
 from lerobot_parallel.plan import ShardingPlan, build_plan
 from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_parallel.sharding import upcast_trainable
 from torch import nn
 
 from lerobot_cli.cli.errors import UsageError
@@ -111,7 +112,7 @@ def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -
     precision = cfg.accelerator.mixed_precision
     peft_run = cfg.peft is not None or bool(policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path))
     if resuming and not peft_run:
-        return policy_cfg, build_policy(without_init_only_fields(policy_cfg))
+        return policy_cfg, fp32_masters(build_policy(without_init_only_fields(policy_cfg)), precision)
     if policy_cfg.pretrained_path:
         directory = Path(policy_cfg.pretrained_path)
         if is_adapter_dir(directory):
@@ -123,8 +124,18 @@ def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -
             from lerobot_cli.peft.adapters import wrap_with_peft
 
             return policy_cfg, wrap_with_peft(policy.train(), cfg.peft, base_dir=directory, mixed_precision=precision)
-        return policy_cfg, policy.train()
-    return policy_cfg, build_policy(policy_cfg)
+        return policy_cfg, fp32_masters(policy.train(), precision)
+    return policy_cfg, fp32_masters(build_policy(policy_cfg), precision)
+
+
+def fp32_masters(policy: nn.Module, mixed_precision: str) -> nn.Module:
+    """Under ``--accelerator.mixed_precision`` the optimizer updates fp32 masters in every layout: FSDP2
+    upcasts trainable parameters before sharding, and this does it for one process and DDP, so a
+    ``--policy.dtype=bfloat16`` pi0 trains fp32 masters under bf16 autocast there too (frozen parameters
+    keep their dtype and memory). Without mixed precision its bf16 values are updated, as in LeRobot."""
+    if mixed_precision != "no":
+        upcast_trainable(policy)
+    return policy
 
 
 def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None = None,

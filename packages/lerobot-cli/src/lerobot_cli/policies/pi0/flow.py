@@ -34,8 +34,9 @@ def attention_mask_2d(pad_masks: Tensor, block_starts: Tensor) -> Tensor:
 
 
 def _as_input_of(layer: nn.Linear, x: Tensor) -> Tensor:
-    """``x`` in ``layer``'s weight dtype: with ``dtype=bfloat16`` the projections hold bf16 weights while
-    states, noise and times arrive in fp32 (a no-op in fp32 and under autocast-free FSDP casting)."""
+    """``x`` in ``layer``'s weight dtype. The projections stay fp32 under ``dtype=bfloat16`` (as LeRobot's),
+    so this is a no-op there; an explicit FSDP ``param_dtype`` without autocast gathers them in low
+    precision while states, noise and times arrive in fp32 (the root does not cast its inputs)."""
     return x.to(layer.weight.dtype)
 
 

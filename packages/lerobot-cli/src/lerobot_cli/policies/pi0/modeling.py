@@ -27,8 +27,19 @@ ACTION = "action"
 OBS_STATE = "observation.state"
 LANGUAGE_TOKENS = "observation.language.tokens"
 LANGUAGE_MASK = "observation.language.attention_mask"
-# Kept in fp32 when dtype=bfloat16 (LeRobot's list): the vision path and every norm.
+# dtype=bfloat16 casts the towers (``paligemma_with_expert``) alone, and inside them keeps these parts fp32:
+# LeRobot's ``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params`` (names relative to the towers).
+# The flow model's own projections (action_in/out_proj, state_proj, the time MLPs) stay fp32, as there.
 FLOAT32_PARTS = ("vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm", "model.norm")
+
+
+def cast_towers_like_lerobot(towers: nn.Module) -> None:
+    """bf16 towers with LeRobot's fp32 parts: the same parameters bf16 as LeRobot's bf16 pi0/pi05, so the
+    same weights give the same forward and every key is saved in LeRobot's dtype."""
+    towers.to(torch.bfloat16)
+    for name, param in towers.named_parameters():
+        if any(part in name for part in FLOAT32_PARTS):
+            param.data = param.data.to(torch.float32)
 
 
 def pad_last_dim(x: Tensor, size: int) -> Tensor:
@@ -74,12 +85,9 @@ class PI0Policy(nn.Module):
         self.reset()
 
     def _apply_dtype_and_freezing(self) -> None:
-        if self.config.dtype == "bfloat16":
-            self.model.to(torch.bfloat16)
-            for name, param in self.model.named_parameters():
-                if any(part in name for part in FLOAT32_PARTS):
-                    param.data = param.data.to(torch.float32)
         towers = self.model.paligemma_with_expert
+        if self.config.dtype == "bfloat16":
+            cast_towers_like_lerobot(towers)
         frozen = []
         if self.config.freeze_vision_encoder:
             frozen.append(towers.paligemma.model.vision_tower)
