@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lerobot_cli.policies.features import FeatureType
 from lerobot_cli.policies.pi0.config import PI0Config, PiFlowConfig
 from lerobot_cli.policies.pi0.flow import PI0FlowModel
 
@@ -146,9 +147,14 @@ class PI0Policy(nn.Module):
 
     # -- inputs -----------------------------------------------------------------------------------
     def _images(self, batch: dict[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
-        """SigLIP inputs in [-1, 1] per expected camera, and which rows really have that camera."""
-        expected = list(self.config.with_empty_cameras())
-        cameras = [k for k in expected if k.startswith("observation.image") and k in batch]
+        """SigLIP inputs in [-1, 1] per expected camera, and which rows really have that camera.
+
+        The cameras are the VISUAL input features in the config's order, whatever their names (LeRobot's
+        ``config.image_features``; ``observation.wrist_rgb`` is as much a camera as ``observation.images.top``):
+        those in the batch first, then one all -1 image, masked out, per camera the batch lacks (the
+        ``empty_cameras`` placeholders among them), as LeRobot's ``_preprocess_images`` orders them."""
+        expected = [k for k, f in self.config.with_empty_cameras().items() if f.type == FeatureType.VISUAL]
+        cameras = [k for k in expected if k in batch]
         if not cameras:
             raise KeyError(f"{self.name} batch has none of its cameras {expected}; it has {sorted(batch)}")
         size = tuple(self.config.image_resolution)
@@ -159,7 +165,7 @@ class PI0Policy(nn.Module):
                 image = resize_with_pad(image, *size)
             images.append(image * 2.0 - 1.0)
             masks.append(torch.ones(image.shape[0], dtype=torch.bool, device=image.device))
-        for _ in range(len([k for k in expected if k.startswith("observation.image")]) - len(cameras)):
+        for _ in range(len(expected) - len(cameras)):
             images.append(torch.full_like(images[0], -1.0))
             masks.append(torch.zeros_like(masks[0]))
         return images, masks
