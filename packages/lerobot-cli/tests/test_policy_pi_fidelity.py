@@ -99,6 +99,47 @@ def test_every_visual_input_is_a_camera_in_the_configs_order_whatever_its_name(k
     assert not torch.equal(policy(other, noise=noise, time=time)[0], loss)  # the wrist camera is seen
 
 
+def _lerobot_style_checkpoint(directory: Path, tokenizer: Path, extra_camera: str) -> Path:
+    """A pi0 ``pretrained_model/`` for the demo dataset as LeRobot writes one trained with
+    ``--policy.empty_cameras=1``: its ``validate_features`` put the placeholder into ``input_features``."""
+    config = PI0Config(**TINY, empty_cameras=1, tokenizer_name=str(tokenizer),
+                       input_features={"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 64, 64)),
+                                       "observation.state": PolicyFeature(FeatureType.STATE, (2,)),
+                                       extra_camera: PolicyFeature(FeatureType.VISUAL, (3, 56, 56))},
+                       output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))})
+    torch.manual_seed(0)
+    save_pretrained(PI0Policy(config), config, directory)
+    assert extra_camera in json.loads((directory / "config.json").read_text())["input_features"]
+    return directory
+
+
+def _workload(checkpoint: Path):
+    from lerobot_cli.cli.build import build_train_config
+    from lerobot_cli.workload import build_workload
+
+    flags = {"dataset.repo_id": "lerobot/demo_reach", "dataset.root": str(DEMO), "policy.path": str(checkpoint)}
+    return build_workload(build_train_config(flags).config.finalized(), device="cpu")
+
+
+def test_lerobot_checkpoint_with_an_empty_camera_trains_on_its_own_dataset(tmp_path, tiny_tokenizer_dir):
+    """Before: --policy.path refused it ('observation.images.empty_camera_0 is missing; use the dataset
+    that policy was trained on') on the very dataset it was trained on; LeRobot's make_policy accepts it
+    and masks the absent camera, and so do we. A real camera the dataset lacks is still refused."""
+    checkpoint = _lerobot_style_checkpoint(tmp_path / "lerobot", tiny_tokenizer_dir, "observation.images.empty_camera_0")
+    workload = _workload(checkpoint)
+    sample = workload.dataset[0]
+    batch = workload.preprocessor({k: v[None] if isinstance(v, torch.Tensor) else [v] for k, v in sample.items()})
+    images, masks = workload.policy._images(batch)
+    assert len(images) == 2 and bool(masks[0].all()) and not bool(masks[1].any())
+    assert torch.isfinite(workload.policy.train()(batch)[0])
+
+    wrong = _lerobot_style_checkpoint(tmp_path / "wrist", tiny_tokenizer_dir, "observation.images.wrist")
+    from lerobot_cli.datasets import DatasetError
+
+    with pytest.raises(DatasetError, match=r"observation.images.wrist is missing; use the dataset that policy was"):
+        _workload(wrong)
+
+
 def test_banner_says_when_trainable_parameters_have_no_fp32_masters(tiny_tokenizer_dir):
     """--policy.dtype=bfloat16 without mixed precision updates bf16 values (LeRobot's bf16 training): the
     banner says so and names the flag that keeps fp32 masters, which it then does in every layout (one

@@ -76,11 +76,15 @@ def _datasets(cfg: TrainConfig, meta, delta) -> tuple[LeRobotDataset, LeRobotDat
 def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source: str) -> None:
     """A policy whose features were fixed elsewhere (a checkpoint, ``--policy.path``) must find them in
     the dataset: otherwise it fails later as a shape error deep in the model, or as weights that
-    "do not match", neither of which names the real cause (another dataset)."""
+    "do not match", neither of which names the real cause (another dataset). Inputs the policy fills in
+    itself (LeRobot's empty-camera placeholders in a pi0 ``config.json``) need not be in the dataset."""
     available = dataset_to_policy_features(features)
+    placeholders = set(policy.placeholder_inputs())
     problems = []
     for key, feature in {**policy.input_features, **policy.output_features}.items():
         have = available.get(key)
+        if have is None and key in placeholders:
+            continue
         if have is None:
             problems.append(f"{key} is missing")
         elif feature.type is FeatureType.VISUAL and have.shape[:1] != feature.shape[:1]:

@@ -172,9 +172,14 @@ class PiFlowConfig(PolicyConfig):
 
     def with_empty_cameras(self) -> dict[str, PolicyFeature]:
         """Input features plus the ``empty_cameras`` placeholders LeRobot adds (all -1 images, masked out)."""
-        extra = {f"observation.images.empty_camera_{i}": PolicyFeature(FeatureType.VISUAL, (3, *self.image_resolution))
-                 for i in range(self.empty_cameras)}
+        extra = {key: PolicyFeature(FeatureType.VISUAL, (3, *self.image_resolution)) for key in self.placeholder_inputs()}
         return {**self.input_features, **extra}
+
+    def placeholder_inputs(self) -> tuple[str, ...]:
+        """LeRobot's ``empty_cameras`` placeholders: its ``validate_features`` writes them into the
+        ``input_features`` of the ``config.json`` it saves, no dataset has them, and the policy feeds a
+        masked blank image for each (LeRobot's ``make_policy`` accepts such a checkpoint on its dataset)."""
+        return tuple(f"observation.images.empty_camera_{i}" for i in range(self.empty_cameras))
 
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(type="adamw", lr=self.optimizer_lr, betas=self.optimizer_betas, eps=self.optimizer_eps,
