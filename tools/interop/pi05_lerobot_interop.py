@@ -1,23 +1,28 @@
 """Check that our pi05 and LeRobot 0.6.1's compute the same thing, both ways across model.safetensors.
 
-pi0_lerobot_interop.py's structure, helpers and driver (imported from it), for pi05, in two interpreters:
+pi0_lerobot_interop.py's cases, structure, helpers, tolerances and driver (imported from it), for pi05, in
+two interpreters:
 
     uv run python tools/interop/pi05_lerobot_interop.py --lerobot-python /tmp/lerobot-venv/bin/python
 
-1. ours-write     (our env)     full-size keys and shapes (meta device); a seeded tiny pi05 (gemma_tiny, tiny
-                                SigLIP, 56x56, chunk 4, its adaptive norms' zero ``dense`` weights made random)
-                                saved as model.safetensors; pi0's batch, noise and time; our per-element losses,
-                                loss, action chunk and gradients as reference. Also our default config.json, and
-                                the demo dataset written by tools/make_demo_dataset.py with the frames its
-                                statistics were computed from.
-2. lerobot-check  (LeRobot env) LeRobot's full-size PI05Policy on the meta device: same keys and shapes; its
-                                tiny PI05Policy loads our file strictly and recomputes the reference; a seeded
-                                LeRobot tiny pi05 is written with ``save_pretrained``. LeRobot's config parser
-                                reads our default config.json and gets its own default PI05Config. LeRobot's
-                                ``compute_episode_stats`` / ``aggregate_stats`` run on the demo's frames and
-                                are compared with our meta/episodes and meta/stats.json: quantiles within
-                                QUANTILE_ATOL, min/max/count within MINMAX_ATOL; mean/std reported (below).
-3. ours-check     (our env)     LeRobot's directory through our ``--policy.path`` loader, same comparisons.
+1. ours-write     (our env)     full-size keys, shapes and bf16 dtypes (meta device); per case of ``pi0.CASES``
+                                (fp32 and bf16; one observation.images.* camera, or two cameras named otherwise
+                                plus an empty camera; a prompt row of one token) a seeded tiny pi05 (gemma_tiny,
+                                tiny SigLIP, 56x56, chunk 4, its adaptive norms' zero ``dense`` weights made
+                                random) saved as model.safetensors, the batch, noise and time, our per-element
+                                losses, loss, action chunk and every parameter's gradient as reference. Also our
+                                default config.json, and the demo dataset written by tools/make_demo_dataset.py
+                                with the frames its statistics were computed from.
+2. lerobot-check  (LeRobot env) LeRobot's full-size PI05Policy (bf16, meta device): same keys, shapes, dtypes.
+                                LeRobot's config parser reads our default config.json and gets its own default
+                                PI05Config. LeRobot's ``compute_episode_stats`` / ``aggregate_stats`` run on the
+                                demo's frames and are compared with our meta/episodes and meta/stats.json:
+                                quantiles within QUANTILE_ATOL, min/max/count within MINMAX_ATOL; mean/std
+                                reported (below). Per case: its tiny PI05Policy loads our file strictly (every
+                                key in LeRobot's dtype) and recomputes the reference; a seeded LeRobot tiny pi05
+                                is written with ``save_pretrained``.
+3. ours-check     (our env)     each LeRobot directory through our ``--policy.path`` path (dataset check, config,
+                                loader), same comparisons and tolerances (pi0_lerobot_interop.py's module doc).
 
 The state is not a model input in pi05 (the pre-processor writes it into the prompt), so the batch's
 ``observation.state`` reaches neither side's model. LeRobot 0.6.1's environment lacks the ``datasets``
@@ -42,27 +47,13 @@ from pathlib import Path
 
 import numpy as np
 import pi0_lerobot_interop as pi0
-import torch
-from safetensors.torch import load_file, save_file
 
-FULL_KEYS, FULL_VALUES = 813, 4_143_404_816  # LeRobot 0.6.1 pi05 at its default variants (issue 15)
 QUANTILE_ATOL = 1e-12  # the same estimator on the same data
 MINMAX_ATOL = 1e-7     # a camera's min/max: /255 in float64 here, in float32 in LeRobot 0.6.1 (module doc)
-PREFIX, EXPERT = pi0.PREFIX, pi0.PREFIX + "gemma_expert.model."
-GRAD_PARAMS = (
-    EXPERT + "layers.0.self_attn.q_proj.weight",
-    EXPERT + "layers.1.input_layernorm.dense.weight",
-    EXPERT + "layers.0.post_attention_layernorm.dense.bias",
-    EXPERT + "norm.dense.weight",
-    PREFIX + "paligemma.model.language_model.layers.0.mlp.down_proj.weight",
-    PREFIX + "paligemma.model.language_model.layers.1.self_attn.k_proj.weight",
-    PREFIX + "paligemma.model.language_model.embed_tokens.weight",
-    PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight",
-    "model.time_mlp_in.weight",
-    "model.time_mlp_out.bias",
-    "model.action_in_proj.weight",
-    "model.action_out_proj.bias",
-)
+PI05 = pi0.Flavour("pi05", "lerobot_cli.policies.pi05.config:PI05Config", "lerobot_cli.policies.pi05.modeling:PI05Policy",
+                   "lerobot.policies.pi05.modeling_pi05", "PI05Policy",
+                   "lerobot.policies.pi05.configuration_pi05:PI05Config",
+                   False, 813, 4_143_404_816)  # LeRobot 0.6.1 pi05 at its default variants (issue 15)
 REPO = Path(__file__).resolve().parents[2]
 DEMO_EPISODES, DEMO_MAX_STEPS, DEMO_FPS = 30, 100, 10  # tools/make_demo_dataset.py's defaults
 
@@ -101,97 +92,23 @@ def _demo_frames(work: Path) -> None:
 
 
 def ours_write(work: Path) -> None:
-    import attrs
-    from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
     from lerobot_cli.policies.pi05.config import PI05Config
-    from lerobot_cli.policies.pi05.modeling import PI05Policy
     from lerobot_cli.policies.serialization import policy_config_to_dict
 
     start = time.perf_counter()
-    vision = VISION_VARIANTS["tiny"]
-    (work / "tiny_sizes.json").write_text(json.dumps({
-        "gemma": attrs.asdict(GEMMA_VARIANTS["gemma_tiny"]),
-        "vision": {"hidden_size": vision.hidden_size, "num_hidden_layers": vision.depth,
-                   "num_attention_heads": vision.num_heads, "intermediate_size": vision.intermediate_size,
-                   "patch_size": vision.patch_size}}))
-    default = PI05Config(**pi0._our_features())
-    (work / "ours_default_config").mkdir(exist_ok=True)
+    default = PI05Config(**pi0._our_features(pi0.CASES[0]))
+    (work / "ours_default_config").mkdir(parents=True, exist_ok=True)
     (work / "ours_default_config" / "config.json").write_text(json.dumps(policy_config_to_dict(default), indent=4))
-    with torch.device("meta"):
-        full = PI05Policy(default)
-    (work / "ours_full_keys.json").write_text(json.dumps(pi0.key_shapes(full.state_dict())))
-    del full
-
-    torch.manual_seed(0)
-    policy = PI05Policy(PI05Config(**pi0.OURS_TINY, **pi0._our_features()))
-    pi0.perturb_constants(policy, 1)
-    out = work / "ours"
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in policy.state_dict().items()}, str(out / "model.safetensors"))
-    inputs = pi0.make_inputs(2)
-    save_file(inputs, str(work / "inputs.safetensors"))
-    save_file(pi0.run_ours(policy, inputs, GRAD_PARAMS), str(out / "reference.safetensors"))
+    pi0.ours_write(work, PI05)
     _demo_frames(work)
-    print(f"[ours-write] wrote {out}, the demo dataset and its frames ({time.perf_counter() - start:.1f} s)")
+    print(f"[ours-write] wrote the default config, the demo dataset and its frames ({time.perf_counter() - start:.1f} s)")
 
 
 def ours_check(work: Path) -> tuple[bool, dict]:
-    return pi0.ours_check(work, GRAD_PARAMS)
+    return pi0.ours_check(work, PI05)
 
 
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
-
-def _lerobot_config(**overrides):
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi05.configuration_pi05 import PI05Config
-
-    return PI05Config(device="cpu", input_features={
-        pi0.CAMERA: PolicyFeature(FeatureType.VISUAL, pi0.CAMERA_SHAPE),
-        "observation.state": PolicyFeature(FeatureType.STATE, (pi0.STATE_DIM,))},
-        output_features={"action": PolicyFeature(FeatureType.ACTION, (pi0.ACTION_DIM,))}, **overrides)
-
-
-def _lerobot_tiny(work: Path, seed: int):
-    from lerobot.policies.pi05 import modeling_pi05
-
-    pi0._patch_lerobot_for_tiny(json.loads((work / "tiny_sizes.json").read_text()), modeling_pi05)
-    config = _lerobot_config(**pi0.TINY)
-    config.paligemma_variant = config.action_expert_variant = "gemma_tiny"  # after __post_init__'s check
-    torch.manual_seed(seed)
-    return modeling_pi05.PI05Policy(config)
-
-
-def run_lerobot(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """LeRobot's PI05Policy: ``model.forward``'s per-element losses (no state argument), ``forward``'s loss
-    and gradients, and ``predict_action_chunk``, its noise/time samplers returning the given tensors."""
-    model = policy.model
-    policy.train()
-    policy.zero_grad(set_to_none=True)
-    batch = pi0.batch_of(inputs)
-    images, img_masks = policy._preprocess_images(batch)
-    *args, _, actions = pi0.model_inputs(batch, images, img_masks, None)
-    with torch.no_grad():
-        losses = model.forward(*args, actions, inputs["noise"], inputs["time"])
-    model.sample_noise = lambda shape, device: inputs["noise"].clone()
-    model.sample_time = lambda bsize, device: inputs["time"].clone()
-    loss, _ = policy.forward(pi0.batch_of(inputs))
-    loss.backward()
-    model.sample_noise = lambda shape, device: inputs["chunk_noise"].clone()
-    chunk = policy.predict_action_chunk(pi0.batch_of(inputs))
-    del model.sample_noise, model.sample_time
-    return pi0.outputs_of(losses, loss, chunk, dict(policy.named_parameters()), GRAD_PARAMS)
-
-
-def lerobot_full_keys(work: Path) -> tuple[bool, dict]:
-    from lerobot.policies.pi05.modeling_pi05 import PI05Policy
-
-    config = _lerobot_config()
-    config.device = "meta"
-    with torch.device("meta"):
-        policy = PI05Policy(config)
-    return pi0.compare_full_keys(pi0.key_shapes(policy.state_dict()),
-                                 json.loads((work / "ours_full_keys.json").read_text()), FULL_KEYS, FULL_VALUES)
-
 
 def lerobot_reads_our_config(work: Path) -> tuple[bool, dict]:
     """LeRobot's parser on our default config.json: its own default PI05Config, field for field."""
@@ -200,7 +117,7 @@ def lerobot_reads_our_config(work: Path) -> tuple[bool, dict]:
     from lerobot.configs.policies import PreTrainedConfig
 
     theirs = PreTrainedConfig.from_pretrained(str(work / "ours_default_config"))
-    default = _lerobot_config()
+    default = pi0._lerobot_config(pi0.CASES[0], PI05)
     differ = [f.name for f in dataclasses.fields(default) if f.name != "device"
               and getattr(theirs, f.name) != getattr(default, f.name)]
     ok = type(theirs).__name__ == "PI05Config" and not differ
@@ -271,55 +188,31 @@ def lerobot_stats(work: Path) -> tuple[bool, dict]:
     return ok, figures
 
 
+def _config_and_stats(work: Path) -> tuple[bool, dict]:
+    config_ok, config = lerobot_reads_our_config(work)
+    stats_ok, stats = lerobot_stats(work)
+    return config_ok and stats_ok, {"config": config, "stats": stats, "config_ok": config_ok, "stats_ok": stats_ok}
+
+
 def lerobot_check(work: Path) -> bool:
-    start = time.perf_counter()
-    report: dict = {}
-    full_ok, report["full"] = lerobot_full_keys(work)
-    config_ok, report["config"] = lerobot_reads_our_config(work)
-    stats_ok, report["stats"] = lerobot_stats(work)
-
-    policy = _lerobot_tiny(work, 100)
-    state = load_file(str(work / "ours" / "model.safetensors"))
-    try:
-        policy.load_state_dict(state, strict=True)
-        load_ok = True
-        print(f"[lerobot<-ours] load_state_dict(strict=True) of our {len(state)}-key file: ok")
-    except RuntimeError as exc:
-        load_ok = False
-        print(f"[lerobot<-ours] load_state_dict(strict=True) FAILED: {str(exc)[:2000]}")
-    inputs = load_file(str(work / "inputs.safetensors"))
-    ok = False
-    if load_ok:
-        ok, report["lerobot<-ours"] = pi0.compare("lerobot<-ours", load_file(str(work / "ours" / "reference.safetensors")),
-                                                  run_lerobot(policy, inputs), GRAD_PARAMS)
-        report["lerobot<-ours"]["keys"] = len(state)
-
-    policy = _lerobot_tiny(work, 10)
-    pi0.perturb_constants(policy, 11)
-    out = work / "lerobot"
-    policy.save_pretrained(str(out))
-    save_file(run_lerobot(policy, inputs), str(out / "reference.safetensors"))
-    print(f"[lerobot-check] wrote {out} ({time.perf_counter() - start:.1f} s)")
-    report["ok"] = {"full": full_ok, "config": config_ok, "stats": stats_ok, "lerobot<-ours": load_ok and ok}
-    (work / "lerobot_report.json").write_text(json.dumps(report))
-    return full_ok and config_ok and stats_ok and load_ok and ok
+    return pi0.lerobot_check(work, PI05, extra=_config_and_stats)
 
 
 # ---------------------------------------------------------------- driver
 
 def print_report(lerobot: dict, ours: dict | None, ours_ok: bool) -> None:
     pi0.print_report(lerobot, ours, ours_ok, policy="pi05")
-    passed = lerobot.get("ok", {})
-    if "config" in lerobot:
-        print(f"  config.json: LeRobot reads our default as its {lerobot['config']['class']}, fields differing "
-              f"{lerobot['config']['differ'] or 'none'}: {'PASS' if passed.get('config') else 'FAIL'}")
-    if "stats" in lerobot:
-        data, episodes = lerobot["stats"]["dataset"], lerobot["stats"]["episodes"]
+    extra = lerobot.get("extra", {})
+    if "config" in extra:
+        print(f"  config.json: LeRobot reads our default as its {extra['config']['class']}, fields differing "
+              f"{extra['config']['differ'] or 'none'}: {'PASS' if extra.get('config_ok') else 'FAIL'}")
+    if "stats" in extra:
+        data, episodes = extra["stats"]["dataset"], extra["stats"]["episodes"]
         nan = float("nan")
         print(f"  demo statistics vs LeRobot's compute_stats, max|Δ| dataset / episodes: quantiles "
               f"{data.get('quantiles', nan):.1e} / {episodes.get('quantiles', nan):.1e}, min/max/count "
               f"{data.get('min/max/count', nan):.1e} / {episodes.get('min/max/count', nan):.1e} "
-              f"({'PASS' if passed.get('stats') else 'FAIL'}); mean/std {data.get('mean/std', nan):.1e} / "
+              f"({'PASS' if extra.get('stats_ok') else 'FAIL'}); mean/std {data.get('mean/std', nan):.1e} / "
               f"{episodes.get('mean/std', nan):.1e} (reported, see the module doc)")
 
 
