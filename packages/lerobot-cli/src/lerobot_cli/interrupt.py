@@ -5,7 +5,11 @@ collective: a rank that stopped alone would leave the others blocked in the next
 signal only sets a flag, and the ranks agree on it before anyone stops: they stop together at the
 first step where the agreed flag is set or, inside a gradient-accumulation window, at the end of that
 window (so the checkpoint they save resumes exactly). A second signal falls back to the default
-behaviour (KeyboardInterrupt / termination) for users who really want out now.
+behaviour (KeyboardInterrupt / termination) for users who really want out now, except a repeat of
+the same signal within ``REPEAT_S`` of the first: that is one stop request delivered twice, as when a
+scheduler (SLURM) signals every process of the job and torchrun forwards its own copy to the ranks;
+taking it for insistence would kill the interrupt save. The handlers stay installed through that save
+(the caller saves inside the ``with`` block), so a late repeat cannot kill it either.
 
 Agreeing costs no blocking collective and no device sync per step: the flag is all-reduced (MAX) on a
 gloo group of its own, over a host-memory tensor, *asynchronously*: the all-reduce started at loop
@@ -23,6 +27,7 @@ from __future__ import annotations
 import datetime
 import signal
 import threading
+import time
 from typing import Self
 
 import numpy as np
@@ -30,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 WATCHED = (signal.SIGINT, signal.SIGTERM)
+REPEAT_S = 2.0  # the same signal again within this many seconds is the same request, delivered twice
 
 
 class TrainingInterrupted(Exception):
@@ -52,6 +58,7 @@ class InterruptWatch:
         self.device = device
         self.distributed = distributed
         self.signum = 0
+        self._signalled_at = 0.0
         self._agreed = 0  # a signal every rank knows of, waiting for a point where the run may stop
         self._previous: dict[int, object] = {}
         self._group = None
@@ -81,10 +88,13 @@ class InterruptWatch:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signum:  # second signal: the user insists
-            self.restore()
+        now = time.monotonic()
+        if self.signum:
+            if signum == self.signum and now - self._signalled_at < REPEAT_S:
+                return  # the launcher forwarding what this rank already got
+            self.restore()  # second signal: the user insists
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum, self._signalled_at = signum, now
 
     def check(self, defer: bool = False) -> None:
         """Raise TrainingInterrupted on every rank once the ranks agreed that one of them saw a signal.

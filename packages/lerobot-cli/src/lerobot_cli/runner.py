@@ -23,7 +23,6 @@ from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.evaluation import EvalBatches, evaluate
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
-from torch.utils.data import DataLoader
 
 from lerobot_cli.banner import banner_lines
 from lerobot_cli.batch_fit import check_batch_fits
@@ -43,6 +42,7 @@ from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
+from lerobot_cli.worker_signals import ShieldedDataLoader
 from lerobot_cli.workload import build_workload, sharding_plan
 
 USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError,
@@ -110,11 +110,12 @@ def _training_rows(workload):
     return rows
 
 
-def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> DataLoader:
+def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> ShieldedDataLoader:
     workers = cfg.num_workers
     # Its own generator: creating an iterator draws a worker base seed, which must not shift the global
     # RNG stream (dropout, VAE sampling) or a resumed run would no longer match an uninterrupted one.
-    return DataLoader(
+    # Shielded: a stop signal must not kill the workers before the ranks agreed to stop (interrupt.py).
+    return ShieldedDataLoader(
         dataset, batch_sampler=sampler, num_workers=workers, pin_memory=runtime.device.type == "cuda",
         persistent_workers=workers > 0, prefetch_factor=2 if workers > 0 else None,
         generator=torch.Generator().manual_seed(cfg.seed + runtime.rank),
@@ -132,7 +133,7 @@ class _HeldOut:
         self.sampler = EvalBatches(self.indices, cfg.batch_size, dp_rank=runtime.dp_rank,
                                    dp_world_size=runtime.dp_world_size)
         workers = cfg.num_workers
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers,
+        self.loader = ShieldedDataLoader(dataset, batch_sampler=self.sampler, num_workers=workers,
                                  pin_memory=runtime.device.type == "cuda", persistent_workers=workers > 0,
                                  generator=torch.Generator().manual_seed(cfg.seed))
         self.ema = loop.ema if loop.ema is not None and cfg.ema.use_for_eval else None
@@ -220,8 +221,19 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
         pre = workload.preprocessor
         loader = _loader(workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime)
+        # The watch's handlers stay through the interrupt's save: a repeat of the signal (the launcher
+        # forwarding what a scheduler sent every process) must not kill it, a later one still does.
         with watch:
-            loop.run((pre(batch) for batch in loader), cfg.steps)
+            try:
+                loop.run((pre(batch) for batch in loader), cfg.steps)
+            except TrainingInterrupted as exc:
+                reporter.print(f"{exc} at step {loop.step}")
+                # every rank is at this step: never save a NaN the last log step did not see
+                loop.check_finite()
+                if cfg.save_checkpoint and cfg.save_on_interrupt and checkpointer.last_saved != loop.step:
+                    reporter.print(f"checkpoint: {checkpointer.save(loop.step)}")
+                checkpointer.wait()  # a background save in flight commits (or fails: exit 1) before the exit
+                raise SystemExit(exc.exit_code) from None
         checkpointer.wait()  # --checkpoint_async: the last save commits (or fails) before publish and exit
         if wants_publish(cfg) and checkpointer.last_path is not None:
             final = CheckpointPaths(checkpointer.last_path)
@@ -232,13 +244,6 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
                 reporter.print(f"published the EMA weights to {ema_repo_id(cfg)}: {', '.join(uploaded or [])}")
         if runtime.is_distributed:
             torch.distributed.barrier()
-    except TrainingInterrupted as exc:
-        reporter.print(f"{exc} at step {loop.step}")
-        loop.check_finite()  # every rank is at this step: never save a NaN the last log step did not see
-        if cfg.save_checkpoint and cfg.save_on_interrupt and checkpointer.last_saved != loop.step:
-            reporter.print(f"checkpoint: {checkpointer.save(loop.step)}")
-        checkpointer.wait()  # a background save in flight commits (or fails: exit 1) before the exit
-        raise SystemExit(exc.exit_code) from None
     finally:
         reporter.close()
     return loop

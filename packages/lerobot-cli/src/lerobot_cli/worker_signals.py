@@ -1,0 +1,119 @@
+"""DataLoader workers that SIGINT/SIGTERM cannot kill: their rank decides when to stop, then ends them.
+
+Why: a DataLoader worker is in its rank's process group, and a stop signal reaches that whole group:
+torchrun forwards it with ``killpg`` to each rank's group, Ctrl-C hits a terminal's foreground group,
+and SLURM signals every process of the job. torch's worker dies of any SIGTERM its parent did not send
+(its C handler), and a SIGINT ends its loop; the rank then fails with "DataLoader worker ... killed by
+signal" long before the ranks agreed on a step to stop at (``interrupt.py``), and the interrupt
+checkpoint is never written. So a worker ignores SIGINT, and takes SIGTERM from its parent alone.
+
+No window: a worker could be signalled between its fork and the ``worker_init_fn`` that shields it
+(torch's handler is installed first). So the rank blocks both signals on its thread while
+``DataLoader.__iter__`` forks the workers, and each child starts with them blocked; a signal that
+reaches the rank meanwhile stays pending until the fork is done and is then delivered as usual.
+Workers are forked explicitly (``fork`` context): a forkserver's children would not inherit the mask
+(and it is the default from Python 3.14 on).
+
+In the worker, SIGINT is ignored (then unblocked: one pending is discarded). SIGTERM stays blocked, and
+a thread takes each one with ``sigwaitinfo``, which names the sender: the parent's (torch's shutdown
+falls back on ``terminate()``, and ``multiprocessing`` terminates a daemon still running at exit
+before joining it without a timeout) ends the worker with status 0, as torch's own handler does;
+anyone else's is dropped. Ignoring SIGTERM outright would leave that exit-time join hanging for ever.
+
+Teardown: a worker still ends when its rank's DataLoader shuts down, or when torch's worker watchdog
+sees its parent gone (it polls every 5 s); and it asks the kernel for SIGKILL the moment its rank dies,
+however it dies (``PR_SET_PDEATHSIG``; Linux, and only when forked on the main thread: the death
+signal follows the forking *thread*).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from torch.utils.data import DataLoader
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+
+
+@contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """SIGINT/SIGTERM blocked on this thread (a process it forks starts with them blocked)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _take_sigterm_from_parent_only() -> None:
+    """The worker's SIGTERM thread: exit on the parent's, drop the others (SIGTERM stays blocked)."""
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid == os.getppid():
+            os._exit(0)
+
+
+def _shield_from_stop_signals() -> None:
+    """In a worker that starts with both signals blocked: see the module docstring."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # Threads inherit the mask, so SIGTERM is blocked in every thread and waits for this one.
+    threading.Thread(target=_take_sigterm_from_parent_only, name="sigterm-from-parent", daemon=True).start()
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker: SIGKILL when the forking thread dies; exit now if the parent is already gone."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # died before the prctl: nothing would send the signal
+        os._exit(0)
+
+
+class ShieldWorker:
+    """The ``worker_init_fn`` of a :class:`ShieldedDataLoader` (then the caller's own, if any)."""
+
+    def __init__(self, inner: Callable[[int], None] | None = None) -> None:
+        self.inner = inner
+        self.parent = os.getpid()
+        self.main_thread_forks = False  # set by the loader before each fork
+
+    def __call__(self, worker_id: int) -> None:
+        _shield_from_stop_signals()
+        if self.main_thread_forks:
+            _die_with_parent(self.parent)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+class ShieldedDataLoader(DataLoader):
+    """A ``DataLoader`` whose worker processes never die of SIGINT/SIGTERM (see the module docstring).
+
+    Takes the same arguments; with ``num_workers=0`` it is a plain DataLoader."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._shield: ShieldWorker | None = None
+        if kwargs.get("num_workers", 0) > 0:
+            self._shield = ShieldWorker(kwargs.pop("worker_init_fn", None))
+            kwargs["worker_init_fn"] = self._shield
+            forkable = "fork" in multiprocessing.get_all_start_methods()
+            if kwargs.get("multiprocessing_context") is None and forkable:
+                kwargs["multiprocessing_context"] = "fork"
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self):
+        if self._shield is None:
+            return super().__iter__()
+        self._shield.parent = os.getpid()
+        self._shield.main_thread_forks = threading.current_thread() is threading.main_thread()
+        with stop_signals_blocked():  # the first iterator (and each one without persistent workers) forks
+            return super().__iter__()
