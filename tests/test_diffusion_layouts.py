@@ -10,6 +10,7 @@ single-process run (the README's diffusion command) shows the loss going down.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 import shutil
@@ -55,7 +56,9 @@ def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
     readme = [f.replace("data/lerobot/demo_reach", str(DEMO)) for f in readme_command() if not f.startswith("--output_dir=")]
     assert "--steps=60" in readme and "--policy.type=diffusion" in readme
     no_gn = [f for f in TINY if f != "--policy.use_group_norm=true"]
-    ema = ["--ema.enable=true", "--save_freq=4"]  # the reference and HSDP keep an EMA (LeRobot's warmup schedule)
+    # the reference and HSDP keep an EMA (LeRobot's warmup schedule), saved after updates 3 and 4 (the last
+    # step is always saved): the shadow of update 4 is replayed from those of 3
+    ema = ["--ema.enable=true", "--save_freq=3"]
     one = launch.lerobot_train_runs(
         [*common, *ema, "--batch_size=8", f"--output_dir={out['single']}"],
         [*readme, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out['long']}"])
@@ -147,9 +150,17 @@ def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_lin
 def test_hsdp_keeps_the_ema_of_its_shards_as_one_process_does(runs):
     """HSDP 2x2: each rank's EMA of its shards (replicated across the 2 groups), gathered into
     pretrained_model_ema/ with every key; it follows the one-process EMA as closely as the weights follow
-    the one-process weights (reduction order, amplified by Adam: see the losses test)."""
+    the one-process weights (reduction order, amplified by Adam: see the losses test). Both would also
+    agree if the update did nothing, so each run's 4th update is replayed from the shadow it saved after
+    the 3rd and the weights it saved after the 4th, bitwise (tests/ema_replay.py)."""
     import torch
     from safetensors.torch import load_file
+
+    spec = importlib.util.spec_from_file_location("lerobot_tests_ema_replay", Path(__file__).parent / "ema_replay.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    for name in ("single", "hsdp"):
+        replay.assert_ema_replays(runs[name][0], [3, 4])
 
     def files(name):
         step = runs[name][0] / "checkpoints" / "000004"

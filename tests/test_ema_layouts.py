@@ -2,14 +2,17 @@
 same shadow (FSDP2: each rank the EMA of its own shards, saved as DCP shards of
 ``pretrained_model_ema/``); a resume continues it bitwise on the same topology and to 1e-6 on another
 one (where the model itself differs by reduction order), from the restored shadow and update count
-rather than a restart; ``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads
-``pretrained_model_ema/``; a PEFT run under FSDP2 averages the adapters only (and the fully trained
-head), written in both formats. The held-out eval loss (with the EMA weights) is the same under one
-process, DDP x2 and FSDP2 x2, and an eval leaves FSDP2 training bitwise as it was. Four launches.
+rather than a restart. Agreement between layouts would also hold for an update that did nothing, so
+every run's shadow is also replayed from the weights it saved after each update (``ema_replay.py``).
+``lerobot-convert-dcp`` converts the EMA shards too; ``--policy.path`` loads ``pretrained_model_ema/``;
+a PEFT run under FSDP2 averages the adapters only (and the fully trained head), written in both
+formats. The held-out eval loss (with the EMA weights) is the same under one process, DDP x2 and
+FSDP2 x2, and an eval leaves FSDP2 training bitwise as it was. Four launches.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -28,6 +31,15 @@ DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num
 MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32", "--steps=6", "--save_freq=3",
        "--dataset.eval_split=0.2", "--eval_steps=3"]
 FSDP = ["--parallelism.dp_shard=2", "--batch_size=4", "--checkpoint_format=dcp"]
+EVERY_STEP = "--save_freq=1"  # (the last --save_freq given wins)
+
+
+def _ema_replay():
+    """tests/ema_replay.py: the shadow recomputed from the recorded weights of each update."""
+    spec = importlib.util.spec_from_file_location("lerobot_tests_ema_replay", Path(__file__).parent / "ema_replay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def train(launch, *args: str, nproc: int = 1):
@@ -63,11 +75,12 @@ def runs(tmp_path_factory, launch):
 
     root = tmp_path_factory.mktemp("ema")
     single, fsdp = root / "single", root / "fsdp"
-    res_single = train(launch, *MLP, "--batch_size=8", f"--output_dir={single}")
+    # every run that keeps an EMA saves after each update: the weights the shadow is replayed from
+    res_single = train(launch, *MLP, "--batch_size=8", EVERY_STEP, f"--output_dir={single}")
     ddp, quiet, evaluated = root / "ddp", root / "fsdp_no_eval", root / "fsdp_eval"
     res_fsdp, _, _, _ = launch.lerobot_train_runs(
         # written in the background: the EMA shards' snapshot writers (what the resumes below read)
-        [*MLP, *FSDP, "--checkpoint_async=true", f"--output_dir={fsdp}"],
+        [*MLP, *FSDP, "--checkpoint_async=true", EVERY_STEP, f"--output_dir={fsdp}"],
         [*MLP, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={ddp}"],
         # no checkpoint after the eval (a save's state-dict pass would hide what the eval leaves gathered)
         # the same held-out split, never evaluated in these 6 steps (--eval_steps=0 with a split is refused)
@@ -96,6 +109,16 @@ def ema_file(run: Path, step: int = 6) -> Path:
 
 def live_file(run: Path, step: int = 6) -> Path:
     return run / "checkpoints" / f"{step:06d}" / "pretrained_model" / "model.safetensors"
+
+
+def test_each_shadow_is_the_ema_of_the_weights_its_run_recorded(runs):
+    """One process and FSDP2 x2 (its shards' EMA, gathered into pretrained_model_ema/), and both resumes of
+    the FSDP2 run's step 3 (same topology, and one process): at every step the shadow is the update of the
+    step before's shadow by that step's live weights, bitwise (tests/ema_replay.py), so the updates happen,
+    with the scheduled decay, and a resume continues from the restored shadow and count."""
+    replay = _ema_replay().assert_ema_replays
+    for name in ("single", "fsdp", "same", "other"):
+        replay(runs[name], list(range(1, 7)))
 
 
 def test_banner_says_where_the_shadow_lives(runs):
