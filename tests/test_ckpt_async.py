@@ -137,7 +137,9 @@ def test_an_interrupt_waits_for_its_background_save_before_exiting(launch, tmp_p
     finally:
         job.close()
     assert ended is not None and job.proc.returncode == 128 + signal.SIGINT, output[-3000:]
-    assert ended >= DELAY_S * 0.9, (ended, output[-3000:])  # it waited for the background phase
+    # No timing bound: without the wait the process still took ~2 s to end (interpreter and torch teardown
+    # on a loaded machine) and no checkpoint existed. What shows the wait is the committed checkpoint below:
+    # a daemon writer cannot commit after its process is gone.
     step = json.loads((out / "checkpoints" / "last" / "training_state" / "training_step.json").read_text())["step"]
     assert f"checkpoint: {out / 'checkpoints' / f'{step:06d}'} (writing in the background)" in output
     assert _listing(out / "checkpoints")[1] == []  # committed, no staging directory left
