@@ -6,7 +6,8 @@
 # The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
 # lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, the
 # transformers of its [pi] extra (< 5.6, which pi0/pi05 need; an env without the extra is rebuilt) and the
-# diffusers of its [diffusion] extra (LeRobot's DiffusionPolicy refuses to build without it). No
+# diffusers of its [diffusion] extra (LeRobot's DiffusionPolicy refuses to build without it) and the datasets
+# of its [dataset] extra (LeRobotDataset, which examples/lerobot_act_fsdp.py trains on). No
 # Python 3.12 means no interop run: that is said in one line and fails, so a missing run is never read
 # as a pass.
 set -euo pipefail
@@ -37,6 +38,7 @@ assert version("lerobot") == sys.argv[1] and version("peft") == sys.argv[2]
 # transformers from the [pi] extra (>= 5.4, < 5.6): without it there is none, or a newer one pi0 cannot use
 assert tuple(int(part) for part in version("transformers").split(".")[:2]) < (5, 6)
 version("diffusers")  # the [diffusion] extra
+version("datasets")  # the [dataset] extra: LeRobotDataset, for examples/lerobot_act_fsdp.py
 EOF
 }
 
@@ -49,8 +51,8 @@ if ! env_ok; then
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   uv venv -q --python "$PY312" "$VENV"
-  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
-  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
+  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion,dataset]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion,dataset] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
 else
   echo "interop: reusing LeRobot ${LEROBOT_VERSION} in ${VENV}"
 fi

@@ -17,7 +17,14 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checkers (never run)
     from lerobot_trainloop.batch import batch_size_of, move_to_device
     from lerobot_trainloop.ema import ModelEma
-    from lerobot_trainloop.loop import DEFAULT_REDUCTIONS, NonFiniteLossError, StepEvent, StepOutput, TrainLoop
+    from lerobot_trainloop.loader import resumable_loader
+    from lerobot_trainloop.loop import (
+        DEFAULT_REDUCTIONS,
+        NonFiniteLossError,
+        StepEvent,
+        StepOutput,
+        TrainLoop,
+    )
     from lerobot_trainloop.metrics import Meter, MetricsTracker
     from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches, epoch_permutation
 
@@ -25,6 +32,7 @@ _LAZY = {
     "batch_size_of": "lerobot_trainloop.batch",
     "move_to_device": "lerobot_trainloop.batch",
     "ModelEma": "lerobot_trainloop.ema",
+    "resumable_loader": "lerobot_trainloop.loader",
     "DEFAULT_REDUCTIONS": "lerobot_trainloop.loop",
     "NonFiniteLossError": "lerobot_trainloop.loop",
     "StepEvent": "lerobot_trainloop.loop",
@@ -70,4 +78,5 @@ __all__ = [
     "effective_batch_size",
     "epoch_permutation",
     "move_to_device",
+    "resumable_loader",
 ]
