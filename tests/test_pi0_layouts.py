@@ -3,13 +3,14 @@
 One process, DDP x2, FSDP2 x2 and HSDP 2x2 train the same global batches: their reduced losses agree
 (each sample's flow noise and time follow its dataset index, not its rank). The FSDP2 run writes all
 three checkpoint formats; its DCP checkpoint converts to one ``model.safetensors`` with LeRobot's keys,
-and HSDP 2x2 resumes it. A 100-step run shows the loss going down, and ``--dry_run`` plans the
-full-size pi0 (LeRobot's parameter count) without allocating it. Tiny pi05 (same towers, adaRMS time
+and HSDP 2x2 resumes such a checkpoint (of a 6-step run) as that run went on: the same losses and
+weights. A 100-step run shows the loss going down, and ``--dry_run`` plans the full-size pi0 (LeRobot's
+parameter count) without allocating it. Tiny pi05 (same towers, adaRMS time
 conditioning, quantile-normalised state in the prompt) trains alike on one process and FSDP2 x2.
 
 Every run is a real ``lerobot-train`` (its ``main``), but they share three launches (the ``runs``
 fixture, ``launch.lerobot_train_runs``): the one-process runs, the x2 runs and the x4 runs, each
-launch's runs one after another in the same ranks, so start-up is paid three times instead of eleven.
+launch's runs one after another in the same ranks, so start-up is paid three times instead of twelve.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, 
     """Every run of this file, in three launches; ``runs[name]`` is a run's output directory and
     ``runs[name + ".stdout"]`` what it printed."""
     root = tmp_path_factory.mktemp("pi0")
-    names = ("single", "long", "pi05_single", "dry_run", "ddp", "fsdp", "frozen", "lora", "pi05_fsdp", "hsdp",
-             "resumed")
+    names = ("single", "long", "pi05_single", "dry_run", "ddp", "fsdp", "fsdp6", "frozen", "lora", "pi05_fsdp",
+             "hsdp", "resumed")
     out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_pi0(tokenizer), "--steps=4", "--save_freq=4"]
     base = out["single"] / "checkpoints" / "000004" / "pretrained_model"  # written by the first launch
@@ -81,6 +82,9 @@ def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, 
         "ddp": [*common, "--batch_size=4", f"--output_dir={out['ddp']}"],
         "fsdp": [*common, "--batch_size=4", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp",
                  f"--output_dir={out['fsdp']}"],
+        # 6 steps uninterrupted, saved at step 4 (DCP): what the HSDP resume of that checkpoint must continue
+        "fsdp6": [*tiny_pi0(tokenizer), "--steps=6", "--save_freq=4", "--batch_size=4", "--parallelism.dp_shard=2",
+                  "--checkpoint_format=safetensors_dcp", f"--output_dir={out['fsdp6']}"],
         # with openpi's EMA (constant decay 0.99; update_after_step 0: the first update copies)
         "frozen": [*fine_tune, "--policy.freeze_vision_encoder=true", "--accelerator.mixed_precision=bf16",
                    "--ema.enable=true", "--ema.decay=0.99", f"--output_dir={out['frozen']}"],
@@ -91,13 +95,11 @@ def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, 
     hsdp = ["--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]
     four_processes = {
         "hsdp": [*common, *hsdp, f"--output_dir={out['hsdp']}"],
-        # the FSDP2 x2 run's DCP checkpoint (a copy, made below) resumed on HSDP 2x2
-        "resumed": ["--resume=true", f"--config_path={out['resumed'] / 'checkpoints' / '000004'}", "--steps=6",
-                    *hsdp],
+        # the 6-step FSDP2 x2 run's step-4 DCP checkpoint resumed on HSDP 2x2, in a directory of its own
+        "resumed": ["--resume=true", f"--config_path={out['fsdp6'] / 'checkpoints' / '000004'}",
+                    f"--output_dir={out['resumed']}", *hsdp],
     }
     for nproc, group in ((1, one_process), (2, two_processes), (4, four_processes)):
-        if nproc == 4:
-            shutil.copytree(out["fsdp"], out["resumed"], symlinks=True)
         printed_runs = launch.lerobot_train_runs(*group.values(), nproc=nproc)
         out.update({f"{name}.stdout": printed.stdout for name, printed in zip(group, printed_runs, strict=True)})
     return out
@@ -133,9 +135,22 @@ def test_sharded_checkpoint_converts_to_lerobot_keys_and_resumes_on_hsdp(runs, t
     assert set(policy.state_dict()) == set(weights)
     policy.load_state_dict(weights, strict=True)
 
-    resumed = runs["resumed"]  # resumed from a copy of the FSDP2 run's 000004 on HSDP 2x2 (the fixture)
-    assert sorted(losses(resumed)) == [1, 2, 3, 4, 5, 6]
-    assert (resumed / "checkpoints" / "000006" / "pretrained_model" / "model.safetensors").is_file()
+    # A 6-step FSDP2 x2 run's 000004 resumed on HSDP 2x2 (the fixture) continues that run: its steps 5 and 6
+    # log the uninterrupted run's losses, as the layouts agree (step 5 runs the restored weights and each
+    # sample's restored noise; step 6 also the restored optimizer state), and end at its weights. A resume
+    # that restored nothing, or not the optimizer, or drew other noise, is far outside that.
+    resumed, uninterrupted = runs["resumed"], runs["fsdp6"]
+    got, want = losses(resumed), losses(uninterrupted)
+    assert sorted(got) == [5, 6] and sorted(want) == [1, 2, 3, 4, 5, 6]
+    for step, loss in got.items():
+        assert abs(loss - want[step]) <= 1e-5 * max(1.0, abs(want[step])), (step, loss, want[step])
+    at = {name: load_file(run / "checkpoints" / f"{step:06d}" / "pretrained_model" / "model.safetensors")
+          for name, run, step in (("resumed", resumed, 6), ("uninterrupted", uninterrupted, 6),
+                                  ("start", uninterrupted, 4))}
+    assert at["resumed"].keys() == at["uninterrupted"].keys() == weights.keys()
+    gap = max((at["resumed"][k] - at["uninterrupted"][k]).abs().max().item() for k in weights)
+    moved = max((at["uninterrupted"][k] - at["start"][k]).abs().max().item() for k in weights)
+    assert gap <= 1e-5 and moved > 100 * gap, (gap, moved)
 
 
 def test_loss_goes_down_over_100_steps(runs):

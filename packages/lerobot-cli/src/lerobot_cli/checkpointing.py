@@ -105,6 +105,24 @@ def _adapter_state(model: nn.Module):
     return adapter_state(peft_model)
 
 
+def _random_state_in_lockstep(restored: bool, rank: int) -> None:
+    """Every rank continues with the random state rank 0 restored (collective).
+
+    lerobot-train seeds every rank alike and the ranks draw in lockstep, so each sample's draws (pi0's flow
+    noise and time, diffusion's noise and timestep) follow its dataset index whatever rank it lands on, and
+    the layouts of one global batch compute the same loss. A checkpoint holds the states of the ranks it
+    ran on (all equal); resumed on more ranks, the new ones have none and kept their start state, so
+    their samples' draws differed from an uninterrupted run's (a pi0 FSDP2 x2 checkpoint resumed on HSDP
+    2x2: step 5's loss 1.822 instead of 1.749). They take rank 0's state instead."""
+    import torch.distributed as dist
+    from lerobot_ckpt.state import rng as rng_state
+
+    shared = [rng_state.capture() if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    if not restored:
+        rng_state.restore(shared[0])
+
+
 def _warn_rounded_weights(checkpoint_dir: Path, state: ResumeState, warn: Callable[[str], None]) -> None:
     """Training keeps fp32 master weights; a ``model.safetensors`` cast by ``lerobot-convert-dcp
     --dtype`` (its shards deleted) no longer holds them, and resuming must not pass for exact."""
@@ -223,6 +241,8 @@ class Checkpointer:
             checkpoint_dir, objects=_training_objects(loop), rank=self.runtime.rank,
             adapter_state=_adapter_state(loop.model),
         )
+        if self.runtime.world_size > 1:
+            _random_state_in_lockstep(state.rng_restored, self.runtime.rank)
         notes = loop.load_state_dict(state.loop_state or _legacy_loop_state(state.record))
         if loop.sampler is not None and state.sampler_state:
             notes += loop.sampler.load_state_dict(state.sampler_state)
