@@ -258,7 +258,7 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
         grads.append({n: p.grad for n, p in policy.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
     for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=0, atol=1e-6, msg=name)
+        torch.testing.assert_close(grads[1][name], g, rtol=0, atol=0, msg=name)  # bitwise: the same ops recomputed
     assert len(policy.model.paligemma_with_expert.expert_model.layers) == 6
     # measured: full keeps 8 % of the bytes, selective 42 %
     assert saved[1] <= 0.5 * saved[0], saved
