@@ -135,6 +135,7 @@ def _our_config(variant: str, tokenizer: Path):
     from attrs import define, field
     from lerobot_cli.policies.config import PolicyConfig
     from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
+    from lerobot_cli.policies.spec import PolicySpec
 
     policy, overrides = VARIANTS[variant]
     quantiles = policy == "pi05"
@@ -144,7 +145,8 @@ def _our_config(variant: str, tokenizer: Path):
         """The fields the step lists read, with LeRobot's pi0/pi05 defaults (the model is not needed)."""
 
         type: ClassVar[str] = f"{policy}_processor_interop"
-        processor_steps: ClassVar[str] = f"lerobot_cli.processors.vla:{policy}_processor_steps"
+        spec: ClassVar[PolicySpec] = PolicySpec(model=f"lerobot_cli.policies.{policy}.modeling:Unused",
+                                                processors=f"lerobot_cli.processors.vla:{policy}_processor_steps")
         normalization_mapping: dict = field(factory=lambda: {
             "VISUAL": NormalizationMode.IDENTITY,
             "STATE": NormalizationMode.QUANTILES if quantiles else NormalizationMode.MEAN_STD,

@@ -23,6 +23,7 @@ from lerobot_cli.peft.basefile import (
     recorded_base,
 )
 from lerobot_cli.peft.config import PeftConfig
+from lerobot_cli.policies.diffusion.config import DiffusionConfig
 from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.mlp.modeling import MLPPolicy
@@ -31,7 +32,6 @@ from lerobot_parallel.config import AcceleratorConfig, FSDPConfig, ParallelismCo
 from lerobot_parallel.plan import build_plan
 from lerobot_parallel.runtime import ParallelRuntime
 from safetensors.torch import save_file
-from torch import nn
 
 
 def _config() -> MLPConfig:
@@ -52,23 +52,21 @@ def _batch():
 
 def test_flags_become_a_lora_config():
     policy = MLPPolicy(_config())
-    default = lora_config(PeftConfig(r=8), policy)
+    default = lora_config(PeftConfig(r=8), policy.config)
     assert default.r == 8 and default.lora_alpha == 8 and default.target_modules == r"blocks\.\d+\.linear"
     assert default.modules_to_save is None and default.init_lora_weights is True
     explicit = lora_config(PeftConfig(r=4, lora_alpha=16, lora_dropout=0.1, target_modules=("linear", "input_proj"),
-                                      full_training_modules=("action_head",), init_type="gaussian"), policy)
+                                      full_training_modules=("action_head",), init_type="gaussian"), policy.config)
     assert explicit.lora_alpha == 16 and explicit.lora_dropout == 0.1
     assert set(explicit.target_modules) == {"linear", "input_proj"} and explicit.modules_to_save == ["action_head"]
     assert explicit.init_lora_weights == "gaussian"
-    assert lora_config(PeftConfig(init_type="false"), policy).init_lora_weights is False
+    assert lora_config(PeftConfig(init_type="false"), policy.config).init_lora_weights is False
 
 
 def test_a_policy_without_default_targets_asks_for_the_flag():
-    class Bare(nn.Module):
-        pass
-
-    with pytest.raises(PeftSetupError, match="--peft.target_modules"):
-        default_target_modules(Bare())
+    with pytest.raises(PeftSetupError, match="--policy.type=diffusion declares no default LoRA targets: pass "
+                                             "--peft.target_modules"):
+        default_target_modules(DiffusionConfig())
 
 
 def test_only_adapters_train_and_the_files_round_trip(base, tmp_path):

@@ -43,7 +43,7 @@ def test_field_set_is_lerobot_base_plus_act_fields():
 
 def test_registry_resolves_act():
     assert config_class("act") is ACTConfig
-    assert ACTConfig.policy_class == "lerobot_cli.policies.act.modeling:ACTPolicy"
+    assert ACTConfig.spec.model == "lerobot_cli.policies.act.modeling:ACTPolicy"
 
 
 def test_presets_and_delta_indices():

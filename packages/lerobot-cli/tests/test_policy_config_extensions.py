@@ -53,7 +53,7 @@ def test_every_builtin_policy_is_pinned():
 @pytest.mark.parametrize("policy", sorted(EXTENSIONS))
 def test_extension_fields_are_exactly_the_fields_lerobots_class_lacks(policy):
     cls = registry.config_class(policy)
-    declared = tuple(sorted(getattr(cls, "lerobot_extension_fields", ())))
+    declared = tuple(sorted(cls.spec.extension_fields))
     assert declared == EXTENSIONS[policy]
     lerobot = LEROBOT["fields"][policy]
     if lerobot is None:  # LeRobot has no such policy (mlp): config.json keeps every field, nothing goes aside

@@ -226,7 +226,7 @@ def test_default_lora_targets_are_lerobots():
     lerobot = (r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
                r"action_time_mlp_in|action_time_mlp_out))")
     policy = PI05Policy(tiny())
-    assert default_target_modules(policy) == lerobot
+    assert default_target_modules(policy.config) == lerobot
     model = get_peft_model(policy, LoraConfig(r=2, target_modules=lerobot))
     adapted = {n.removesuffix(".lora_A.default.weight").removeprefix("base_model.model.")
                for n, _ in model.named_parameters() if n.endswith(".lora_A.default.weight")}

@@ -16,6 +16,7 @@ import torch
 from attrs import define, field
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
+from lerobot_cli.policies.spec import PolicySpec
 from lerobot_cli.processors import (
     AbsoluteActionsStep,
     MissingStatsError,
@@ -44,7 +45,8 @@ class Pi0Like(PolicyConfig):
     """The fields the pi0 step lists read, without the model (whose config lives elsewhere)."""
 
     type: ClassVar[str] = "pi0_processors_test"
-    processor_steps: ClassVar[str] = "lerobot_cli.processors.vla:pi0_processor_steps"
+    spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused",
+                                            processors="lerobot_cli.processors.vla:pi0_processor_steps")
 
     normalization_mapping: dict[str, NormalizationMode] = field(factory=lambda: {
         "VISUAL": NormalizationMode.IDENTITY, "STATE": NormalizationMode.MEAN_STD, "ACTION": NormalizationMode.MEAN_STD})
@@ -59,7 +61,8 @@ class Pi0Like(PolicyConfig):
 @define(frozen=True, kw_only=True)
 class Pi05Like(Pi0Like):
     type: ClassVar[str] = "pi05_processors_test"
-    processor_steps: ClassVar[str] = "lerobot_cli.processors.vla:pi05_processor_steps"
+    spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused",
+                                            processors="lerobot_cli.processors.vla:pi05_processor_steps")
 
 
 def _stats():
@@ -295,6 +298,7 @@ def test_config_without_hook_keeps_the_default_pipelines():
     @define(frozen=True, kw_only=True)
     class Plain(PolicyConfig):
         type: ClassVar[str] = "plain_processors_test"
+        spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused")  # no processors: the defaults
 
     pre, post = make_pre_post_processors(Plain(input_features=FEATURES_IN, output_features=FEATURES_OUT), _stats()
                                          | {"observation.images.top": {"mean": [0.0] * 3, "std": [1.0] * 3}})
@@ -307,9 +311,10 @@ def test_hook_naming_nothing_importable_is_refused():
     @define(frozen=True, kw_only=True)
     class Broken(PolicyConfig):
         type: ClassVar[str] = "broken_processors_test"
-        processor_steps: ClassVar[str] = "lerobot_cli.processors.vla:no_such_function"
+        spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused",
+                                                processors="lerobot_cli.processors.vla:no_such_function")
 
-    with pytest.raises(ProcessorStepsError, match="Broken.processor_steps names 'lerobot_cli.processors.vla:no_such"):
+    with pytest.raises(ProcessorStepsError, match="Broken.spec.processors names 'lerobot_cli.processors.vla:no_such"):
         make_pre_post_processors(Broken(input_features=FEATURES_IN, output_features=FEATURES_OUT,
                                         normalization_mapping={}), {})
 

@@ -68,7 +68,7 @@ def prefetch(cfg, runtime: ParallelRuntime, resuming: bool) -> None:
     from lerobot_cli.workload import policy_config_for_dataset
 
     root = local_main_first(runtime, "dataset", lambda: resolve_dataset_root(cfg.dataset))
-    spec = getattr(cfg.policy, "pretrained_backbone_weights", None)
+    spec = cfg.policy.backbone_weights()
     if not spec or resuming or cfg.policy.pretrained_path:
         return  # the weights come from a checkpoint: the backbone's initialisation is not read
     features = policy_config_for_dataset(cfg.policy, load_meta(root).features).input_features

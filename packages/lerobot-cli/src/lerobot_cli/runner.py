@@ -100,7 +100,7 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
 def _training_rows(workload):
     """The frames that may start a training sample, when the policy drops episode ends (diffusion's
     ``drop_n_last_frames``, as LeRobot's sampler does); None: all of them."""
-    n = getattr(workload.policy_config, "drop_n_last_frames", 0) or 0
+    n = workload.policy_config.frames_dropped_per_episode()
     if n <= 0:
         return None
     rows = workload.dataset.rows_without_last(n)

@@ -38,6 +38,7 @@ from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.dataset_fit import check_policy_features, policy_config_for_dataset
 from lerobot_cli.policies.features import FeatureType, NormalizationMode
+from lerobot_cli.policies.registry import spec_of
 from lerobot_cli.policies.serialization import load_policy_config
 from lerobot_cli.policies.weights import build_policy, load_policy, without_init_only_fields
 from lerobot_cli.processors import load_processors, make_pre_post_processors
@@ -214,7 +215,7 @@ def effective_accelerator(cfg: TrainConfig) -> AcceleratorConfig:
     read as ``accelerator.activation_checkpointing.mode=full``: one mechanism, applied per wrap unit by
     lerobot-parallel. An explicit mode (selective) wins."""
     acc = cfg.accelerator
-    if getattr(cfg.policy, "gradient_checkpointing", False) and not acc.activation_checkpointing.enabled:
+    if cfg.policy.activation_checkpointing() and not acc.activation_checkpointing.enabled:
         return attrs.evolve(acc, activation_checkpointing=ActivationCheckpointingConfig(mode="full"))
     return acc
 
@@ -222,7 +223,7 @@ def effective_accelerator(cfg: TrainConfig) -> AcceleratorConfig:
 def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> ShardingPlan:
     """Wrap units, tied-weight check, precision, memory estimate, activation checkpointing and compile
     regions; refusals happen here, before work."""
-    inner = policy.get_base_model() if hasattr(type(policy), "get_base_model") else policy  # under PEFT
+    spec = spec_of(cfg.policy)  # the policy's own class, also under a PEFT wrapper
     return build_plan(policy, runtime, effective_accelerator(cfg),
-                      default_wrap_modules=getattr(type(inner), "_fsdp_wrap_modules", None),
-                      default_unit_groups=getattr(type(inner), "_fsdp_unit_groups", None))
+                      default_wrap_modules=None if spec.wrap_units is None else list(spec.wrap_units),
+                      default_unit_groups=list(spec.unit_groups) if spec.unit_groups else None)

@@ -49,7 +49,7 @@ def check_checkpointing_off(cfg: TrainConfig, flags: dict[str, str]) -> None:
     ``gradient_checkpointing=true`` (pi0/pi05, LeRobot's field, read as ``full``) would turn it on anyway:
     say which switch to turn off rather than checkpoint silently (a resume inherits the policy's field)."""
     given = flags.get("accelerator.activation_checkpointing.mode", "").strip()
-    if given == "none" and getattr(cfg.policy, "gradient_checkpointing", False):
+    if given == "none" and cfg.policy.activation_checkpointing():
         raise UsageError("--accelerator.activation_checkpointing.mode=none, but --policy.gradient_checkpointing=true "
                          "(the policy's own switch, read as mode=full) turns activation checkpointing on: add "
                          "--policy.gradient_checkpointing=false to turn it off")
@@ -82,7 +82,7 @@ def check_custom_code(cfg: TrainConfig) -> None:
 
     from lerobot_cli.custom_code import CustomCodeError, refuse_custom_code, tokenizers_named_in
 
-    named = [("--policy.tokenizer_name", getattr(cfg.policy, "tokenizer_name", None))]
+    named = [("--policy.tokenizer_name", cfg.policy.tokenizer())]
     if cfg.policy.pretrained_path:
         file = Path(cfg.policy.pretrained_path) / PREPROCESSOR_CONFIG
         named += [(f"{file}: tokenizer_name", name) for name in tokenizers_named_in(file)]

@@ -28,10 +28,11 @@ from lerobot_cli.peft.basefile import (
     resolve_recorded_base,
 )
 from lerobot_cli.peft.config import PeftConfig
+from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.registry import spec_of
 from lerobot_cli.policies.weights import load_policy
 
 ADAPTER_NAME = "default"
-TARGETS_ATTR = "_peft_target_modules"  # policy class attribute: peft target_modules (list or regex)
 
 
 def base_policy(model: nn.Module) -> nn.Module:
@@ -39,20 +40,21 @@ def base_policy(model: nn.Module) -> nn.Module:
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
-def default_target_modules(policy: nn.Module) -> str | list[str]:
-    targets = getattr(type(policy), TARGETS_ATTR, None)
+def default_target_modules(config: PolicyConfig) -> str | list[str]:
+    """The policy type's default ``--peft.target_modules`` (its spec's ``peft_targets``)."""
+    targets = spec_of(config).peft_targets
     if not targets:
         raise PeftSetupError(
-            f"policy {type(policy).__name__} declares no default LoRA targets: pass --peft.target_modules "
+            f"--policy.type={config.type} declares no default LoRA targets: pass --peft.target_modules "
             f"(module names or one regex matched against names like 'model.encoder.layers.0.linear1')"
         )
     return targets if isinstance(targets, str) else list(targets)
 
 
-def lora_config(cfg: PeftConfig, policy: nn.Module) -> LoraConfig:
+def lora_config(cfg: PeftConfig, policy_config: PolicyConfig) -> LoraConfig:
     targets: str | list[str]
     if cfg.target_modules is None:
-        targets = default_target_modules(policy)
+        targets = default_target_modules(policy_config)
     elif len(cfg.target_modules) == 1:
         targets = cfg.target_modules[0]  # one string: peft reads it as a regex (fullmatch)
     else:
@@ -78,7 +80,7 @@ def _matching_dtype(policy: nn.Module, base_dtype: str, mixed_precision: str, so
 def wrap_with_peft(policy: nn.Module, cfg: PeftConfig, *, base_dir: Path, mixed_precision: str) -> PeftModel:
     """``policy`` (loaded from ``base_dir``, in fp32) with LoRA adapters; the base frozen in its stored dtype."""
     source = str(base_dir)
-    config = lora_config(cfg, policy)
+    config = lora_config(cfg, policy.config)  # a policy keeps the config it was built from (LeRobot's too)
     policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, source)
     try:
         model = get_peft_model(policy, config, adapter_name=ADAPTER_NAME)

@@ -2,10 +2,10 @@
 
 Kept torch-free: the CLI parses and validates configs (and prints ``--help``) before torch loads.
 A concrete policy subclasses this with ``@define(frozen=True, kw_only=True)``, sets the class
-variables ``type`` (its registry name) and ``policy_class`` ("module:Class", imported lazily),
-and may override the presets and delta-index hooks. ``processor_steps`` ("module:function", imported
-lazily too) names the function that lays out its pre/post-processor steps when LeRobot's pipelines for
-that policy differ from the default ones (see ``lerobot_cli.processors.factory``).
+variables ``type`` (its registry name) and ``spec`` (its :class:`~lerobot_cli.policies.spec.PolicySpec`:
+model class, processors, wrap units, PEFT targets, … named lazily), and may override the hooks below.
+Every hook the runner calls is declared here with its default, so the runner never probes a config
+for an optional attribute.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
+from lerobot_cli.policies.spec import PolicySpec
 
 
 def _default_normalization() -> dict[str, NormalizationMode]:
@@ -25,8 +26,7 @@ def _default_normalization() -> dict[str, NormalizationMode]:
 @define(frozen=True, kw_only=True)
 class PolicyConfig:
     type: ClassVar[str] = ""
-    policy_class: ClassVar[str] = ""
-    processor_steps: ClassVar[str] = ""  # "" = the default pipelines
+    spec: ClassVar[PolicySpec | None] = None  # required to register (see lerobot_cli.policies.registry)
 
     n_obs_steps: int = field(default=1, metadata={"help": "Observation frames the policy sees per step."})
     normalization_mapping: dict[str, NormalizationMode] = field(
@@ -87,6 +87,29 @@ class PolicyConfig:
         """Input features the policy fills in itself when a batch lacks them, so a dataset need not have
         them (pi0/pi05: LeRobot's empty-camera placeholders); none by default."""
         return ()
+
+    def validate_features(self) -> None:
+        """Refuse inputs/outputs the policy cannot use (cameras, state, action, image sizes) with a
+        ``ValueError`` saying which flag or dataset to change; nothing to check by default."""
+
+    def frames_dropped_per_episode(self) -> int:
+        """How many last frames of each episode never start a training sample (diffusion's
+        ``drop_n_last_frames``, applied by the sampler as LeRobot's is); 0 by default."""
+        return 0
+
+    def activation_checkpointing(self) -> bool:
+        """Whether the policy's own switch (LeRobot's ``gradient_checkpointing``) asks for activation
+        checkpointing, read as ``--accelerator.activation_checkpointing.mode=full``; False by default."""
+        return False
+
+    def tokenizer(self) -> str | None:
+        """The tokenizer the processors load (a Hub repo or a directory), checked before work; None by default."""
+        return None
+
+    def backbone_weights(self) -> str | None:
+        """The pretrained backbone file a fresh policy with cameras initialises from (downloaded once per
+        machine before the run starts); None by default."""
+        return None
 
     def features_of(self, kind: FeatureType) -> dict[str, PolicyFeature]:
         return {k: f for k, f in {**self.input_features, **self.output_features}.items() if f.type == kind}

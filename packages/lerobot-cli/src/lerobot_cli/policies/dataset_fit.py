@@ -30,10 +30,7 @@ def policy_config_for_dataset(policy: PolicyConfig, features: dict) -> PolicyCon
 def check_policy_features(policy: PolicyConfig) -> None:
     """The policy's ``validate_features`` (cameras, state, action, image sizes) as a :class:`UsageError`:
     every refusal there is about the dataset and the flags, never a bug to show a traceback for."""
-    validate = getattr(policy, "validate_features", None)
-    if validate is None:
-        return
     try:
-        validate()
+        policy.validate_features()
     except ValueError as exc:
         raise UsageError(str(exc)) from None

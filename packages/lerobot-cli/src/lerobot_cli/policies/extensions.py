@@ -4,7 +4,7 @@ LeRobot's parser (draccus, through ``PreTrainedConfig.from_pretrained``) refuses
 its dataclass does not define, so a single extra key (pi0's ``tokenizer_name`` naming a local tokenizer,
 ``vision_variant=tiny``) made the whole checkpoint unreadable to LeRobot. Those fields live in a sidecar
 instead: LeRobot opens ``config.json`` alone and never sees it, we read both. A config class names such
-fields in ``lerobot_extension_fields`` (a tuple of field names; ``tests/data/lerobot_config_fields.json``
+fields in its spec's ``extension_fields`` (a tuple of field names; ``tests/data/lerobot_config_fields.json``
 pins that they are exactly the fields LeRobot's class lacks). A policy LeRobot has no class for (``mlp``,
 plugins) declares none and keeps every field in ``config.json``: LeRobot refuses that file by its type,
 loudly, since it could not build such a policy anyway.
@@ -34,7 +34,7 @@ SIDECAR_NAME = POLICY_CONFIG_EXTENSIONS  # spelled by lerobot_ckpt.layout
 
 def extension_fields(cls: type[PolicyConfig]) -> tuple[str, ...]:
     """Fields of ``cls`` that LeRobot's config class of the same type lacks (none unless declared)."""
-    return tuple(getattr(cls, "lerobot_extension_fields", ()))
+    return registry.spec_of(cls).extension_fields
 
 
 def sidecar_path(config_file: Path) -> Path:

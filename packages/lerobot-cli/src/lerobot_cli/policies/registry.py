@@ -1,8 +1,10 @@
 """Policy registry: built-in names, entry-point plugins, and in-process registration.
 
-Only config classes are imported to list or parse policies (no torch); the model class named by
-``PolicyConfig.policy_class`` is imported when a run builds the policy. Third-party packages
-register with an entry point in the group ``lerobot_cli.policies`` whose value is the config class:
+Only config classes are imported to list or parse policies (no torch); each carries its
+:class:`~lerobot_cli.policies.spec.PolicySpec` as ``spec``, whose model class is imported when a run
+builds the policy. A config class without a spec is refused when it is registered or looked up, not
+halfway into a run. Third-party packages register with an entry point in the group
+``lerobot_cli.policies`` whose value is the config class:
 
     [project.entry-points."lerobot_cli.policies"]
     my_policy = "my_pkg.config:MyPolicyConfig"
@@ -15,6 +17,7 @@ import importlib.util
 from importlib.metadata import entry_points
 
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.spec import PolicySpec
 
 ENTRY_POINT_GROUP = "lerobot_cli.policies"
 
@@ -45,6 +48,8 @@ def register(cls: type[PolicyConfig]) -> type[PolicyConfig]:
     """Class decorator registering a config class under its ``type`` in this process."""
     if not cls.type:
         raise ValueError(f"{cls.__name__} must set the class variable `type` to register")
+    if not isinstance(cls.spec, PolicySpec):
+        raise TypeError(f"{cls.__name__} must set the class variable `spec` (a PolicySpec) to register")
     _REGISTERED[cls.type] = cls
     return cls
 
@@ -74,9 +79,20 @@ def config_class(name: str) -> type[PolicyConfig]:
         raise UnknownPolicyError(f"--policy.type={name}: its config {target} cannot be imported ({exc})") from None
     if not (isinstance(cls, type) and issubclass(cls, PolicyConfig)) or cls.type != name:
         raise UnknownPolicyError(f"--policy.type={name}: {target} is not a PolicyConfig with type={name!r}")
+    if not isinstance(cls.spec, PolicySpec):
+        raise UnknownPolicyError(f"--policy.type={name}: {target} sets no `spec` (a PolicySpec): the runner "
+                                 f"reads the policy's model class, wrap units and needs from it")
     return cls
+
+
+def spec_of(config: PolicyConfig | type[PolicyConfig]) -> PolicySpec:
+    """The contract of ``config``'s policy type: what the runner reads instead of probing the classes."""
+    cls = config if isinstance(config, type) else type(config)
+    if not isinstance(cls.spec, PolicySpec):
+        raise UnknownPolicyError(f"{cls.__name__} sets no `spec` (a PolicySpec)")
+    return cls.spec
 
 
 def policy_class(config: PolicyConfig) -> type:
     """The ``torch.nn.Module`` class that implements ``config`` (imports torch)."""
-    return _import(type(config).policy_class)
+    return _import(spec_of(config).model)

@@ -29,7 +29,7 @@ MODEL_NAME = MODEL_WEIGHTS  # LeRobot's name, spelled by lerobot_ckpt.layout
 
 def without_init_only_fields(config: PolicyConfig) -> PolicyConfig:
     """``config`` with its init-only fields cleared: what to build before loading saved weights."""
-    names = [n for n in getattr(config, "init_only_fields", ()) if getattr(config, n) is not None]
+    names = [n for n in registry.spec_of(config).init_only_fields if getattr(config, n) is not None]
     return attrs.evolve(config, **{n: None for n in names}) if names else config
 
 

@@ -7,7 +7,7 @@ have the names and indices LeRobot expects:
 - ``policy_postprocessor``: unnormalizer (step 0, action stats) → device("cpu").
 
 A policy whose LeRobot pipelines differ (pi0, pi05: language steps) names a step-list function in its
-config's ``processor_steps`` ClassVar (``"module:function"``, imported only here, so configs stay
+``PolicySpec.processors`` (``"module:function"``, imported only here, so configs stay
 torch-free). The function gets the config and these default steps (``DefaultSteps``) and returns the
 pre- and post-processor step lists; it places and adds steps, while the statistics check and the
 pipeline names stay here.
@@ -26,6 +26,7 @@ from lerobot_ckpt.layout import POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
+from lerobot_cli.policies.registry import spec_of
 from lerobot_cli.processors.normalize import REQUIRED_STATS, NormalizerStep, UnnormalizerStep
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
@@ -62,21 +63,21 @@ class DefaultSteps:
 
 
 class ProcessorStepsError(ValueError):
-    """A config's ``processor_steps`` names no importable step-list function."""
+    """A spec's ``processors`` names no importable step-list function."""
 
 
 def _steps_function(config: PolicyConfig) -> Callable[[PolicyConfig, DefaultSteps], StepLists] | None:
-    target = type(config).processor_steps
+    target = spec_of(config).processors
     if not target:
         return None
     module, _, name = target.partition(":")
     try:
         function = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ProcessorStepsError(f"{type(config).__name__}.processor_steps names {target!r}, which cannot be "
+        raise ProcessorStepsError(f"{type(config).__name__}.spec.processors names {target!r}, which cannot be "
                                   f"imported ({exc}); it must be 'module:function'") from exc
     if not callable(function):
-        raise ProcessorStepsError(f"{type(config).__name__}.processor_steps names {target!r}, which is not a function")
+        raise ProcessorStepsError(f"{type(config).__name__}.spec.processors names {target!r}, which is not a function")
     return function
 
 

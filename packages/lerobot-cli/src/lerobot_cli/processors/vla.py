@@ -1,6 +1,6 @@
 """pi0's and pi05's processor step lists, in LeRobot 0.6.1's order (``processor_pi0.py`` / ``processor_pi05.py``).
 
-A config names them with ``processor_steps = "lerobot_cli.processors.vla:pi0_processor_steps"`` (or
+A spec names them with ``processors="lerobot_cli.processors.vla:pi0_processor_steps"`` (or
 ``pi05_processor_steps``). Same steps at the same indices as LeRobot's, so the files agree down to the
 state-file names (``policy_preprocessor_step_6_normalizer_processor.safetensors`` for pi0, ``step_3`` for pi05):
 
@@ -15,35 +15,33 @@ directory) with ``config.tokenizer_max_length``, right padding to that length an
 
 from __future__ import annotations
 
-from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.pi0.config import PiFlowConfig
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
 from lerobot_cli.processors.prompts import Pi0NewLineStep, Pi05StateTokensStep
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
-from lerobot_cli.policies.pi0.config import PALIGEMMA_TOKENIZER
 from lerobot_cli.processors.tokenizer import TokenizerStep
 
 
-def paligemma_tokenizer_step(config: PolicyConfig) -> TokenizerStep:
-    return TokenizerStep(tokenizer_name=getattr(config, "tokenizer_name", PALIGEMMA_TOKENIZER),
+def paligemma_tokenizer_step(config: PiFlowConfig) -> TokenizerStep:
+    return TokenizerStep(tokenizer_name=config.tokenizer_name,
                          max_length=config.tokenizer_max_length, padding_side="right", padding="max_length")
 
 
-def relative_actions_steps(config: PolicyConfig) -> tuple[RelativeActionsStep, AbsoluteActionsStep]:
-    """The paired relative/absolute steps, from LeRobot's config fields (off when the config has none)."""
-    relative = RelativeActionsStep(enabled=getattr(config, "use_relative_actions", False),
-                                   exclude_joints=getattr(config, "relative_exclude_joints", []),
-                                   action_names=getattr(config, "action_feature_names", None))
+def relative_actions_steps(config: PiFlowConfig) -> tuple[RelativeActionsStep, AbsoluteActionsStep]:
+    """The paired relative/absolute steps, from LeRobot's config fields."""
+    relative = RelativeActionsStep(enabled=config.use_relative_actions, exclude_joints=config.relative_exclude_joints,
+                                   action_names=config.action_feature_names)
     return relative, AbsoluteActionsStep(enabled=relative.enabled, relative_step=relative)
 
 
-def pi0_processor_steps(config: PolicyConfig, defaults: DefaultSteps) -> StepLists:
+def pi0_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLists:
     relative, absolute = relative_actions_steps(config)
     pre = [defaults.rename_observations, defaults.add_batch_dim, Pi0NewLineStep(), paligemma_tokenizer_step(config),
            defaults.to_device, relative, defaults.normalize]
     return pre, [defaults.unnormalize, absolute, defaults.to_cpu]
 
 
-def pi05_processor_steps(config: PolicyConfig, defaults: DefaultSteps) -> StepLists:
+def pi05_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLists:
     relative, absolute = relative_actions_steps(config)
     pre = [defaults.rename_observations, defaults.add_batch_dim, relative, defaults.normalize,
            Pi05StateTokensStep(max_state_dim=config.max_state_dim), paligemma_tokenizer_step(config),

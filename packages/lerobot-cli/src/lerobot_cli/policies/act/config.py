@@ -16,6 +16,7 @@ from attrs import define
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.backbone_weights import DEFAULT_BACKBONE_WEIGHTS
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.spec import PolicySpec
 
 SUPPORTED_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 FEEDFORWARD_ACTIVATIONS = ("relu", "gelu")
@@ -25,10 +26,18 @@ GRAD_CLIP_NORM = 10.0  # LeRobot's AdamW preset clips at 10; ACT has no field fo
 @define(frozen=True, kw_only=True)
 class ACTConfig(PolicyConfig):
     type: ClassVar[str] = "act"
-    policy_class: ClassVar[str] = "lerobot_cli.policies.act.modeling:ACTPolicy"
-    # Fields that only decide how fresh weights are initialised: loading a pretrained policy clears
-    # them, since its weights come from model.safetensors (and the init file may not exist there).
-    init_only_fields: ClassVar[tuple[str, ...]] = ("pretrained_backbone_weights",)
+    spec: ClassVar[PolicySpec] = PolicySpec(
+        model="lerobot_cli.policies.act.modeling:ACTPolicy",
+        # One FSDP unit per transformer block; the backbone, projections and heads stay in the root unit.
+        wrap_units=("ACTEncoderLayer", "ACTDecoderLayer"),
+        # The feed-forward projections of every transformer block (VAE encoder, encoder, decoder). The
+        # attention projections are not nn.Linear calls (nn.MultiheadAttention reads its weights directly),
+        # so LoRA could not adapt them there.
+        peft_targets=r"model\.(vae_encoder|encoder|decoder)\.layers\.\d+\.(linear1|linear2)",
+        # Only decides how fresh weights are initialised: loading a pretrained policy clears it, since its
+        # weights come from model.safetensors (and the init file may not exist there).
+        init_only_fields=("pretrained_backbone_weights",),
+    )
 
     # Input / output structure.
     chunk_size: int = 100
@@ -110,6 +119,9 @@ class ACTConfig(PolicyConfig):
         for name in ("kl_weight", "optimizer_lr", "optimizer_weight_decay", "optimizer_lr_backbone"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--policy.{name} must be ≥ 0, got {getattr(self, name)!r}")
+
+    def backbone_weights(self) -> str | None:
+        return self.pretrained_backbone_weights
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""

@@ -23,12 +23,8 @@ from lerobot_cli.policies.act.model import ACT, ACTION, ACTION_IS_PAD, OBS_IMAGE
 class ACTPolicy(nn.Module):
     name: ClassVar[str] = "act"
     config_class: ClassVar[type[ACTConfig]] = ACTConfig
-    # One FSDP unit per transformer block; the backbone, projections and heads stay in the root unit.
-    _fsdp_wrap_modules: ClassVar[list[str]] = ["ACTEncoderLayer", "ACTDecoderLayer"]
-    # Default --peft.target_modules (a regex peft fullmatches): the feed-forward projections of every
-    # transformer block (VAE encoder, encoder, decoder). The attention projections are not nn.Linear
-    # calls (nn.MultiheadAttention reads its weights directly), so LoRA could not adapt them there.
-    _peft_target_modules: ClassVar[str] = r"model\.(vae_encoder|encoder|decoder)\.layers\.\d+\.(linear1|linear2)"
+    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
+    _fsdp_wrap_modules: ClassVar[list[str]] = list(ACTConfig.spec.wrap_units)
 
     def __init__(self, config: ACTConfig) -> None:
         super().__init__()

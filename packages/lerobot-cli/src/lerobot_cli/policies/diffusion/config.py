@@ -24,6 +24,7 @@ from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.backbone_weights import DEFAULT_BACKBONE_WEIGHTS
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
+from lerobot_cli.policies.spec import PolicySpec
 
 SUPPORTED_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 PREDICTION_TYPES = ("epsilon", "sample")
@@ -46,9 +47,16 @@ def _optional_pair(value):
 @define(frozen=True, kw_only=True)
 class DiffusionConfig(PolicyConfig):
     type: ClassVar[str] = "diffusion"
-    policy_class: ClassVar[str] = "lerobot_cli.policies.diffusion.modeling:DiffusionPolicy"
-    # Loading a pretrained policy clears it: its weights come from model.safetensors.
-    init_only_fields: ClassVar[tuple[str, ...]] = ("pretrained_backbone_weights",)
+    spec: ClassVar[PolicySpec] = PolicySpec(
+        model="lerobot_cli.policies.diffusion.modeling:DiffusionPolicy",
+        # Every U-Net residual block (the bulk of the parameters: 2048-channel stages hold most of the 263M)
+        # and every camera encoder (a ResNet each); the timestep MLP, the down/up-sampling convolutions and
+        # the head stay in the root unit. With gradient_checkpointing the residual blocks are also what is
+        # recomputed, as in LeRobot.
+        wrap_units=("DiffusionConditionalResidualBlock1d", "DiffusionRgbEncoder"),
+        # Loading a pretrained policy clears it: its weights come from model.safetensors.
+        init_only_fields=("pretrained_backbone_weights",),
+    )
 
     # Inputs / output structure.
     n_obs_steps: int = field(default=2, metadata={"help": "Observation frames (the current one and the ones before)."})
@@ -175,6 +183,15 @@ class DiffusionConfig(PolicyConfig):
         for name in ("optimizer_lr", "optimizer_eps", "optimizer_weight_decay", "scheduler_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--policy.{name} must be ≥ 0, got {getattr(self, name)!r}")
+
+    def frames_dropped_per_episode(self) -> int:
+        return self.drop_n_last_frames
+
+    def activation_checkpointing(self) -> bool:
+        return self.gradient_checkpointing
+
+    def backbone_weights(self) -> str | None:
+        return self.pretrained_backbone_weights
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""

@@ -126,11 +126,8 @@ class DiffusionModel(nn.Module):
 class DiffusionPolicy(nn.Module):
     name: ClassVar[str] = "diffusion"
     config_class: ClassVar[type[DiffusionConfig]] = DiffusionConfig
-    # FSDP units: every U-Net residual block (the bulk of the parameters: 2048-channel stages hold most of
-    # the 263M) and every camera encoder (a ResNet each). The timestep MLP, the down/up-sampling convolutions
-    # and the head stay in the root unit. With gradient_checkpointing the residual blocks are also what is
-    # recomputed, as in LeRobot.
-    _fsdp_wrap_modules: ClassVar[list[str]] = ["DiffusionConditionalResidualBlock1d", "DiffusionRgbEncoder"]
+    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
+    _fsdp_wrap_modules: ClassVar[list[str]] = list(DiffusionConfig.spec.wrap_units)
 
     def __init__(self, config: DiffusionConfig) -> None:
         super().__init__()

@@ -8,12 +8,17 @@ from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.spec import PolicySpec
 
 
 @define(frozen=True, kw_only=True)
 class MLPConfig(PolicyConfig):
     type: ClassVar[str] = "mlp"
-    policy_class: ClassVar[str] = "lerobot_cli.policies.mlp.modeling:MLPPolicy"
+    spec: ClassVar[PolicySpec] = PolicySpec(
+        model="lerobot_cli.policies.mlp.modeling:MLPPolicy",
+        wrap_units=("MLPBlock",),
+        peft_targets=r"blocks\.\d+\.linear",  # default --peft.target_modules (regex)
+    )
 
     hidden_dim: int = field(default=64, metadata={"help": "Width of each hidden block."})
     n_blocks: int = field(default=2, metadata={"help": "Number of MLPBlock layers (FSDP wrap units)."})

@@ -38,8 +38,8 @@ class MLPBlock(nn.Module):
 class MLPPolicy(nn.Module):
     name: ClassVar[str] = "mlp"
     config_class: ClassVar[type[MLPConfig]] = MLPConfig
-    _fsdp_wrap_modules: ClassVar[list[str]] = ["MLPBlock"]
-    _peft_target_modules: ClassVar[str] = r"blocks\.\d+\.linear"  # default --peft.target_modules (regex)
+    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
+    _fsdp_wrap_modules: ClassVar[list[str]] = list(MLPConfig.spec.wrap_units)
 
     def __init__(self, config: MLPConfig) -> None:
         super().__init__()

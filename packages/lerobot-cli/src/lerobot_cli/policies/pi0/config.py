@@ -22,6 +22,7 @@ from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, LEROBOT_GEMMA_VARIANTS, VISION_VARIANTS
+from lerobot_cli.policies.spec import PolicySpec
 
 DTYPES = ("float32", "bfloat16")
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
@@ -39,12 +40,24 @@ def _choice(name: str, value: str, choices) -> None:
         raise ValueError(f"--policy.{name}: invalid choice {value!r} (choose from {', '.join(choices)})")
 
 
+PI_SPEC = PolicySpec(
+    model="lerobot_cli.policies.pi0.modeling:PI0Policy",
+    processors="lerobot_cli.processors.vla:pi0_processor_steps",
+    # SigLIP layers and the embedding alone; each joint layer pair (VLM layer i, expert layer i) as one unit.
+    wrap_units=("SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer",
+                "ExpertLayer"),
+    unit_groups=(("PaliGemmaLayer", "ExpertLayer"),),
+    # LeRobot's default LoRA targets for pi0: the expert's q/v projections and the action/state projections.
+    peft_targets=(r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+                  r"action_time_mlp_in|action_time_mlp_out))"),
+    # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
+    extension_fields=("tokenizer_name", "vision_variant"),
+)
+
+
 @define(frozen=True, kw_only=True)
 class PiFlowConfig(PolicyConfig):
     """Fields pi0 and pi05 share (LeRobot keeps two copies of them; here they are written once)."""
-
-    # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
-    lerobot_extension_fields: ClassVar[tuple[str, ...]] = ("tokenizer_name", "vision_variant")
 
     paligemma_variant: str = "gemma_2b"
     action_expert_variant: str = "gemma_300m"
@@ -170,6 +183,12 @@ class PiFlowConfig(PolicyConfig):
                 raise ValueError(f"the {what} has {feature.shape[-1]} dimensions but --policy.max_{what}_dim is "
                                  f"{limit}; raise --policy.max_{what}_dim to at least {feature.shape[-1]}")
 
+    def activation_checkpointing(self) -> bool:
+        return self.gradient_checkpointing
+
+    def tokenizer(self) -> str | None:
+        return self.tokenizer_name
+
     def with_empty_cameras(self) -> dict[str, PolicyFeature]:
         """Input features plus the ``empty_cameras`` placeholders LeRobot adds (all -1 images, masked out)."""
         extra = {key: PolicyFeature(FeatureType.VISUAL, (3, *self.image_resolution)) for key in self.placeholder_inputs()}
@@ -198,5 +217,4 @@ class PiFlowConfig(PolicyConfig):
 @define(frozen=True, kw_only=True)
 class PI0Config(PiFlowConfig):
     type: ClassVar[str] = "pi0"
-    policy_class: ClassVar[str] = "lerobot_cli.policies.pi0.modeling:PI0Policy"
-    processor_steps: ClassVar[str] = "lerobot_cli.processors.vla:pi0_processor_steps"
+    spec: ClassVar[PolicySpec] = PI_SPEC

@@ -63,19 +63,13 @@ class PI0Policy(nn.Module):
     name: ClassVar[str] = "pi0"
     config_class: ClassVar[type[PiFlowConfig]] = PI0Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI0FlowModel
-    # FSDP units: SigLIP layers and the embedding alone; each joint layer pair as one grouped unit.
-    _fsdp_wrap_modules: ClassVar[list[str]] = [
-        "SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer", "ExpertLayer"]
-    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = [("PaliGemmaLayer", "ExpertLayer")]
+    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
+    _fsdp_wrap_modules: ClassVar[list[str]] = list(PI0Config.spec.wrap_units)
+    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = list(PI0Config.spec.unit_groups)
     # Modules whose forward never runs (their layers and methods are called directly): never FSDP units.
     _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = (
         "PI0FlowModel", "PI05FlowModel", "PaliGemmaWithExpert", "PaliGemmaForConditionalGeneration", "PaliGemmaModel",
         "GemmaForCausalLM", "GemmaModel", "GemmaProjections")
-    # LeRobot's default LoRA targets for pi0: the expert's q/v projections and the action/state projections.
-    _peft_target_modules: ClassVar[str] = (
-        r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
-        r"action_time_mlp_in|action_time_mlp_out))"
-    )
 
     def __init__(self, config: PiFlowConfig) -> None:
         super().__init__()

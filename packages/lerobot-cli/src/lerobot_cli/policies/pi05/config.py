@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import attrs
 from attrs import define, field
 
 from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
-from lerobot_cli.policies.pi0.config import PiFlowConfig
+from lerobot_cli.policies.pi0.config import PI_SPEC, PiFlowConfig
+from lerobot_cli.policies.spec import PolicySpec
 
 
 def _pi05_normalization() -> dict[str, NormalizationMode]:
@@ -24,8 +26,10 @@ def _pi05_normalization() -> dict[str, NormalizationMode]:
 @define(frozen=True, kw_only=True)
 class PI05Config(PiFlowConfig):
     type: ClassVar[str] = "pi05"
-    policy_class: ClassVar[str] = "lerobot_cli.policies.pi05.modeling:PI05Policy"
-    processor_steps: ClassVar[str] = "lerobot_cli.processors.vla:pi05_processor_steps"
+    # LeRobot 0.6.1's _get_default_peft_targets for pi05 is pi0's regex verbatim (inherited): its names
+    # state_proj and action_time_mlp_* match no pi05 module, so time_mlp_in/out are not adapted, as in LeRobot.
+    spec: ClassVar[PolicySpec] = attrs.evolve(PI_SPEC, model="lerobot_cli.policies.pi05.modeling:PI05Policy",
+                                              processors="lerobot_cli.processors.vla:pi05_processor_steps")
 
     normalization_mapping: dict[str, NormalizationMode] = field(factory=_pi05_normalization)
     tokenizer_max_length: int = 200

@@ -23,10 +23,6 @@ class PI05Policy(PI0Policy):
     name: ClassVar[str] = "pi05"
     config_class: ClassVar[type[PiFlowConfig]] = PI05Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI05FlowModel
-    # LeRobot 0.6.1's _get_default_peft_targets for pi05 is pi0's regex verbatim (inherited): the expert's
-    # q/v projections, action_in_proj and action_out_proj. Its other names (state_proj, action_time_mlp_*)
-    # match no pi05 module, so time_mlp_in/out are not adapted, as in LeRobot.
-    _peft_target_modules: ClassVar[str] = PI0Policy._peft_target_modules
     # Files LeRobot's pi05 from_pretrained accepts: pi0's time-MLP names and a state_proj pi05 has no use for.
     _renamed_modules: ClassVar[dict[str, str]] = {"action_time_mlp_in.": "time_mlp_in.",
                                                   "action_time_mlp_out.": "time_mlp_out."}

@@ -1,0 +1,74 @@
+"""``PolicySpec``: everything the runner asks of a policy type, in one frozen, torch-free record.
+
+Each config class carries its spec as the class variable ``spec``. The runner, the workload, the
+weights, the fetching and the PEFT code read it (``registry.spec_of(config)``) instead of probing the
+config or the model class for optional attributes, so a policy that forgets a need fails at import
+with a validator's message, not halfway into a run. What depends on a config's values (delta indices,
+frames dropped per episode, a tokenizer, activation checkpointing) stays a typed hook on
+:class:`~lerobot_cli.policies.config.PolicyConfig`, declared there with its default.
+
+Heavy classes are named by ``"module:Name"`` strings and imported only when a run builds the policy:
+the CLI parses and prints ``--help`` before torch loads.
+"""
+
+from __future__ import annotations
+
+import re
+
+from attrs import define, field
+
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _target(instance, attribute, value: str) -> None:
+    if value and not _TARGET.match(value):
+        raise ValueError(f"PolicySpec.{attribute.name} must be 'module:Name', got {value!r}")
+
+
+def _names(value) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _groups(value) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(group) for group in value)
+
+
+def _optional_names(value) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
+
+
+def _peft_targets(value) -> str | tuple[str, ...] | None:
+    return value if value is None or isinstance(value, str) else tuple(value)
+
+
+def _groups_in_units(instance, attribute, value: tuple[tuple[str, ...], ...]) -> None:
+    for group in value:
+        if len(group) < 2:
+            raise ValueError(f"PolicySpec.unit_groups: a group joins at least two classes, got {group!r}")
+        missing = [name for name in group if name not in (instance.wrap_units or ())]
+        if missing:
+            raise ValueError(f"PolicySpec.unit_groups names {missing} that wrap_units lacks: a grouped class "
+                             f"must also be a wrap unit")
+
+
+@define(frozen=True, kw_only=True)
+class PolicySpec:
+    """One policy type's contract with the runner (the config class's ``spec`` class variable).
+
+    ``model``: the ``torch.nn.Module`` class, ``"module:Class"``, built as ``Class(config)``.
+    ``processors``: ``"module:function"`` laying out the pre/post-processor steps when LeRobot's pipelines
+    for the policy differ from the default ones ("" = the defaults; see ``lerobot_cli.processors.factory``).
+    ``wrap_units``: module class names that become FSDP units (None: the size rule alone).
+    ``unit_groups``: tuples of wrap-unit class names whose i-th modules form one unit (pi0's joint layers).
+    ``peft_targets``: default ``--peft.target_modules`` (a regex or module names; None: the flag is needed).
+    ``init_only_fields``: config fields that only initialise fresh weights, cleared before loading saved ones.
+    ``extension_fields``: config fields LeRobot's class lacks, saved in ``config_extensions.json``.
+    """
+
+    model: str = field(validator=_target)
+    processors: str = field(default="", validator=_target)
+    wrap_units: tuple[str, ...] | None = field(default=None, converter=_optional_names)
+    unit_groups: tuple[tuple[str, ...], ...] = field(default=(), converter=_groups, validator=_groups_in_units)
+    peft_targets: str | tuple[str, ...] | None = field(default=None, converter=_peft_targets)
+    init_only_fields: tuple[str, ...] = field(default=(), converter=_names)
+    extension_fields: tuple[str, ...] = field(default=(), converter=_names)

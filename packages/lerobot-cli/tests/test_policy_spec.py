@@ -1,0 +1,90 @@
+"""The policy contract: ``PolicySpec`` is validated where it is written, a config class without one is
+refused before a run, and the runner's wrap units, PEFT targets and init-only fields come from it
+(not from attributes of the model class)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import ClassVar
+
+import pytest
+from attrs import define
+from lerobot_cli.peft.adapters import default_target_modules
+from lerobot_cli.policies import PolicyConfig, PolicySpec, registry
+from lerobot_cli.policies.act.config import ACTConfig
+from lerobot_cli.policies.weights import without_init_only_fields
+from lerobot_cli.workload import sharding_plan
+from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel.runtime import ParallelRuntime
+from torch import nn
+
+
+def test_spec_names_classes_as_module_colon_name():
+    with pytest.raises(ValueError, match=r"PolicySpec.model must be 'module:Name', got 'my_pkg.Policy'"):
+        PolicySpec(model="my_pkg.Policy")
+    with pytest.raises(ValueError, match=r"PolicySpec.processors must be 'module:Name'"):
+        PolicySpec(model="my_pkg:Policy", processors="my_pkg.steps")
+
+
+def test_a_unit_group_names_wrap_units_only():
+    with pytest.raises(ValueError, match=r"unit_groups names \['Expert'\] that wrap_units lacks"):
+        PolicySpec(model="m:P", wrap_units=("Layer",), unit_groups=[("Layer", "Expert")])
+    spec = PolicySpec(model="m:P", wrap_units=["Layer", "Expert"], unit_groups=[["Layer", "Expert"]])
+    assert spec.wrap_units == ("Layer", "Expert") and spec.unit_groups == (("Layer", "Expert"),)
+
+
+def test_a_config_without_a_spec_is_refused_at_registration():
+    @define(frozen=True, kw_only=True)
+    class NoSpec(PolicyConfig):
+        type: ClassVar[str] = "no_spec_test"
+
+    with pytest.raises(TypeError, match="NoSpec must set the class variable `spec`"):
+        registry.register(NoSpec)
+    with pytest.raises(registry.UnknownPolicyError, match="NoSpec sets no `spec`"):
+        registry.spec_of(NoSpec())
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class SpecOnlyPolicy(nn.Module):
+    """Declares nothing for FSDP itself: the plan can only find ``Block`` through the spec."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(4, 2)
+
+
+@define(frozen=True, kw_only=True)
+class SpecOnlyConfig(PolicyConfig):
+    type: ClassVar[str] = "spec_only_test"
+    spec: ClassVar[PolicySpec] = PolicySpec(model="spec_test:SpecOnlyPolicy", wrap_units=("Block",),
+                                            peft_targets=r"blocks\.\d+\.linear")
+
+
+def test_the_sharding_plan_takes_the_wrap_units_from_the_spec():
+    config = SpecOnlyConfig()
+    cfg = SimpleNamespace(policy=config, accelerator=AcceleratorConfig())
+    plan = sharding_plan(cfg, SpecOnlyPolicy(config), ParallelRuntime.preview(ParallelismConfig(dp_shard=2).resolve(2)))
+    assert [u.path for u in plan.units] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_peft_targets_and_init_only_fields_come_from_the_spec():
+    assert default_target_modules(SpecOnlyConfig()) == r"blocks\.\d+\.linear"
+    assert ACTConfig.spec.init_only_fields == ("pretrained_backbone_weights",)
+    assert without_init_only_fields(ACTConfig()).pretrained_backbone_weights is None
+
+
+def test_every_builtin_policy_has_a_spec_whose_model_is_its_class():
+    for name in ("act", "diffusion", "mlp", "pi0", "pi05"):
+        spec = registry.spec_of(registry.config_class(name))
+        module, _, cls = spec.model.partition(":")
+        assert module.startswith(f"lerobot_cli.policies.{name}.") and cls.endswith("Policy"), spec.model
