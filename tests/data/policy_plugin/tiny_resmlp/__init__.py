@@ -1,0 +1,1 @@
+"""A test policy registered through the ``lerobot_cli.policies`` entry point (see ../pyproject.toml)."""
