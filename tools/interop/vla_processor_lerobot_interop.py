@@ -8,7 +8,7 @@ nothing is downloaded. Like act_lerobot_interop.py it runs in two interpreters:
     uv run python tools/interop/vla_processor_lerobot_interop.py --lerobot-python /tmp/lerobot-venv/bin/python
 
 1. ours-write     (our env)     the tiny tokenizer; pi0/pi05 pipelines from our step lists
-                                (``lerobot_cli.processors.vla``) with random statistics, saved; a task
+                                (``lerobot_cli.policies.pi0.processors``, ``…pi05.processors``) with random statistics, saved; a task
                                 batch and our outputs recorded next to them.
 2. lerobot-check  (LeRobot env) ``PolicyProcessorPipeline.from_pretrained(dir, "policy_preprocessor.json")``
                                 (and the postprocessor) on our directory: same prompts, tokens, masks,
@@ -146,7 +146,7 @@ def _our_config(variant: str, tokenizer: Path):
 
         type: ClassVar[str] = f"{policy}_processor_interop"
         spec: ClassVar[PolicySpec] = PolicySpec(model=f"lerobot_cli.policies.{policy}.modeling:Unused",
-                                                processors=f"lerobot_cli.processors.vla:{policy}_processor_steps")
+                                                processors=f"lerobot_cli.policies.{policy}.processors:{policy}_processor_steps")
         normalization_mapping: dict = field(factory=lambda: {
             "VISUAL": NormalizationMode.IDENTITY,
             "STATE": NormalizationMode.QUANTILES if quantiles else NormalizationMode.MEAN_STD,

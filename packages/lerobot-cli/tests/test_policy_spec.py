@@ -83,8 +83,11 @@ def test_peft_targets_and_init_only_fields_come_from_the_spec():
     assert without_init_only_fields(ACTConfig()).pretrained_backbone_weights is None
 
 
-def test_every_builtin_policy_has_a_spec_whose_model_is_its_class():
+def test_each_builtin_policy_is_one_folder():
+    """Model and processor step lists both live in the policy's own folder (pi0/pi05's included)."""
     for name in ("act", "diffusion", "mlp", "pi0", "pi05"):
         spec = registry.spec_of(registry.config_class(name))
         module, _, cls = spec.model.partition(":")
         assert module.startswith(f"lerobot_cli.policies.{name}.") and cls.endswith("Policy"), spec.model
+        assert not spec.processors or spec.processors.startswith(f"lerobot_cli.policies.{name}.processors:")
+    assert registry.spec_of(registry.config_class("pi05")).processors.endswith(":pi05_processor_steps")

@@ -46,7 +46,7 @@ class Pi0Like(PolicyConfig):
 
     type: ClassVar[str] = "pi0_processors_test"
     spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused",
-                                            processors="lerobot_cli.processors.vla:pi0_processor_steps")
+                                            processors="lerobot_cli.policies.pi0.processors:pi0_processor_steps")
 
     normalization_mapping: dict[str, NormalizationMode] = field(factory=lambda: {
         "VISUAL": NormalizationMode.IDENTITY, "STATE": NormalizationMode.MEAN_STD, "ACTION": NormalizationMode.MEAN_STD})
@@ -62,7 +62,7 @@ class Pi0Like(PolicyConfig):
 class Pi05Like(Pi0Like):
     type: ClassVar[str] = "pi05_processors_test"
     spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused",
-                                            processors="lerobot_cli.processors.vla:pi05_processor_steps")
+                                            processors="lerobot_cli.policies.pi05.processors:pi05_processor_steps")
 
 
 def _stats():
@@ -312,9 +312,9 @@ def test_hook_naming_nothing_importable_is_refused():
     class Broken(PolicyConfig):
         type: ClassVar[str] = "broken_processors_test"
         spec: ClassVar[PolicySpec] = PolicySpec(model="tests:Unused",
-                                                processors="lerobot_cli.processors.vla:no_such_function")
+                                                processors="lerobot_cli.policies.pi0.processors:no_such_function")
 
-    with pytest.raises(ProcessorStepsError, match="Broken.spec.processors names 'lerobot_cli.processors.vla:no_such"):
+    with pytest.raises(ProcessorStepsError, match="Broken.spec.processors names 'lerobot_cli.policies.pi0.processors:no_such"):
         make_pre_post_processors(Broken(input_features=FEATURES_IN, output_features=FEATURES_OUT,
                                         normalization_mapping={}), {})
 

@@ -42,7 +42,7 @@ def _choice(name: str, value: str, choices) -> None:
 
 PI_SPEC = PolicySpec(
     model="lerobot_cli.policies.pi0.modeling:PI0Policy",
-    processors="lerobot_cli.processors.vla:pi0_processor_steps",
+    processors="lerobot_cli.policies.pi0.processors:pi0_processor_steps",
     # SigLIP layers and the embedding alone; each joint layer pair (VLM layer i, expert layer i) as one unit.
     wrap_units=("SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer",
                 "ExpertLayer"),

@@ -1,8 +1,10 @@
-"""pi0's and pi05's processor step lists, in LeRobot 0.6.1's order (``processor_pi0.py`` / ``processor_pi05.py``).
+"""pi0's processor step lists, in LeRobot 0.6.1's order (``processor_pi0.py``), and the steps pi05's share.
 
-A spec names them with ``processors="lerobot_cli.processors.vla:pi0_processor_steps"`` (or
-``pi05_processor_steps``). Same steps at the same indices as LeRobot's, so the files agree down to the
-state-file names (``policy_preprocessor_step_6_normalizer_processor.safetensors`` for pi0, ``step_3`` for pi05):
+pi0's spec names ``pi0_processor_steps``, pi05's ``lerobot_cli.policies.pi05.processors:pi05_processor_steps``:
+each policy's pipelines live in its folder; the steps themselves (tokenizer, relative actions, prompts)
+stay in ``lerobot_cli.processors``, which registers them for loading saved pipelines. Same steps at the
+same indices as LeRobot's, so the files agree down to the state-file names
+(``policy_preprocessor_step_6_normalizer_processor.safetensors`` for pi0, ``step_3`` for pi05):
 
 - pi0 pre:  rename → batch → newline → tokenizer → device → relative actions → normalizer
 - pi05 pre: rename → batch → relative actions → normalizer → state-in-prompt → tokenizer → device
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from lerobot_cli.policies.pi0.config import PiFlowConfig
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
-from lerobot_cli.processors.prompts import Pi0NewLineStep, Pi05StateTokensStep
+from lerobot_cli.processors.prompts import Pi0NewLineStep
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
 from lerobot_cli.processors.tokenizer import TokenizerStep
 
@@ -38,12 +40,4 @@ def pi0_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLis
     relative, absolute = relative_actions_steps(config)
     pre = [defaults.rename_observations, defaults.add_batch_dim, Pi0NewLineStep(), paligemma_tokenizer_step(config),
            defaults.to_device, relative, defaults.normalize]
-    return pre, [defaults.unnormalize, absolute, defaults.to_cpu]
-
-
-def pi05_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLists:
-    relative, absolute = relative_actions_steps(config)
-    pre = [defaults.rename_observations, defaults.add_batch_dim, relative, defaults.normalize,
-           Pi05StateTokensStep(max_state_dim=config.max_state_dim), paligemma_tokenizer_step(config),
-           defaults.to_device]
     return pre, [defaults.unnormalize, absolute, defaults.to_cpu]

@@ -1,0 +1,17 @@
+"""pi05's processor step lists, in LeRobot 0.6.1's order (``processor_pi05.py``); see
+``lerobot_cli.policies.pi0.processors`` for the order of both policies and the steps they share."""
+
+from __future__ import annotations
+
+from lerobot_cli.policies.pi0.config import PiFlowConfig
+from lerobot_cli.policies.pi0.processors import paligemma_tokenizer_step, relative_actions_steps
+from lerobot_cli.processors.factory import DefaultSteps, StepLists
+from lerobot_cli.processors.prompts import Pi05StateTokensStep
+
+
+def pi05_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLists:
+    relative, absolute = relative_actions_steps(config)
+    pre = [defaults.rename_observations, defaults.add_batch_dim, relative, defaults.normalize,
+           Pi05StateTokensStep(max_state_dim=config.max_state_dim), paligemma_tokenizer_step(config),
+           defaults.to_device]
+    return pre, [defaults.unnormalize, absolute, defaults.to_cpu]
