@@ -33,6 +33,12 @@ def test_a_unit_group_names_wrap_units_only():
     assert spec.wrap_units == ("Layer", "Expert") and spec.unit_groups == (("Layer", "Expert"),)
 
 
+def test_extras_are_lerobot_cli_extras():
+    with pytest.raises(ValueError, match=r"PolicySpec.extras names \['vision'\], not lerobot-cli extras"):
+        PolicySpec(model="m:P", extras=("vision",))
+    assert registry.spec_of(registry.config_class("pi05")).extras == ("pi",)
+
+
 def test_a_config_without_a_spec_is_refused_at_registration():
     @define(frozen=True, kw_only=True)
     class NoSpec(PolicyConfig):

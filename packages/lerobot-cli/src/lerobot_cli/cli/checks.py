@@ -6,6 +6,8 @@ from pathlib import Path
 
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.extras import missing_extra_message
+from lerobot_cli.policies.registry import spec_of
 
 
 def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
@@ -33,6 +35,7 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
         raise UsageError(f"--dataset.eval_split={cfg.dataset.eval_split} holds episodes out of training, but "
                          "--eval_steps=0 never evaluates on them: pass --eval_steps=N (the eval loss every N steps), "
                          "or --dataset.eval_split=0 to train on every episode")
+    check_extras(cfg)
     check_custom_code(cfg)
     check_policy_fits_local_dataset(cfg)
     if cfg.peft is not None:
@@ -42,6 +45,18 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
 
         if not trackio_available():
             raise UsageError(missing_trackio_message())
+
+
+def check_extras(cfg: TrainConfig) -> None:
+    """The lerobot-cli extras the run needs (its policy's, ``peft`` for ``--peft.*``), each missing one
+    named in one line before any work."""
+    needs = [(extra, f"--policy.type={cfg.policy.type}") for extra in spec_of(cfg.policy).extras]
+    if cfg.peft is not None:
+        needs.append(("peft", "--peft.*"))
+    for extra, needed_by in needs:
+        message = missing_extra_message(extra, needed_by)
+        if message:
+            raise UsageError(message)
 
 
 def check_checkpointing_off(cfg: TrainConfig, flags: dict[str, str]) -> None:

@@ -17,6 +17,8 @@ import re
 
 from attrs import define, field
 
+from lerobot_cli.extras import EXTRAS
+
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -51,6 +53,12 @@ def _groups_in_units(instance, attribute, value: tuple[tuple[str, ...], ...]) ->
                              f"must also be a wrap unit")
 
 
+def _known_extras(instance, attribute, value: tuple[str, ...]) -> None:
+    unknown = [name for name in value if name not in EXTRAS]
+    if unknown:
+        raise ValueError(f"PolicySpec.extras names {unknown}, not lerobot-cli extras (choose from {sorted(EXTRAS)})")
+
+
 @define(frozen=True, kw_only=True)
 class PolicySpec:
     """One policy type's contract with the runner (the config class's ``spec`` class variable).
@@ -63,6 +71,7 @@ class PolicySpec:
     ``peft_targets``: default ``--peft.target_modules`` (a regex or module names; None: the flag is needed).
     ``init_only_fields``: config fields that only initialise fresh weights, cleared before loading saved ones.
     ``extension_fields``: config fields LeRobot's class lacks, saved in ``config_extensions.json``.
+    ``extras``: lerobot-cli extras the policy needs (pi0/pi05: ``pi``), checked before the run starts.
     """
 
     model: str = field(validator=_target)
@@ -72,3 +81,4 @@ class PolicySpec:
     peft_targets: str | tuple[str, ...] | None = field(default=None, converter=_peft_targets)
     init_only_fields: tuple[str, ...] = field(default=(), converter=_names)
     extension_fields: tuple[str, ...] = field(default=(), converter=_names)
+    extras: tuple[str, ...] = field(default=(), converter=_names, validator=_known_extras)

@@ -52,6 +52,7 @@ PI_SPEC = PolicySpec(
                   r"action_time_mlp_in|action_time_mlp_out))"),
     # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
     extension_fields=("tokenizer_name", "vision_variant"),
+    extras=("pi",),  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
 )
 
 

@@ -1,0 +1,30 @@
+"""lerobot-cli's optional parts (its pip extras, where LeRobot makes them extras) and the one line a run
+that needs a missing one stops with.
+
+Checked with ``importlib.util.find_spec`` before the run starts (no heavy import at start-up): a pi0 run
+without transformers would otherwise fail deep in the model build with a traceback naming a module,
+not the extra that brings it. The workspace root installs every extra, so ``uv sync`` gives them all.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# extra -> the module it brings (lerobot-cli's pyproject.toml [project.optional-dependencies])
+EXTRAS: dict[str, str] = {"pi": "transformers", "peft": "peft", "trackio": "trackio"}
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        return False
+
+
+def missing_extra_message(extra: str, needed_by: str) -> str | None:
+    """The line saying ``needed_by`` needs ``lerobot-cli[extra]``, or None when its module is installed."""
+    module = EXTRAS[extra]
+    if installed(module):
+        return None
+    return (f"{needed_by} needs lerobot-cli[{extra}] ({module} is not installed): pip install 'lerobot-cli[{extra}]' "
+            f"(in this repository: uv sync)")

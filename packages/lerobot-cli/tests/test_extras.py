@@ -1,0 +1,64 @@
+"""A run that needs a lerobot-cli extra which is not installed stops in one line naming the extra.
+
+The missing package is simulated, not uninstalled: a ``sitecustomize.py`` on ``PYTHONPATH`` puts a finder
+first on ``sys.meta_path`` that refuses the blocked module, so ``lerobot-train`` sees it exactly as it would
+see an environment without it (``find_spec`` and ``import`` both fail)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+DEMO = REPO / "data" / "lerobot" / "demo_reach"
+TRAIN = str(Path(sys.executable).parent / "lerobot-train")
+DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--steps=1"]
+
+BLOCKER = '''import sys
+
+
+class _Blocked:
+    """Pretends {names} are not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def train_without(tmp_path: Path, blocked: set[str], *args: str) -> subprocess.CompletedProcess:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER.format(names=blocked))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([TRAIN, *DATA, f"--output_dir={tmp_path / 'run'}", *args], check=False, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("blocked", "flags", "line"), [
+    ("transformers", ["--policy.type=pi0"],
+     "--policy.type=pi0 needs lerobot-cli[pi] (transformers is not installed): pip install 'lerobot-cli[pi]'"),
+    ("transformers", ["--policy.type=pi05"],
+     "--policy.type=pi05 needs lerobot-cli[pi] (transformers is not installed): pip install 'lerobot-cli[pi]'"),
+    ("peft", ["--policy.type=mlp", "--peft.r=4"],
+     "--peft.* needs lerobot-cli[peft] (peft is not installed): pip install 'lerobot-cli[peft]'"),
+])
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, flags, line):
+    res = train_without(tmp_path, {blocked}, *flags)
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and line in lines[0], res.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_needs_no_extra_trains_without_them(tmp_path):
+    res = train_without(tmp_path, {"transformers", "peft", "trackio"}, "--policy.type=mlp")
+    assert res.returncode == 0, res.stderr[-3000:]
