@@ -267,6 +267,7 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
 def test_openpi_layout_files_load_like_lerobot_loads_them(tmp_path):
     """A converted openpi file: no ``model.`` prefix, older time-MLP names, no token embedding (tied to
     lm_head there), a SigLIP without the vision_model level. LeRobot's from_pretrained accepts it; so do we."""
+    from lerobot_cli.policies.registry import state_dict_adapter
     from lerobot_cli.policies.weights import load_weights
     from safetensors.torch import save_file
 
@@ -282,16 +283,33 @@ def test_openpi_layout_files_load_like_lerobot_loads_them(tmp_path):
     openpi[head] = source.state_dict()["model." + embed].clone()
     save_file(openpi, str(tmp_path / "model.safetensors"))
     target = PI0Policy(tiny())
-    load_weights(target, tmp_path / "model.safetensors")
+    load_weights(target, tmp_path / "model.safetensors", adapt=state_dict_adapter(target.config))
     loaded = target.state_dict()
     for key, value in source.state_dict().items():
         expected = value if key != "model." + head else source.state_dict()["model." + embed]
         assert torch.equal(loaded[key], expected), key
 
 
+def test_a_pretrained_directory_in_openpis_layout_loads_through_the_spec(tmp_path):
+    """``load_policy`` (what --policy.path runs) applies the spec's ``state_dict_adapter``."""
+    from lerobot_cli.policies.serialization import save_policy_config
+    from lerobot_cli.policies.weights import load_policy
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    source = PI0Policy(tiny())
+    state = {k.removeprefix("model.").replace("action_time_mlp_", "time_mlp_"): v.clone()
+             for k, v in source.state_dict().items()}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    save_policy_config(source.config, tmp_path)
+    _, loaded = load_policy(tmp_path)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+
+
 def test_pi05_drops_pi0s_state_proj_and_renames_the_time_mlp_as_lerobot_does(tmp_path):
     from lerobot_cli.policies.pi05.config import PI05Config
     from lerobot_cli.policies.pi05.modeling import PI05Policy
+    from lerobot_cli.policies.registry import state_dict_adapter
     from lerobot_cli.policies.weights import load_weights
     from safetensors.torch import save_file
 
@@ -301,7 +319,7 @@ def test_pi05_drops_pi0s_state_proj_and_renames_the_time_mlp_as_lerobot_does(tmp
     state["model.state_proj.weight"] = torch.zeros(32, 32)
     save_file(state, str(tmp_path / "model.safetensors"))
     target = PI05Policy(config)
-    load_weights(target, tmp_path / "model.safetensors")
+    load_weights(target, tmp_path / "model.safetensors", adapt=state_dict_adapter(config))
     assert all(torch.equal(target.state_dict()[k], v) for k, v in source.state_dict().items())
 
 

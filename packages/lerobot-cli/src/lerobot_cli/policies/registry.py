@@ -93,6 +93,12 @@ def spec_of(config: PolicyConfig | type[PolicyConfig]) -> PolicySpec:
     return cls.spec
 
 
+def state_dict_adapter(config: PolicyConfig):
+    """The spec's ``function(policy, state) -> state`` for weights files in another layout, or None."""
+    target = spec_of(config).state_dict_adapter
+    return _import(target) if target else None
+
+
 def policy_class(config: PolicyConfig) -> type:
     """The ``torch.nn.Module`` class that implements ``config`` (imports torch)."""
     return _import(spec_of(config).model)

@@ -72,6 +72,8 @@ class PolicySpec:
     ``init_only_fields``: config fields that only initialise fresh weights, cleared before loading saved ones.
     ``extension_fields``: config fields LeRobot's class lacks, saved in ``config_extensions.json``.
     ``extras``: lerobot-cli extras the policy needs (pi0/pi05: ``pi``), checked before the run starts.
+    ``state_dict_adapter``: ``"module:function"``, ``function(policy, state) -> state`` putting a weights
+    file in another layout LeRobot also loads into this model's names (pi0: openpi's); "" = none.
     """
 
     model: str = field(validator=_target)
@@ -82,3 +84,4 @@ class PolicySpec:
     init_only_fields: tuple[str, ...] = field(default=(), converter=_names)
     extension_fields: tuple[str, ...] = field(default=(), converter=_names)
     extras: tuple[str, ...] = field(default=(), converter=_names, validator=_known_extras)
+    state_dict_adapter: str = field(default="", validator=_target)

@@ -74,17 +74,17 @@ def save_state_dict(state_dict: Mapping[str, Tensor], file: str | Path) -> Path:
     return file
 
 
-def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True) -> None:
-    """Load ``file`` into ``module``; names missing only because they alias a loaded tensor are fine."""
+def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True, adapt=None) -> None:
+    """Load ``file`` into ``module``; names missing only because they alias a loaded tensor are fine.
+    ``adapt(module, state) -> state``: the policy spec's ``state_dict_adapter`` (a file in another layout)."""
     file = Path(file)
     if not file.is_file():
         raise FileNotFoundError(f"no weights file at {file}")
     # A truncated file or an absurd header is the one sentence a resume gives for its weights (naming the
     # file), not safetensors' traceback; tied names come back as the shared tensor they alias.
     state, _ = read_tensors(file)
-    adapt = getattr(module, "adapt_state_dict", None)  # a policy's own file-layout fixes (pi0: openpi's names)
     if adapt is not None:
-        state = adapt(state)
+        state = adapt(module, state)
     result = module.load_state_dict(state, strict=False)
     own = module.state_dict()
     loaded_storages = {_storage_key(own[k]) for k in state if k in own}
@@ -122,5 +122,6 @@ def load_policy(directory: str | Path, *, config: PolicyConfig | None = None,
     """
     config = without_init_only_fields(config if config is not None else load_policy_config(directory))
     policy = build_policy(config)
-    load_weights(policy, pretrained_weights_file(directory), strict=strict)
+    load_weights(policy, pretrained_weights_file(directory), strict=strict,
+                 adapt=registry.state_dict_adapter(config))
     return config, policy.to(device).eval()

@@ -52,7 +52,9 @@ PI_SPEC = PolicySpec(
                   r"action_time_mlp_in|action_time_mlp_out))"),
     # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
     extension_fields=("tokenizer_name", "vision_variant"),
-    extras=("pi",),  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
+    extras=("pi",),
+    # Files in the layouts LeRobot's from_pretrained also fixes (openpi's names, no model. prefix, …).
+    state_dict_adapter="lerobot_cli.policies.pi0.modeling:adapt_state_dict",  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
 )
 
 

@@ -229,3 +229,8 @@ class PI0Policy(nn.Module):
             chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
             self._action_queue.extend(chunk.transpose(0, 1))
         return self._action_queue.popleft()
+
+
+def adapt_state_dict(policy: PI0Policy, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """pi0's and pi05's ``PolicySpec.state_dict_adapter``: ``policy.adapt_state_dict`` (per variant)."""
+    return policy.adapt_state_dict(state)
