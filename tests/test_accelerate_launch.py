@@ -21,11 +21,11 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}  # these are CPU facts: hide GPUs where CI
 
 def _exported_by_accelerate(argv: list[str]) -> dict[str, str]:
     """Variables accelerate's launcher would add or change for ``accelerate launch <argv> s.py``."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
-
     # a free port: accelerate refuses a port in use, and other jobs may hold the default 29500
     import socket
+
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

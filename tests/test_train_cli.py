@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
-DATA = [f"--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0"]
+DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0"]
 MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32"]
 
 pytestmark = pytest.mark.slow

@@ -395,9 +395,8 @@ def lerobot_check_ema(work: Path) -> bool:
 
 def lerobot_schedulers(out: Path) -> None:
     """diffusers' results for every scheduler case (what LeRobot's DiffusionModel builds)."""
-    from lerobot.policies.diffusion.modeling_diffusion import _make_noise_scheduler
-
     from diffusers.optimization import get_scheduler
+    from lerobot.policies.diffusion.modeling_diffusion import _make_noise_scheduler
 
     tensors = {f"{case_name(c)}.{k}": v.contiguous() for c in SCHEDULER_CASES
                for k, v in run_scheduler(_make_noise_scheduler, c).items()}

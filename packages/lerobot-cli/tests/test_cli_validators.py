@@ -1,7 +1,6 @@
 """Every validator of the CLI-owned config sections rejects bad values with a message naming the flag."""
 
 import pytest
-
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig

@@ -36,7 +36,7 @@ class Mirror:
         mirror = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
+            def do_GET(self):
                 mirror.requests.append(self.path)
                 body = mirror.files.get(self.path.rsplit("/", 1)[-1])
                 self.send_response(200 if body is not None else 404)

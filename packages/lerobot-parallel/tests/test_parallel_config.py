@@ -1,5 +1,4 @@
 import pytest
-
 from lerobot_parallel.config import (
     AcceleratorConfig,
     FSDPConfig,
@@ -49,7 +48,7 @@ def test_resolve_rejects_bad_world():
 
 def test_unresolved_world_size_is_an_error():
     with pytest.raises(ParallelismError):
-        ParallelismConfig(dp_shard=-1).dp_world_size
+        ParallelismConfig(dp_shard=-1).dp_world_size  # noqa: B018 - the property raises
 
 
 @pytest.mark.parametrize("kwargs", [{"dp_replicate": 0}, {"dp_replicate": -1}, {"dp_shard": 0}, {"dp_shard": -2}])

@@ -46,8 +46,8 @@ def model_card(cfg: TrainConfig, runtime: ParallelRuntime, repo_id: str | None =
         f"| dataset | `{cfg.dataset.repo_id}` |",
         f"| steps | {cfg.steps} loop steps |",
         f"| effective batch | {cfg.batch_size} x {p.dp_world_size} dp workers x {k} grad accum = {eff} |",
-        f"| topology | world size {runtime.world_size}, dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} "
-        f"({p.mode}) |",
+        (f"| topology | world size {runtime.world_size}, dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} "
+         f"({p.mode}) |"),
         f"| precision | {cfg.accelerator.mixed_precision} |",
         "", f"Load it with `--policy.path={repo_id or cfg.policy.repo_id}` or LeRobot's `from_pretrained`.", "",
     ]
@@ -70,7 +70,7 @@ def publish(cfg: TrainConfig, runtime: ParallelRuntime, pretrained: Path, *, ema
             uploaded = push_to_hub(pretrained, repo_id, private=bool(cfg.policy.private),
                                    card=model_card(cfg, runtime, repo_id, ema),
                                    commit_message=f"{what} {cfg.policy.type} policy trained by lerobot-train")
-        except Exception as exc:  # any Hub/transport failure becomes one sentence for every rank
+        except Exception as exc:  # noqa: BLE001 - any Hub/transport failure: one sentence for every rank
             error = f"publishing {pretrained} to {repo_id} failed ({type(exc).__name__}: {exc})"
     if runtime.is_distributed:
         flag = torch.tensor([1 if error else 0], dtype=torch.int64, device=runtime.device)

@@ -12,7 +12,7 @@ from attrs import define, field
 def _bool(name: str):
     def check(inst, attribute, value) -> None:
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
+            raise ValueError(f"{name} must be true or false, got {value!r}")  # noqa: TRY004 - a usage error (exit 2)
 
     return check
 

@@ -94,7 +94,7 @@ def _download(name: str, target: Path, spec: str) -> None:
         os.replace(tmp, target)
     except BackboneWeightsUnavailable:
         raise
-    except Exception as exc:  # offline, proxy, HTTP error, disk: one sentence for the user
+    except Exception as exc:  # noqa: BLE001 - offline, proxy, HTTP error, disk: one sentence for the user
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
         raise BackboneWeightsUnavailable(
             f"{FLAG}={spec}: not in the torch hub cache ({target}) and the download from {url} failed ({reason}); "

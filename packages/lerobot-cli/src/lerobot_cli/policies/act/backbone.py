@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lerobot_cli.policies.backbone_weights import read_backbone_state, resolve_backbone_weights
 
+
 class FrozenBatchNorm2d(nn.Module):
     """Batch norm with fixed statistics and affine terms, all buffers (torchvision's names and eps)."""
 
