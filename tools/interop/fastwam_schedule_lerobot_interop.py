@@ -1,4 +1,6 @@
-"""FastWAM's flow-matching schedule equals LeRobot 0.6.1's bit for bit (timesteps, weights, noising, Euler grid).
+"""FastWAM's flow-matching schedule equals LeRobot 0.6.1's bit for bit.
+
+Timesteps, weights, noising and the Euler grid are compared.
 
 The schedule module needs only torch, numpy and attrs, so LeRobot's interpreter imports our file by path and
 runs both schedulers on the same seeds side by side:
@@ -15,11 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCHEDULE = Path(__file__).resolve().parents[2] / "packages/lerobot-cli/src/lerobot_cli/policies/fastwam/schedule.py"
+SCHEDULE = (
+    Path(__file__).resolve().parents[2] / "packages/lerobot-cli/src/lerobot_cli/policies/fastwam/schedule.py"
+)
 
 
 def compare(schedule_path: str) -> None:
-    """In LeRobot's environment: our ``FlowSchedule`` against LeRobot's ``WanContinuousFlowMatchScheduler``."""
+    """In LeRobot's environment: our ``FlowSchedule`` against ``WanContinuousFlowMatchScheduler``."""
     import importlib.util
 
     import torch
@@ -39,13 +43,23 @@ def compare(schedule_path: str) -> None:
             assert torch.equal(mine, theirs), (steps, shift, dtype, "timesteps")
             timesteps, deltas = a.inference_steps(10, "cpu", dtype)
             their_timesteps, their_deltas = b.build_inference_schedule(10, "cpu", dtype)
-            assert torch.equal(timesteps, their_timesteps) and torch.equal(deltas, their_deltas), (steps, shift)
+            assert torch.equal(timesteps, their_timesteps) and torch.equal(deltas, their_deltas), (
+                steps,
+                shift,
+            )
             timesteps, deltas = a.inference_steps(4, "cpu", dtype, shift=2.0)
             their_timesteps, their_deltas = b.build_inference_schedule(4, "cpu", dtype, shift_override=2.0)
-            assert torch.equal(timesteps, their_timesteps) and torch.equal(deltas, their_deltas), (steps, shift)
+            assert torch.equal(timesteps, their_timesteps) and torch.equal(deltas, their_deltas), (
+                steps,
+                shift,
+            )
             clean, noise = torch.randn(5, 3, 4).to(dtype), torch.randn(5, 3, 4).to(dtype)
             t = (torch.rand(5) * steps).to(dtype)
-            assert torch.equal(a.noisy(clean, noise, t), b.add_noise(clean, noise, t)), (steps, shift, "noisy")
+            assert torch.equal(a.noisy(clean, noise, t), b.add_noise(clean, noise, t)), (
+                steps,
+                shift,
+                "noisy",
+            )
             assert torch.equal(a.noisy(clean, noise, t[0]), b.add_noise(clean, noise, t[0]))
             assert torch.equal(a.euler(clean, deltas[1], noise), b.step(clean, their_deltas[1], noise))
             checks += 6
@@ -64,8 +78,11 @@ def main() -> int:
     if args.compare:
         compare(args.compare)
         return 0
-    done = subprocess.run([args.lerobot_python, __file__, "--lerobot-python", args.lerobot_python,
-                           "--compare", str(SCHEDULE)], check=False, timeout=600)
+    done = subprocess.run(
+        [args.lerobot_python, __file__, "--lerobot-python", args.lerobot_python, "--compare", str(SCHEDULE)],
+        check=False,
+        timeout=600,
+    )
     print("fastwam schedule interop:", "PASS" if done.returncode == 0 else "FAILED")
     return done.returncode
 

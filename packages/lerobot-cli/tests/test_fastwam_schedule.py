@@ -65,10 +65,13 @@ def test_the_euler_grid_runs_from_pure_noise_to_clean_data():
     assert torch.allclose(override / 1000, torch.linspace(1, 0, 11)[:10].float(), atol=1e-6)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"num_train_timesteps": 0}, "num_train_timesteps must be positive"),
-    ({"shift": -1.0}, "shift must be positive"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_train_timesteps": 0}, "num_train_timesteps must be positive"),
+        ({"shift": -1.0}, "shift must be positive"),
+    ],
+)
 def test_bad_schedules_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         FlowSchedule(**kwargs)

@@ -85,9 +85,11 @@ class FlowSchedule:
         """The regression target: ``noise - clean`` (independent of the timestep)."""
         return noise - clean
 
-    def inference_steps(self, num_steps: int, device: torch.device | str, dtype: torch.dtype,
-                        shift: float | None = None) -> tuple[Tensor, Tensor]:
-        """``(timesteps, deltas)``: the Euler grid's ``σ_k·N`` and ``σ_{k+1} - σ_k`` (``σ_K = 0``), in ``dtype``.
+    def inference_steps(
+        self, num_steps: int, device: torch.device | str, dtype: torch.dtype, shift: float | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(timesteps, deltas)``: the Euler grid's ``σ_k·N`` and ``σ_{k+1} - σ_k`` (``σ_K = 0``),
+        in ``dtype``.
 
         ``shift`` overrides the schedule's own (``--policy.sigma_shift``).
         """
@@ -98,7 +100,9 @@ class FlowSchedule:
             raise ValueError(f"sigma_shift must be positive, got {shift}")
         sigmas = torch.as_tensor(shifted_sigmas(num_steps, shift), device=device, dtype=torch.float32)
         following = torch.cat([sigmas[1:], sigmas.new_zeros(1)])
-        return (sigmas * float(self.num_train_timesteps)).to(dtype=dtype), (following - sigmas).to(dtype=dtype)
+        return (sigmas * float(self.num_train_timesteps)).to(dtype=dtype), (following - sigmas).to(
+            dtype=dtype
+        )
 
     @staticmethod
     def euler(velocity: Tensor, delta: Tensor, sample: Tensor) -> Tensor:
