@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from lerobot_cli.policies.fastwam.schedule import FlowSchedule, shifted_sigmas
 
 
