@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 
-# extra -> the module it brings (lerobot-cli's pyproject.toml [project.optional-dependencies])
-EXTRAS: dict[str, str] = {"pi": "transformers", "peft": "peft", "trackio": "trackio"}
+# extra -> the modules it brings (lerobot-cli's pyproject.toml [project.optional-dependencies]); a run
+# needing the extra stops on the first one missing
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "pi": ("transformers",),
+    "peft": ("peft",),
+    "trackio": ("trackio",),
+    "fastwam": ("diffusers", "transformers"),  # the Wan2.2 VAE; the UMT5 text encoder and its tokenizer
+}
 
 
 def installed(module: str) -> bool:
@@ -22,9 +28,9 @@ def installed(module: str) -> bool:
 
 
 def missing_extra_message(extra: str, needed_by: str) -> str | None:
-    """The line saying ``needed_by`` needs ``lerobot-cli[extra]``, or None when its module is installed."""
-    module = EXTRAS[extra]
-    if installed(module):
+    """The line saying ``needed_by`` needs ``lerobot-cli[extra]``, or None when its modules are installed."""
+    module = next((name for name in EXTRAS[extra] if not installed(name)), None)
+    if module is None:
         return None
     return (f"{needed_by} needs lerobot-cli[{extra}] ({module} is not installed): pip install 'lerobot-cli[{extra}]' "
             f"(in this repository: uv sync)")
