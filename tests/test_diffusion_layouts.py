@@ -101,7 +101,7 @@ def test_fsdp2_shards_residual_blocks_and_the_camera_encoder_and_saves_lerobot_k
 
     out, stdout = runs["fsdp"]
     # 2 down stages x 2 + 2 middle + 1 up stage x 2 residual blocks, and one camera encoder
-    assert "Wrap units from the policy._fsdp_wrap_modules: 9 unit(s) + the root" in stdout, stdout
+    assert "Wrap units from the diffusion policy's PolicySpec.wrap_units: 9 unit(s) + the root" in stdout, stdout
     assert "DiffusionConditionalResidualBlock1d" in stdout and "DiffusionRgbEncoder" in stdout
     model_dir = out / "checkpoints" / "000004" / "pretrained_model"
     weights = load_file(model_dir / "model.safetensors")
@@ -135,7 +135,7 @@ def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_lin
     assert res.returncode == 0, res.describe()
     # LeRobot's default size with the demo's features (state 2, env state 2, one camera, action 2)
     assert "Policy: diffusion; parameters 262,823,714" in res.stdout, res.stdout
-    assert "Wrap units from the policy._fsdp_wrap_modules: 13 unit(s) + the root" in res.stdout
+    assert "Wrap units from the diffusion policy's PolicySpec.wrap_units: 13 unit(s) + the root" in res.stdout
     assert "(0.250x of the unsharded" in res.stdout
     with socket.socket() as sock:  # a mirror address nothing listens on: the download fails at once, offline
         sock.bind(("127.0.0.1", 0))

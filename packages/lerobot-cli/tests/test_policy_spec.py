@@ -9,12 +9,14 @@ from typing import ClassVar
 
 import pytest
 from attrs import define
+from lerobot_cli.cli.render import as_flags
 from lerobot_cli.peft.adapters import default_target_modules
 from lerobot_cli.policies import PolicyConfig, PolicySpec, registry
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.weights import without_init_only_fields
 from lerobot_cli.workload import sharding_plan
-from lerobot_parallel.config import AcceleratorConfig, ParallelismConfig
+from lerobot_parallel import ShardingError
+from lerobot_parallel.config import AcceleratorConfig, FSDPConfig, ParallelismConfig
 from lerobot_parallel.runtime import ParallelRuntime
 from torch import nn
 
@@ -79,8 +81,54 @@ class SpecOnlyConfig(PolicyConfig):
 def test_the_sharding_plan_takes_the_wrap_units_from_the_spec():
     config = SpecOnlyConfig()
     cfg = SimpleNamespace(policy=config, accelerator=AcceleratorConfig())
-    plan = sharding_plan(cfg, SpecOnlyPolicy(config), ParallelRuntime.preview(ParallelismConfig(dp_shard=2).resolve(2)))
+    plan = sharding_plan(cfg, SpecOnlyPolicy(config), FSDP2)
     assert [u.path for u in plan.units] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert plan.unit_source == "the spec_only_test policy's PolicySpec.wrap_units"
+
+
+FSDP2 = ParallelRuntime.preview(ParallelismConfig(dp_shard=2).resolve(2))
+
+
+def test_no_forward_modules_cannot_be_wrap_units():
+    with pytest.raises(ValueError, match=r"no_forward_modules names \['Layer'\] that wrap_units also lists"):
+        PolicySpec(model="m:P", wrap_units=("Layer", "Head"), no_forward_modules=["Layer"])
+    spec = PolicySpec(model="m:P", wrap_units=("Layer",), no_forward_modules=["Tower"])
+    assert spec.no_forward_modules == ("Tower",) and PolicySpec(model="m:P").no_forward_modules == ()
+    pi0 = registry.spec_of(registry.config_class("pi0"))
+    assert "PaliGemmaWithExpert" in pi0.no_forward_modules
+
+
+class AttributesOnlyPolicy(SpecOnlyPolicy):
+    """Declares for lerobot-parallel what its spec does not: the runner must not read any of it."""
+
+    _fsdp_wrap_modules: ClassVar[list[str]] = ["Block"]
+    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = ("Linear",)
+
+
+@define(frozen=True, kw_only=True)
+class NoUnitsConfig(PolicyConfig):
+    type: ClassVar[str] = "no_units_test"
+    spec: ClassVar[PolicySpec] = PolicySpec(model="spec_test:AttributesOnlyPolicy", no_forward_modules=("Block",))
+
+
+def test_the_sharding_plan_reads_no_fsdp_attribute_of_the_model_class():
+    """The spec's empty wrap_units and its no_forward_modules are passed as they are: the class's own
+    ``_fsdp_wrap_modules`` / ``_fsdp_no_forward_modules`` (lerobot-parallel's fallback) are not read, and
+    the refusal the user sees names the spec's field, with flags for the two settings."""
+    config = NoUnitsConfig()
+    cfg = SimpleNamespace(policy=config, accelerator=AcceleratorConfig())
+    with pytest.raises(ShardingError) as err:
+        sharding_plan(cfg, AttributesOnlyPolicy(config), FSDP2)
+    line = as_flags(str(err.value))
+    assert "AttributesOnlyPolicy gives none: the no_units_test policy's PolicySpec.wrap_units lists no block " \
+           "class and neither --accelerator.fsdp.wrap_modules nor --accelerator.fsdp.min_num_params" in line, line
+    assert "_fsdp_wrap_modules" not in line and "\n" not in line
+    by_name = SimpleNamespace(policy=config, accelerator=AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("Block",))))
+    with pytest.raises(ShardingError, match=r"Block never runs its forward\(\) in AttributesOnlyPolicy"):
+        sharding_plan(by_name, AttributesOnlyPolicy(config), FSDP2)
+    by_size = SimpleNamespace(policy=config, accelerator=AcceleratorConfig(fsdp=FSDPConfig(min_num_params=10)))
+    plan = sharding_plan(by_size, AttributesOnlyPolicy(config), FSDP2)  # Linear is a unit: the spec allows it
+    assert [u.path for u in plan.units] == ["blocks.0.linear", "blocks.1.linear", "blocks.2.linear", "head"]
 
 
 def test_peft_targets_and_init_only_fields_come_from_the_spec():

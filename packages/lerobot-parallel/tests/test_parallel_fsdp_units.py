@@ -5,11 +5,21 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pytest
-from lerobot_parallel import FSDPConfig, ShardingError
+from lerobot_parallel import (
+    AcceleratorConfig,
+    ActivationCheckpointingConfig,
+    FSDPConfig,
+    ParallelismConfig,
+    ShardingError,
+    build_plan,
+)
+from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.testing import BlockRegressor, PlainRegressor, TiedTokenModel
 from lerobot_parallel.tied_weights import check_tied_weights
 from lerobot_parallel.wrap_units import children_first, select_by_size, select_ignored, select_units
 from torch import nn
+
+FSDP2 = ParallelRuntime.preview(ParallelismConfig(dp_shard=2))
 
 
 def test_policy_attribute_is_the_default_source():
@@ -39,7 +49,51 @@ def test_policy_attribute_needs_only_one_match_and_reports_the_rest():
 
 def test_default_wrap_modules_argument_replaces_the_attribute():
     sel = select_units(PlainRegressor(), FSDPConfig(), default_wrap_modules=["Head"])
-    assert sel.paths == ("head",) and sel.source == "the policy._fsdp_wrap_modules"
+    assert sel.paths == ("head",) and sel.source == "default_wrap_modules"
+    sel = select_units(BlockRegressor(), FSDPConfig(), default_wrap_modules=["Head"],
+                       default_wrap_modules_source="MyConfig.units")
+    assert sel.paths == ("head",) and sel.source == "MyConfig.units"  # the attribute's Block is not read
+
+
+def test_an_empty_default_list_is_the_callers_answer_and_the_refusal_names_its_source():
+    """A caller that keeps the policy's units in its config passes them even when empty: the class
+    attribute (BlockRegressor declares Block) is not consulted, and the refusal names the caller's field."""
+    with pytest.raises(ShardingError) as err:
+        select_units(BlockRegressor(), FSDPConfig(), default_wrap_modules=(),
+                     default_wrap_modules_source="MyConfig.units")
+    msg = str(err.value)
+    assert "BlockRegressor gives none: MyConfig.units lists no block class" in msg, msg
+    assert "or name the block classes in MyConfig.units." in msg and "_fsdp_wrap_modules" not in msg
+    assert "accelerator.fsdp.wrap_modules=" in msg and "accelerator.fsdp.min_num_params=N" in msg
+    plan = build_plan(BlockRegressor(), FSDP2, default_wrap_modules=["Block"],
+                      default_wrap_modules_source="MyConfig.units")
+    assert plan.unit_source == "MyConfig.units"
+    with pytest.raises(ShardingError, match="MyConfig.units lists no block class"):
+        build_plan(BlockRegressor(), FSDP2, default_wrap_modules=[], default_wrap_modules_source="MyConfig.units")
+
+
+class HeadNeverForwarded(BlockRegressor):
+    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = ("Head",)
+
+
+def test_no_forward_classes_come_from_the_argument_else_from_the_class_attributes():
+    by_name = FSDPConfig(wrap_modules=("Head",))
+    with pytest.raises(ShardingError, match=r"Head never runs its forward\(\)"):  # the attribute, as fallback
+        select_units(HeadNeverForwarded(), by_name)
+    assert select_units(HeadNeverForwarded(), by_name, no_forward=()).paths == ("head",)  # given: replaces it
+    with pytest.raises(ShardingError, match=r"Head never runs its forward\(\)"):
+        select_units(BlockRegressor(), by_name, no_forward=["Head"])
+    # the size rule passes over them: Head (82) would be a unit at 80, its parameters go to the root instead
+    assert "head" in select_units(BlockRegressor(), FSDPConfig(min_num_params=80)).paths
+    assert "head" not in select_units(BlockRegressor(), FSDPConfig(min_num_params=80), no_forward=["Head"]).paths
+    # build_plan hands its argument down, sharded and unsharded (activation checkpointing's blocks)
+    with pytest.raises(ShardingError, match=r"Head never runs its forward\(\)"):
+        build_plan(BlockRegressor(), FSDP2, AcceleratorConfig(fsdp=by_name), default_no_forward_modules=["Head"])
+    assert build_plan(HeadNeverForwarded(), FSDP2, AcceleratorConfig(fsdp=by_name),
+                      default_no_forward_modules=[]).units[0].path == "head"
+    checkpointed = AcceleratorConfig(fsdp=by_name, activation_checkpointing=ActivationCheckpointingConfig(mode="full"))
+    with pytest.raises(ShardingError, match=r"Head never runs its forward\(\)"):
+        build_plan(BlockRegressor(), ParallelRuntime.single(), checkpointed, default_no_forward_modules=["Head"])
 
 
 def test_no_source_fails_naming_the_three_ways():

@@ -224,6 +224,10 @@ def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> Shardin
     """Wrap units, tied-weight check, precision, memory estimate, activation checkpointing and compile
     regions; refusals happen here, before work."""
     spec = spec_of(cfg.policy)  # the policy's own class, also under a PEFT wrapper
+    # Every FSDP need passed explicitly, empty ones too: lerobot-parallel then reads none of the model
+    # classes' _fsdp_* attributes (its fallback for trainers without a spec).
     return build_plan(policy, runtime, effective_accelerator(cfg),
-                      default_wrap_modules=None if spec.wrap_units is None else list(spec.wrap_units),
-                      default_unit_groups=list(spec.unit_groups) if spec.unit_groups else None)
+                      default_wrap_modules=list(spec.wrap_units or ()),
+                      default_unit_groups=list(spec.unit_groups),
+                      default_no_forward_modules=list(spec.no_forward_modules),
+                      default_wrap_modules_source=f"the {cfg.policy.type} policy's PolicySpec.wrap_units")

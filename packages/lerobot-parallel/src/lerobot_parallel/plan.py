@@ -164,14 +164,15 @@ def _grouped(model: nn.Module, paths: Sequence[str], groups: Sequence[Sequence[s
     return list(group_units(paths, declared_groups(model, groups)))
 
 
-def _unsharded_blocks(model: nn.Module, accelerator: AcceleratorConfig, default_wrap_modules: Sequence[str] | None,
-                      groups: Sequence[Sequence[str]] | None) -> tuple[PlannedModule, ...]:
-    """The regions of an unsharded run: the units ``fully_shard`` would use (same sources, same order)."""
+def _unsharded_blocks(model: nn.Module, accelerator: AcceleratorConfig, groups: Sequence[Sequence[str]] | None,
+                      **declared) -> tuple[PlannedModule, ...]:
+    """The regions of an unsharded run: the units ``fully_shard`` would use (same sources, same order;
+    ``declared``: :func:`select_units`' keyword arguments)."""
     ac, compile_ = accelerator.activation_checkpointing, accelerator.compile
     if not ac.enabled and not (compile_.enabled and compile_.regional):
         return ()
     try:
-        selection = select_units(model, accelerator.fsdp, default_wrap_modules)
+        selection = select_units(model, accelerator.fsdp, **declared)
     except ShardingError as exc:
         wanted = [f"accelerator.activation_checkpointing.mode={ac.mode}"] if ac.enabled else []
         if compile_.enabled and compile_.regional:
@@ -235,14 +236,25 @@ def build_plan(
     *,
     default_wrap_modules: Sequence[str] | None = None,
     default_unit_groups: Sequence[Sequence[str]] | None = None,
+    default_no_forward_modules: Sequence[str] | None = None,
+    default_wrap_modules_source: str | None = None,
     optimizer_states: int = 2,
 ) -> ShardingPlan:
     """Plan wrapping ``model`` for ``runtime``'s topology with ``accelerator``'s DDP, FSDP and
     precision settings (``ParallelRuntime.preview`` plans a launch from one process).
 
-    ``default_wrap_modules`` / ``default_unit_groups`` replace ``model._fsdp_wrap_modules`` /
-    ``model._fsdp_unit_groups`` (e.g. the policy class's lists when ``model`` is a PEFT wrapper). ``optimizer_states``: state tensors per trainable parameter (AdamW 2,
-    SGD with momentum 1). Raises :class:`ShardingError` for every config sharding cannot honour.
+    The policy's own FSDP needs, for a trainer that keeps them in its config (lerobot-train passes its
+    policy spec's); each one given (not None, empty included) replaces the class attribute, which is
+    then never read, and each one left None falls back to it:
+    ``default_wrap_modules`` for ``model._fsdp_wrap_modules`` (the units when neither
+    ``accelerator.fsdp.wrap_modules`` nor ``accelerator.fsdp.min_num_params`` is set),
+    ``default_unit_groups`` for ``model._fsdp_unit_groups``, ``default_no_forward_modules`` for the
+    ``_fsdp_no_forward_modules`` of every module class in the tree (see :mod:`lerobot_parallel.wrap_units`).
+    Passing them also covers a ``model`` wrapped by PEFT, whose attributes sit on the inner class.
+    ``default_wrap_modules_source``: how the plan's unit source and the messages name
+    ``default_wrap_modules`` (the caller's config field; default ``"default_wrap_modules"``).
+    ``optimizer_states``: state tensors per trainable parameter (AdamW 2, SGD with momentum 1).
+    Raises :class:`ShardingError` for every config sharding cannot honour.
     """
     accelerator = accelerator or AcceleratorConfig()
     fsdp, mixed_precision = accelerator.fsdp, accelerator.mixed_precision
@@ -251,6 +263,8 @@ def build_plan(
     shape = tuple(s for _, s in runtime.mesh_dims)
     params = list(model.parameters())
     groups = default_unit_groups if default_unit_groups is not None else getattr(model, "_fsdp_unit_groups", None)
+    declared = {"default_wrap_modules": default_wrap_modules, "no_forward": default_no_forward_modules,
+                "default_wrap_modules_source": default_wrap_modules_source}
     check_backend(accelerator.compile)
     if not parallelism.is_sharded:
         return ShardingPlan(
@@ -261,7 +275,7 @@ def build_plan(
             precision=resolve_sharded_precision("no"), reshard_after_forward=fsdp.reshard_after_forward,
             cpu_offload=False,
             memory=estimate_memory(params, dp_shard=1, optimizer_states=optimizer_states),
-            ddp=accelerator.ddp, blocks=_unsharded_blocks(model, accelerator, default_wrap_modules, groups),
+            ddp=accelerator.ddp, blocks=_unsharded_blocks(model, accelerator, groups, **declared),
             activation_checkpointing=accelerator.activation_checkpointing.mode, compile=accelerator.compile,
         )
     precision = resolve_sharded_precision(mixed_precision, fsdp.mixed_precision_policy)
@@ -273,7 +287,7 @@ def build_plan(
             "inf check cannot mix sharded (DTensor) and unsharded gradients in torch's GradScaler. Use bf16, "
             "or shard those modules too"
         )
-    selection = select_units(model, fsdp, default_wrap_modules, skip=ignored_ids)
+    selection = select_units(model, fsdp, skip=ignored_ids, **declared)
     units = [p for p in selection.paths
              if not any(p == ig or p.startswith(ig + ".") for ig in ignored_paths)]
     if not units:

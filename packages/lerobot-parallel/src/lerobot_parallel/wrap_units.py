@@ -6,8 +6,10 @@ missing unit list is an error here and never a silent fallback to the root.
 
 Three sources, first one given wins (the order of the user docs):
 ``accelerator.fsdp.wrap_modules`` (class names; each must match), ``accelerator.fsdp.min_num_params``
-(size-based, bottom-up), the policy class's ``_fsdp_wrap_modules`` (at least one must match: a
-policy may declare units for optional sub-architectures it did not build this time).
+(size-based, bottom-up), the policy's declared units (at least one must match: a policy may declare
+units for optional sub-architectures it did not build this time). The declared units are the caller's
+``default_wrap_modules`` when it passes them (a trainer keeping its policies' needs in its own config),
+else the model class's ``_fsdp_wrap_modules`` attribute.
 
 Grouped units: a policy whose layers run *jointly* (pi0's PaliGemma layer i and action-expert layer i
 attend over one sequence, and the code calls layer i's method with expert layer i as an argument, never
@@ -19,9 +21,11 @@ member of a declared group becomes a unit the whole group becomes that one unit:
 by one (the naive wrap) would leave the partner's shards ungathered inside the joint call.
 
 Modules whose ``forward`` the model never calls (it calls their parts or other methods directly) can
-never be units either: FSDP would gather them in a hook that never fires. Any module class in the tree
-may list such class names in ``_fsdp_no_forward_modules``; the size rule passes over them (their
-parameters count towards the parent) and naming one is refused.
+never be units either: FSDP would gather them in a hook that never fires. The caller names such classes
+with ``no_forward`` (``build_plan``'s ``default_no_forward_modules``); when it passes none (None), any
+module class in the tree may list them in ``_fsdp_no_forward_modules``, and all those lists count. An
+explicit list replaces the attributes, never adds to them. The size rule passes over these classes
+(their parameters count towards the parent) and naming one is refused.
 
 Container modules (``ModuleList`` …) never become units: they have no ``forward``, so FSDP's
 pre-forward hook that gathers their parameters would never run.
@@ -55,8 +59,11 @@ class UnitSelection:
     unmatched: tuple[str, ...] = ()  # declared class names that matched no module (policy attribute only)
 
 
-def never_called(model: nn.Module) -> frozenset[str]:
-    """Class names the model's modules declare as never run through ``forward`` (see module docstring)."""
+def never_called(model: nn.Module, no_forward: Iterable[str] | None = None) -> frozenset[str]:
+    """Class names never run through ``forward``: ``no_forward`` when given, else those the model's module
+    classes declare in ``_fsdp_no_forward_modules`` (see module docstring)."""
+    if no_forward is not None:
+        return frozenset([no_forward] if isinstance(no_forward, str) else no_forward)
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(type(module), "_fsdp_no_forward_modules", ()))
@@ -83,8 +90,9 @@ def children_first(paths: Iterable[str]) -> list[str]:
     return sorted(paths, key=depth, reverse=True)  # stable: model order within one depth
 
 
-def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, require_each: bool) -> UnitSelection:
-    """Every non-root module whose class ``__name__`` is in ``names``."""
+def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, require_each: bool,
+                    no_forward: Iterable[str] | None = None) -> UnitSelection:
+    """Every non-root module whose class ``__name__`` is in ``names`` (``no_forward``: see :func:`never_called`)."""
     wanted = tuple(dict.fromkeys(names))
     present = {type(m).__name__ for _, m in model.named_modules()}
     unmatched = tuple(n for n in wanted if n not in present)
@@ -93,7 +101,7 @@ def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, requ
             f"{source}: class name(s) {', '.join(unmatched)} match no module of {type(model).__name__}; "
             f"class names present: {class_census(model)}"
         )
-    uncalled = sorted(set(wanted) & never_called(model))
+    uncalled = sorted(set(wanted) & never_called(model, no_forward))
     if uncalled:
         raise ShardingError(
             f"{source}: {', '.join(uncalled)} never runs its forward() in {type(model).__name__} (its parts are "
@@ -117,14 +125,16 @@ def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, requ
     return UnitSelection(paths=paths, source=source, unmatched=unmatched)
 
 
-def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] = frozenset()) -> UnitSelection:
+def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] = frozenset(),
+                   no_forward: Iterable[str] | None = None) -> UnitSelection:
     """Bottom-up: a module becomes a unit when the parameters not already in a unit below it
     number ``≥ min_num_params``; its whole subtree then counts as taken (units never overlap
     except by nesting, which ``fully_shard`` resolves children-first). Parameters in ``skip``
-    (ignored ones, by ``id``) and modules without ``forward`` never count or wrap."""
+    (ignored ones, by ``id``) never count; modules without ``forward`` (containers, and the classes
+    :func:`never_called` gives for ``no_forward``) never wrap."""
     chosen: list[str] = []
     seen: set[int] = set(skip)
-    uncalled = never_called(model)
+    uncalled = never_called(model, no_forward)
 
     def visit(path: str, module: nn.Module) -> int:
         free = 0
@@ -152,39 +162,52 @@ def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] =
     return UnitSelection(paths=tuple(sorted(chosen, key=order.__getitem__)), source=source)
 
 
-def no_units_message(model: nn.Module) -> str:
+def no_units_message(model: nn.Module, source: str | None = None) -> str:
+    """Why FSDP cannot start without units, and the three ways out. ``source``: what the caller calls the
+    (empty) declared units it passed, e.g. its own config field; None: the model class's attribute."""
     cls = type(model).__name__
+    if source is None:
+        empty = "it declares no _fsdp_wrap_modules"
+        declare = 'declare _fsdp_wrap_modules = ["BlockClass"] on the policy class'
+    else:
+        empty, declare = f"{source} lists no block class", f"name the block classes in {source}"
     return (
-        f"FSDP needs wrap units, and {cls} gives none: it declares no _fsdp_wrap_modules and neither "
+        f"FSDP needs wrap units, and {cls} gives none: {empty} and neither "
         f"{WRAP_MODULES} nor {MIN_NUM_PARAMS} was passed. Sharding only the root would all-gather the whole model "
         f"on every rank and save no memory, so the run stops here. Choose one of: "
         f"{WRAP_MODULES}='[\"BlockClass\"]' (class names present: {class_census(model)}); "
         f"{MIN_NUM_PARAMS}=N (wrap every submodule holding ≥ N parameters); "
-        f"or declare _fsdp_wrap_modules = [\"BlockClass\"] on the policy class."
+        f"or {declare}."
     )
 
 
 def select_units(model: nn.Module, fsdp: FSDPConfig, default_wrap_modules: Sequence[str] | None = None,
-                 skip: frozenset[int] = frozenset()) -> UnitSelection:
+                 skip: frozenset[int] = frozenset(), *, default_wrap_modules_source: str | None = None,
+                 no_forward: Iterable[str] | None = None) -> UnitSelection:
     """The unit paths for ``model`` from the first source given (see module docstring).
 
-    ``default_wrap_modules`` stands in for the model's own ``_fsdp_wrap_modules`` (needed when the
-    policy is wrapped, e.g. by PEFT, and the attribute sits on the inner class).
+    ``default_wrap_modules`` (None: not given) replaces the model's own ``_fsdp_wrap_modules``, which is then
+    never read: the caller's list of the policy's units (needed too when the policy is wrapped, e.g. by
+    PEFT, and the attribute sits on the inner class); empty means the policy declares none.
+    ``default_wrap_modules_source`` names that list in the plan and in messages (the caller's config
+    field; default ``"default_wrap_modules"``). ``no_forward``: see :func:`never_called`.
     """
     if fsdp.wrap_modules is not None:
-        return select_by_class(model, fsdp.wrap_modules, source=WRAP_MODULES, require_each=True)
+        return select_by_class(model, fsdp.wrap_modules, source=WRAP_MODULES, require_each=True,
+                               no_forward=no_forward)
     if fsdp.min_num_params is not None:
-        return select_by_size(model, fsdp.min_num_params, skip)
-    declared = default_wrap_modules
-    owner = "the policy"
-    if declared is None:
-        declared = getattr(model, "_fsdp_wrap_modules", None)
-        owner = type(model).__name__
+        return select_by_size(model, fsdp.min_num_params, skip, no_forward)
+    if default_wrap_modules is not None:
+        declared, source = default_wrap_modules, default_wrap_modules_source or "default_wrap_modules"
+        named = source
+    else:
+        declared, named = getattr(model, "_fsdp_wrap_modules", None), None
+        source = f"{type(model).__name__}._fsdp_wrap_modules"
     if isinstance(declared, str):
         declared = [declared]
     if not declared:
-        raise ShardingError(no_units_message(model))
-    return select_by_class(model, list(declared), source=f"{owner}._fsdp_wrap_modules", require_each=False)
+        raise ShardingError(no_units_message(model, named))
+    return select_by_class(model, list(declared), source=source, require_each=False, no_forward=no_forward)
 
 
 def declared_groups(model: nn.Module, groups: Sequence[Sequence[str]] | None) -> list[tuple[str, ...]]:

@@ -53,6 +53,13 @@ def _groups_in_units(instance, attribute, value: tuple[tuple[str, ...], ...]) ->
                              f"must also be a wrap unit")
 
 
+def _units_run_forward(instance, attribute, value: tuple[str, ...]) -> None:
+    both = [name for name in value if name in (instance.wrap_units or ())]
+    if both:
+        raise ValueError(f"PolicySpec.no_forward_modules names {both} that wrap_units also lists: a module whose "
+                         f"forward never runs cannot be an FSDP unit (FSDP gathers a unit in its forward)")
+
+
 def _known_extras(instance, attribute, value: tuple[str, ...]) -> None:
     unknown = [name for name in value if name not in EXTRAS]
     if unknown:
@@ -68,6 +75,8 @@ class PolicySpec:
     for the policy differ from the default ones ("" = the defaults; see ``lerobot_cli.processors.factory``).
     ``wrap_units``: module class names that become FSDP units (None: the size rule alone).
     ``unit_groups``: tuples of wrap-unit class names whose i-th modules form one unit (pi0's joint layers).
+    ``no_forward_modules``: module class names whose ``forward`` the model never calls (it calls their parts
+    directly): never FSDP units, whatever chooses the units (pi0's ``PaliGemmaWithExpert`` …).
     ``peft_targets``: default ``--peft.target_modules`` (a regex or module names; None: the flag is needed).
     ``init_only_fields``: config fields that only initialise fresh weights, cleared before loading saved ones.
     ``extension_fields``: config fields LeRobot's class lacks, saved in ``config_extensions.json``.
@@ -80,6 +89,7 @@ class PolicySpec:
     processors: str = field(default="", validator=_target)
     wrap_units: tuple[str, ...] | None = field(default=None, converter=_optional_names)
     unit_groups: tuple[tuple[str, ...], ...] = field(default=(), converter=_groups, validator=_groups_in_units)
+    no_forward_modules: tuple[str, ...] = field(default=(), converter=_names, validator=_units_run_forward)
     peft_targets: str | tuple[str, ...] | None = field(default=None, converter=_peft_targets)
     init_only_fields: tuple[str, ...] = field(default=(), converter=_names)
     extension_fields: tuple[str, ...] = field(default=(), converter=_names)

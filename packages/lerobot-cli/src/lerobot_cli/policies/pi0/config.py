@@ -47,6 +47,9 @@ PI_SPEC = PolicySpec(
     wrap_units=("SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer",
                 "ExpertLayer"),
     unit_groups=(("PaliGemmaLayer", "ExpertLayer"),),
+    # Modules whose forward never runs (their layers and methods are called directly): never FSDP units.
+    no_forward_modules=("PI0FlowModel", "PI05FlowModel", "PaliGemmaWithExpert", "PaliGemmaForConditionalGeneration",
+                        "PaliGemmaModel", "GemmaForCausalLM", "GemmaModel", "GemmaProjections"),
     # LeRobot's default LoRA targets for pi0: the expert's q/v projections and the action/state projections.
     peft_targets=(r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
                   r"action_time_mlp_in|action_time_mlp_out))"),

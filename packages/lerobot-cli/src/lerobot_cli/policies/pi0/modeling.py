@@ -66,10 +66,7 @@ class PI0Policy(nn.Module):
     # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
     _fsdp_wrap_modules: ClassVar[list[str]] = list(PI0Config.spec.wrap_units)
     _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = list(PI0Config.spec.unit_groups)
-    # Modules whose forward never runs (their layers and methods are called directly): never FSDP units.
-    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = (
-        "PI0FlowModel", "PI05FlowModel", "PaliGemmaWithExpert", "PaliGemmaForConditionalGeneration", "PaliGemmaModel",
-        "GemmaForCausalLM", "GemmaModel", "GemmaProjections")
+    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = PI0Config.spec.no_forward_modules
 
     def __init__(self, config: PiFlowConfig) -> None:
         super().__init__()
