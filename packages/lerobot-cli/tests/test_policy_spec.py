@@ -145,3 +145,17 @@ def test_each_builtin_policy_is_one_folder():
         assert module.startswith(f"lerobot_cli.policies.{name}.") and cls.endswith("Policy"), spec.model
         assert not spec.processors or spec.processors.startswith(f"lerobot_cli.policies.{name}.processors:")
     assert registry.spec_of(registry.config_class("pi05")).processors.endswith(":pi05_processor_steps")
+
+
+def test_every_config_hook_is_in_the_readmes_list_of_hooks():
+    """What is not in the spec is a hook the README lists (eval_loss_description included: ACT's answer
+    depends on use_vae and kl_weight, so it cannot be a static spec field)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    hooks_text = readme[readme.index("Hooks, each declared on `PolicyConfig`"):readme.index("- the **spec**")]
+    hooks = [name for name, value in vars(PolicyConfig).items()
+             if callable(value) and not name.startswith("_") and name != "features_of"]
+    assert "eval_loss_description" in hooks and "optimizer_preset" in hooks
+    missing = [name for name in hooks if f"`{name}()`" not in hooks_text]
+    assert not missing, f"PolicyConfig hooks missing from the README's list: {missing}"

@@ -60,7 +60,9 @@ class PolicyConfig:
 
     def eval_loss_description(self) -> str:
         """What ``eval/loss`` is for this policy (said in the banner of a run with ``--eval_steps``): the
-        training loss unless a policy says otherwise (ACT: its KL term needs the training-only encoder)."""
+        training loss unless a policy says otherwise (ACT: its KL term needs the training-only encoder).
+        A hook, not a ``PolicySpec`` field, because the answer depends on the config's values (ACT's on
+        ``use_vae`` and ``kl_weight``)."""
         return "the training loss and its parts, computed in eval mode (no dropout)"
 
     # Presets: what a run uses unless --optimizer.* / --scheduler.* say otherwise.
@@ -87,6 +89,13 @@ class PolicyConfig:
         """Input features the policy fills in itself when a batch lacks them, so a dataset need not have
         them (pi0/pi05: LeRobot's empty-camera placeholders); none by default."""
         return ()
+
+    def fit_dataset(self, dataset_features: dict[str, dict]) -> PolicyConfig:
+        """This config on a dataset (``meta/info.json``'s raw ``features``), after the empty input/output
+        features were filled from it: LeRobot's ``set_dataset_feature_metadata`` hook, for a policy whose
+        features are not the dataset's as they are (FastWAM: each camera at its share of the image width).
+        Unchanged by default."""
+        return self
 
     def validate_features(self) -> None:
         """Refuse inputs/outputs the policy cannot use (cameras, state, action, image sizes) with a

@@ -4,8 +4,10 @@ Each config class carries its spec as the class variable ``spec``. The runner, t
 weights, the fetching and the PEFT code read it (``registry.spec_of(config)``) instead of probing the
 config or the model class for optional attributes, so a policy that forgets a need fails at import
 with a validator's message, not halfway into a run. What depends on a config's values (delta indices,
-frames dropped per episode, a tokenizer, activation checkpointing) stays a typed hook on
-:class:`~lerobot_cli.policies.config.PolicyConfig`, declared there with its default.
+frames dropped per episode, a tokenizer, activation checkpointing, what ``eval/loss`` is: ACT's drops the
+KL term only with ``use_vae`` and names its ``kl_weight``) stays a typed hook on
+:class:`~lerobot_cli.policies.config.PolicyConfig`, declared there with its default. EMA is the run's
+(``--ema.*``), applied to whatever the policy trains: no policy declares anything for it.
 
 Heavy classes are named by ``"module:Name"`` strings and imported only when a run builds the policy:
 the CLI parses and prints ``--help`` before torch loads.
