@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Self
 
 # (num_train_timesteps, shift) of each case's video and action schedules.
 SCHEDULES = [(1000, 5.0), (500, 3.0), (1000, 1.0)]
@@ -42,7 +43,7 @@ class Draws:
 
         self.torch, self.replay, self.seen = torch, replay, []
 
-    def __enter__(self) -> Draws:
+    def __enter__(self) -> Self:
         torch = self.torch
         self.saved = torch.randn_like, torch.rand
 
