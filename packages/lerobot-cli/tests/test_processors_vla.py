@@ -16,12 +16,12 @@ import torch
 from attrs import define, field
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
+from lerobot_cli.policies.pi0.prompts import Pi0NewLineStep
+from lerobot_cli.policies.pi05.prompts import Pi05StateTokensStep
 from lerobot_cli.policies.spec import PolicySpec
 from lerobot_cli.processors import (
     AbsoluteActionsStep,
     MissingStatsError,
-    Pi0NewLineStep,
-    Pi05StateTokensStep,
     ProcessorPipeline,
     RelativeActionsStep,
     TokenizerStep,
@@ -320,7 +320,9 @@ def test_hook_naming_nothing_importable_is_refused():
 
 
 def test_pipeline_file_with_every_new_step_loads(tmp_path):
-    """A fresh interpreter that imports only the pipeline module reads a file using all new steps."""
+    """A fresh interpreter that imports only the pipeline module reads a file using all new steps: the
+    policy-specific ones (pi0's, pi05's) come from their policy folders, registered under LeRobot's names
+    when the file names them (through the specs' processors modules)."""
     config = {"name": "policy_preprocessor", "steps": [
         {"registry_name": "pi0_new_line_processor", "config": {}},
         {"registry_name": "relative_actions_processor",
@@ -332,8 +334,11 @@ def test_pipeline_file_with_every_new_step_loads(tmp_path):
     (tmp_path / "policy_preprocessor.json").write_text(json.dumps(config))
     code = ("import sys\nfrom lerobot_cli.processors.pipeline import ProcessorPipeline\n"
             f"p = ProcessorPipeline.from_pretrained({str(tmp_path)!r}, 'policy_preprocessor.json')\n"
-            "print(p.get_config() == __import__('json').load(open(sys.argv[1])))\n")
+            "print(p.get_config() == __import__('json').load(open(sys.argv[1])))\n"
+            "print(*[type(s).__module__ for s in p.steps])\n")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "policy_preprocessor.json")],
                             check=False, capture_output=True, text=True, timeout=300)
-    assert result.stdout.strip() == "True", result.stderr
+    modules = ["lerobot_cli.policies.pi0.prompts", "lerobot_cli.processors.relative",
+               "lerobot_cli.policies.pi05.prompts", "lerobot_cli.processors.tokenizer"]
+    assert result.stdout.splitlines() == ["True", " ".join(modules)], result.stdout + result.stderr
     assert ProcessorPipeline.from_pretrained(tmp_path, "policy_preprocessor.json").get_config() == config

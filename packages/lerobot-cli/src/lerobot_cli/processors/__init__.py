@@ -3,7 +3,10 @@ of a tokenizer).
 
 ``make_pre_post_processors`` builds the pair from a policy config and dataset statistics;
 ``save_processors`` / ``load_processors`` write and read LeRobot's file layout. Importing this package
-registers every step (normalizers, tokenizer, pi0/pi05 prompt steps, relative actions), so any pipeline
+registers the generic steps (rename, batch, device, normalizers, tokenizer, relative actions); a policy's
+own steps (pi0's newline, pi05's state-in-prompt: ``lerobot_cli.policies.pi0.prompts``,
+``lerobot_cli.policies.pi05.prompts``) are registered by the module its ``PolicySpec.processors`` names,
+which loading a pipeline file imports when the file names a step not yet registered, so any pipeline
 file that uses them loads.
 """
 
@@ -18,7 +21,6 @@ from lerobot_cli.processors.factory import (
 )
 from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep, to_stat_tensors
 from lerobot_cli.processors.pipeline import ProcessorPipeline
-from lerobot_cli.processors.prompts import Pi0NewLineStep, Pi05StateTokensStep
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
 from lerobot_cli.processors.steps import (
     STEP_REGISTRY,
@@ -40,8 +42,6 @@ __all__ = [
     "DeviceStep",
     "MissingStatsError",
     "NormalizerStep",
-    "Pi0NewLineStep",
-    "Pi05StateTokensStep",
     "ProcessorPipeline",
     "ProcessorStep",
     "RelativeActionsStep",

@@ -2,8 +2,10 @@
 
 File format (LeRobot's): ``{"name": ..., "steps": [{"registry_name": ..., "config": {...},
 "state_file": "<name>_step_<i>_<registry_name>.safetensors"}, ...]}``; ``state_file`` only for steps
-with state. Loading resolves ``registry_name`` through ``STEP_REGISTRY`` and fails on names it does not
-know, since silently skipping a step (say, a normaliser) would feed a policy garbage. A step LeRobot
+with state. Loading resolves ``registry_name`` through ``STEP_REGISTRY`` (a name not yet registered first
+imports every known policy's ``PolicySpec.processors`` module, which registers that policy's own steps:
+pi0's newline, pi05's state-in-prompt) and fails on names it still does not know, since silently
+skipping a step (say, a normaliser) would feed a policy garbage. A step LeRobot
 names by its Python class (``"class": "module.Name"``) is never imported: only registered steps load.
 
 Every problem with the files (not JSON, an unknown step, a config the step refuses, a missing or
@@ -14,6 +16,7 @@ from ``lerobot_ckpt.read_tensors``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Sequence
@@ -26,6 +29,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from lerobot_cli.filewrites import writing
+from lerobot_cli.policies.registry import available, config_class, spec_of
 from lerobot_cli.processors.steps import STEP_REGISTRY, Batch, ProcessorStep
 
 
@@ -37,11 +41,28 @@ class MissingProcessorFileError(ProcessorFileError, FileNotFoundError):
     """The pipeline file, or a state file it names, does not exist."""
 
 
+def register_policy_steps() -> None:
+    """Register every known policy's own steps: import the module its ``PolicySpec.processors`` names,
+    whose imports register the steps its pipelines use (the registry names LeRobot's files carry), so a
+    saved pipeline loads in a process that never built that policy. A policy whose config or step-list
+    module cannot be imported (a plugin that fails, a missing extra) registers nothing: a file naming its
+    steps is then refused as naming an unknown step."""
+    for name in available():
+        try:
+            target = spec_of(config_class(name)).processors
+            if target:
+                importlib.import_module(target.partition(":")[0])
+        except (ImportError, ValueError, TypeError):  # UnknownPolicyError is a ValueError
+            continue
+
+
 def _step_entry(path: Path, i: int, entry: Any) -> str:
     """The registry name of step ``i``, or a :class:`ProcessorFileError` saying why it cannot be loaded."""
     if not isinstance(entry, dict):
         raise ProcessorFileError(f"{path}: step {i} is {type(entry).__name__}, not a JSON object")
     name = entry.get("registry_name")
+    if isinstance(name, str) and name not in STEP_REGISTRY:
+        register_policy_steps()
     if name in STEP_REGISTRY:
         return name
     known = ", ".join(sorted(STEP_REGISTRY))

@@ -1,8 +1,10 @@
 """pi0's processor step lists, in LeRobot 0.6.1's order (``processor_pi0.py``), and the steps pi05's share.
 
 pi0's spec names ``pi0_processor_steps``, pi05's ``lerobot_cli.policies.pi05.processors:pi05_processor_steps``:
-each policy's pipelines live in its folder; the steps themselves (tokenizer, relative actions, prompts)
-stay in ``lerobot_cli.processors``, which registers them for loading saved pipelines. Same steps at the
+each policy's pipelines and its own steps live in its folder (``prompts.py``: pi0's newline step, pi05's
+state-in-prompt step); the generic steps (tokenizer, relative actions) stay in ``lerobot_cli.processors``.
+Importing this module registers the steps it uses, which is how a saved pipeline finds them (see
+``lerobot_cli.processors.pipeline``). Same steps at the
 same indices as LeRobot's, so the files agree down to the state-file names
 (``policy_preprocessor_step_6_normalizer_processor.safetensors`` for pi0, ``step_3`` for pi05):
 
@@ -18,8 +20,8 @@ directory) with ``config.tokenizer_max_length``, right padding to that length an
 from __future__ import annotations
 
 from lerobot_cli.policies.pi0.config import PiFlowConfig
+from lerobot_cli.policies.pi0.prompts import Pi0NewLineStep
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
-from lerobot_cli.processors.prompts import Pi0NewLineStep
 from lerobot_cli.processors.relative import AbsoluteActionsStep, RelativeActionsStep
 from lerobot_cli.processors.tokenizer import TokenizerStep
 

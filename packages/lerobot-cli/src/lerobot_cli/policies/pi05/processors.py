@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from lerobot_cli.policies.pi0.config import PiFlowConfig
 from lerobot_cli.policies.pi0.processors import paligemma_tokenizer_step, relative_actions_steps
+from lerobot_cli.policies.pi05.prompts import Pi05StateTokensStep
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
-from lerobot_cli.processors.prompts import Pi05StateTokensStep
 
 
 def pi05_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLists:

@@ -1,11 +1,14 @@
-"""Task-text steps of pi0 and pi05: the prompt the PaliGemma tokenizer sees, built as LeRobot builds it.
+"""pi05's task-text step: the prompt the PaliGemma tokenizer sees, built as LeRobot builds it.
 
-- ``Pi0NewLineStep`` (``pi0_new_line_processor``): every task ends with ``"\\n"``, PaliGemma's prompt
-  terminator (the text is otherwise unchanged).
-- ``Pi05StateTokensStep`` (``pi05_prepare_state_tokenizer_processor_step``): pi05 reads the robot state as
-  text. The already normalised state (in [-1, 1]) is cut into 256 bins, openpi's discretisation, and each
-  task becomes ``"Task: <task>, State: <bin> <bin> …;\\nAction: "``. It must run after the normalizer and
-  before the tokenizer.
+``Pi05StateTokensStep`` (``pi05_prepare_state_tokenizer_processor_step``): pi05 reads the robot state as
+text. The already normalised state (in [-1, 1]) is cut into 256 bins, openpi's discretisation, and each
+task becomes ``"Task: <task>, State: <bin> <bin> …;\\nAction: "``. It must run after the normalizer and
+before the tokenizer.
+
+Registered under LeRobot's name when this module is imported: ``pi05_processor_steps`` (this folder's
+``processors.py``, which the spec names) imports it, and a saved pipeline naming the step gets it
+through ``lerobot_cli.processors.pipeline``, which imports each policy's ``PolicySpec.processors`` module
+when a file names a step not yet registered.
 """
 
 from __future__ import annotations
@@ -23,21 +26,6 @@ STATE_BINS = 256
 # 255 from the last edge up (values above 1 included), exactly LeRobot's and openpi's numbers.
 _BIN_EDGES = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
 _PI05_DEFAULTS = {"max_state_dim": 32, "task_key": "task"}
-
-
-@register_step
-class Pi0NewLineStep(ProcessorStep):
-    """Append ``"\\n"`` to each task string that lacks one; anything that is not text passes unchanged."""
-
-    registry_name: ClassVar[str] = "pi0_new_line_processor"
-
-    def __call__(self, batch: Batch) -> Batch:
-        task = batch.get("task")
-        if isinstance(task, str):
-            return {**batch, "task": task if task.endswith("\n") else f"{task}\n"}
-        if isinstance(task, list) and all(isinstance(t, str) for t in task):
-            return {**batch, "task": [t if t.endswith("\n") else f"{t}\n" for t in task]}
-        return batch
 
 
 def discretize_state(state: torch.Tensor) -> np.ndarray:
