@@ -59,6 +59,28 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, flags, line):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_saved_peft_adapter_as_policy_path_needs_the_peft_extra(tmp_path):
+    """``--policy.path`` at a PEFT run's ``pretrained_model/`` (``adapter_config.json`` beside the config)
+    loads through peft: without it the run stops before any work, naming the extra (the adapter here is a
+    real one, trained on a real base, so nothing else stands in the way)."""
+    base = tmp_path / "base"
+    subprocess.run([TRAIN, *DATA, "--policy.type=mlp", f"--output_dir={base}"], check=True,
+                   capture_output=True, timeout=120)
+    adapter = tmp_path / "lora"
+    subprocess.run([TRAIN, *DATA, f"--policy.path={base}/checkpoints/last/pretrained_model", "--peft.r=4",
+                    f"--output_dir={adapter}"], check=True, capture_output=True, timeout=120)
+    saved = (adapter / "checkpoints/last/pretrained_model").resolve()
+    assert (saved / "adapter_config.json").is_file()
+
+    res = train_without(tmp_path, {"peft"}, f"--policy.path={saved}")
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr[-3000:]
+    assert (f"--policy.path={saved} (a PEFT adapter) needs lerobot-cli[peft] (peft is not installed): "
+            "pip install 'lerobot-cli[peft]'") in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_that_needs_no_extra_trains_without_them(tmp_path):
     res = train_without(tmp_path, {"transformers", "peft", "trackio"}, "--policy.type=mlp")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -79,10 +101,10 @@ def check_extra_without(tmp_path: Path, blocked: set[str], extra: str, needed_by
 
 # FastWAM brings two packages: either one missing names the extra (and that package).
 @pytest.mark.parametrize(("blocked", "line"), [
-    ({"diffusers"}, "--policy.type=fastwam needs lerobot-cli[fastwam] (diffusers is not installed): "
-                    "pip install 'lerobot-cli[fastwam]'"),
-    ({"transformers"}, "--policy.type=fastwam needs lerobot-cli[fastwam] (transformers is not installed): "
-                       "pip install 'lerobot-cli[fastwam]'"),
+    ({"diffusers"}, ("--policy.type=fastwam needs lerobot-cli[fastwam] (diffusers is not installed): "
+                     "pip install 'lerobot-cli[fastwam]'")),
+    ({"transformers"}, ("--policy.type=fastwam needs lerobot-cli[fastwam] (transformers is not installed): "
+                        "pip install 'lerobot-cli[fastwam]'")),
     (set(), "None"),
 ])
 def test_the_fastwam_extra_names_each_of_its_packages(tmp_path, blocked, line):

@@ -48,11 +48,16 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
 
 
 def check_extras(cfg: TrainConfig) -> None:
-    """The lerobot-cli extras the run needs (its policy's, ``peft`` for ``--peft.*``), each missing one
-    named in one line before any work."""
+    """The lerobot-cli extras the run needs (its policy's, ``peft`` for ``--peft.*`` and for a saved PEFT
+    adapter as ``--policy.path``), each missing one named in one line before any work."""
+    from lerobot_cli.peft.basefile import is_adapter_dir  # torch- and peft-free
+
     needs = [(extra, f"--policy.type={cfg.policy.type}") for extra in spec_of(cfg.policy).extras]
     if cfg.peft is not None:
         needs.append(("peft", "--peft.*"))
+    path = cfg.policy.pretrained_path
+    if path and is_adapter_dir(path):  # loaded as a peft.PeftModel (its recorded base + the adapter)
+        needs.append(("peft", f"--policy.path={path} (a PEFT adapter)"))
     for extra, needed_by in needs:
         message = missing_extra_message(extra, needed_by)
         if message:
