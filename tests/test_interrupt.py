@@ -19,10 +19,10 @@ windows, a held-out split) that the drill signals once it is where the drill wan
   even without the ranks' agreement; here rank 0 learns of the signal only through it.
 
 (Ctrl-C in a terminal, SIGINT to a process group, did not kill a worker even before: a forked worker
-inherits its rank's Python handler for SIGINT, which only sets a flag; packages/lerobot-cli/tests/
-test_worker_signals.py checks that shielded workers ignore it.)
+inherits its rank's Python handler for SIGINT, which only sets a flag; packages/lerobot-trainloop/tests/
+test_trainloop_worker_signals.py checks that shielded workers ignore it.)
 
-Without the workers' shield (lerobot_cli.worker_signals) the first three fail within seconds with
+Without the workers' shield (lerobot_trainloop.worker_signals) the first three fail within seconds with
 "DataLoader worker ... killed by signal" and no checkpoint. The interrupted runs' resumes and an
 uninterrupted reference run of each world size then share one launch per world size.
 """

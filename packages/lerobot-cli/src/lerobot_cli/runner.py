@@ -21,8 +21,10 @@ from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import wrap_model
 from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.evaluation import EvalBatches, evaluate
+from lerobot_trainloop.loader import resumable_loader
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
+from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 from lerobot_cli.banner import banner_lines
 from lerobot_cli.batch_fit import check_batch_fits
@@ -42,7 +44,6 @@ from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
-from lerobot_cli.worker_signals import ShieldedDataLoader
 from lerobot_cli.workload import build_workload, sharding_plan
 
 USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError,
@@ -112,13 +113,14 @@ def _training_rows(workload):
 
 def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> ShieldedDataLoader:
     workers = cfg.num_workers
-    # Its own generator: creating an iterator draws a worker base seed, which must not shift the global
-    # RNG stream (dropout, VAE sampling) or a resumed run would no longer match an uninterrupted one.
-    # Shielded: a stop signal must not kill the workers before the ranks agreed to stop (interrupt.py).
-    return ShieldedDataLoader(
-        dataset, batch_sampler=sampler, num_workers=workers, pin_memory=runtime.device.type == "cuda",
-        persistent_workers=workers > 0, prefetch_factor=2 if workers > 0 else None,
-        generator=torch.Generator().manual_seed(cfg.seed + runtime.rank),
+    # lerobot-trainloop's resumable loader: its own generator (creating an iterator draws a worker base
+    # seed, which must not shift the global RNG stream, dropout and VAE sampling, or a resumed run would
+    # no longer match an uninterrupted one), and shielded workers: a stop signal must not kill them before
+    # the ranks agreed to stop (interrupt.py).
+    return resumable_loader(
+        dataset, sampler, seed=cfg.seed + runtime.rank, shielded=True, num_workers=workers,
+        pin_memory=runtime.device.type == "cuda", persistent_workers=workers > 0,
+        prefetch_factor=2 if workers > 0 else None,
     )
 
 

@@ -1,4 +1,5 @@
-"""Data-parallel training loop pieces: sharded resumable sampler, step loop, EMA, metric reduction.
+"""Data-parallel training loop pieces: sharded resumable sampler, step loop, EMA, metric reduction, and
+DataLoader workers that survive a launcher's stop signal (``ShieldedDataLoader``).
 
 Importing the package does not import torch (a CLI builds and validates its config tree, ``EmaConfig``
 included, before torch loads): the configs and batch arithmetic are eager, every torch-using name
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
     )
     from lerobot_trainloop.metrics import Meter, MetricsTracker
     from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches, epoch_permutation
+    from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 _LAZY = {
     "batch_size_of": "lerobot_trainloop.batch",
@@ -43,6 +45,7 @@ _LAZY = {
     "ShardedBatchSampler": "lerobot_trainloop.sampler",
     "SubsetBatches": "lerobot_trainloop.sampler",
     "epoch_permutation": "lerobot_trainloop.sampler",
+    "ShieldedDataLoader": "lerobot_trainloop.worker_signals",
 }
 
 
@@ -69,6 +72,7 @@ __all__ = [
     "ModelEma",
     "NonFiniteLossError",
     "ShardedBatchSampler",
+    "ShieldedDataLoader",
     "StepEvent",
     "StepOutput",
     "SubsetBatches",

@@ -1,6 +1,6 @@
 """ShieldedDataLoader: its workers survive SIGINT/SIGTERM, even one sent between their fork and their
-init, yet their parent can still terminate them, and they die with it (the end-to-end drills, with
-torchrun, are in tests/test_interrupt.py)."""
+init, yet their parent can still terminate them, and they die with it; resumable_loader builds one by
+default (the end-to-end drills, lerobot-train under torchrun, are in the repository's tests/test_interrupt.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from lerobot_cli import worker_signals
-from lerobot_cli.worker_signals import ShieldedDataLoader
+from lerobot_trainloop import ShardedBatchSampler, ShieldedDataLoader, resumable_loader, worker_signals
+from torch.utils.data import DataLoader
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork, signal masks, PR_SET_PDEATHSIG")
 
@@ -74,7 +74,7 @@ def test_the_parent_can_still_terminate_a_worker():
 
 RANK = textwrap.dedent("""
     import sys
-    from lerobot_cli.worker_signals import ShieldedDataLoader
+    from lerobot_trainloop.worker_signals import ShieldedDataLoader
     loader = ShieldedDataLoader(list(range(64)), batch_size=2, num_workers=2, persistent_workers=True)
     it = iter(loader)
     next(it)
@@ -132,3 +132,30 @@ def test_workers_die_with_the_process_that_forked_them(ranks):
 def test_without_workers_it_is_a_plain_dataloader():
     loader = ShieldedDataLoader(DATA, batch_size=4)
     assert loader.worker_init_fn is None and [int(x) for b in loader for x in b] == DATA
+
+
+def test_resumable_loader_is_shielded_by_default():
+    """Its workers survive a launcher's signals as ShieldedDataLoader's do; shielded=False is torch's own."""
+    sampler = ShardedBatchSampler(len(DATA), 4, seed=0, max_batches=6)
+    loader = resumable_loader(DATA, sampler, seed=0, num_workers=2, persistent_workers=True)
+    assert isinstance(loader, ShieldedDataLoader) and isinstance(loader.worker_init_fn, worker_signals.ShieldWorker)
+    expected = [list(map(int, b)) for b in sampler]
+    it = iter(loader)
+    got = [next(it).tolist()]
+    pids = [w.pid for w in it._workers]
+    subprocess.run(["sh", "-c", f"kill -TERM {pids[0]} {pids[1]}; kill -INT {pids[0]} {pids[1]}"], check=True)
+    time.sleep(0.3)
+    got += [b.tolist() for b in it]
+    assert got == expected and all(_alive(pid) for pid in pids)
+    it._shutdown_workers()
+    plain = resumable_loader(DATA, sampler, seed=0, num_workers=2, shielded=False)
+    assert type(plain) is DataLoader and plain.worker_init_fn is None
+
+
+def test_where_the_platform_lacks_the_shield_it_is_a_plain_dataloader(monkeypatch):
+    """No sigwaitinfo or no fork (macOS, Windows): a blocked SIGTERM with no thread to take it would hang
+    the rank's exit, so the workers are torch's own (and the start method the caller's or torch's)."""
+    monkeypatch.setattr(worker_signals, "SHIELD_SUPPORTED", False)
+    loader = ShieldedDataLoader(DATA, batch_size=4, num_workers=2)
+    assert loader.worker_init_fn is None and loader.multiprocessing_context is None
+    assert [int(x) for b in loader for x in b] == DATA

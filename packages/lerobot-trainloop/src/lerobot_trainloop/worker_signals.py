@@ -4,8 +4,10 @@ Why: a DataLoader worker is in its rank's process group, and a stop signal reach
 torchrun forwards it with ``killpg`` to each rank's group, Ctrl-C hits a terminal's foreground group,
 and SLURM signals every process of the job. torch's worker dies of any SIGTERM its parent did not send
 (its C handler), and a SIGINT ends its loop; the rank then fails with "DataLoader worker ... killed by
-signal" long before the ranks agreed on a step to stop at (``interrupt.py``), and the interrupt
-checkpoint is never written. So a worker ignores SIGINT, and takes SIGTERM from its parent alone.
+signal" long before the ranks agreed on a step to stop at (a trainer that saves an interrupt checkpoint
+on the signal, as lerobot-train does), and that checkpoint is never written. So a worker ignores SIGINT,
+and takes SIGTERM from its parent alone. A trainer that does not handle the signals loses nothing: its
+rank stops as before and ends its workers (or they die with it, below).
 
 No window: a worker could be signalled between its fork and the ``worker_init_fn`` that shields it
 (torch's handler is installed first). So the rank blocks both signals on its thread while
@@ -24,6 +26,10 @@ Teardown: a worker still ends when its rank's DataLoader shuts down, or when tor
 sees its parent gone (it polls every 5 s); and it asks the kernel for SIGKILL the moment its rank dies,
 however it dies (``PR_SET_PDEATHSIG``; Linux, and only when forked on the main thread: the death
 signal follows the forking *thread*).
+
+Where ``signal.sigwaitinfo`` or the ``fork`` start method is missing (macOS, Windows), the loader is a
+plain ``DataLoader``: a worker whose SIGTERM stayed blocked with no thread to take it would hang its
+rank's exit (see above).
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ from torch.utils.data import DataLoader
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
+# What the shield needs of the platform; elsewhere ShieldedDataLoader is a plain DataLoader.
+SHIELD_SUPPORTED = (hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
+                    and "fork" in multiprocessing.get_all_start_methods())
 
 
 @contextmanager
@@ -98,15 +107,17 @@ class ShieldWorker:
 class ShieldedDataLoader(DataLoader):
     """A ``DataLoader`` whose worker processes never die of SIGINT/SIGTERM (see the module docstring).
 
-    Takes the same arguments; with ``num_workers=0`` it is a plain DataLoader."""
+    Takes the same arguments; with ``num_workers=0``, or where the platform lacks what the shield needs
+    (``SHIELD_SUPPORTED``), it is a plain DataLoader. Workers are forked unless ``multiprocessing_context``
+    says otherwise (a spawned or forkserver worker does not start with the signals blocked, so a signal
+    right after its start can still reach torch's handler)."""
 
     def __init__(self, *args, **kwargs) -> None:
         self._shield: ShieldWorker | None = None
-        if kwargs.get("num_workers", 0) > 0:
+        if kwargs.get("num_workers", 0) > 0 and SHIELD_SUPPORTED:
             self._shield = ShieldWorker(kwargs.pop("worker_init_fn", None))
             kwargs["worker_init_fn"] = self._shield
-            forkable = "fork" in multiprocessing.get_all_start_methods()
-            if kwargs.get("multiprocessing_context") is None and forkable:
+            if kwargs.get("multiprocessing_context") is None:
                 kwargs["multiprocessing_context"] = "fork"
         super().__init__(*args, **kwargs)
 
