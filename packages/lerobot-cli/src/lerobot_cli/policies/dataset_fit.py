@@ -16,15 +16,17 @@ from lerobot_cli.policies.config import PolicyConfig
 
 
 def policy_config_for_dataset(policy: PolicyConfig, features: dict) -> PolicyConfig:
-    """Fill the policy's input/output features from the dataset when the config leaves them empty."""
-    if policy.input_features and policy.output_features:
-        return policy
-    inputs, outputs = split_policy_features(dataset_to_policy_features(features))
-    return attrs.evolve(
-        policy,
-        input_features=dict(policy.input_features) or inputs,
-        output_features=dict(policy.output_features) or outputs,
-    )
+    """Fill the policy's input/output features from the dataset when the config leaves them empty, then
+    let the policy fit itself to the dataset (its ``fit_dataset`` hook, LeRobot's
+    ``set_dataset_feature_metadata``)."""
+    if not (policy.input_features and policy.output_features):
+        inputs, outputs = split_policy_features(dataset_to_policy_features(features))
+        policy = attrs.evolve(
+            policy,
+            input_features=dict(policy.input_features) or inputs,
+            output_features=dict(policy.output_features) or outputs,
+        )
+    return policy.fit_dataset(features)
 
 
 def check_policy_features(policy: PolicyConfig) -> None:
