@@ -197,6 +197,9 @@ FASTWAM_SPEC = PolicySpec(
     model="lerobot_cli.policies.fastwam.modeling:FastWAMPolicy",
     # Each MoTLayer owns video block i and action block i and is the only module whose forward runs them.
     wrap_units=("MoTLayer",),
+    # Modules whose parts the model calls directly (the experts' embed/unembed, the MoT's prefill and cached
+    # action passes, the core's predict): never FSDP units, or their parameters would not be gathered there.
+    no_forward_modules=("FastWAMModel", "MoT", "VideoDiT", "ActionDiT"),
     # LoRA on the action expert: every linear layer of its blocks (self- and cross-attention q/k/v/o, the
     # FFN). LeRobot's FastWAMPolicy defines no default targets; a LeRobot user passes the same regex as
     # --peft.target_modules.
