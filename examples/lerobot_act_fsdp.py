@@ -67,26 +67,40 @@ def main() -> None:
     args = parser.parse_args()
     args.output_dir.mkdir(parents=True, exist_ok=True)
 
-    accel = AcceleratorConfig(gradient_accumulation=GradientAccumulationConfig(steps=ACCUM),
-                              fsdp=FSDPConfig(wrap_modules=("ACTEncoderLayer", "ACTDecoderLayer")))
+    accel = AcceleratorConfig(
+        gradient_accumulation=GradientAccumulationConfig(steps=ACCUM),
+        fsdp=FSDPConfig(wrap_modules=("ACTEncoderLayer", "ACTDecoderLayer")),
+    )
     with parallel_session(ParallelismConfig(dp_shard=-1), accel) as rt:
         meta_fps = LeRobotDataset("lerobot/demo_reach", root=args.dataset_root, video_backend="pyav").meta.fps
-        dataset = LeRobotDataset("lerobot/demo_reach", root=args.dataset_root, video_backend="pyav",
-                                 delta_timestamps={"action": [i / meta_fps for i in range(CHUNK)]})
+        dataset = LeRobotDataset(
+            "lerobot/demo_reach",
+            root=args.dataset_root,
+            video_backend="pyav",
+            delta_timestamps={"action": [i / meta_fps for i in range(CHUNK)]},
+        )
         features = dataset_to_policy_features(dataset.meta.features)
         config = ACTConfig(
             input_features={k: f for k, f in features.items() if f.type is not FeatureType.ACTION},
             output_features={k: f for k, f in features.items() if f.type is FeatureType.ACTION},
-            chunk_size=CHUNK, n_action_steps=CHUNK, dim_model=64, dim_feedforward=128, n_encoder_layers=2,
-            n_decoder_layers=1, pretrained_backbone_weights=None, device="cpu")
+            chunk_size=CHUNK,
+            n_action_steps=CHUNK,
+            dim_model=64,
+            dim_feedforward=128,
+            n_encoder_layers=2,
+            n_decoder_layers=1,
+            pretrained_backbone_weights=None,
+            device="cpu",
+        )
         torch.manual_seed(0)  # the same initial weights on every rank; FSDP2 shards them
         policy = ACTPolicy(config)
         preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=dataset.meta.stats)
 
         wrapped = wrap_model(policy, rt, build_plan(policy, rt, accel))
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4, weight_decay=1e-4)
-        sampler = ShardedBatchSampler(len(dataset), BATCH, dp_rank=rt.dp_rank, dp_world_size=rt.dp_world_size,
-                                      seed=0)
+        sampler = ShardedBatchSampler(
+            len(dataset), BATCH, dp_rank=rt.dp_rank, dp_world_size=rt.dp_world_size, seed=0
+        )
         loop = TrainLoop(wrapped, optimizer, accelerator=accel, grad_clip_norm=10.0, sampler=sampler)
         objects = TrainingObjects(model=policy, optimizer=optimizer)
         if (last := latest_checkpoint(args.output_dir)) is not None:  # collective: every rank reads its part
@@ -104,21 +118,33 @@ def main() -> None:
             preprocessor.save_pretrained(directory)
             postprocessor.save_pretrained(directory)
 
-        run = RunInfo(world_size=rt.world_size, batch_size=BATCH, grad_accum_steps=ACCUM,
-                      parallelism=Parallelism(rt.parallelism.dp_replicate, rt.parallelism.dp_shard))
+        run = RunInfo(
+            world_size=rt.world_size,
+            batch_size=BATCH,
+            grad_accum_steps=ACCUM,
+            parallelism=Parallelism(rt.parallelism.dp_replicate, rt.parallelism.dp_shard),
+        )
 
         def save(event) -> None:  # collective: every rank calls it; the weights are gathered to rank 0
-            save_checkpoint(args.output_dir, event.step, run=run, objects=objects,
-                            sampler_state=sampler.state_dict(), loop_state=event.loop.state_dict(),
-                            write_pretrained=write_pretrained)
+            save_checkpoint(
+                args.output_dir,
+                event.step,
+                run=run,
+                objects=objects,
+                sampler_state=sampler.state_dict(),
+                loop_state=event.loop.state_dict(),
+                write_pretrained=write_pretrained,
+            )
 
         loop.add_hook(log, every=1, metrics=True)
         loop.add_hook(save, every=4)
         loader = resumable_loader(dataset, sampler, seed=rt.rank, num_workers=0)  # its own RNG
         loop.run(Preprocessed(loader, preprocessor), num_steps=args.steps)  # counts the resumed steps
         if rt.is_main:
-            print(f"{rt.describe()} | trained to step {loop.step}, last checkpoint "
-                  f"{latest_checkpoint(args.output_dir).name}")
+            print(
+                f"{rt.describe()} | trained to step {loop.step}, last checkpoint "
+                f"{latest_checkpoint(args.output_dir).name}"
+            )
 
 
 if __name__ == "__main__":

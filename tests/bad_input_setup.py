@@ -42,7 +42,8 @@ def fill(value: Any, places: dict[str, Path]) -> Any:
 
 
 def _json_edit(path: Path, dotted: str | list[str], fn: Callable[[dict, str], None]) -> None:
-    """``dotted``: ``"a.b.c"``, or a list of keys when a key itself has dots (``["observation.state", "std"]``)."""
+    """``dotted``: ``"a.b.c"``, or a list of keys when a key itself has dots
+    (``["observation.state", "std"]``)."""
     data = json.loads(path.read_text())
     *parents, leaf = dotted if isinstance(dotted, list) else dotted.split(".")
     node = data
@@ -76,8 +77,10 @@ def _dcp_from_model(pretrained: Path, extra: dict[str, Any] | None = None) -> No
 
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"model": {**load_file(pretrained / "model.safetensors"), **(extra or {})}},
-                 checkpoint_id=str(pretrained / "pytorch_model_fsdp_0"))
+        dcp.save(
+            {"model": {**load_file(pretrained / "model.safetensors"), **(extra or {})}},
+            checkpoint_id=str(pretrained / "pytorch_model_fsdp_0"),
+        )
 
 
 def _to_dtype(weights: Path, dtype: str) -> None:
@@ -86,13 +89,16 @@ def _to_dtype(weights: Path, dtype: str) -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(weights)
-    save_file({k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in tensors.items()},
-              weights, metadata={"format": "pt"})
+    save_file(
+        {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in tensors.items()},
+        weights,
+        metadata={"format": "pt"},
+    )
 
 
 def apply_edit(root: Path, edit: dict[str, Any]) -> None:
     """One edit, relative to the setup directory ``root``; unknown ops fail the test loudly."""
-    (op, arg), = edit.items()
+    ((op, arg),) = edit.items()
     args = arg if isinstance(arg, list) else [arg]
     target = root / args[0]
     if op == "remove":
@@ -132,8 +138,9 @@ def apply_edit(root: Path, edit: dict[str, Any]) -> None:
         raise AssertionError(f"recipe error: unknown edit {op!r}")
 
 
-def build_setup(setup: dict[str, Any], root: Path, checkpoint_run: Callable[[], Path],
-                places: dict[str, Path]) -> None:
+def build_setup(
+    setup: dict[str, Any], root: Path, checkpoint_run: Callable[[], Path], places: dict[str, Path]
+) -> None:
     """``from``: ``demo`` (dataset copy), ``checkpoint`` (copy of a real run dir) or ``empty``."""
     source = setup.get("from", "empty")
     if source == "demo":

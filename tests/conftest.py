@@ -23,5 +23,6 @@ def _load_launch():
 
 @pytest.fixture(scope="session")
 def launch():
-    """The launch helper module: ``launch.torchrun(...)``, ``launch.accelerate_launch(...)``, ``launch.MULTIPROC``."""
+    """The launch helper module: ``launch.torchrun(...)``, ``launch.accelerate_launch(...)``,
+    ``launch.MULTIPROC``."""
     return _load_launch()

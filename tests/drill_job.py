@@ -2,9 +2,9 @@
 
 ``launch.torchrun`` waits for the job to end; a drill must act *during* training (kill or stop one
 rank once it is provably inside the step loop) and time how long the job takes to end after that.
-Output goes to files, not pipes, so a job nobody reads cannot block on a full pipe. torchrun starts each worker in a session of
-its own, so killing the launcher's session is not enough: a worker outlives a SIGKILLed agent and
-trains on, orphaned (seen while writing these drills). Workers are therefore found by their
+Output goes to files, not pipes, so a job nobody reads cannot block on a full pipe. torchrun starts each
+worker in a session of its own, so killing the launcher's session is not enough: a worker outlives a SIGKILLed
+agent and trains on, orphaned (seen while writing these drills). Workers are therefore found by their
 environment (``RANK``, and this job's unique ``MASTER_PORT``) and killed by pid at the end.
 """
 
@@ -18,8 +18,14 @@ from pathlib import Path
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "lerobot" / "demo_reach"
 # the small, fast lerobot-train job the drills interrupt, kill and resume
-MLP = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
-       "--policy.hidden_dim=32", "--batch_size=4"]
+MLP = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=0",
+    "--policy.type=mlp",
+    "--policy.hidden_dim=32",
+    "--batch_size=4",
+]
 
 
 def metrics_lines(out: Path) -> int:
@@ -58,11 +64,14 @@ class DrillJob:
         return self.workers
 
     def wait_for(self, predicate, timeout_s: float, what: str, allow_end: bool = False) -> None:
-        """Poll ``predicate`` (5 Hz); ``allow_end``: the job may end meanwhile, if the predicate then holds."""
+        """Poll ``predicate`` (5 Hz); ``allow_end``: the job may end meanwhile,
+        if the predicate then holds."""
         deadline = time.monotonic() + timeout_s
         while not predicate():
             if self.proc.poll() is not None:
-                assert allow_end and predicate(), f"job ended (rc={self.proc.returncode}) before {what}:\n{self.output()}"
+                assert allow_end and predicate(), (
+                    f"job ended (rc={self.proc.returncode}) before {what}:\n{self.output()}"
+                )
                 return
             assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s:\n{self.output()}"
             time.sleep(0.2)

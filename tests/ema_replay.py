@@ -5,8 +5,9 @@ so each of them also replays its own run.
 
 A run that saves after every optimizer update records, at step n, the live weights ``w_n`` and the shadow
 ``s_n`` (``pretrained_model/`` and ``pretrained_model_ema/``; a sharded run's DCP shards merged first).
-The update is diffusers' ``EMAModel.step`` arithmetic in fp32, ``s_n = s_{n-1} - (1 - d_n) * (s_{n-1} - w_n)``,
-with the warmup decay ``d_n = clamp(1 - (1 + t / inv_gamma) ** -power, min_decay, max_decay)`` for
+The update is diffusers' ``EMAModel.step`` arithmetic in fp32,
+``s_n = s_{n-1} - (1 - d_n) * (s_{n-1} - w_n)``, with the warmup decay
+``d_n = clamp(1 - (1 + t / inv_gamma) ** -power, min_decay, max_decay)`` for
 ``t = n - update_after_step - 1 > 0`` and 0 before (or the constant ``ema.decay``), the values read from the
 run's ``train_config.json``. So ``s_n`` follows bitwise from ``s_{n-1}`` and ``w_n`` (elementwise ops:
 sharding changes nothing), and the first update makes the shadow the live weights up to rounding. Frozen
@@ -36,10 +37,15 @@ def _state(step_dir: Path) -> tuple[int, dict, dict]:
     checkpoint before its last) are merged by ``lerobot-convert-dcp`` in a copy, the run left as it was."""
     from safetensors.torch import load_file
 
-    updates = json.loads((step_dir / "training_state" / "training_step.json").read_text())["loop"]["ema_updates"]
+    updates = json.loads((step_dir / "training_state" / "training_step.json").read_text())["loop"][
+        "ema_updates"
+    ]
     if (step_dir / "pretrained_model" / "model.safetensors").is_file():
-        return (updates, load_file(step_dir / "pretrained_model" / "model.safetensors"),
-                load_file(step_dir / "pretrained_model_ema" / "model.safetensors"))
+        return (
+            updates,
+            load_file(step_dir / "pretrained_model" / "model.safetensors"),
+            load_file(step_dir / "pretrained_model_ema" / "model.safetensors"),
+        )
     from lerobot_ckpt import convert_dcp
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,8 +61,9 @@ def assert_ema_replays(run: Path, steps: list[int]) -> None:
     the run's first update, its shadow is its live weights up to rounding."""
     import torch
 
-    ema = json.loads((run / "checkpoints" / f"{steps[-1]:06d}" / "pretrained_model" / "train_config.json")
-                     .read_text())["ema"]
+    ema = json.loads(
+        (run / "checkpoints" / f"{steps[-1]:06d}" / "pretrained_model" / "train_config.json").read_text()
+    )["ema"]
     assert ema["enable"], run
     previous = None
     for step in steps:
@@ -72,7 +79,11 @@ def assert_ema_replays(run: Path, steps: list[int]) -> None:
             assert 0 < c < 1, (step, c)
             for key, s in previous[1].items():
                 expected = s - (s - live[key]) * c  # product, then difference, as EMAModel.step rounds it
-                assert torch.equal(shadow[key], expected), (step, key, (shadow[key] - expected).abs().max().item())
+                assert torch.equal(shadow[key], expected), (
+                    step,
+                    key,
+                    (shadow[key] - expected).abs().max().item(),
+                )
         previous = (updates, shadow)
     # and the shadow averages: it is neither the live weights nor anything one update away from them
     assert max((previous[1][k] - live[k]).abs().max().item() for k in live) > 1e-5

@@ -25,19 +25,39 @@ BIN = Path(sys.executable).parent
 PYTHON = sys.executable
 
 DEFAULT_STEPS = 2
-TINY_ACT = ["--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
-            "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=1",
-            "--policy.chunk_size=5", "--policy.n_action_steps=5",
-            "--policy.pretrained_backbone_weights=null"]  # offline: no ImageNet download (LeRobot's default)
+TINY_ACT = [
+    "--policy.dim_model=32",
+    "--policy.dim_feedforward=64",
+    "--policy.n_heads=2",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_decoder_layers=1",
+    "--policy.n_vae_encoder_layers=1",
+    "--policy.chunk_size=5",
+    "--policy.n_action_steps=5",
+    "--policy.pretrained_backbone_weights=null",
+]  # offline: no ImageNet download (LeRobot's default)
 # pi0 / pi05 on the demo dataset at the README's tiny size, with the shipped byte-level tokenizer (offline)
-TINY_VLA = ["--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
-            "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
-            "--policy.n_action_steps=10", f"--policy.tokenizer_name={REPO / 'data' / 'tokenizers' / 'demo_bytes'}"]
+TINY_VLA = [
+    "--policy.paligemma_variant=gemma_tiny",
+    "--policy.action_expert_variant=gemma_tiny",
+    "--policy.vision_variant=tiny",
+    "--policy.image_resolution=[56,56]",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+    f"--policy.tokenizer_name={REPO / 'data' / 'tokenizers' / 'demo_bytes'}",
+]
 # Diffusion Policy at the size of tests/test_diffusion_layouts.py (group norm: no ImageNet weights, offline)
-TINY_DIFFUSION = ["--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
-                  "--policy.down_dims=[16,32]", "--policy.horizon=8", "--policy.n_action_steps=4",
-                  "--policy.spatial_softmax_num_keypoints=8", "--policy.diffusion_step_embed_dim=16",
-                  "--policy.num_train_timesteps=20", "--policy.scheduler_warmup_steps=0"]
+TINY_DIFFUSION = [
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.use_group_norm=true",
+    "--policy.down_dims=[16,32]",
+    "--policy.horizon=8",
+    "--policy.n_action_steps=4",
+    "--policy.spatial_softmax_num_keypoints=8",
+    "--policy.diffusion_step_embed_dim=16",
+    "--policy.num_train_timesteps=20",
+    "--policy.scheduler_warmup_steps=0",
+]
 TINY_RUN = ["--num_workers=0", "--log_freq=1"]
 LAUNCH_TIMEOUT_S = 240  # hard limit per command; the whole file takes ~2.5 min on 2 CPU cores
 TOOL_TIMEOUT_S = 120
@@ -87,7 +107,7 @@ def parse_guide(text: str) -> list[Block]:
     blocks = []
     for i, m in enumerate(FENCE.finditer(text)):
         line = text.count("\n", 0, m.start()) + 1
-        above = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        above = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
         ann = ANNOTATION.search(above)
         where = f"docs/guide.md:{line}"
         spec = parse_annotation(ann.group(1), where) if ann else parse_annotation("", where)
@@ -106,7 +126,6 @@ def command_lines(body: str) -> list[str]:
     """One string per command: continuations joined; blank and comment-only lines dropped."""
     joined = re.sub(r"\\\n", " ", body)
     return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-
 
 
 # --------------------------------------------------------------------------------------------- commands
@@ -136,9 +155,14 @@ class Command:
 
 
 def _substitute(line: str, ctx: Context) -> str:
-    line = re.sub(r"--dataset\.repo_id=\$\{HF_USER\}/[\w.-]+",
-                  lambda _m: f"--dataset.repo_id=lerobot/demo_reach --dataset.root={DEMO}", line)
-    line = re.sub(r"--policy\.path=\$\{HF_USER\}/[\w.-]+", lambda _m: f"--policy.path={ctx.base_policy()}", line)
+    line = re.sub(
+        r"--dataset\.repo_id=\$\{HF_USER\}/[\w.-]+",
+        lambda _m: f"--dataset.repo_id=lerobot/demo_reach --dataset.root={DEMO}",
+        line,
+    )
+    line = re.sub(
+        r"--policy\.path=\$\{HF_USER\}/[\w.-]+", lambda _m: f"--policy.path={ctx.base_policy()}", line
+    )
 
     def which(m: re.Match) -> str:
         path = BIN / m.group(1)
@@ -146,7 +170,8 @@ def _substitute(line: str, ctx: Context) -> str:
         return str(path)
 
     line = re.sub(r"\$\(which ([\w.-]+)\)", which, line)
-    # the repository's bundled files (demo dataset, demo tokenizer), named relative to its root as in the README
+    # the repository's bundled files (demo dataset, demo tokenizer),
+    # named relative to its root as in the README
     line = re.sub(r"(--[\w.]+=)data/", lambda m: f"{m.group(1)}{REPO / 'data'}/", line)
     line = line.replace("${HF_USER}", "me").replace("${MAIN_NODE}", "127.0.0.1")
     assert "$" not in line.replace("\\$", ""), f"unknown placeholder or shell expansion in: {line}"
@@ -192,9 +217,10 @@ def _train_kind(args: list[str]) -> str:
 def _split_launcher(tokens: list[str], what: str) -> tuple[list[str], str, list[str]]:
     for i, tok in enumerate(tokens):
         if not tok.startswith("-"):
-            return tokens[:i], tok, tokens[i + 1:]
-        assert "=" in tok or tok in ("--multi_gpu", "--use_fsdp", "--cpu", "--standalone"), \
+            return tokens[:i], tok, tokens[i + 1 :]
+        assert "=" in tok or tok in ("--multi_gpu", "--use_fsdp", "--cpu", "--standalone"), (
             f"{what}: write launcher options as --name=value so the test can read them, got {tok!r}"
+        )
     raise AssertionError(f"{what}: no script after the launcher options")
 
 
@@ -231,7 +257,9 @@ def build_command(line: str, spec: dict, ctx: Context) -> Command:
         else:
             opts = [*opts, f"--master-port={ctx.port}"]
         args, kind = script_command(script, args)
-        world = int(_opt(opts, "--nproc-per-node", "--nproc_per_node") or 1) * int(_opt(opts, "--nnodes") or 1)
+        world = int(_opt(opts, "--nproc-per-node", "--nproc_per_node") or 1) * int(
+            _opt(opts, "--nnodes") or 1
+        )
         argv = [PYTHON, "-m", "torch.distributed.run", *opts, str(BIN / "lerobot-train"), *args]
         return Command(line, argv, env, cwd, kind, LAUNCH_TIMEOUT_S, world, args)
     if name == "accelerate":
@@ -254,7 +282,9 @@ def build_command(line: str, spec: dict, ctx: Context) -> Command:
         return Command(line, [str(BIN / "lerobot-train"), *args], env, cwd, kind, timeout, 1, args)
     if name == "lerobot-convert-dcp":
         kind = "help" if "--help" in rest else "convert"
-        return Command(line, [str(BIN / "lerobot-convert-dcp"), *rest], env, cwd, kind, TOOL_TIMEOUT_S, None, rest)
+        return Command(
+            line, [str(BIN / "lerobot-convert-dcp"), *rest], env, cwd, kind, TOOL_TIMEOUT_S, None, rest
+        )
     if name == "uv":
         assert rest[:1] == ["sync"], f"only `uv sync` is run from the guide: {line}"
         # --dry-run: never modify the (shared) environment; --locked: the lock file must already fit
@@ -296,4 +326,3 @@ def environment(ctx: Context, cmd: Command, needs_hub: bool) -> dict[str, str]:
         extra["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKE_HUB_DIR), os.environ.get("PYTHONPATH")]))
         extra["FAKE_HUB_LOG"] = str(ctx.workdir / "hub.jsonl")
     return {**extra, **cmd.env}
-

@@ -50,15 +50,20 @@ class Launched:
         return self.stdout + self.stderr
 
     def describe(self) -> str:
-        return (f"rc={self.returncode} timed_out={self.timed_out} in {self.elapsed_s:.1f}s\n"
-                f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}")
+        return (
+            f"rc={self.returncode} timed_out={self.timed_out} in {self.elapsed_s:.1f}s\n"
+            f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+        )
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The test process's environment minus anything that would configure the launched job."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "LEROBOT_ALLOW"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "LEROBOT_ALLOW"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
@@ -95,11 +100,24 @@ def _kill_ranks(master_port: int) -> None:
             pass
 
 
-def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None = None,
-                cwd: Path = REPO, master_port: int | None = None) -> Launched:
+def run_command(
+    cmd: list[str],
+    *,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    master_port: int | None = None,
+) -> Launched:
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=clean_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     timed_out = False
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -119,24 +137,40 @@ def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None 
     return Launched(proc.returncode, out, err, time.monotonic() - t0, timed_out, time.time())
 
 
-def torchrun(script: Path | str, *args: str, nproc: int = 2, timeout_s: float = 90,
-             env: dict[str, str] | None = None) -> Launched:
+def torchrun(
+    script: Path | str, *args: str, nproc: int = 2, timeout_s: float = 90, env: dict[str, str] | None = None
+) -> Launched:
     """``python -m torch.distributed.run --nproc-per-node=N --master-port=<free> script args``."""
     port = free_port()
-    cmd = [PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
-           "--monitor-interval=0.2", str(script), *args]
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={port}",
+        "--monitor-interval=0.2",
+        str(script),
+        *args,
+    ]
     return run_command(cmd, timeout_s=timeout_s, env=env, master_port=port)
 
 
-def accelerate_launch(script: Path | str, *args: str, launch_args: tuple[str, ...] = (), timeout_s: float = 90,
-                      env: dict[str, str] | None = None, cwd: Path = REPO) -> Launched:
+def accelerate_launch(
+    script: Path | str,
+    *args: str,
+    launch_args: tuple[str, ...] = (),
+    timeout_s: float = 90,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+) -> Launched:
     """``accelerate launch <launch_args> script``: the workspace's own ``accelerate`` console script."""
     cmd = [str(Path(PYTHON).parent / "accelerate"), "launch", *launch_args, str(script), *args]
     return run_command(cmd, timeout_s=timeout_s, env=env, cwd=cwd)
 
 
-def lerobot_train(*args: str, nproc: int = 1, timeout_s: float | None = None,
-                  env: dict[str, str] | None = None) -> Launched:
+def lerobot_train(
+    *args: str, nproc: int = 1, timeout_s: float | None = None, env: dict[str, str] | None = None
+) -> Launched:
     """One ``lerobot-train <args>`` run that must succeed: on one process (``nproc=1``, default
     timeout 240 s) or under ``torchrun --nproc-per-node=nproc`` (default 300 s). Asserts it neither
     timed out nor exited non-zero (the message is the run's output) and returns the ``Launched``."""
@@ -151,6 +185,7 @@ def lerobot_train(*args: str, nproc: int = 1, timeout_s: float | None = None,
 @define(frozen=True)
 class RunOutput:
     """What one run of ``lerobot_train_runs`` printed (rank 0's share of the launch's output)."""
+
     stdout: str
     stderr: str
 
@@ -167,9 +202,16 @@ def _split_runs(text: str, n: int, res: Launched) -> list[str]:
 def tree_digest(root: Path | str) -> dict[str, str]:
     """Every entry under ``root``: a file's sha256, a link's ``-> target``, ``dir`` for a directory."""
     root = Path(root)
-    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else "dir" if p.is_dir()
-                                       else hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            f"-> {os.readlink(p)}"
+            if p.is_symlink()
+            else "dir"
+            if p.is_dir()
+            else hashlib.sha256(p.read_bytes()).hexdigest()
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @define(frozen=True)
@@ -177,6 +219,7 @@ class TreeDigest:
     """Not a run: an item of ``lerobot_train_runs`` at which rank 0 writes ``tree_digest(root)`` as JSON to
     ``path`` (after the runs before it returned on rank 0, before the next one starts anywhere: that
     one's process group needs rank 0). What a test compares the tree with after the later runs."""
+
     root: Path
     path: Path
 
@@ -190,13 +233,18 @@ class TreeDigest:
 TREE_DIGEST = "@tree_digest"  # train_many.py's word for a TreeDigest item
 
 
-def lerobot_train_runs(*runs: Sequence[str] | TreeDigest, nproc: int = 1, timeout_s: float | None = None,
-                       env: dict[str, str] | None = None) -> list[RunOutput]:
+def lerobot_train_runs(
+    *runs: Sequence[str] | TreeDigest,
+    nproc: int = 1,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+) -> list[RunOutput]:
     """Several ``lerobot-train`` runs (each a sequence of flags) one after another in ONE launch
     (``multiproc/train_many.py``: ``lerobot_cli.train.main`` per run, in the same processes), so the
     start-up is paid once. A ``TreeDigest`` item records a directory between two runs. Every run must
-    succeed (asserted as in ``lerobot_train``); returns each run's stdout and stderr, split at the marker rank 0 prints before each run (another rank's
-    stderr lands in the run it was printed during; torchrun's own log lines too)."""
+    succeed (asserted as in ``lerobot_train``); returns each run's stdout and stderr, split at the marker rank
+    0 prints before each run (another rank's stderr lands in the run it was printed during; torchrun's own log
+    lines too)."""
     args: list[str] = []
     for flags in runs:
         args += [*(flags.args() if isinstance(flags, TreeDigest) else flags), "--then"]

@@ -48,9 +48,15 @@ def no_accelerate_config(tmp_path, monkeypatch):
             monkeypatch.delenv(k)
 
 
-@pytest.mark.parametrize("argv", [["--num_processes=2"], ["--cpu", "--num_processes=2"],
-                                  ["--multi_gpu", "--num_processes=2"],
-                                  ["--multi_gpu", "--num_processes=2", "--mixed_precision=no", "--dynamo_backend=no"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--num_processes=2"],
+        ["--cpu", "--num_processes=2"],
+        ["--multi_gpu", "--num_processes=2"],
+        ["--multi_gpu", "--num_processes=2", "--mixed_precision=no", "--dynamo_backend=no"],
+    ],
+)
 def test_guard_passes_what_a_plain_launch_exports(argv, no_accelerate_config):
     exported = _exported_by_accelerate(argv)
     assert "ACCELERATE_MIXED_PRECISION" in exported  # we really looked at accelerate's output
@@ -76,8 +82,14 @@ def _children(out: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_plain_launch_without_multi_gpu_starts_one_process(launch, tmp_path):
-    job = launch.accelerate_launch(CHILD, str(tmp_path), "probe", launch_args=("--num_processes=2",),
-                                   env={"HF_HOME": str(tmp_path), **NO_GPU}, timeout_s=90)
+    job = launch.accelerate_launch(
+        CHILD,
+        str(tmp_path),
+        "probe",
+        launch_args=("--num_processes=2",),
+        env={"HF_HOME": str(tmp_path), **NO_GPU},
+        timeout_s=90,
+    )
     assert job.returncode == 0, job.describe()
     children = _children(tmp_path)
     assert len(children) == 1, "accelerate launch --num_processes=2 without GPUs starts ONE process"
@@ -90,9 +102,13 @@ def test_plain_launch_without_multi_gpu_starts_one_process(launch, tmp_path):
 @pytest.mark.slow
 def test_multi_gpu_launch_on_cpu_passes_the_guard_and_runs_the_readme_examples(launch, tmp_path):
     job = launch.accelerate_launch(
-        CHILD, str(tmp_path), "examples",
+        CHILD,
+        str(tmp_path),
+        "examples",
         launch_args=("--multi_gpu", "--num_processes=2", f"--main_process_port={launch.free_port()}"),
-        env={"ACCELERATE_USE_CPU": "true", "HF_HOME": str(tmp_path), **NO_GPU}, cwd=tmp_path, timeout_s=150,
+        env={"ACCELERATE_USE_CPU": "true", "HF_HOME": str(tmp_path), **NO_GPU},
+        cwd=tmp_path,
+        timeout_s=150,
     )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     children = _children(tmp_path)
@@ -107,7 +123,12 @@ def test_multi_gpu_launch_on_cpu_passes_the_guard_and_runs_the_readme_examples(l
     assert "PARALLEL_EXAMPLE_DONE" in out
     assert "world 2 (ddp: dp_replicate=2 x dp_shard=1), backend gloo, device cpu" in out
     assert "Effective batch size: 8 x 2 dp workers x 2 grad accum = 32" in out
-    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["10", "20", "30", "40"]
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == [
+        "10",
+        "20",
+        "30",
+        "40",
+    ]
     import torch
 
     state = torch.load(tmp_path / "state.pt")
@@ -119,9 +140,12 @@ def test_multi_gpu_launch_on_cpu_passes_the_guard_and_runs_the_readme_examples(l
 @pytest.mark.slow
 def test_use_fsdp_launch_is_refused_before_torch_is_imported(launch, tmp_path):
     job = launch.accelerate_launch(
-        CHILD, str(tmp_path), "probe",
+        CHILD,
+        str(tmp_path),
+        "probe",
         launch_args=("--use_fsdp", "--num_processes=2", f"--main_process_port={launch.free_port()}"),
-        env={"HF_HOME": str(tmp_path), **NO_GPU}, timeout_s=90,
+        env={"HF_HOME": str(tmp_path), **NO_GPU},
+        timeout_s=90,
     )
     assert job.returncode != 0 and not job.timed_out, job.describe()
     err = job.stderr
@@ -147,10 +171,21 @@ def test_lerobot_train_refuses_the_fsdp_env_before_importing_torch(launch, tmp_p
     assert env.get("ACCELERATE_USE_FSDP") == "true", exported
     script = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
     demo = Path(__file__).resolve().parents[1] / "data" / "lerobot" / "demo_reach"
-    res = launch.run_command([script, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={demo}",
-                              "--policy.type=mlp", f"--output_dir={tmp_path / 'out'}"], timeout_s=60,
-                             env={**env, "PYTHONPATH": str(poisoned), **NO_GPU})
+    res = launch.run_command(
+        [
+            script,
+            "--dataset.repo_id=lerobot/demo_reach",
+            f"--dataset.root={demo}",
+            "--policy.type=mlp",
+            f"--output_dir={tmp_path / 'out'}",
+        ],
+        timeout_s=60,
+        env={**env, "PYTHONPATH": str(poisoned), **NO_GPU},
+    )
     assert res.returncode == 2, res.describe()
     assert "torch was imported" not in res.output and "Traceback" not in res.output, res.describe()
-    assert res.stderr.startswith("lerobot-train: error: Refusing to start") and "ACCELERATE_USE_FSDP=true" in res.stderr
+    assert (
+        res.stderr.startswith("lerobot-train: error: Refusing to start")
+        and "ACCELERATE_USE_FSDP=true" in res.stderr
+    )
     assert not (tmp_path / "out").exists()

@@ -30,7 +30,9 @@ PARALLEL_ROWS = 2  # the machine has 2 cores; most of a heavy row is one core im
 
 def _load_setup():
     # --import-mode=importlib keeps tests/ off sys.path: load the helper by path (as conftest does).
-    spec = importlib.util.spec_from_file_location("lerobot_tests_bad_input_setup", HERE / "bad_input_setup.py")
+    spec = importlib.util.spec_from_file_location(
+        "lerobot_tests_bad_input_setup", HERE / "bad_input_setup.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -72,8 +74,10 @@ class RowRunner:
         with self._lock:
             if self._run_dir is None:
                 out = self.root / "checkpoint_source"
-                args = setup_lib.fill([*TABLE["bases"]["train"], "--steps=2"],
-                                      {"demo": setup_lib.DEMO, "out": out, "setup": out})
+                args = setup_lib.fill(
+                    [*TABLE["bases"]["train"], "--steps=2"],
+                    {"demo": setup_lib.DEMO, "out": out, "setup": out},
+                )
                 res = self.launch.run_command([_script("lerobot-train"), *args], timeout_s=TIMEOUT_S[1])
                 assert res.returncode == 0 and (out / "checkpoints" / "last").is_dir(), res.describe()
                 self._run_dir = out
@@ -110,8 +114,11 @@ class RowRunner:
 def rows(request, tmp_path_factory, launch):
     """The row runner, already started on every selected row of the table."""
     runner = RowRunner(tmp_path_factory.mktemp("bad_inputs"), launch)
-    selected = [item.callspec.params["case"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_bad_input_gives_one_clear_error_and_changes_nothing"]
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_bad_input_gives_one_clear_error_and_changes_nothing"
+    ]
     runner.submit([c for c in selected if _script(c.get("program", "lerobot-train"))])
     yield runner
     runner.pool.shutdown(wait=True, cancel_futures=True)
@@ -125,8 +132,11 @@ def without_launcher_traceback(text: str) -> str:
     """
     header = "Traceback (most recent call last):"
     first, *tracebacks = text.split(header)
-    return first + "".join(header + tb for tb in tracebacks
-                           if not ("torch/distributed/run.py" in tb and "ChildFailedError" in tb))
+    return first + "".join(
+        header + tb
+        for tb in tracebacks
+        if not ("torch/distributed/run.py" in tb and "ChildFailedError" in tb)
+    )
 
 
 def _expected_exit(res, nproc: int) -> None:
@@ -166,8 +176,21 @@ def test_table_is_large_distinct_and_well_formed():
     cases = TABLE["cases"]
     ids = [c["id"] for c in cases]
     assert len(ids) == len(set(ids)) and len(cases) >= 30
-    allowed = {"id", "category", "program", "base", "args", "env", "nproc", "setup", "fragment", "also",
-               "once", "xfail", "note"}
+    allowed = {
+        "id",
+        "category",
+        "program",
+        "base",
+        "args",
+        "env",
+        "nproc",
+        "setup",
+        "fragment",
+        "also",
+        "once",
+        "xfail",
+        "note",
+    }
     for c in cases:
         assert set(c) <= allowed and c["fragment"], c
         assert c.get("base") is None or c["base"] in TABLE["bases"], c

@@ -44,8 +44,6 @@ drill_job = _load("drill_job")
 MLP, metrics_lines = drill_job.MLP, drill_job.metrics_lines
 
 
-
-
 def _listing(ckpts: Path) -> tuple[set[int], list[str], str | None]:
     """Committed step directories, dot-named staging directories, and where ``last`` points."""
     try:
@@ -62,11 +60,24 @@ def test_training_runs_during_a_background_save_and_kill_9_leaves_last_on_the_pr
     out = tmp_path / "run"
     ckpts = out / "checkpoints"
     port = launch.free_port()
-    cmd = [launch.PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}",
-           "--monitor-interval=0.2", SCRIPT, *MLP, "--steps=1000000", "--log_freq=1", "--save_freq=40",
-           "--checkpoint_async=true", f"--output_dir={out}"]
-    job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env({"LEROBOT_CKPT_TEST_COMMIT_DELAY_S": str(DELAY_S)}),
-                             port, launch)
+    cmd = [
+        launch.PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={port}",
+        "--monitor-interval=0.2",
+        SCRIPT,
+        *MLP,
+        "--steps=1000000",
+        "--log_freq=1",
+        "--save_freq=40",
+        "--checkpoint_async=true",
+        f"--output_dir={out}",
+    ]
+    job = drill_job.DrillJob(
+        cmd, tmp_path, launch.clean_env({"LEROBOT_CKPT_TEST_COMMIT_DELAY_S": str(DELAY_S)}), port, launch
+    )
     try:
         job.wait_for(lambda: bool(_listing(ckpts)[0]), STARTUP_S, "a first committed checkpoint")
         # A save in flight: its staging directory exists, `last` is on a committed step before it.
@@ -90,10 +101,14 @@ def test_training_runs_during_a_background_save_and_kill_9_leaves_last_on_the_pr
         output = job.output()
     finally:
         job.close()
-    print(f"\n[async drill] staging {staging} seen with last -> {last} at {lines_seen} loop steps; "
-          f"{t_kill - t_seen:.2f} s later, at the kill: {lines_later} steps, staging {staging_k}, last -> {last_k}")
+    print(
+        f"\n[async drill] staging {staging} seen with last -> {last} at {lines_seen} loop steps; "
+        f"{t_kill - t_seen:.2f} s later, at the kill: {lines_later} steps, "
+        f"staging {staging_k}, last -> {last_k}"
+    )
     assert "(writing in the background)" in output, output[-3000:]
-    # (a) the loop kept stepping while the save was in flight (the staging directory still there, `last` unchanged)
+    # (a) the loop kept stepping while the save was in flight (the staging directory still there,
+    # `last` unchanged)
     assert lines_later - lines_seen >= 5 and staging_k == staging and last_k == last, output[-3000:]
 
     # (b) `last` is the previous complete checkpoint; the staged one was never committed
@@ -107,12 +122,23 @@ def test_training_runs_during_a_background_save_and_kill_9_leaves_last_on_the_pr
     assert saved_cfg["checkpoint_async"] is True  # (e) the flag round-trips through train_config.json
 
     resumed_to = int(last_after) + 4
-    again = launch.torchrun(SCRIPT, "--resume=true", f"--config_path={ckpts / 'last'}", f"--steps={resumed_to}",
-                            "--log_freq=0", nproc=2, timeout_s=180)
+    again = launch.torchrun(
+        SCRIPT,
+        "--resume=true",
+        f"--config_path={ckpts / 'last'}",
+        f"--steps={resumed_to}",
+        "--log_freq=0",
+        nproc=2,
+        timeout_s=180,
+    )
     assert again.returncode == 0, again.describe()
     assert f"resuming at step {int(last_after)}" in again.stdout, again.describe()
-    assert f"removed what an interrupted save left in {ckpts}: {staging_k[0]}" in again.stderr, again.describe()
-    assert f"checkpoint: {ckpts / f'{resumed_to:06d}'} (writing in the background)" in again.stdout  # async again
+    assert f"removed what an interrupted save left in {ckpts}: {staging_k[0]}" in again.stderr, (
+        again.describe()
+    )
+    assert (
+        f"checkpoint: {ckpts / f'{resumed_to:06d}'} (writing in the background)" in again.stdout
+    )  # async again
     steps, staging_end, last_end = _listing(ckpts)
     assert last_end == f"{resumed_to:06d}" and staging_end == []
     record = json.loads((ckpts / "last" / "training_state" / "training_step.json").read_text())
@@ -124,8 +150,15 @@ def test_an_interrupt_waits_for_its_background_save_before_exiting(launch, tmp_p
     process exits only once it committed. Without that wait the daemon writer would die with the
     process and no checkpoint would exist at all (save_freq=0: the interrupt's is the only one)."""
     out = tmp_path / "run"
-    cmd = [SCRIPT, *MLP, "--log_freq=1", "--save_freq=0", "--steps=100000", "--checkpoint_async=true",
-           f"--output_dir={out}"]
+    cmd = [
+        SCRIPT,
+        *MLP,
+        "--log_freq=1",
+        "--save_freq=0",
+        "--steps=100000",
+        "--checkpoint_async=true",
+        f"--output_dir={out}",
+    ]
     env = launch.clean_env({"LEROBOT_CKPT_TEST_COMMIT_DELAY_S": str(DELAY_S)})
     job = drill_job.DrillJob(cmd, tmp_path, env, launch.free_port(), launch)
     try:
@@ -140,8 +173,12 @@ def test_an_interrupt_waits_for_its_background_save_before_exiting(launch, tmp_p
     # No timing bound: without the wait the process still took ~2 s to end (interpreter and torch teardown
     # on a loaded machine) and no checkpoint existed. What shows the wait is the committed checkpoint below:
     # a daemon writer cannot commit after its process is gone.
-    step = json.loads((out / "checkpoints" / "last" / "training_state" / "training_step.json").read_text())["step"]
+    step = json.loads((out / "checkpoints" / "last" / "training_state" / "training_step.json").read_text())[
+        "step"
+    ]
     assert f"checkpoint: {out / 'checkpoints' / f'{step:06d}'} (writing in the background)" in output
     assert _listing(out / "checkpoints")[1] == []  # committed, no staging directory left
-    print(f"\n[async interrupt] SIGINT -> exit {job.proc.returncode} after {time.monotonic() - t0:.1f} s, "
-          f"checkpoint {step:06d} committed")
+    print(
+        f"\n[async interrupt] SIGINT -> exit {job.proc.returncode} after {time.monotonic() - t0:.1f} s, "
+        f"checkpoint {step:06d} committed"
+    )

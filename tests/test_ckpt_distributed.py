@@ -50,8 +50,10 @@ def test_write_failure_on_rank0_raises_the_same_error_on_both(results):
     assert r0["rank0_failure"] == r1["rank0_failure"]
     kind, message = r0["rank0_failure"]
     assert kind == "CheckpointWriteError"
-    assert message.startswith("rank 0: checkpoint 000003 was not saved (the previous checkpoint and `last` are "
-                              "unchanged): could not write ")
+    assert message.startswith(
+        "rank 0: checkpoint 000003 was not saved (the previous checkpoint and `last` are "
+        "unchanged): could not write "
+    )
     assert "File too large" in message
     assert r0["after_failures"] == r1["after_failures"] == {"last": "000002", "entries": ["000002", "last"]}
 
@@ -112,8 +114,14 @@ def _worker(out: Path) -> None:
             writing = any(c in mode for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
             if writing and str(run_dir) in os.fsdecode(args[0]):
                 res["writes"].append(os.fsdecode(args[0]))
-        elif event in ("os.mkdir", "os.rename", "os.symlink", "os.remove", "os.rmdir", "shutil.rmtree") and any(
-                str(run_dir) in str(a) for a in args):
+        elif event in (
+            "os.mkdir",
+            "os.rename",
+            "os.symlink",
+            "os.remove",
+            "os.rmdir",
+            "shutil.rmtree",
+        ) and any(str(run_dir) in str(a) for a in args):
             res["writes"].append(f"{event} {args[0]}")
 
     sys.addaudithook(audit)
@@ -147,8 +155,14 @@ def _worker(out: Path) -> None:
     saved_model = {k: v.clone() for k, v in net.state_dict().items()}
     saved_opt = opt.state_dict()
     t0 = time.monotonic()
-    step_dir = save_checkpoint(run_dir, 2, run=run, objects=TrainingObjects(model=model, optimizer=opt),
-                               sampler_state={"epoch": 0, "offset": 16}, write_pretrained=slow_pretrained)
+    step_dir = save_checkpoint(
+        run_dir,
+        2,
+        run=run,
+        objects=TrainingObjects(model=model, optimizer=opt),
+        sampler_state={"epoch": 0, "offset": 16},
+        write_pretrained=slow_pretrained,
+    )
     res["save_seconds"] = time.monotonic() - t0
     res["seen_after_save"] = {
         "last": resolve_last(ckpts).name,
@@ -163,15 +177,19 @@ def _worker(out: Path) -> None:
     torch.manual_seed(99)
     net2 = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     opt2 = torch.optim.AdamW(net2.parameters(), lr=1e-2)
-    state = load_checkpoint(ckpts / "last" / "pretrained_model" / "train_config.json",
-                            objects=TrainingObjects(model=net2, optimizer=opt2))
+    state = load_checkpoint(
+        ckpts / "last" / "pretrained_model" / "train_config.json",
+        objects=TrainingObjects(model=net2, optimizer=opt2),
+    )
     res["draws_after_load"] = _draws()
     res["rng_restored"] = state.rng_restored
     res["model_equal"] = all(torch.equal(saved_model[k], v) for k, v in net2.state_dict().items())
     loaded_opt = opt2.state_dict()
     res["optimizer_equal"] = saved_opt["param_groups"] == loaded_opt["param_groups"] and all(
         torch.equal(saved_opt["state"][i][n], loaded_opt["state"][i][n])
-        for i in saved_opt["state"] for n in saved_opt["state"][i])
+        for i in saved_opt["state"]
+        for n in saved_opt["state"][i]
+    )
     with safe_open(step_dir / "pretrained_model" / "model.safetensors", "pt") as f:
         res["weight_keys"] = list(f.keys())
 
@@ -192,6 +210,7 @@ def _worker(out: Path) -> None:
     res["save_file_calls_before_rank1_failure"] = calls["n"]
     real_capture = rng_module.capture
     if rank == 1:
+
         def broken_capture():
             raise RuntimeError("injected")
 

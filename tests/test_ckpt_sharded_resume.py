@@ -32,8 +32,13 @@ def _bitwise_equal(a: dict, b: dict) -> list[str]:
 
     if a.keys() != b.keys():
         return [f"keys {sorted(a.keys() ^ b.keys())}"]
-    return [k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape
-            or not torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8))]
+    return [
+        k
+        for k in a
+        if a[k].dtype != b[k].dtype
+        or a[k].shape != b[k].shape
+        or not torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8))
+    ]
 
 
 def _in_this_process(script: Path, out: Path, mode: str):
@@ -59,7 +64,9 @@ def _in_this_process(script: Path, out: Path, mode: str):
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
 
-    return SimpleNamespace(returncode=0, timed_out=False, elapsed_s=time.monotonic() - t0, describe=lambda: "")
+    return SimpleNamespace(
+        returncode=0, timed_out=False, elapsed_s=time.monotonic() - t0, describe=lambda: ""
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,20 +112,38 @@ def test_each_format_writes_its_artifacts_and_records_them(chain):
         pm, ts = step / "pretrained_model", step / "training_state"
         assert (pm / "model.safetensors").is_file() == (fmt != "dcp"), fmt
         assert (pm / "pytorch_model_fsdp_0" / ".metadata").is_file() == (fmt != "safetensors"), fmt
-        assert sorted(p.name for p in (ts / "optimizer_0").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-        assert not (ts / "optimizer_state.safetensors").exists() and not (ts / "optimizer_param_groups.json").exists()
+        assert sorted(p.name for p in (ts / "optimizer_0").iterdir()) == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]
+        assert (
+            not (ts / "optimizer_state.safetensors").exists()
+            and not (ts / "optimizer_param_groups.json").exists()
+        )
         record = json.loads((ts / "training_step.json").read_text())
-        assert record["checkpoint_format"] == fmt and record["world_size"] == 2 and record["dp_world_size"] == 2
+        assert (
+            record["checkpoint_format"] == fmt and record["world_size"] == 2 and record["dp_world_size"] == 2
+        )
         assert record["parallelism"] == {"dp_replicate": 1, "dp_shard": 2}
-        assert record["artifacts"] == {"model_safetensors": fmt != "dcp", "model_dcp": fmt != "safetensors",
-                                       "optimizer_single_file": False, "optimizer_dcp": True,
-                                       "peft_adapter": False, "ema_safetensors": False, "ema_dcp": False,
-                                       "scheduler": True, "scaler": False}
+        assert record["artifacts"] == {
+            "model_safetensors": fmt != "dcp",
+            "model_dcp": fmt != "safetensors",
+            "optimizer_single_file": False,
+            "optimizer_dcp": True,
+            "peft_adapter": False,
+            "ema_safetensors": False,
+            "ema_dcp": False,
+            "scheduler": True,
+            "scaler": False,
+        }
     hsdp = json.loads((_step(out, "hsdp") / "training_state" / "training_step.json").read_text())
     assert hsdp["parallelism"] == {"dp_replicate": 2, "dp_shard": 2} and hsdp["world_size"] == 4
     assert hsdp["checkpoint_format"] == "safetensors_dcp" and hsdp["artifacts"]["model_safetensors"]
     assert sorted(p.name for p in (_step(out, "hsdp") / "training_state" / "optimizer_0").iterdir()) == [
-        ".metadata", *(f"__{r}_0.distcp" for r in range(4))]
+        ".metadata",
+        *(f"__{r}_0.distcp" for r in range(4)),
+    ]
 
 
 @pytest.mark.slow
@@ -130,21 +155,28 @@ def test_gathered_weights_are_tied_fp32_and_rank0_holds_one_tensor_at_a_time(cha
     with safe_open(str(weights), "pt") as f:
         meta = f.metadata()
         names = list(f.keys())
-        assert meta["head.weight"] == "emb.weight" and "head.weight" not in names  # the tie, as save_model writes it
+        assert (
+            meta["head.weight"] == "emb.weight" and "head.weight" not in names
+        )  # the tie, as save_model writes it
         assert {f.get_slice(k).get_dtype() for k in names} == {"F32"}
     mem = report("save", 0)["memory"]
-    print(f"\ngathered save of a {mem['model_bytes'] / 2**20:.0f} MiB model (largest tensor "
-          f"{mem['largest'] / 2**20:.0f} MiB): rank-0 peak RSS +{mem['peak_increase'] / 2**20:.1f} MiB, "
-          f"rank 1 +{report('save', 1)['memory']['peak_increase'] / 2**20:.1f} MiB, {mem['save_s']} s")
+    print(
+        f"\ngathered save of a {mem['model_bytes'] / 2**20:.0f} MiB model (largest tensor "
+        f"{mem['largest'] / 2**20:.0f} MiB): rank-0 peak RSS +{mem['peak_increase'] / 2**20:.1f} MiB, "
+        f"rank 1 +{report('save', 1)['memory']['peak_increase'] / 2**20:.1f} MiB, {mem['save_s']} s"
+    )
     assert mem["peak_increase"] < 1.5 * mem["largest"] + 8 * 2**20
     import torch
 
-    hsdp = torch.load(out / "ref_hsdp.pt")["model"]  # gathered on a 2-D mesh (p2p within rank 0's shard group)
+    hsdp = torch.load(out / "ref_hsdp.pt")[
+        "model"
+    ]  # gathered on a 2-D mesh (p2p within rank 0's shard group)
     assert _bitwise_equal(hsdp, _tensors(_step(out, "hsdp") / "pretrained_model" / "model.safetensors")) == []
     assert report("save", 1)["memory"]["peak_increase"] < 0.5 * mem["largest"]
     written = _tensors(out / "mem" / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors")
-    assert len(written) == 16 and all(float(t[0, 0]) == i + 1 for i, t in
-                                      enumerate(written[f"{n}.weight"] for n in range(16)))
+    assert len(written) == 16 and all(
+        float(t[0, 0]) == i + 1 for i, t in enumerate(written[f"{n}.weight"] for n in range(16))
+    )
 
 
 @pytest.mark.slow
@@ -171,7 +203,10 @@ def test_resume_onto_another_topology_is_bitwise_and_training_continues(chain, m
             assert math.isfinite(r["next_loss"]), (mode, source)
             if rank == 0:
                 assert r["diff"] == [], (mode, source, r["diff"][:5])
-                assert r["changed_after_step"] == 14, (mode, source)  # every parameter (the tie counts twice), not the buffer
+                assert r["changed_after_step"] == 14, (
+                    mode,
+                    source,
+                )  # every parameter (the tie counts twice), not the buffer
             saved_ranks = {"single": 1, "hsdp": 4}.get(source, 2)
             assert r["rng_restored"] == (rank < saved_ranks), (mode, source, rank)
 
@@ -189,7 +224,10 @@ def test_converter_output_equals_the_gathered_file_and_keeps_the_checkpoint_resu
     assert record["artifacts"]["model_safetensors"] and not record["artifacts"]["model_dcp"]
     assert record["artifacts"]["optimizer_dcp"] and record["checkpoint_format"] == "dcp"
     assert sorted(p.name for p in (converted_step / "pretrained_model").iterdir()) == [
-        "config.json", "model.safetensors", "train_config.json"]
+        "config.json",
+        "model.safetensors",
+        "train_config.json",
+    ]
 
 
 @pytest.mark.slow
@@ -204,15 +242,19 @@ def test_accelerate_merge_fsdp_weights_reads_our_shards(chain):
 def test_a_garbled_shard_is_the_same_corrupt_checkpoint_error_on_every_rank_before_any_change(chain):
     out, report = chain
     r0, r1 = report("save", 0)["garbled"], report("save", 1)["garbled"]
-    for what, relative in (("model", "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp"),
-                           ("optimizer", "training_state/optimizer_0/__0_0.distcp")):
+    for what, relative in (
+        ("model", "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp"),
+        ("optimizer", "training_state/optimizer_0/__0_0.distcp"),
+    ):
         assert r0[what] == r1[what], what
         kind, message = r0[what]
         assert kind == "CorruptCheckpointError" and "\n" not in message, message
         named = message.removeprefix("checkpoint file is unreadable or corrupt: ").split(": ")[0]
         assert Path(named).resolve() == _step(out, f"garbled_{what}") / relative, message
         assert f": the record of {what}." in message, message
-        assert "is not a torch.save record" in message and "restore the directory from an intact copy" in message
+        assert (
+            "is not a torch.save record" in message and "restore the directory from an intact copy" in message
+        )
         assert r0[f"{what}_unchanged"] and r1[f"{what}_unchanged"], what
 
 
@@ -223,16 +265,20 @@ def test_a_write_failing_on_one_rank_raises_the_same_error_on_every_rank(chain):
     assert r0["rank1_dcp_failure"] == r1["rank1_dcp_failure"]
     kind, message = r0["rank1_dcp_failure"]
     assert kind == "CheckpointWriteError"
-    assert message.startswith("rank 1: checkpoint 000005 was not saved (the previous checkpoint and `last` are "
-                              "unchanged): could not write ")
+    assert message.startswith(
+        "rank 1: checkpoint 000005 was not saved (the previous checkpoint and `last` are "
+        "unchanged): could not write "
+    )
     assert "pytorch_model_fsdp_0: OSError: [Errno 28] No space left on device" in message
     assert r0["rank0_gather_failure"] == r1["rank0_gather_failure"]
     kind, message = r0["rank0_gather_failure"]
     assert kind == "CheckpointWriteError" and message.startswith("rank 0: checkpoint 000005 was not saved")
     assert "model.safetensors: OSError: [Errno 27] File too large" in message
     for r in (r0, r1):  # no staging leftovers, `last` untouched, seen by both ranks once the save raised
-        assert r["after_failures"] == {"fmt_dcp": ["000003", "last", "000003"],
-                                       "fmt_safetensors": ["000003", "last", "000003"]}
+        assert r["after_failures"] == {
+            "fmt_dcp": ["000003", "last", "000003"],
+            "fmt_safetensors": ["000003", "last", "000003"],
+        }
 
 
 @pytest.mark.slow
@@ -243,7 +289,9 @@ def test_peft_adapter_shards_gather_convert_and_reshard(chain, tmp_path):
     assert record["artifacts"]["peft_adapter"] and record["artifacts"]["model_dcp"]
     assert not record["artifacts"]["model_safetensors"]
     gathered = _tensors(step / "pretrained_model" / "adapter_model.safetensors")
-    assert sorted(gathered) == sorted(f"base_model.model.blocks.{i}.fc1.{p}" for i in (0, 1) for p in ("bias", "weight"))
+    assert sorted(gathered) == sorted(
+        f"base_model.model.blocks.{i}.fc1.{p}" for i in (0, 1) for p in ("bias", "weight")
+    )
     copy = tmp_path / "peft_step"
     shutil.copytree(step, copy)
     from lerobot_ckpt import convert_dcp
@@ -286,11 +334,16 @@ def test_an_async_save_under_fsdp2_writes_the_sync_save_s_tensors_while_training
     asynchronous one was in flight (rank 1's background phase held back 2.5 s, so rank 0's waited
     in the checkpoint group during FSDP2's all-gathers and reduce-scatters on the training group)."""
     out, report = chain
-    sync, asyn = out / "fmt_safetensors_dcp" / "checkpoints" / "000003", out / "async_safetensors_dcp" / "checkpoints"
+    sync, asyn = (
+        out / "fmt_safetensors_dcp" / "checkpoints" / "000003",
+        out / "async_safetensors_dcp" / "checkpoints",
+    )
     for r in (report("save", 0), report("save", 1)):
         a = r["async"]
         assert a["in_flight"] == 3 and a["own_group"], a
-        assert a["snapshot_done"] < a["step4_done"] < a["committed"], a  # step 4 ran while the save was in flight
+        assert a["snapshot_done"] < a["step4_done"] < a["committed"], (
+            a
+        )  # step 4 ran while the save was in flight
     for name in ("pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0"):
         theirs, ours = _dcp_tensors(sync / name, tmp_path), _dcp_tensors(asyn / "000003" / name, tmp_path)
         assert theirs and _bitwise_equal(theirs, ours) == [], name
@@ -299,8 +352,11 @@ def test_an_async_save_under_fsdp2_writes_the_sync_save_s_tensors_while_training
 
         (a, meta_a), (b, meta_b) = read_tensors(sync / name), read_tensors(asyn / "000003" / name)
         assert meta_a == meta_b and _bitwise_equal(a, b) == [], name
-    for name in ("training_state/scheduler_state.json", "training_state/training_step.json",
-                 "pretrained_model/config.json"):
+    for name in (
+        "training_state/scheduler_state.json",
+        "training_state/training_step.json",
+        "pretrained_model/config.json",
+    ):
         assert (sync / name).read_bytes() == (asyn / "000003" / name).read_bytes(), name
 
 
@@ -312,7 +368,11 @@ def test_a_background_write_failing_on_rank_1_is_raised_on_both_at_the_wait_and_
     assert r0["error"] == r1["error"]
     kind, message = r0["error"]
     assert kind == "CheckpointWriteError" and "\n" not in message
-    assert message.startswith("rank 1: checkpoint 000006 was not saved (the previous checkpoint and `last` are "
-                              "unchanged): could not write ")
+    assert message.startswith(
+        "rank 1: checkpoint 000006 was not saved (the previous checkpoint and `last` are "
+        "unchanged): could not write "
+    )
     assert "No space left on device" in message
-    assert r0["after"] == r1["after"] == ["000003", "last", "000003"]  # no staging leftovers, `last` unchanged
+    assert (
+        r0["after"] == r1["after"] == ["000003", "last", "000003"]
+    )  # no staging leftovers, `last` unchanged

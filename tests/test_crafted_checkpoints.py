@@ -23,13 +23,24 @@ from crafted import exploit_metadata, exploit_record, replace_record  # the libr
 
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 CONVERT = str(Path(sys.executable).parent / "lerobot-convert-dcp")
-RUN = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=mlp",
-       "--policy.hidden_dim=32", "--ema.enable=true", "--log_freq=1", "--batch_size=4"]
+RUN = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=0",
+    "--policy.type=mlp",
+    "--policy.hidden_dim=32",
+    "--ema.enable=true",
+    "--log_freq=1",
+    "--batch_size=4",
+]
 
 pytestmark = pytest.mark.slow
 
-OPTIMIZER, MODEL, EMA = "training_state/optimizer_0", "pretrained_model/pytorch_model_fsdp_0", \
-    "pretrained_model_ema/pytorch_model_fsdp_0"
+OPTIMIZER, MODEL, EMA = (
+    "training_state/optimizer_0",
+    "pretrained_model/pytorch_model_fsdp_0",
+    "pretrained_model_ema/pytorch_model_fsdp_0",
+)
 
 
 def _first_model_key(dcp_dir: Path) -> str:
@@ -39,13 +50,21 @@ def _first_model_key(dcp_dir: Path) -> str:
 
 
 CRAFTS = {
-    "optimizer byte item": lambda step, marker: (OPTIMIZER, "optimizer.param_groups.0.lr",
-                                                 replace_record(step / OPTIMIZER, "optimizer.param_groups.0.lr",
-                                                                exploit_record(marker))),
-    "model shard": lambda step, marker: (MODEL, key := _first_model_key(step / MODEL),
-                                         replace_record(step / MODEL, key, exploit_record(marker))),
-    "EMA shard": lambda step, marker: (EMA, key := _first_model_key(step / EMA),
-                                       replace_record(step / EMA, key, exploit_record(marker))),
+    "optimizer byte item": lambda step, marker: (
+        OPTIMIZER,
+        "optimizer.param_groups.0.lr",
+        replace_record(step / OPTIMIZER, "optimizer.param_groups.0.lr", exploit_record(marker)),
+    ),
+    "model shard": lambda step, marker: (
+        MODEL,
+        key := _first_model_key(step / MODEL),
+        replace_record(step / MODEL, key, exploit_record(marker)),
+    ),
+    "EMA shard": lambda step, marker: (
+        EMA,
+        key := _first_model_key(step / EMA),
+        replace_record(step / EMA, key, exploit_record(marker)),
+    ),
     "model .metadata": lambda step, marker: (MODEL, "posix.system", exploit_metadata(step / MODEL, marker)),
 }
 
@@ -53,8 +72,15 @@ CRAFTS = {
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, launch):
     root = tmp_path_factory.mktemp("crafted")
-    launch.lerobot_train(*RUN, "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--steps=2", "--save_freq=2",
-                         f"--output_dir={root / 'base'}", nproc=2)
+    launch.lerobot_train(
+        *RUN,
+        "--parallelism.dp_shard=2",
+        "--checkpoint_format=dcp",
+        "--steps=2",
+        "--save_freq=2",
+        f"--output_dir={root / 'base'}",
+        nproc=2,
+    )
     return root
 
 
@@ -93,8 +119,11 @@ def test_a_crafted_checkpoint_is_refused_on_resume_and_by_the_converter_and_runs
         runs.append(("2 processes", [], 2))
     for what, flags, nproc in runs:
         cmd = ["--resume=true", f"--config_path={step}", "--steps=4", *flags]
-        res = (launch.run_command([launch.LEROBOT_TRAIN, *cmd], timeout_s=180) if nproc == 1
-               else launch.torchrun(launch.LEROBOT_TRAIN, *cmd, nproc=2, timeout_s=240))
+        res = (
+            launch.run_command([launch.LEROBOT_TRAIN, *cmd], timeout_s=180)
+            if nproc == 1
+            else launch.torchrun(launch.LEROBOT_TRAIN, *cmd, nproc=2, timeout_s=240)
+        )
         _one_line_refusal(res, "lerobot-train: error:", str(step / where), entry, nproc=nproc)
         assert not marker.exists(), f"{name}, {what}: the crafted pickle ran"
         assert launch.tree_digest(step.parent.parent) == before, f"{name}, {what}: the run directory changed"
@@ -103,4 +132,7 @@ def test_a_crafted_checkpoint_is_refused_on_resume_and_by_the_converter_and_runs
         _one_line_refusal(res, "lerobot-convert-dcp: error:", str(step / where), entry)
         assert not marker.exists(), f"{name}, converter: the crafted pickle ran"
         after = launch.tree_digest(step.parent.parent)
-        assert after == before, (f"{name}: the converter wrote something", set(after.items()) ^ set(before.items()))
+        assert after == before, (
+            f"{name}: the converter wrote something",
+            set(after.items()) ^ set(before.items()),
+        )

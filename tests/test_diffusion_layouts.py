@@ -1,11 +1,11 @@
 """Tiny Diffusion Policy through ``lerobot-train`` on the demo dataset (camera + state + env state).
 
-One process, DDP x2, FSDP2 x2 and HSDP 2x2 train the same global batches and log the same losses (step 1 to 1e-6,
-later steps to 1e-4; see the test): group norm in
-the backbone (no batch statistics) and each sample's noise and timestep keyed by its dataset index make
-the layouts compute the same thing. FSDP2 shards the U-Net's residual blocks and the camera encoder (its
-``_fsdp_wrap_modules``) and writes a ``pretrained_model/`` with LeRobot's keys that loads back. A longer
-single-process run (the README's diffusion command) shows the loss going down.
+One process, DDP x2, FSDP2 x2 and HSDP 2x2 train the same global batches and log the same losses (step 1 to
+1e-6, later steps to 1e-4; see the test): group norm in the backbone (no batch statistics) and each sample's
+noise and timestep keyed by its dataset index make the layouts compute the same thing. FSDP2 shards the
+U-Net's residual blocks and the camera encoder (its ``_fsdp_wrap_modules``) and writes a ``pretrained_model/``
+with LeRobot's keys that loads back. A longer single-process run (the README's diffusion command) shows the
+loss going down.
 """
 
 from __future__ import annotations
@@ -26,11 +26,21 @@ SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "ler
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--policy.type=diffusion",
-        "--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
-        "--policy.down_dims=[16,32]", "--policy.horizon=8", "--policy.n_action_steps=4",
-        "--policy.spatial_softmax_num_keypoints=8", "--policy.diffusion_step_embed_dim=16",
-        "--policy.num_train_timesteps=20", "--policy.scheduler_warmup_steps=0"]
+TINY = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=0",
+    "--policy.type=diffusion",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.use_group_norm=true",
+    "--policy.down_dims=[16,32]",
+    "--policy.horizon=8",
+    "--policy.n_action_steps=4",
+    "--policy.spatial_softmax_num_keypoints=8",
+    "--policy.diffusion_step_embed_dim=16",
+    "--policy.num_train_timesteps=20",
+    "--policy.scheduler_warmup_steps=0",
+]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -38,7 +48,8 @@ def losses(out: Path) -> dict[int, float]:
 
 
 def readme_command() -> list[str]:
-    """The flags of the diffusion command in packages/lerobot-cli/README.md (``uv run lerobot-train`` dropped)."""
+    """The flags of the diffusion command in packages/lerobot-cli/README.md
+    (``uv run lerobot-train`` dropped)."""
     text = (REPO / "packages" / "lerobot-cli" / "README.md").read_text()
     block = text.split("<!-- diffusion-command", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     words = shlex.split(block.replace("\\\n", " "))
@@ -53,7 +64,11 @@ def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
     root = tmp_path_factory.mktemp("diffusion")
     common = [*TINY, "--policy.optimizer_lr=1e-4", "--steps=4", "--log_freq=1"]
     out = {name: root / name for name in ("single", "long", "ddp", "fsdp", "bf16", "hsdp")}
-    readme = [f.replace("data/lerobot/demo_reach", str(DEMO)) for f in readme_command() if not f.startswith("--output_dir=")]
+    readme = [
+        f.replace("data/lerobot/demo_reach", str(DEMO))
+        for f in readme_command()
+        if not f.startswith("--output_dir=")
+    ]
     assert "--steps=60" in readme and "--policy.type=diffusion" in readme
     no_gn = [f for f in TINY if f != "--policy.use_group_norm=true"]
     # the reference and HSDP keep an EMA (LeRobot's warmup schedule), saved after updates 3 and 4 (the last
@@ -61,19 +76,49 @@ def runs(tmp_path_factory, launch) -> dict[str, tuple[Path, str]]:
     ema = ["--ema.enable=true", "--save_freq=3"]
     one = launch.lerobot_train_runs(
         [*common, *ema, "--batch_size=8", f"--output_dir={out['single']}"],
-        [*readme, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out['long']}"])
+        [*readme, "--log_freq=10", "--save_checkpoint=false", f"--output_dir={out['long']}"],
+    )
     two = launch.lerobot_train_runs(
         [*common, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={out['ddp']}"],
-        [*common, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=4", f"--output_dir={out['fsdp']}"],
+        [
+            *common,
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--save_freq=4",
+            f"--output_dir={out['fsdp']}",
+        ],
         # LeRobot's default backbone (trainable batch norm, fp32 running statistics) under FSDP2 with
         # parameters gathered in bf16
-        [*no_gn, "--policy.optimizer_lr=1e-3", "--steps=2", "--log_freq=1", "--batch_size=4",
-         "--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16", "--save_checkpoint=false",
-         f"--output_dir={out['bf16']}"], nproc=2)
-    four = launch.lerobot_train(*common, *ema, "--batch_size=2", "--parallelism.dp_replicate=2",
-                                "--parallelism.dp_shard=2", f"--output_dir={out['hsdp']}", nproc=4)
-    stdout = {"single": one[0].stdout, "long": one[1].stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout,
-              "bf16": two[2].stdout, "hsdp": four.stdout}
+        [
+            *no_gn,
+            "--policy.optimizer_lr=1e-3",
+            "--steps=2",
+            "--log_freq=1",
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--accelerator.mixed_precision=bf16",
+            "--save_checkpoint=false",
+            f"--output_dir={out['bf16']}",
+        ],
+        nproc=2,
+    )
+    four = launch.lerobot_train(
+        *common,
+        *ema,
+        "--batch_size=2",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=2",
+        f"--output_dir={out['hsdp']}",
+        nproc=4,
+    )
+    stdout = {
+        "single": one[0].stdout,
+        "long": one[1].stdout,
+        "ddp": two[0].stdout,
+        "fsdp": two[1].stdout,
+        "bf16": two[2].stdout,
+        "hsdp": four.stdout,
+    }
     return {name: (out[name], stdout[name]) for name in out}
 
 
@@ -86,8 +131,8 @@ def test_layouts_log_the_same_losses(runs):
         assert sorted(got) == sorted(reference), name
         for step, loss in reference.items():
             # Step 1 runs the same weights (only the reductions' order differs: measured ~1e-7). Later steps
-            # follow updates whose gradients were reduced in another order; Adam's normalised update turns those
-            # last-bit differences (tiny gradients included) into lr-sized weight differences, which the
+            # follow updates whose gradients were reduced in another order; Adam's normalised update turns
+            # those last-bit differences (tiny gradients included) into lr-sized weight differences, which the
             # camera's ResNet and spatial softmax amplify: measured up to ~1.5e-5 at step 4.
             tol = 1e-6 if step == 1 else 1e-4
             assert abs(got[step] - loss) <= tol * max(1.0, abs(loss)), (name, step, got[step], loss)
@@ -101,7 +146,9 @@ def test_fsdp2_shards_residual_blocks_and_the_camera_encoder_and_saves_lerobot_k
 
     out, stdout = runs["fsdp"]
     # 2 down stages x 2 + 2 middle + 1 up stage x 2 residual blocks, and one camera encoder
-    assert "Wrap units from the diffusion policy's PolicySpec.wrap_units: 9 unit(s) + the root" in stdout, stdout
+    assert "Wrap units from the diffusion policy's PolicySpec.wrap_units: 9 unit(s) + the root" in stdout, (
+        stdout
+    )
     assert "DiffusionConditionalResidualBlock1d" in stdout and "DiffusionRgbEncoder" in stdout
     model_dir = out / "checkpoints" / "000004" / "pretrained_model"
     weights = load_file(model_dir / "model.safetensors")
@@ -129,8 +176,14 @@ def test_fsdp2_bf16_with_lerobots_batch_norm_backbone(runs):
 
 
 def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_line(launch):
-    base = [SCRIPT, "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--policy.type=diffusion",
-            "--dry_run=true", "--parallelism.dp_shard=4"]
+    base = [
+        SCRIPT,
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={DEMO}",
+        "--policy.type=diffusion",
+        "--dry_run=true",
+        "--parallelism.dp_shard=4",
+    ]
     res = launch.run_command([*base, "--policy.pretrained_backbone_weights=null"], timeout_s=120)
     assert res.returncode == 0, res.describe()
     # LeRobot's default size with the demo's features (state 2, env state 2, one camera, action 2)
@@ -140,8 +193,11 @@ def test_dry_run_plans_full_size_diffusion_and_offline_weights_are_one_error_lin
     with socket.socket() as sock:  # a mirror address nothing listens on: the download fails at once, offline
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    res = launch.run_command(base, timeout_s=120, env={"TORCH_HOME": "/nonexistent-torch-home",
-                                                       "LEROBOT_BACKBONE_WEIGHTS_URL": closed})
+    res = launch.run_command(
+        base,
+        timeout_s=120,
+        env={"TORCH_HOME": "/nonexistent-torch-home", "LEROBOT_BACKBONE_WEIGHTS_URL": closed},
+    )
     assert res.returncode == 2, res.describe()
     assert "Traceback" not in res.output
     assert "pass --policy.pretrained_backbone_weights=null for a randomly initialised backbone" in res.stderr
@@ -156,7 +212,9 @@ def test_hsdp_keeps_the_ema_of_its_shards_as_one_process_does(runs):
     import torch
     from safetensors.torch import load_file
 
-    spec = importlib.util.spec_from_file_location("lerobot_tests_ema_replay", Path(__file__).parent / "ema_replay.py")
+    spec = importlib.util.spec_from_file_location(
+        "lerobot_tests_ema_replay", Path(__file__).parent / "ema_replay.py"
+    )
     replay = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(replay)
     for name in ("single", "hsdp"):
@@ -164,8 +222,10 @@ def test_hsdp_keeps_the_ema_of_its_shards_as_one_process_does(runs):
 
     def files(name):
         step = runs[name][0] / "checkpoints" / "000004"
-        return (load_file(step / "pretrained_model" / "model.safetensors"),
-                load_file(step / "pretrained_model_ema" / "model.safetensors"))
+        return (
+            load_file(step / "pretrained_model" / "model.safetensors"),
+            load_file(step / "pretrained_model_ema" / "model.safetensors"),
+        )
 
     (live_1, ema_1), (live_h, ema_h) = files("single"), files("hsdp")
     assert ema_h.keys() == ema_1.keys() == live_h.keys()

@@ -39,8 +39,6 @@ drill_job = _load("drill_job")
 MLP, metrics_lines = drill_job.MLP, drill_job.metrics_lines
 
 
-
-
 def _start_training(launch, tmp_path: Path, nproc: int, *extra: str):
     """A DDP run far too long to finish; returns once every rank is inside the step loop.
 
@@ -49,8 +47,21 @@ def _start_training(launch, tmp_path: Path, nproc: int, *extra: str):
     """
     out = tmp_path / "run"
     port = launch.free_port()
-    cmd = [launch.PYTHON, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={port}",
-           "--monitor-interval=0.2", SCRIPT, *MLP, "--steps=1000000", "--log_freq=1", "--save_checkpoint=false", f"--output_dir={out}", *extra]
+    cmd = [
+        launch.PYTHON,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={port}",
+        "--monitor-interval=0.2",
+        SCRIPT,
+        *MLP,
+        "--steps=1000000",
+        "--log_freq=1",
+        "--save_checkpoint=false",
+        f"--output_dir={out}",
+        *extra,
+    ]
     job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port, launch)
     job.wait_for(lambda: metrics_lines(out) >= 2, STARTUP_S, "two metrics lines")
     return job
@@ -68,19 +79,22 @@ def test_sigkill_of_one_rank_ends_the_job_within_60s_naming_the_rank(launch, tmp
         output = job.output()
     finally:
         job.close()
-    summary = output[output.rindex("FAILED"):] if "FAILED" in output else ""
+    summary = output[output.rindex("FAILED") :] if "FAILED" in output else ""
     exits = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", summary)
     reports = [ln[:160] for ln in output.splitlines() if re.match(r"\[rank \d+/\d+\] failed with", ln)]
-    print(f"\n[drill sigkill nproc={nproc}] rank {victim} (pid {pid}) killed -> job ended after "
-          f"{ended_after if ended_after is None else round(ended_after, 1)} s, rc={job.proc.returncode}; "
-          f"torchrun summary (rank, exitcode): {exits}\n  " + "\n  ".join(reports))
+    print(
+        f"\n[drill sigkill nproc={nproc}] rank {victim} (pid {pid}) killed -> job ended after "
+        f"{ended_after if ended_after is None else round(ended_after, 1)} s, rc={job.proc.returncode}; "
+        f"torchrun summary (rank, exitcode): {exits}\n  " + "\n  ".join(reports)
+    )
     assert ended_after is not None and ended_after < 60, output[-4000:]
     assert left == [], f"ranks {left} outlived the launcher"
     assert job.proc.returncode != 0
     # torchrun's failure summary lists every failed rank; the victim must be there, killed by signal 9
     # (usually as the root cause; a survivor that failed on the broken connection is listed too).
-    assert re.search(rf"rank\s*:\s*{victim} \(local_rank: {victim}\)\s*exitcode\s*:\s*-9 .*SIGKILL", summary), \
-        output[-4000:]
+    assert re.search(
+        rf"rank\s*:\s*{victim} \(local_rank: {victim}\)\s*exitcode\s*:\s*-9 .*SIGKILL", summary
+    ), output[-4000:]
 
 
 def test_a_stopped_rank_hits_the_collective_timeout(launch, tmp_path):
@@ -101,10 +115,16 @@ def test_a_stopped_rank_hits_the_collective_timeout(launch, tmp_path):
         pid = job.find_workers(2)[1]
         os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
-        job.wait_for(lambda: "[rank 0/2] failed with" in job.output(), timeout_s + 30, "rank 0 failure report",
-                     allow_end=True)
+        job.wait_for(
+            lambda: "[rank 0/2] failed with" in job.output(),
+            timeout_s + 30,
+            "rank 0 failure report",
+            allow_end=True,
+        )
         detected_after = time.monotonic() - t0
-        job.wait_for(lambda: "closing signal SIGTERM" in job.output(), 30, "torchrun's SIGTERM", allow_end=True)
+        job.wait_for(
+            lambda: "closing signal SIGTERM" in job.output(), 30, "torchrun's SIGTERM", allow_end=True
+        )
         terminated_after = time.monotonic() - t0  # rank 0 has exited; the agent turns on rank 1
         ended_after = job.wait_end(torchrun_grace_s + 30)
         ended_after = None if ended_after is None else time.monotonic() - t0
@@ -113,10 +133,12 @@ def test_a_stopped_rank_hits_the_collective_timeout(launch, tmp_path):
     finally:
         job.close()
     failure = next((ln for ln in output.splitlines() if ln.startswith("[rank 0/2] failed with")), "")
-    print(f"\n[drill sigstop] rank 1 (pid {pid}) stopped -> rank 0 reported failure after {detected_after:.1f} s: "
-          f"{failure[:300]}\n  -> torchrun SIGTERMs the stopped rank after {terminated_after:.1f} s"
-          f"\n  -> job ended after {ended_after if ended_after is None else round(ended_after, 1)} s, "
-          f"rc={job.proc.returncode}")
+    print(
+        f"\n[drill sigstop] rank 1 (pid {pid}) stopped -> rank 0 reported failure after {detected_after:.1f} "
+        f"s: {failure[:300]}\n  -> torchrun SIGTERMs the stopped rank after {terminated_after:.1f} s"
+        f"\n  -> job ended after {ended_after if ended_after is None else round(ended_after, 1)} s, "
+        f"rc={job.proc.returncode}"
+    )
     assert detected_after < timeout_s + 15, output[-4000:]
     assert re.search(r"timed out", failure, re.IGNORECASE), output[-4000:]
     assert ended_after is not None, f"still running after SIGSTOP:\n{output[-4000:]}"
@@ -131,7 +153,11 @@ STEP_DIR = re.compile(r"\d+")
 def _committed_steps(ckpts: Path) -> set[str]:
     """Step directories in ``checkpoints/`` (a save is staged under a dot-name until it is renamed)."""
     try:
-        return {p.name for p in ckpts.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()}
+        return {
+            p.name
+            for p in ckpts.iterdir()
+            if STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+        }
     except FileNotFoundError:
         return set()
 
@@ -181,18 +207,26 @@ def test_sigkill_of_the_launcher_ends_every_rank_without_a_new_checkpoint(launch
     after = _committed_steps(ckpts)
     debris = sorted(p.name for p in ckpts.iterdir() if p.name.startswith("."))
     lines = [ln for ln in output.splitlines() if "is gone; exiting" in ln]
-    print(f"\n[drill kill launcher, {target}] SIGKILL of pid {job.proc.pid} with rank pids {sorted(ranks.values())} "
-          f"training -> every rank gone after {gone_after:.1f} s; checkpoints at the kill {sorted(at_kill)}, "
-          f"after {sorted(after)}, staging leftovers {debris}\n  " + "\n  ".join(lines))
+    print(
+        f"\n[drill kill launcher, {target}] SIGKILL of pid {job.proc.pid} with rank pids "
+        f"{sorted(ranks.values())} training -> every rank gone after {gone_after:.1f} s; "
+        f"checkpoints at the kill {sorted(at_kill)}, after {sorted(after)}, staging leftovers {debris}\n  "
+        + "\n  ".join(lines)
+    )
     assert left == [], f"ranks {left} outlived the launcher by {gone_after:.0f} s:\n{output[-4000:]}"
     assert gone_after < 30, output[-4000:]
-    assert sorted(lines) == [f"[rank {r}/2] the launcher (pid {job.proc.pid}) is gone; exiting" for r in (0, 1)], \
-        output[-4000:]
+    assert sorted(lines) == [
+        f"[rank {r}/2] the launcher (pid {job.proc.pid}) is gone; exiting" for r in (0, 1)
+    ], output[-4000:]
     assert "failed with" not in output, output[-4000:]  # a peer's exit is not reported as this rank's failure
-    assert after == at_kill, f"a checkpoint was committed after the launcher was killed: {sorted(after - at_kill)}"
+    assert after == at_kill, (
+        f"a checkpoint was committed after the launcher was killed: {sorted(after - at_kill)}"
+    )
     newest = max(after, key=int)
     assert (ckpts / "last").resolve().name == newest
-    layouts = {step: sorted(str(p.relative_to(ckpts / step)) for p in (ckpts / step).rglob("*")) for step in after}
+    layouts = {
+        step: sorted(str(p.relative_to(ckpts / step)) for p in (ckpts / step).rglob("*")) for step in after
+    }
     assert all(layout == layouts[newest] for layout in layouts.values()), layouts
     step = json.loads((ckpts / newest / "training_state" / "training_step.json").read_text())
     assert step["step"] == int(newest) and int(newest) % save_freq == 0
@@ -209,8 +243,12 @@ SET_FILE_LIMIT = (
 
 def _tree(root: Path) -> dict[str, bytes | str]:
     """Every entry under ``root``: file bytes, link targets, and directories (so staging debris shows)."""
-    return {str(p.relative_to(root)): (f"-> {p.readlink()}" if p.is_symlink() else "<dir>" if p.is_dir()
-                                       else p.read_bytes()) for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            f"-> {p.readlink()}" if p.is_symlink() else "<dir>" if p.is_dir() else p.read_bytes()
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 MODES = ("sync", "async")
@@ -224,8 +262,10 @@ def write_failures(launch, tmp_path_factory):
     facts the test checks, each taken when the unmerged drill took it."""
     root = tmp_path_factory.mktemp("write_failure")
     out = {mode: root / mode / "run" for mode in MODES}
-    args = {mode: [*MLP, "--log_freq=1", "--save_freq=2", f"--checkpoint_async={str(mode == 'async').lower()}"]
-            for mode in MODES}
+    args = {
+        mode: [*MLP, "--log_freq=1", "--save_freq=2", f"--checkpoint_async={str(mode == 'async').lower()}"]
+        for mode in MODES
+    }
     launch.lerobot_train_runs(*([*args[m], "--steps=2", f"--output_dir={out[m]}"] for m in MODES))
     facts = {}
     for mode in MODES:
@@ -234,9 +274,18 @@ def write_failures(launch, tmp_path_factory):
         largest = max(p.stat().st_size for p in ckpts.rglob("*") if p.is_file())
         metrics_size = (out[mode] / "metrics.jsonl").stat().st_size
         resume = ["--resume=true", f"--config_path={ckpts / 'last'}", "--steps=4"]
-        hurt = launch.run_command([launch.PYTHON, "-c", SET_FILE_LIMIT, str(LIMIT), SCRIPT, *resume], timeout_s=180)
-        facts[mode] = {"ckpts": ckpts, "before": before, "largest": largest, "metrics_size": metrics_size,
-                       "hurt": hurt, "after_hurt": _tree(ckpts), "resume": resume}
+        hurt = launch.run_command(
+            [launch.PYTHON, "-c", SET_FILE_LIMIT, str(LIMIT), SCRIPT, *resume], timeout_s=180
+        )
+        facts[mode] = {
+            "ckpts": ckpts,
+            "before": before,
+            "largest": largest,
+            "metrics_size": metrics_size,
+            "hurt": hurt,
+            "after_hurt": _tree(ckpts),
+            "resume": resume,
+        }
     again = launch.lerobot_train_runs(*(facts[m]["resume"] for m in MODES))
     for mode, res in zip(MODES, again, strict=True):
         facts[mode]["again"] = res
@@ -258,8 +307,10 @@ def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(write_failures
     ckpts, hurt = f["ckpts"], f["hurt"]
     assert f["largest"] > LIMIT and f["metrics_size"] < LIMIT // 2
 
-    print(f"\n[drill write failure, {mode}] rc={hurt.returncode} in {hurt.elapsed_s:.1f} s; stderr:\n"
-          f"{hurt.stderr.strip()}")
+    print(
+        f"\n[drill write failure, {mode}] rc={hurt.returncode} in {hurt.elapsed_s:.1f} s; stderr:\n"
+        f"{hurt.stderr.strip()}"
+    )
     assert hurt.returncode not in (0, None) and not hurt.timed_out, hurt.describe()
     errors = [ln for ln in hurt.stderr.splitlines() if ln.startswith("lerobot-train: error: ")]
     assert len(errors) == 1 and re.search(r"File too large|EFBIG|file size", errors[0]), hurt.describe()
@@ -269,9 +320,12 @@ def test_a_checkpoint_write_failure_keeps_the_previous_checkpoint(write_failures
         assert "checkpoint: " not in hurt.stdout  # no save was reported as done
     else:  # reported as started only, and the background write is what failed
         assert [ln for ln in hurt.stdout.splitlines() if ln.startswith("checkpoint: ")] == [
-            f"checkpoint: {ckpts / '000004'} (writing in the background)"], hurt.describe()
+            f"checkpoint: {ckpts / '000004'} (writing in the background)"
+        ], hurt.describe()
         assert "model.safetensors" in errors[0]
-    assert f["after_hurt"] == f["before"], "the failed save changed the previous checkpoint, `last` or left debris"
+    assert f["after_hurt"] == f["before"], (
+        "the failed save changed the previous checkpoint, `last` or left debris"
+    )
 
     assert "resuming at step 2" in f["again"].stdout
     assert (ckpts / "last").resolve().name == "000004"

@@ -26,25 +26,42 @@ SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "ler
 
 pytestmark = pytest.mark.slow
 
-DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--ema.enable=true",
-        "--log_freq=3"]
-MLP = [*DATA, "--policy.type=mlp", "--policy.hidden_dim=32", "--steps=6", "--save_freq=3",
-       "--dataset.eval_split=0.2", "--eval_steps=3"]
+DATA = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=0",
+    "--ema.enable=true",
+    "--log_freq=3",
+]
+MLP = [
+    *DATA,
+    "--policy.type=mlp",
+    "--policy.hidden_dim=32",
+    "--steps=6",
+    "--save_freq=3",
+    "--dataset.eval_split=0.2",
+    "--eval_steps=3",
+]
 FSDP = ["--parallelism.dp_shard=2", "--batch_size=4", "--checkpoint_format=dcp"]
 EVERY_STEP = "--save_freq=1"  # (the last --save_freq given wins)
 
 
 def _ema_replay():
     """tests/ema_replay.py: the shadow recomputed from the recorded weights of each update."""
-    spec = importlib.util.spec_from_file_location("lerobot_tests_ema_replay", Path(__file__).parent / "ema_replay.py")
+    spec = importlib.util.spec_from_file_location(
+        "lerobot_tests_ema_replay", Path(__file__).parent / "ema_replay.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def train(launch, *args: str, nproc: int = 1):
-    res = (launch.run_command([SCRIPT, *args], timeout_s=180) if nproc == 1
-           else launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=240))
+    res = (
+        launch.run_command([SCRIPT, *args], timeout_s=180)
+        if nproc == 1
+        else launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=240)
+    )
     assert not res.timed_out and res.returncode == 0, res.describe()
     return res
 
@@ -64,8 +81,13 @@ def resumable_copy(run: Path, dst: Path, step: int) -> Path:
             shutil.rmtree(d)
     (ckpts / "last").unlink()
     (ckpts / "last").symlink_to(f"{step:06d}")
-    (dst / "metrics.jsonl").write_text("".join(
-        ln + "\n" for ln in (run / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["step"] <= step))
+    (dst / "metrics.jsonl").write_text(
+        "".join(
+            ln + "\n"
+            for ln in (run / "metrics.jsonl").read_text().splitlines()
+            if json.loads(ln)["step"] <= step
+        )
+    )
     return ckpts / f"{step:06d}"
 
 
@@ -84,23 +106,59 @@ def runs(tmp_path_factory, launch):
         [*MLP, "--batch_size=4", "--save_checkpoint=false", f"--output_dir={ddp}"],
         # no checkpoint after the eval (a save's state-dict pass would hide what the eval leaves gathered)
         # the same held-out split, never evaluated in these 6 steps (--eval_steps=0 with a split is refused)
-        [*MLP, *FSDP, "--save_checkpoint=false", "--eval_steps=1000", "--log_freq=1", f"--output_dir={quiet}"],
-        [*MLP, *FSDP, "--save_checkpoint=false", "--log_freq=1", f"--output_dir={evaluated}"], nproc=2)
+        [
+            *MLP,
+            *FSDP,
+            "--save_checkpoint=false",
+            "--eval_steps=1000",
+            "--log_freq=1",
+            f"--output_dir={quiet}",
+        ],
+        [*MLP, *FSDP, "--save_checkpoint=false", "--log_freq=1", f"--output_dir={evaluated}"],
+        nproc=2,
+    )
     same = resumable_copy(fsdp, root / "same", 3)
     other = resumable_copy(fsdp, root / "other", 3)
     base = single / "checkpoints" / "000006" / "pretrained_model"
     peft = root / "peft"
     res_same, res_peft = launch.lerobot_train_runs(
         ["--resume=true", f"--config_path={same}"],
-        [*DATA, "--steps=3", "--save_freq=3", "--parallelism.dp_shard=2", "--batch_size=4",
-         "--checkpoint_format=safetensors_dcp", f"--policy.path={base}", "--peft.r=4",
-         '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-2", f"--output_dir={peft}"], nproc=2)
-    res_other = train(launch, "--resume=true", f"--config_path={other}", "--batch_size=8", "--parallelism.dp_shard=1")
-    converted = {name: convert_dcp(run / "checkpoints" / "000006") for name, run in
-                 (("fsdp", fsdp), ("same", root / "same"))}
-    return {"root": root, "single": single, "fsdp": fsdp, "ddp": ddp, "quiet": quiet, "evaluated": evaluated, "same": root / "same", "other": root / "other",
-            "peft": peft, "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout, "peft": res_peft.stdout},
-            "stderr": {"same": res_same.stderr, "other": res_other.stderr}, "converted": converted}
+        [
+            *DATA,
+            "--steps=3",
+            "--save_freq=3",
+            "--parallelism.dp_shard=2",
+            "--batch_size=4",
+            "--checkpoint_format=safetensors_dcp",
+            f"--policy.path={base}",
+            "--peft.r=4",
+            '--peft.full_training_modules=["action_head"]',
+            "--optimizer.lr=1e-2",
+            f"--output_dir={peft}",
+        ],
+        nproc=2,
+    )
+    res_other = train(
+        launch, "--resume=true", f"--config_path={other}", "--batch_size=8", "--parallelism.dp_shard=1"
+    )
+    converted = {
+        name: convert_dcp(run / "checkpoints" / "000006")
+        for name, run in (("fsdp", fsdp), ("same", root / "same"))
+    }
+    return {
+        "root": root,
+        "single": single,
+        "fsdp": fsdp,
+        "ddp": ddp,
+        "quiet": quiet,
+        "evaluated": evaluated,
+        "same": root / "same",
+        "other": root / "other",
+        "peft": peft,
+        "stdout": {"single": res_single.stdout, "fsdp": res_fsdp.stdout, "peft": res_peft.stdout},
+        "stderr": {"same": res_same.stderr, "other": res_other.stderr},
+        "converted": converted,
+    }
 
 
 def ema_file(run: Path, step: int = 6) -> Path:
@@ -135,7 +193,9 @@ def test_sharded_shadow_equals_the_unsharded_one(runs):
     assert record["artifacts"]["ema_dcp"] and record["loop"]["ema_updates"] == 6
     assert (fsdp / "pretrained_model_ema" / "pytorch_model_fsdp_0").is_dir()  # each rank wrote its shards
     assert runs["converted"]["fsdp"].ema is not None  # lerobot-convert-dcp converted the EMA shards too
-    assert json.loads((fsdp / "training_state" / "training_step.json").read_text())["artifacts"]["ema_safetensors"]
+    assert json.loads((fsdp / "training_state" / "training_step.json").read_text())["artifacts"][
+        "ema_safetensors"
+    ]
     ref, got = tensors(ema_file(runs["single"])), tensors(ema_file(runs["fsdp"]))
     live = tensors(live_file(runs["single"]))
     assert set(ref) == set(got) == set(live)
@@ -156,7 +216,8 @@ def test_same_topology_resume_continues_the_shadow_bitwise(runs):
 
 def test_other_topology_resume_continues_the_restored_shadow(runs):
     """FSDP2 x2 (DCP shards) -> one process: the shadow is read from the shards into whole tensors and
-    continues; a restarted one would equal the live weights of step 4 onwards (decay 0 at its first update)."""
+    continues; a restarted one would equal the live weights of step 4 onwards (decay 0 at its first
+    update)."""
     import torch
 
     assert "EMA" not in runs["stderr"]["other"]
@@ -193,15 +254,20 @@ def test_peft_shadow_covers_the_adapters_only(runs):
     assert (step / "pretrained_model_ema" / "adapter_config.json").is_file()
     assert max((ema[k] - live[k]).abs().max().item() for k in ema) > 1e-5  # averaged, not a copy
     assert "EMA: " in runs["stdout"]["peft"]
-    _, policy = load_pretrained(step / "pretrained_model_ema")  # base + the EMA adapter, as --policy.path does
+    _, policy = load_pretrained(
+        step / "pretrained_model_ema"
+    )  # base + the EMA adapter, as --policy.path does
     lora = {k.replace(".default", ""): v for k, v in policy.state_dict().items() if "lora_" in k}
     assert set(lora) == {k for k in ema if "lora_" in k}
     assert all(torch.equal(v, ema[k]) for k, v in lora.items())
 
 
 def eval_losses(run: Path) -> dict[int, float]:
-    return {r["step"]: r["eval/loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "eval/loss" in r}
+    return {
+        r["step"]: r["eval/loss"]
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if "eval/loss" in r
+    }
 
 
 def test_eval_loss_is_the_same_on_every_layout(runs):
@@ -220,9 +286,13 @@ def test_eval_loss_is_the_same_on_every_layout(runs):
 def test_an_eval_with_the_ema_weights_leaves_fsdp2_training_bitwise_unchanged(runs):
     """FSDP2 keeps the root's parameters gathered after a forward (and a backward normally follows); an
     eval forward with the EMA swapped in must not leave them for the next training step."""
+
     def train_losses(run):
-        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r}
+        return {
+            r["step"]: r["loss"]
+            for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r
+        }
 
     assert sorted(eval_losses(runs["evaluated"])) == [3, 6] and not eval_losses(runs["quiet"])
     assert train_losses(runs["evaluated"]) == train_losses(runs["quiet"])  # every step, bitwise
@@ -242,12 +312,16 @@ def test_sharded_shadow_loads_bitwise_into_one_process(runs, tmp_path):
 
     step = tmp_path / "000003"
     sh.copytree(runs["fsdp"] / "checkpoints" / "000003", step)
-    policy = build_policy(load_policy_config(step / "pretrained_model" / "config.json")).train()  # fresh weights
+    policy = build_policy(
+        load_policy_config(step / "pretrained_model" / "config.json")
+    ).train()  # fresh weights
     ema = ModelEma(policy, EmaConfig(enable=True))
     state = load_checkpoint(step, objects=TrainingObjects(model=policy, ema=ema.state()), restore_rng=False)
     assert state.ema_restored
     convert_dcp(step)  # both pretrained_model/ and pretrained_model_ema/ merged from their shards
     merged = tensors(step / "pretrained_model_ema" / "model.safetensors")
     assert all(torch.equal(v, merged[k]) for k, v in ema.state().items())
-    assert not all(torch.equal(v, tensors(step / "pretrained_model" / "model.safetensors")[k])
-                   for k, v in ema.state().items())
+    assert not all(
+        torch.equal(v, tensors(step / "pretrained_model" / "model.safetensors")[k])
+        for k, v in ema.state().items()
+    )

@@ -33,7 +33,9 @@ def _workload():
 def _regions_checks():
     """multiproc/regions_checks.py, for its ``assert_applied`` (what a checkpointed layout must show)."""
     if "lerobot_tests_regions_checks" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("lerobot_tests_regions_checks", MULTIPROC / "regions_checks.py")
+        spec = importlib.util.spec_from_file_location(
+            "lerobot_tests_regions_checks", MULTIPROC / "regions_checks.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
@@ -57,7 +59,13 @@ def single():
 def test_runtime_facts(ranks):
     for r, res in enumerate(ranks):
         rt = res["runtime"]
-        assert (rt["rank"], rt["world_size"], rt["local_rank"], rt["dp_rank"], rt["dp_world_size"]) == (r, 2, r, r, 2)
+        assert (rt["rank"], rt["world_size"], rt["local_rank"], rt["dp_rank"], rt["dp_world_size"]) == (
+            r,
+            2,
+            r,
+            r,
+            2,
+        )
         assert (rt["backend"], rt["device"], rt["mode"], rt["launcher"]) == ("gloo", "cpu", "ddp", "torchrun")
         assert rt["mesh_dim_names"] == ["dp_replicate"] and rt["mesh_shape"] == [2]
         assert rt["is_main"] is (r == 0) and rt["owns_process_group"] is True
@@ -117,7 +125,7 @@ def test_sampler_ranks_disjoint_and_covering_through_dataloader_workers(ranks):
     per_rank = [res["sampler"]["batches"] for res in ranks]
     stream = [i for k in range(10) for r in range(2) for i in per_rank[r][k]]
     for e in range(3):
-        epoch = stream[20 * e:20 * (e + 1)]
+        epoch = stream[20 * e : 20 * (e + 1)]
         assert sorted(epoch) == list(range(20)), f"epoch {e}: {epoch}"
     for k in range(10):
         start, end = 6 * k, 6 * k + 5
@@ -148,7 +156,7 @@ def test_a_failing_rank_ends_the_job_and_is_named(launch):
     assert "[rank 1/2] failed with ValueError: deliberate failure in forward at loop step 3" in job.output
     assert "UNREACHABLE" not in job.output
     # torchrun's summary names the root cause too
-    root = job.output[job.output.index("Root Cause"):]
+    root = job.output[job.output.index("Root Cause") :]
     assert "rank      : 1" in root
     failed_at = float(job.output.split("FAILING_AT_UNIX=")[1].split()[0])
     latency = job.ended_at - failed_at
@@ -178,7 +186,9 @@ def test_ddp_steps_make_no_blocking_read_or_collective_between_log_steps(ranks):
         assert got["model_type"] == "DistributedDataParallel"
         assert got["stopped"] == {"step": 16, "signal": 15}, got["stopped"]
         assert all(blocking[s] == [] for s in range(1, 17) if s != 12), blocking
-        assert blocking[12] == ["all_gather_into_tensor", "tolist"], blocking[12]  # the counter sees a log step
+        assert blocking[12] == ["all_gather_into_tensor", "tolist"], blocking[
+            12
+        ]  # the counter sees a log step
         assert all(got["async"][str(s)] == ["all_reduce"] for s in range(1, 15)), got["async"]
         assert got["async"]["15"] == [] and len(got["logged"]) == 1
 

@@ -18,16 +18,28 @@ SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "ler
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--dataset.repo_id=me/reach", "--num_workers=0", "--policy.type=mlp", "--policy.hidden_dim=16", "--steps=2",
-        "--log_freq=1", "--save_checkpoint=false", "--batch_size=4"]
+ARGS = [
+    "--dataset.repo_id=me/reach",
+    "--num_workers=0",
+    "--policy.type=mlp",
+    "--policy.hidden_dim=16",
+    "--steps=2",
+    "--log_freq=1",
+    "--save_checkpoint=false",
+    "--batch_size=4",
+]
 
 
 def test_one_download_per_machine_by_the_local_main_rank(launch, tmp_path):
     hub = tmp_path / "hub"
     shutil.copytree(DEMO, hub / "me" / "reach")
     log = tmp_path / "calls.jsonl"
-    env = {"PYTHONPATH": str(FAKE_HUB_DIR), "FAKE_HUB_LOG": str(log), "FAKE_HUB_DATASETS": str(hub),
-           "HF_LEROBOT_HOME": str(tmp_path / "home")}
+    env = {
+        "PYTHONPATH": str(FAKE_HUB_DIR),
+        "FAKE_HUB_LOG": str(log),
+        "FAKE_HUB_DATASETS": str(hub),
+        "HF_LEROBOT_HOME": str(tmp_path / "home"),
+    }
     res = launch.torchrun(SCRIPT, *ARGS, f"--output_dir={tmp_path / 'run'}", nproc=2, env=env, timeout_s=180)
     assert not res.timed_out and res.returncode == 0, res.describe()
     calls = [json.loads(ln) for ln in log.read_text().splitlines()]
@@ -37,8 +49,15 @@ def test_one_download_per_machine_by_the_local_main_rank(launch, tmp_path):
     assert "step 2/2" in res.stdout
 
     offline = tmp_path / "offline"
-    res = launch.torchrun(SCRIPT, "--dataset.repo_id=me/absent", *ARGS[1:], f"--output_dir={offline}", nproc=2,
-                          env=env, timeout_s=180)
+    res = launch.torchrun(
+        SCRIPT,
+        "--dataset.repo_id=me/absent",
+        *ARGS[1:],
+        f"--output_dir={offline}",
+        nproc=2,
+        env=env,
+        timeout_s=180,
+    )
     assert res.returncode != 0 and not res.timed_out
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("lerobot-train: error:")]
     assert len(errors) == 1 and "dataset 'me/absent' not found" in errors[0], res.stderr

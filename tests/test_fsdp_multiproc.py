@@ -91,10 +91,16 @@ def expected_local_numels(shape: list[int], shards: int) -> list[int]:
 
 # ---- FSDP2, 2 processes --------------------------------------------------------------------
 
+
 def test_fsdp_runtime_and_refusals(fsdp):
     for r, res in enumerate(fsdp):
-        assert res["runtime"] == {"mode": "fsdp", "mesh_dim_names": ["dp_shard"], "mesh_shape": [2],
-                                  "dp_rank": r, "dp_world_size": 2}
+        assert res["runtime"] == {
+            "mode": "fsdp",
+            "mesh_dim_names": ["dp_shard"],
+            "mesh_shape": [2],
+            "dp_rank": r,
+            "dp_world_size": 2,
+        }
         no_units = res["no_units"]
         for way in ("accelerator.fsdp.wrap_modules", "accelerator.fsdp.min_num_params", "_fsdp_wrap_modules"):
             assert way in no_units
@@ -141,20 +147,34 @@ def test_pi0_joint_layers_shard_in_pairs_with_bitwise_gradients(fsdp):
     expected = {n: p.grad.flatten().tolist() for n, p in policy.named_parameters() if p.grad is not None}
     for res in fsdp:
         pi0 = res["pi0"]
-        assert pi0["grouped"] == [f"model.paligemma_with_expert.paligemma.model.language_model.layers.{i} + "
-                                  f"model.paligemma_with_expert.gemma_expert.model.layers.{i}" for i in range(2)]
+        assert pi0["grouped"] == [
+            f"model.paligemma_with_expert.paligemma.model.language_model.layers.{i} + "
+            f"model.paligemma_with_expert.gemma_expert.model.layers.{i}"
+            for i in range(2)
+        ]
         assert pi0["loss"] == float(loss)
         assert pi0["checkpointed_loss"] == pi0["loss"] and pi0["checkpointed_grad_diff"] == 0
         # each (PaliGemma layer i, expert layer i) pair runs once in forward; checkpointed, once more in
         # backward, with both layers' shards gathered again by FSDP (they were shards after forward)
         layers = len(pi0["grouped"])
-        assert pi0["calls"] == {"forward_calls": layers, "backward_calls": 0, "backward_gathered": 0,
-                                "resharded_before_backward": True}, pi0["calls"]
-        assert pi0["checkpointed_calls"] == {"forward_calls": layers, "backward_calls": layers,
-                                             "backward_gathered": layers, "resharded_before_backward": True}
+        assert pi0["calls"] == {
+            "forward_calls": layers,
+            "backward_calls": 0,
+            "backward_gathered": 0,
+            "resharded_before_backward": True,
+        }, pi0["calls"]
+        assert pi0["checkpointed_calls"] == {
+            "forward_calls": layers,
+            "backward_calls": layers,
+            "backward_gathered": layers,
+            "resharded_before_backward": True,
+        }
         assert pi0["grads"].keys() == expected.keys()
-        differ = {n: max(abs(a - b) for a, b in zip(pi0["grads"][n], g, strict=True))
-                  for n, g in expected.items() if pi0["grads"][n] != g}
+        differ = {
+            n: max(abs(a - b) for a, b in zip(pi0["grads"][n], g, strict=True))
+            for n, g in expected.items()
+            if pi0["grads"][n] != g
+        }
         assert not differ, sorted(differ)
         for name, fact in pi0["shards"].items():
             assert fact["type"] == "DTensor", name
@@ -188,7 +208,8 @@ def test_every_parameter_is_sharded_over_dp_shard(fsdp):
 
 
 def test_gradient_accumulation_under_fsdp2_matches_one_big_batch(fsdp, ref):
-    """2 procs x B=2 x K=2 (6 loop steps) vs 1 proc x B=8 (3 steps); no reduce-scatter before the window ends."""
+    """2 procs x B=2 x K=2 (6 loop steps) vs 1 proc x B=8 (3 steps);
+    no reduce-scatter before the window ends."""
     big = ref("fp32_3", batch_size=8, steps=3)
     for res in fsdp:
         acc = res["accum"]
@@ -241,7 +262,9 @@ def test_bf16_derived_policy(fsdp, ref):
         assert run["param_dtypes"] == ["torch.float32"]  # sharded fp32 masters
         probe = run["probe"]
         assert probe["block_param"] == "torch.bfloat16" and probe["block_input"] == "torch.bfloat16"
-        assert probe["root_input"] == "torch.float32" and probe["target"] == "torch.float32"  # root does not cast
+        assert (
+            probe["root_input"] == "torch.float32" and probe["target"] == "torch.float32"
+        )  # root does not cast
         assert run["reduce_dtypes"] == ["torch.float32"]
         assert all(math.isfinite(x) for x in run["losses"])
         assert run["losses"] != fp32["losses"]
@@ -250,7 +273,9 @@ def test_bf16_derived_policy(fsdp, ref):
 
 def test_each_mixed_precision_policy_rule(fsdp):
     for res in fsdp:
-        only = res["mpp_param_only"]  # mixed_precision=no: no autocast; torch 2.15 reduces in the params' dtype
+        only = res[
+            "mpp_param_only"
+        ]  # mixed_precision=no: no autocast; torch 2.15 reduces in the params' dtype
         assert only["reduce_dtypes"] == ["torch.float32"]
         assert only["probe"]["root_input"] == "torch.bfloat16"  # cast_forward_inputs defaults to True
         assert only["probe"]["block_param"] == "torch.bfloat16" and only["param_dtypes"] == ["torch.float32"]
@@ -272,8 +297,15 @@ def test_fp16_loss_scaler_with_sharded_gradients(fsdp, ref):
         assert all(math.isfinite(x) for x in run["losses"])
     # Gathered full parameters are equal on every rank by construction; what shows that no rank applied
     # the skipped update to its own shard is the match with one process that skipped it too.
-    skipped = ref("fp16_skip1", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True,
-                  init_scale=2.0**40, backoff_factor=2.0**-32)
+    skipped = ref(
+        "fp16_skip1",
+        batch_size=8,
+        steps=3,
+        mixed_precision="fp16",
+        scheduler=True,
+        init_scale=2.0**40,
+        backoff_factor=2.0**-32,
+    )
     assert close(fsdp[0]["fp16"]["params"], skipped["params"], tol=FP16_TOL)
 
 
@@ -281,9 +313,18 @@ def test_fp16_overflow_in_one_rank_shard_is_skipped_by_every_rank(fsdp, ref):
     """Only rank 0's gradient shard holds the inf, so a rank deciding alone would step: every rank must
     skip step 1 (the inf flag is reduced over the mesh), and the parameters match one process that
     skipped step 1 — not one that applied it, which lies measurably further away."""
-    skipped = ref("fp16_skip1", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True,
-                  init_scale=2.0**40, backoff_factor=2.0**-32)
-    applied = ref("fp16_no_skip", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True, init_scale=2.0**8)
+    skipped = ref(
+        "fp16_skip1",
+        batch_size=8,
+        steps=3,
+        mixed_precision="fp16",
+        scheduler=True,
+        init_scale=2.0**40,
+        backoff_factor=2.0**-32,
+    )
+    applied = ref(
+        "fp16_no_skip", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True, init_scale=2.0**8
+    )
     assert max(abs(a - b) for a, b in zip(skipped["params"], applied["params"], strict=True)) > 10 * FP16_TOL
     for res in fsdp:
         run = res["fp16_one_shard"]
@@ -325,7 +366,9 @@ def test_act_under_fsdp2_matches_one_process(fsdp):
         assert res["act"]["param_types"] == ["DTensor"]
         assert close(res["act"]["losses"], single["losses"]) and close(res["act"]["params"], single["params"])
         bf16 = res["act_bf16"]["losses"]
-        assert all(math.isfinite(x) for x in bf16) and close(bf16, single["losses"], tol=0.05 * max(single["losses"]))
+        assert all(math.isfinite(x) for x in bf16) and close(
+            bf16, single["losses"], tol=0.05 * max(single["losses"])
+        )
 
 
 def test_act_default_size_plan():
@@ -334,17 +377,31 @@ def test_act_default_size_plan():
     from lerobot_cli.policies.features import PolicyFeature
     from lerobot_parallel import AcceleratorConfig, ParallelismConfig, build_plan
 
-    policy = ACTPolicy(ACTConfig(input_features={"observation.state": PolicyFeature("STATE", (14,)),
-                                                 "observation.images.top": PolicyFeature("VISUAL", (3, 96, 96))},
-                                 output_features={"action": PolicyFeature("ACTION", (14,))},
-                                 pretrained_backbone_weights=None))
-    plan = build_plan(policy, ParallelRuntime.preview(ParallelismConfig(dp_shard=4)),
-                      AcceleratorConfig(mixed_precision="bf16"))
+    policy = ACTPolicy(
+        ACTConfig(
+            input_features={
+                "observation.state": PolicyFeature("STATE", (14,)),
+                "observation.images.top": PolicyFeature("VISUAL", (3, 96, 96)),
+            },
+            output_features={"action": PolicyFeature("ACTION", (14,))},
+            pretrained_backbone_weights=None,
+        )
+    )
+    plan = build_plan(
+        policy,
+        ParallelRuntime.preview(ParallelismConfig(dp_shard=4)),
+        AcceleratorConfig(mixed_precision="bf16"),
+    )
     assert [u.class_name for u in plan.units] == ["ACTEncoderLayer"] * 8 + ["ACTDecoderLayer"]
-    assert {u.path for u in plan.units} >= {"model.encoder.layers.3", "model.vae_encoder.layers.0",
-                                            "model.decoder.layers.0"}
+    assert {u.path for u in plan.units} >= {
+        "model.encoder.layers.3",
+        "model.vae_encoder.layers.0",
+        "model.decoder.layers.0",
+    }
     assert plan.tied.shared == () and plan.memory.ratio <= 1.05 / 4
-    assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(p.numel() for p in policy.parameters())
+    assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(
+        p.numel() for p in policy.parameters()
+    )
 
 
 def test_readme_sharded_example_runs_as_written(fsdp):
@@ -357,6 +414,7 @@ def test_readme_sharded_example_runs_as_written(fsdp):
 
 
 # ---- HSDP, 2 x 2 = 4 processes ---------------------------------------------------------------
+
 
 def test_hsdp_runtime(hsdp):
     for r, res in enumerate(hsdp):
@@ -405,8 +463,15 @@ def test_hsdp_ignored_module_averaged_over_every_dp_rank(hsdp, ref):
 
 
 def test_hsdp_fp16_skips_the_same_update_everywhere(hsdp, ref):
-    skipped = ref("fp16_skip1", batch_size=8, steps=3, mixed_precision="fp16", scheduler=True,
-                  init_scale=2.0**40, backoff_factor=2.0**-32)
+    skipped = ref(
+        "fp16_skip1",
+        batch_size=8,
+        steps=3,
+        mixed_precision="fp16",
+        scheduler=True,
+        init_scale=2.0**40,
+        backoff_factor=2.0**-32,
+    )
     for res in hsdp:
         run = res["fp16"]
         assert [o["skipped"] for o in run["outputs"]] == [True, False, False]
@@ -430,9 +495,13 @@ def assert_regions(ranks: list[dict], mode: str, compiled: bool = False) -> None
             if compiled and case == "joint":
                 assert got["compiled_full_graphs"] == 1, got  # both joint blocks run one compiled graph
                 assert got["compiled_full"] <= 1e-5, (mode, case, got)
-                assert "Compile: torch.compile backend=inductor mode=default, regional" in got["compiled_full_regions"][1]
+                assert (
+                    "Compile: torch.compile backend=inductor mode=default, regional"
+                    in got["compiled_full_regions"][1]
+                )
         assert res["regions"]["joint"]["full_regions"] == [
-            "Activation checkpointing: full, on 3 block(s) (MainTowerLayer+SideTowerLayer x3)"]
+            "Activation checkpointing: full, on 3 block(s) (MainTowerLayer+SideTowerLayer x3)"
+        ]
 
 
 def test_activation_checkpointing_and_compile_under_fsdp2(fsdp):

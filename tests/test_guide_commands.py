@@ -52,7 +52,9 @@ import pytest
 def _load_harness():
     name = "lerobot_tests_guide_harness"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "guide_harness.py")
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parent / "guide_harness.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -62,8 +64,12 @@ def _load_harness():
 H = _load_harness()
 Block, Command, Context = H.Block, H.Command, H.Context
 GUIDE, REPO = H.GUIDE, H.REPO
-block_commands, build_command, command_lines, environment = (H.block_commands, H.build_command, H.command_lines,
-                                                              H.environment)
+block_commands, build_command, command_lines, environment = (
+    H.block_commands,
+    H.build_command,
+    H.command_lines,
+    H.environment,
+)
 BLOCKS = H.parse_guide(GUIDE.read_text()) if GUIDE.is_file() else []
 CHAINS = H.chains(BLOCKS)
 
@@ -75,8 +81,12 @@ def run_block(block: Block, ctx: Context, launch) -> tuple[list[Command], list]:
     if any(c.kind == "uv" for c in commands) and shutil.which("uv") is None:
         pytest.skip("uv is not installed here")
     needs_hub = "--policy.repo_id=" in block.body or "--push_to_hub=" in block.body
-    run = [lambda c=c: launch.run_command(c.argv, timeout_s=c.timeout_s, env=environment(ctx, c, needs_hub),
-                                          cwd=c.cwd) for c in commands]
+    run = [
+        lambda c=c: launch.run_command(
+            c.argv, timeout_s=c.timeout_s, env=environment(ctx, c, needs_hub), cwd=c.cwd
+        )
+        for c in commands
+    ]
     if block.spec.get("concurrent") == "true":
         results: list = [None] * len(run)
 
@@ -112,20 +122,25 @@ def check_block(block: Block, ctx: Context, commands: list[Command], results: li
     assert len(results) == len(commands), f"{where}: stopped early:\n" + results[-1].describe()
     for cmd, res in zip(commands, results):
         assert not res.timed_out, f"{where}: `{cmd.source}` timed out:\n{res.describe()}"
-        assert _expected_rc(block.spec, res.returncode), \
-            f"{where}: `{cmd.source}` exit code {res.returncode}, expected {block.spec.get('rc', '0')}:\n" \
+        assert _expected_rc(block.spec, res.returncode), (
+            f"{where}: `{cmd.source}` exit code {res.returncode}, expected {block.spec.get('rc', '0')}:\n"
             + res.describe()
+        )
     output = "\n".join(r.output for r in results)
     succeeded = block.spec.get("rc", "0") == "0"
     # A concurrent block is one job (e.g. one command per node): its checks look at the joint output.
-    jobs = ([(commands[0], output)] if block.spec.get("concurrent") == "true"
-            else [(c, r.output) for c, r in zip(commands, results)])
+    jobs = (
+        [(commands[0], output)]
+        if block.spec.get("concurrent") == "true"
+        else [(c, r.output) for c, r in zip(commands, results)]
+    )
     for cmd, out in jobs:
         if succeeded:
             check_command(cmd, out, ctx, where)
     for text in block.spec["expect"]:
         assert text in output, f"{where}: expected {text!r} in the output:\n" + "\n".join(
-            r.describe() for r in results)
+            r.describe() for r in results
+        )
     for rel in block.spec["expect_file"]:
         assert (ctx.workdir / rel).exists(), f"{where}: expected {rel} to exist"
     for rel in block.spec["absent_file"]:
@@ -139,22 +154,30 @@ def check_command(cmd: Command, out: str, ctx: Context, where: str) -> None:
     elif cmd.kind == "activate":
         assert "lerobot-train" in out, f"{what}: the activated environment has no lerobot-train"
     elif cmd.kind == "dry_run":
-        assert '"dry_run": true' in out and "Sharding plan:" in out, f"{what}: no resolved config/plan:\n{out}"
+        assert '"dry_run": true' in out and "Sharding plan:" in out, (
+            f"{what}: no resolved config/plan:\n{out}"
+        )
     elif cmd.kind == "convert":
         assert "lerobot-convert-dcp: wrote " in out, f"{what}: no result line:\n{out}"
         repo = cmd.flag("push_to_hub")
         if repo:
             assert f"to https://hf.byter.me/{repo}" in out, f"{what}: no upload line:\n{out}"
-            commits = [c for c in _hub_calls(ctx) if c["call"] == "create_commit" and c.get("repo_id") == repo]
+            commits = [
+                c for c in _hub_calls(ctx) if c["call"] == "create_commit" and c.get("repo_id") == repo
+            ]
             assert commits and "model.safetensors" in commits[-1]["files"], f"{what}: nothing uploaded"
             assert not any("pytorch_model_fsdp_0" in f for f in commits[-1]["files"])
     elif cmd.kind == "train":
         assert f"world size {cmd.world};" in out, f"{what}: expected a world size of {cmd.world}:\n{out}"
-        assert "Effective batch size: " in out and "\ncheckpoint: " in out, f"{what}: no banner/checkpoint:\n{out}"
+        assert "Effective batch size: " in out and "\ncheckpoint: " in out, (
+            f"{what}: no banner/checkpoint:\n{out}"
+        )
         out_dir = cmd.flag("output_dir")
         if out_dir:
             last = ctx.workdir / out_dir / "checkpoints" / "last"
-            assert (last / "training_state" / "training_step.json").is_file(), f"{what}: no checkpoint in {last}"
+            assert (last / "training_state" / "training_step.json").is_file(), (
+                f"{what}: no checkpoint in {last}"
+            )
             assert (ctx.workdir / out_dir / "metrics.jsonl").is_file(), f"{what}: no metrics.jsonl"
         repo = cmd.flag("policy.repo_id")
         if repo and cmd.flag("policy.push_to_hub") not in ("false", "0"):
@@ -179,10 +202,13 @@ def guide_env(tmp_path_factory, launch):
             work = tmp_path_factory.mktemp("base_policy")
             ctx = Context(work, base_policy, launch.free_port())
             cmd = build_command(
-                "lerobot-train --dataset.repo_id=${HF_USER}/base_data --policy.type=act --output_dir=base", {},
-                ctx)
-            res = launch.run_command(cmd.argv, timeout_s=H.LAUNCH_TIMEOUT_S, env=environment(ctx, cmd, False),
-                                     cwd=work)
+                "lerobot-train --dataset.repo_id=${HF_USER}/base_data --policy.type=act --output_dir=base",
+                {},
+                ctx,
+            )
+            res = launch.run_command(
+                cmd.argv, timeout_s=H.LAUNCH_TIMEOUT_S, env=environment(ctx, cmd, False), cwd=work
+            )
             assert res.returncode == 0, res.describe()
             cache["path"] = work / "base" / "checkpoints" / "last" / "pretrained_model"
         return cache["path"]
@@ -197,8 +223,9 @@ def test_every_guide_command_is_covered():
     assert BLOCKS, "docs/guide.md has no ```bash block"
     fences = re.findall(r"^```bash", text, re.MULTILINE)
     assert len(BLOCKS) == len(fences), "a ```bash fence the parser did not take"
-    assert not re.search(r"^```(sh|shell|console|zsh|shell-session)\b", text, re.MULTILINE), \
+    assert not re.search(r"^```(sh|shell|console|zsh|shell-session)\b", text, re.MULTILINE), (
         "write commands in ```bash blocks (those are the ones this test runs)"
+    )
     ids = [b.id for b in BLOCKS]
     assert len(ids) == len(set(ids)), f"duplicate block ids: {ids}"
     ran = sorted(b.index for blocks in CHAINS.values() for b in blocks)
@@ -216,29 +243,91 @@ def test_every_guide_command_is_covered():
 def test_guide_covers_the_seed_guide():
     """The sections, flags and file names of the user's multi-GPU training guide are all documented."""
     text = GUIDE.read_text()
-    for heading in ("## Installation", "## Launching", "### torchrun",
-                    "### accelerate launch, as a plain launcher", "### CPU-only machines", "### Multi-node",
-                    "## DDP", "## Batch size, learning rate and steps",
-                    "## Sharded training (FSDP2)", "### Wrap units", "### Tied weights", "## HSDP", "## Precision",
-                    "## PEFT (LoRA)", "## Checkpoints", "### Formats", "## Converting DCP checkpoints",
-                    "## Resuming", "## Experiment tracking", "## Interrupts and failures", "## Notes"):
+    for heading in (
+        "## Installation",
+        "## Launching",
+        "### torchrun",
+        "### accelerate launch, as a plain launcher",
+        "### CPU-only machines",
+        "### Multi-node",
+        "## DDP",
+        "## Batch size, learning rate and steps",
+        "## Sharded training (FSDP2)",
+        "### Wrap units",
+        "### Tied weights",
+        "## HSDP",
+        "## Precision",
+        "## PEFT (LoRA)",
+        "## Checkpoints",
+        "### Formats",
+        "## Converting DCP checkpoints",
+        "## Resuming",
+        "## Experiment tracking",
+        "## Interrupts and failures",
+        "## Notes",
+    ):
         assert re.search(rf"^{re.escape(heading)}$", text, re.MULTILINE), f"missing section {heading!r}"
     for needle in (
-        "torchrun --nproc-per-node", "accelerate launch --num_processes", "--nnodes", "--node-rank",
-        "--rdzv-endpoint", "--num_machines", "--machine_rank", "--main_process_ip", "--config_file",
-        "LEROBOT_ALLOW_ACCELERATE_ENV=1", "--parallelism.dp_shard=-1", "--parallelism.dp_replicate",
-        "--accelerator.gradient_accumulation.steps", "--optimizer.lr", "--steps", "--batch_size",
+        "torchrun --nproc-per-node",
+        "accelerate launch --num_processes",
+        "--nnodes",
+        "--node-rank",
+        "--rdzv-endpoint",
+        "--num_machines",
+        "--machine_rank",
+        "--main_process_ip",
+        "--config_file",
+        "LEROBOT_ALLOW_ACCELERATE_ENV=1",
+        "--parallelism.dp_shard=-1",
+        "--parallelism.dp_replicate",
+        "--accelerator.gradient_accumulation.steps",
+        "--optimizer.lr",
+        "--steps",
+        "--batch_size",
         "effective_batch_size = batch_size × dp_world_size × gradient_accumulation_steps",
-        "_fsdp_wrap_modules", "--accelerator.fsdp.wrap_modules", "--accelerator.fsdp.min_num_params",
-        "--accelerator.fsdp.reshard_after_forward", "--accelerator.fsdp.cpu_offload",
-        "--accelerator.fsdp.ignored_modules", "--accelerator.fsdp.mixed_precision_policy", "param_dtype",
-        "reduce_dtype", "output_dtype", "cast_forward_inputs", "--accelerator.mixed_precision", "bf16", "fp16",
-        "--checkpoint_format", "safetensors_dcp", "pytorch_model_fsdp_0/", "optimizer_0/", "model.safetensors",
-        "optimizer_state.safetensors", "optimizer_param_groups.json", "rng_state.safetensors",
-        "scheduler_state.json", "scaler_state.json", "training_step.json", "train_config.json", "config.json",
-        "policy_preprocessor.json", "policy_postprocessor.json", "lerobot-convert-dcp", "--dtype",
-        "--delete_dcp", "--push_to_hub", "--overwrite", "--resume=true", "--config_path", "--trackio.enable",
-        "--policy.repo_id", "--policy.path", "--job_name", "--output_dir", "0.6.x", "samples_per_s",
+        "_fsdp_wrap_modules",
+        "--accelerator.fsdp.wrap_modules",
+        "--accelerator.fsdp.min_num_params",
+        "--accelerator.fsdp.reshard_after_forward",
+        "--accelerator.fsdp.cpu_offload",
+        "--accelerator.fsdp.ignored_modules",
+        "--accelerator.fsdp.mixed_precision_policy",
+        "param_dtype",
+        "reduce_dtype",
+        "output_dtype",
+        "cast_forward_inputs",
+        "--accelerator.mixed_precision",
+        "bf16",
+        "fp16",
+        "--checkpoint_format",
+        "safetensors_dcp",
+        "pytorch_model_fsdp_0/",
+        "optimizer_0/",
+        "model.safetensors",
+        "optimizer_state.safetensors",
+        "optimizer_param_groups.json",
+        "rng_state.safetensors",
+        "scheduler_state.json",
+        "scaler_state.json",
+        "training_step.json",
+        "train_config.json",
+        "config.json",
+        "policy_preprocessor.json",
+        "policy_postprocessor.json",
+        "lerobot-convert-dcp",
+        "--dtype",
+        "--delete_dcp",
+        "--push_to_hub",
+        "--overwrite",
+        "--resume=true",
+        "--config_path",
+        "--trackio.enable",
+        "--policy.repo_id",
+        "--policy.path",
+        "--job_name",
+        "--output_dir",
+        "0.6.x",
+        "samples_per_s",
     ):
         assert needle in text, f"the guide does not mention {needle!r}"
     assert "](docs/guide.md)" in (REPO / "README.md").read_text(), "README.md does not link the guide"

@@ -39,7 +39,9 @@ def test_package_imports_only_what_it_may(package):
     for path in files:
         roots = imported_roots(path)
         siblings = (roots & OURS) - {package}
-        assert siblings <= ALLOWED[package], f"{path.relative_to(ROOT)} imports {sorted(siblings - ALLOWED[package])}"
+        assert siblings <= ALLOWED[package], (
+            f"{path.relative_to(ROOT)} imports {sorted(siblings - ALLOWED[package])}"
+        )
         bad = roots & FORBIDDEN_THIRD_PARTY.get(package, set())
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
@@ -55,8 +57,10 @@ def test_dependency_declarations_follow_the_dag():
 
     for package, allowed in ALLOWED.items():
         meta = tomllib.loads((ROOT / "packages" / package.replace("_", "-") / "pyproject.toml").read_text())
-        deps = {d.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().replace("-", "_")
-                for d in meta["project"]["dependencies"]}
+        deps = {
+            d.split(";")[0].split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip().replace("-", "_")
+            for d in meta["project"]["dependencies"]
+        }
         assert (deps & OURS) <= allowed, package
         assert not deps & FORBIDDEN_THIRD_PARTY.get(package, set()), package
 
@@ -72,8 +76,9 @@ def _is_import_call(node: ast.AST) -> bool:
     if not isinstance(node, ast.Call):
         return False
     func = node.func
-    return ((isinstance(func, ast.Attribute) and func.attr == "import_module")
-            or (isinstance(func, ast.Name) and func.id in ("import_module", "__import__")))
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
+    )
 
 
 def _named_modules(text: str, name: str, is_pkg: bool, modules: dict) -> list[str]:
@@ -101,7 +106,9 @@ def module_graph(package: str, src: Path | None = None) -> dict[str, set[str]]:
     for name, path in modules.items():
         is_pkg = path.name == "__init__.py"
         tree = ast.parse(path.read_text(), str(path))
-        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        strings = [
+            n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        ]
         for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
@@ -182,19 +189,26 @@ def test_graph_sees_cycles_through_the_package_root_and_import_module(tmp_path):
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text(
         'import importlib\n_LAZY = {"Loop": "pkg.loop"}\n\n'
-        "def __getattr__(name):\n    return getattr(importlib.import_module(_LAZY[name]), name)\n")
+        "def __getattr__(name):\n    return getattr(importlib.import_module(_LAZY[name]), name)\n"
+    )
     (pkg / "loop.py").write_text("from pkg import Config\n")
     (pkg / "a.py").write_text('import importlib\n\ndef f():\n    return importlib.import_module("pkg.b")\n')
     (pkg / "b.py").write_text("from pkg.a import f\n")
     (pkg / "sub" / "__init__.py").write_text(
-        'from importlib import import_module\n\ndef g():\n    return import_module(".c", __name__)\n')
+        'from importlib import import_module\n\ndef g():\n    return import_module(".c", __name__)\n'
+    )
     (pkg / "sub" / "c.py").write_text("import pkg.sub\n")
     (pkg / "registry.py").write_text(
         'import importlib\nBUILTIN = {"x": "pkg.plugin:X"}\n\n'
         "def load(key):\n    module, _, attr = BUILTIN[key].partition(':')\n"
-        "    return getattr(importlib.import_module(module), attr)\n")
+        "    return getattr(importlib.import_module(module), attr)\n"
+    )
     (pkg / "plugin.py").write_text("from pkg.registry import load\n")
     graph = module_graph("pkg", pkg)
     assert graph["pkg.loop"] == {"pkg"} and graph["pkg"] == {"pkg.loop"}
-    assert cycles(graph) == [["pkg", "pkg.loop"], ["pkg.a", "pkg.b"], ["pkg.plugin", "pkg.registry"],
-                             ["pkg.sub", "pkg.sub.c"]]
+    assert cycles(graph) == [
+        ["pkg", "pkg.loop"],
+        ["pkg.a", "pkg.b"],
+        ["pkg.plugin", "pkg.registry"],
+        ["pkg.sub", "pkg.sub.c"],
+    ]

@@ -46,9 +46,17 @@ from attrs import define
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "data" / "lerobot" / "demo_reach"
 SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "lerobot-train")
-ARGS = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=2",
-        "--policy.type=mlp", "--policy.hidden_dim=32", "--batch_size=4", "--log_freq=1",
-        "--dataset.eval_split=0.2", "--accelerator.gradient_accumulation.steps=4"]
+ARGS = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=2",
+    "--policy.type=mlp",
+    "--policy.hidden_dim=32",
+    "--batch_size=4",
+    "--log_freq=1",
+    "--dataset.eval_split=0.2",
+    "--accelerator.gradient_accumulation.steps=4",
+]
 NO_EVAL = "--eval_steps=1000000"  # the held-out split is every run's (the same training set), its eval is not
 WINDOW = 4
 STARTUP_S = 180
@@ -144,13 +152,21 @@ class Drill:
 
 
 DRILLS = {
-    "launcher": Drill(2, signal.SIGTERM, signal_launcher_during_async_save,
-                      ("--checkpoint_async=true", f"--save_freq={SAVE_FREQ}", NO_EVAL),
-                      (("LEROBOT_CKPT_TEST_COMMIT_DELAY_S", str(COMMIT_DELAY_S)),)),
+    "launcher": Drill(
+        2,
+        signal.SIGTERM,
+        signal_launcher_during_async_save,
+        ("--checkpoint_async=true", f"--save_freq={SAVE_FREQ}", NO_EVAL),
+        (("LEROBOT_CKPT_TEST_COMMIT_DELAY_S", str(COMMIT_DELAY_S)),),
+    ),
     "group": Drill(1, signal.SIGTERM, signal_process_group, ("--save_freq=0", NO_EVAL)),
-    "everyone": Drill(2, signal.SIGTERM, signal_every_process_during_eval,
-                      ("--save_freq=0", f"--eval_steps={EVAL_STEPS}", "--checkpoint_async=true"),
-                      (("LEROBOT_CKPT_TEST_COMMIT_DELAY_S", str(SAVE_HELD_S)),)),
+    "everyone": Drill(
+        2,
+        signal.SIGTERM,
+        signal_every_process_during_eval,
+        ("--save_freq=0", f"--eval_steps={EVAL_STEPS}", "--checkpoint_async=true"),
+        (("LEROBOT_CKPT_TEST_COMMIT_DELAY_S", str(SAVE_HELD_S)),),
+    ),
     "one_rank": Drill(2, signal.SIGINT, signal_one_rank, ("--save_freq=0", NO_EVAL)),
 }
 
@@ -175,26 +191,42 @@ def _run_drill(launch, root: Path, name: str, drill: Drill) -> dict:
     out = root / name / "run"
     out.parent.mkdir(parents=True)
     port = launch.free_port()
-    cmd = [SCRIPT] if drill.nproc == 1 else [launch.PYTHON, "-m", "torch.distributed.run",
-                                             f"--nproc-per-node={drill.nproc}", f"--master-port={port}",
-                                             "--monitor-interval=0.2", SCRIPT]
+    cmd = (
+        [SCRIPT]
+        if drill.nproc == 1
+        else [
+            launch.PYTHON,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={drill.nproc}",
+            f"--master-port={port}",
+            "--monitor-interval=0.2",
+            SCRIPT,
+        ]
+    )
     cmd += [*ARGS, *drill.flags, "--steps=100000", f"--output_dir={out}"]
     job = drill_job.DrillJob(cmd, out.parent, launch.clean_env(dict(drill.env)), port, launch)
     try:
         facts = drill.fire(job, out)
         ended = job.wait_end(90)
-        facts |= {"ended_s": None if ended is None else round(ended, 1), "rc": job.proc.returncode,
-                  "left": _no_process_left(job)}
+        facts |= {
+            "ended_s": None if ended is None else round(ended, 1),
+            "rc": job.proc.returncode,
+            "left": _no_process_left(job),
+        }
         facts |= {"stdout": job.stdout_path.read_text(), "output": job.output()}
     finally:
         job.close()
     ckpts = out / "checkpoints"
     stops = re.findall(rf"interrupted by {drill.sig.name} at step (\d+)", facts["stdout"])
     state = ckpts / "last" / "training_state" / "training_step.json"
-    facts |= {"out": out, "stops": [int(s) for s in stops],
-              "last": json.loads(state.read_text())["step"] if state.is_file() else None,
-              "committed": sorted(int(p.name) for p in ckpts.glob("[0-9]*") if p.is_dir()),
-              "staging_left": _staging(ckpts)}
+    facts |= {
+        "out": out,
+        "stops": [int(s) for s in stops],
+        "last": json.loads(state.read_text())["step"] if state.is_file() else None,
+        "committed": sorted(int(p.name) for p in ckpts.glob("[0-9]*") if p.is_dir()),
+        "staging_left": _staging(ckpts),
+    }
     return facts
 
 
@@ -209,16 +241,25 @@ def drills(launch, tmp_path_factory, request):
     launch with the resumes of those that left a checkpoint (4 steps each) and an uninterrupted
     reference run as long as the longest of them."""
     root = tmp_path_factory.mktemp("interrupt")
-    selected = {item.callspec.params["name"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec")}
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    }
     facts = {name: _run_drill(launch, root, name, DRILLS[name]) for name in DRILLS if name in selected}
     for nproc in sorted({d.nproc for d in DRILLS.values()}):
         names = [n for n in facts if DRILLS[n].nproc == nproc and facts[n]["last"] is not None]
         if not names:
             continue
         ref = root / f"reference-{nproc}"
-        runs = [["--resume=true", f"--config_path={facts[n]['out'] / 'checkpoints' / 'last'}",
-                 f"--steps={facts[n]['last'] + WINDOW}"] for n in names]
+        runs = [
+            [
+                "--resume=true",
+                f"--config_path={facts[n]['out'] / 'checkpoints' / 'last'}",
+                f"--steps={facts[n]['last'] + WINDOW}",
+            ]
+            for n in names
+        ]
         longest = max(facts[n]["last"] for n in names) + WINDOW
         runs.append([*ARGS, NO_EVAL, f"--steps={longest}", "--save_checkpoint=false", f"--output_dir={ref}"])
         outputs = launch.lerobot_train_runs(*runs, nproc=nproc)

@@ -27,16 +27,28 @@ BLOCKS = {
     ("lerobot-parallel", "import torch#2"): ("test", "tests/multiproc/fsdp_checks.py"),  # FSDP2 example
     ("lerobot-ckpt", "import torch"): ("test", "packages/lerobot-ckpt/tests/test_ckpt_readme.py"),
     ("lerobot-ckpt", "save_checkpoint(output_dir, step, *, run"): ("listing", "public API signatures"),
-    ("lerobot-ckpt", "run = RunInfo(world_size=dist.get_world_"):
-        ("listing", "fragment: the sharded call pattern (run for real by tests/multiproc/ckpt_sharded.py)"),
-    ("lerobot-ckpt", "saver = AsyncCheckpointer.create(timeout"):
-        ("listing", "fragment: the asynchronous call pattern (run for real by packages/lerobot-ckpt/tests/test_ckpt_async.py)"),
+    ("lerobot-ckpt", "run = RunInfo("): (
+        "listing",
+        "fragment: the sharded call pattern (run for real by tests/multiproc/ckpt_sharded.py)",
+    ),
+    ("lerobot-ckpt", "saver = AsyncCheckpointer.create(timeout"): (
+        "listing",
+        (
+            "fragment: the asynchronous call pattern (run for real by "
+            "packages/lerobot-ckpt/tests/test_ckpt_async.py)"
+        ),
+    ),
     ("lerobot-trainloop", "ShardedBatchSampler(num_samples, batch_s"): ("listing", "public API signatures"),
     ("lerobot-trainloop", "import torch"): ("test", "tests/multiproc/accelerate_child.py"),
-    ("lerobot-cli", "from lerobot_cli.config import TrainConf"): ("listing", "public API imports and signatures"),
+    ("lerobot-cli", "from lerobot_cli.config import TrainConf"): (
+        "listing",
+        "public API imports and signatures",
+    ),
     ("lerobot-cli", "import tempfile"): ("run", "ParallelismConfig(dp_replicate=1, dp_shard=4)"),
-    ("lerobot-cli", "from typing import ClassVar"):
-        ("test", "packages/lerobot-cli/tests/test_policy_protocol_example.py"),
+    ("lerobot-cli", "from typing import ClassVar"): (
+        "test",
+        "packages/lerobot-cli/tests/test_policy_protocol_example.py",
+    ),
     ("lerobot-cli", "import torch"): ("run", "CLI_EXAMPLE_DONE"),  # datasets + ACT + processors, foreign loop
 }
 
@@ -81,31 +93,48 @@ def test_each_readme_has_purpose_api_and_a_foreign_trainer_example(package):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", [k for k, (how, _) in BLOCKS.items() if how == "run"],
-                         ids=lambda k: f"{k[0]}:{k[1][:16]}")
+@pytest.mark.parametrize(
+    "key", [k for k, (how, _) in BLOCKS.items() if how == "run"], ids=lambda k: f"{k[0]}:{k[1][:16]}"
+)
 def test_readme_example_runs_as_written(key, tmp_path, request):
     package, first = key
     code = python_blocks(package)[first]
     marker = BLOCKS[key][1]
     (tmp_path / "data").symlink_to(REPO / "data")  # examples address the bundled dataset as data/...
     (tmp_path / "example.py").write_text(code)
-    proc = subprocess.run([sys.executable, "example.py"], check=False, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=180, env=_env(request))
+    proc = subprocess.run(
+        [sys.executable, "example.py"],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=_env(request),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert marker in proc.stdout, proc.stdout[-2000:]
     if marker == "CLI_EXAMPLE_DONE":
         out = tmp_path / "outputs" / "my_act" / "pretrained_model"
         assert sorted(p.name for p in out.iterdir()) == [
-            "config.json", "model.safetensors", "policy_postprocessor.json",
-            "policy_postprocessor_step_0_unnormalizer_processor.safetensors", "policy_preprocessor.json",
-            "policy_preprocessor_step_3_normalizer_processor.safetensors"]
+            "config.json",
+            "model.safetensors",
+            "policy_postprocessor.json",
+            "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+            "policy_preprocessor.json",
+            "policy_preprocessor_step_3_normalizer_processor.safetensors",
+        ]
         assert "action=(1, 2)" in proc.stdout  # one unnormalized 2-D action for one observation
 
 
 def _env(request) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    }
     # bytecode cached across runs (the same cache as tests/test_guide_commands.py), even where
     # PYTHONDONTWRITEBYTECODE is set: compiling torch's modules again costs more than the example
-    env.update(OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="",
-               PYTHONPYCACHEPREFIX=str(request.config.cache.mkdir("guide-pycache")))
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONDONTWRITEBYTECODE="",
+        PYTHONPYCACHEPREFIX=str(request.config.cache.mkdir("guide-pycache")),
+    )
     return env

@@ -24,10 +24,24 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "multiproc" / "peft_run.py"
 REPO = HERE.parent
 BIN = Path(sys.executable).parent
-DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={REPO / 'data/lerobot/demo_reach'}",
-        "--num_workers=0", "--log_freq=1"]
-BASE_ACT = {"pretrained_backbone_weights": None, "dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
-            "chunk_size": 1, "n_action_steps": 1, "use_vae": False, "dropout": 0.0}
+DATA = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={REPO / 'data/lerobot/demo_reach'}",
+    "--num_workers=0",
+    "--log_freq=1",
+]
+BASE_ACT = {
+    "pretrained_backbone_weights": None,
+    "dim_model": 32,
+    "dim_feedforward": 64,
+    "n_heads": 2,
+    "n_encoder_layers": 1,
+    "n_decoder_layers": 1,
+    "chunk_size": 1,
+    "n_action_steps": 1,
+    "use_vae": False,
+    "dropout": 0.0,
+}
 LORA = ["--peft.r=4", '--peft.full_training_modules=["action_head"]', "--optimizer.lr=1e-3", "--steps=3"]
 TOL = 1e-5
 
@@ -39,25 +53,48 @@ def _tensors(path: Path) -> dict:
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    return {
+        r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    }
 
 
-def _run_many(launch, *runs: tuple[Path, Path, tuple[str, ...]], nproc: int = 1,
-              timeout_s: float = 300) -> list[SimpleNamespace]:
+def _run_many(
+    launch, *runs: tuple[Path, Path, tuple[str, ...]], nproc: int = 1, timeout_s: float = 300
+) -> list[SimpleNamespace]:
     """``(out, base, flags)`` runs one after another in ONE launch of peft_run.py (start-up paid once)."""
     args: list[str] = []
     for out, base, flags in runs:
         out.mkdir(parents=True, exist_ok=True)
-        args += [str(out), str(base), *DATA, f"--policy.path={base}", *flags, f"--output_dir={out / 'run'}", "--then"]
-    job = (launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=timeout_s) if nproc > 1
-           else launch.run_command([sys.executable, str(SCRIPT), *args], timeout_s=timeout_s))
+        args += [
+            str(out),
+            str(base),
+            *DATA,
+            f"--policy.path={base}",
+            *flags,
+            f"--output_dir={out / 'run'}",
+            "--then",
+        ]
+    job = (
+        launch.torchrun(SCRIPT, *args, nproc=nproc, timeout_s=timeout_s)
+        if nproc > 1
+        else launch.run_command([sys.executable, str(SCRIPT), *args], timeout_s=timeout_s)
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
-    return [SimpleNamespace(out=out, run=out / "run", losses=_losses(out / "run"),
-                            ranks=[json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)],
-                            adapter=_tensors(out / "final_adapter.safetensors")) for out, _, _ in runs]
+    return [
+        SimpleNamespace(
+            out=out,
+            run=out / "run",
+            losses=_losses(out / "run"),
+            ranks=[json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)],
+            adapter=_tensors(out / "final_adapter.safetensors"),
+        )
+        for out, _, _ in runs
+    ]
 
 
-def _run(launch, out: Path, base: Path, *flags: str, nproc: int = 1, timeout_s: float = 300) -> SimpleNamespace:
+def _run(
+    launch, out: Path, base: Path, *flags: str, nproc: int = 1, timeout_s: float = 300
+) -> SimpleNamespace:
     return _run_many(launch, (out, base, flags), nproc=nproc, timeout_s=timeout_s)[0]
 
 
@@ -71,9 +108,13 @@ def base(tmp_path_factory) -> Path:
     from lerobot_cli.policies.pretrained import save_pretrained
     from lerobot_cli.workload import policy_config_for_dataset
 
-    config = policy_config_for_dataset(ACTConfig(**BASE_ACT), load_meta(REPO / "data/lerobot/demo_reach").features)
+    config = policy_config_for_dataset(
+        ACTConfig(**BASE_ACT), load_meta(REPO / "data/lerobot/demo_reach").features
+    )
     torch.manual_seed(0)
-    return save_pretrained(ACTPolicy(config), config, tmp_path_factory.mktemp("peft_base") / "pretrained_model")
+    return save_pretrained(
+        ACTPolicy(config), config, tmp_path_factory.mktemp("peft_base") / "pretrained_model"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +126,11 @@ def bf16_base(base, tmp_path_factory) -> Path:
     bf16 = tmp_path_factory.mktemp("peft_bf16") / "bf16_base"
     shutil.copytree(base, bf16)
     weights = _tensors(bf16 / "model.safetensors")
-    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
-              str(bf16 / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+        str(bf16 / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return bf16
 
 
@@ -96,16 +140,42 @@ def runs(launch, base, bf16_base, tmp_path_factory) -> dict[str, SimpleNamespace
     root = tmp_path_factory.mktemp("peft_runs")
     out = {"single": _run(launch, root / "single", base, *LORA, "--batch_size=4")}
     out["ddp"], out["fsdp"], out["bf16"] = _run_many(
-        launch, (root / "ddp", base, (*LORA, "--batch_size=2")),
-        (root / "fsdp", base, (*LORA, "--batch_size=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp",
-                               "--save_freq=2")),
-        (root / "bf16", bf16_base, (*LORA[:-1], "--steps=2", "--batch_size=2", "--parallelism.dp_shard=2",
-                                    "--accelerator.mixed_precision=bf16", "--save_checkpoint=false")),
-        nproc=2, timeout_s=400)
+        launch,
+        (root / "ddp", base, (*LORA, "--batch_size=2")),
+        (
+            root / "fsdp",
+            base,
+            (*LORA, "--batch_size=2", "--parallelism.dp_shard=2", "--checkpoint_format=dcp", "--save_freq=2"),
+        ),
+        (
+            root / "bf16",
+            bf16_base,
+            (
+                *LORA[:-1],
+                "--steps=2",
+                "--batch_size=2",
+                "--parallelism.dp_shard=2",
+                "--accelerator.mixed_precision=bf16",
+                "--save_checkpoint=false",
+            ),
+        ),
+        nproc=2,
+        timeout_s=400,
+    )
     resumed_from = out["fsdp"].run / "checkpoints" / "000002"
-    out["hsdp"] = _run(launch, root / "hsdp", base, "--resume=true", f"--config_path={resumed_from}",
-                       "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2", "--batch_size=1",
-                       "--checkpoint_format=safetensors_dcp", nproc=4, timeout_s=400)
+    out["hsdp"] = _run(
+        launch,
+        root / "hsdp",
+        base,
+        "--resume=true",
+        f"--config_path={resumed_from}",
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=2",
+        "--batch_size=1",
+        "--checkpoint_format=safetensors_dcp",
+        nproc=4,
+        timeout_s=400,
+    )
     return out
 
 
@@ -117,7 +187,11 @@ def test_losses_match_across_topologies_on_the_same_global_batch(runs):
     single = runs["single"].losses
     assert sorted(single) == [1, 2, 3]
     for name in ("ddp", "fsdp"):
-        assert all(abs(runs[name].losses[s] - single[s]) < TOL for s in single), (name, runs[name].losses, single)
+        assert all(abs(runs[name].losses[s] - single[s]) < TOL for s in single), (
+            name,
+            runs[name].losses,
+            single,
+        )
     # HSDP 2x2 resumed the FSDP2 step-2 checkpoint: its step 3 is the uninterrupted runs' step 3.
     assert list(runs["hsdp"].losses) == [3] and abs(runs["hsdp"].losses[3] - single[3]) < TOL
 
@@ -127,8 +201,9 @@ def test_frozen_base_is_bitwise_unchanged_and_adapters_trained(runs, name):
     for report in runs[name].ranks:
         assert report["step"] == 3
         frozen, trainable = report["frozen"], report["trainable"]
-        assert frozen and all(v["bitwise_base"] for v in frozen.values()), [k for k, v in frozen.items()
-                                                                            if not v["bitwise_base"]]
+        assert frozen and all(v["bitwise_base"] for v in frozen.values()), [
+            k for k, v in frozen.items() if not v["bitwise_base"]
+        ]
         lora_b = [k for k in trainable if ".lora_B." in k]
         copies = [k for k in trainable if ".modules_to_save." in k]
         assert len(lora_b) == 4 and len(copies) == 2 and len(trainable) == 10, sorted(trainable)
@@ -151,8 +226,12 @@ def test_each_rank_holds_only_its_shard_of_the_base(runs, name, dp_shard):
 
 
 def _adapter_files(ckpt: Path) -> set[str]:
-    return {p.name for p in ckpt.iterdir()} & {"adapter_model.safetensors", "adapter_config.json",
-                                                "model.safetensors", "pytorch_model_fsdp_0"}
+    return {p.name for p in ckpt.iterdir()} & {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "model.safetensors",
+        "pytorch_model_fsdp_0",
+    }
 
 
 def test_checkpoint_contents_per_format(runs, base):
@@ -167,7 +246,9 @@ def test_checkpoint_contents_per_format(runs, base):
         config = json.loads((ckpt / "adapter_config.json").read_text())
         assert config["base_model_name_or_path"] == str(base) and config["peft_type"] == "LORA"
         assert config["r"] == 4 and config["modules_to_save"] == ["action_head"]
-        assert json.loads((ckpt / "config.json").read_text())["use_peft"] is True  # LeRobot's make_policy marker
+        assert (
+            json.loads((ckpt / "config.json").read_text())["use_peft"] is True
+        )  # LeRobot's make_policy marker
         optimizer = _tensors(ckpt.parent / "training_state" / "optimizer_state.safetensors")
         assert len({k.split("/")[1] for k in optimizer}) == len(peft_names)  # state for trainable params only
     assert all(k.startswith("base_model.model.") and ".default." not in k for k in peft_names)
@@ -175,14 +256,25 @@ def test_checkpoint_contents_per_format(runs, base):
     assert _adapter_files(fsdp) == {"adapter_config.json", "pytorch_model_fsdp_0"}
     shards = FileSystemReader(str(fsdp / "pytorch_model_fsdp_0")).read_metadata().state_dict_metadata
     assert set(shards) == {f"model.{k}" for k in peft_names}  # the adapter only, under peft's names
-    optim = FileSystemReader(str(fsdp.parent / "training_state" / "optimizer_0")).read_metadata().state_dict_metadata
-    assert {k.split(".", 2)[2].rsplit(".", 1)[0] for k in optim if k.startswith("optimizer.state.")} == \
-        {k.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default.")
-         .replace(".action_head.", ".action_head.modules_to_save.default.") for k in peft_names}
+    optim = (
+        FileSystemReader(str(fsdp.parent / "training_state" / "optimizer_0"))
+        .read_metadata()
+        .state_dict_metadata
+    )
+    assert {k.split(".", 2)[2].rsplit(".", 1)[0] for k in optim if k.startswith("optimizer.state.")} == {
+        k.replace(".lora_A.", ".lora_A.default.")
+        .replace(".lora_B.", ".lora_B.default.")
+        .replace(".action_head.", ".action_head.modules_to_save.default.")
+        for k in peft_names
+    }
     record = json.loads((fsdp.parent / "training_state" / "training_step.json").read_text())["artifacts"]
     assert record["peft_adapter"] and record["model_dcp"] and not record["model_safetensors"]
     hsdp = _ckpt(runs["hsdp"])
-    assert _adapter_files(hsdp) == {"adapter_model.safetensors", "adapter_config.json", "pytorch_model_fsdp_0"}
+    assert _adapter_files(hsdp) == {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "pytorch_model_fsdp_0",
+    }
     stored = _tensors(hsdp / "adapter_model.safetensors")
     assert all(stored[k].equal(runs["hsdp"].adapter[k]) for k in peft_names)
 
@@ -207,8 +299,16 @@ def test_loaded_adapter_and_base_reproduce_the_trained_model(runs):
 def test_dcp_adapter_needs_conversion_then_loads(runs, launch, tmp_path):
     ckpt = tmp_path / "000003"
     shutil.copytree(_ckpt(runs["fsdp"]).parent, ckpt)
-    refused = launch.run_command([str(BIN / "lerobot-train"), *DATA, f"--policy.path={ckpt}", "--steps=1",
-                                  f"--output_dir={tmp_path / 'refused'}"], timeout_s=120)
+    refused = launch.run_command(
+        [
+            str(BIN / "lerobot-train"),
+            *DATA,
+            f"--policy.path={ckpt}",
+            "--steps=1",
+            f"--output_dir={tmp_path / 'refused'}",
+        ],
+        timeout_s=120,
+    )
     assert refused.returncode == 2 and "convert them first" in refused.stderr, refused.describe()
     assert "Traceback" not in refused.stderr and not (tmp_path / "refused").exists()
     job = launch.run_command([str(BIN / "lerobot-convert-dcp"), f"--checkpoint_dir={ckpt}"], timeout_s=120)
@@ -255,15 +355,23 @@ def test_resume_pins_the_frozen_base_and_refuses_one_that_changed(launch, base, 
     pinned = checkpoints / "000001" / "pretrained_model"
     train = [str(BIN / "lerobot-train"), *DATA, *LORA[:-1], "--batch_size=2"]
     out = tmp_path / "lora"
-    job = launch.run_command([*train, f"--policy.path={checkpoints / 'last' / 'pretrained_model'}", "--steps=2",
-                              f"--output_dir={out}"], timeout_s=180)
+    job = launch.run_command(
+        [
+            *train,
+            f"--policy.path={checkpoints / 'last' / 'pretrained_model'}",
+            "--steps=2",
+            f"--output_dir={out}",
+        ],
+        timeout_s=180,
+    )
     assert job.returncode == 0, job.describe()
     ckpt = out / "checkpoints" / "000002"
     record = json.loads((ckpt / "training_state" / "training_step.json").read_text())
     digest = hashlib.sha256((pinned / "model.safetensors").read_bytes()).hexdigest()
     assert record["base_model"] == {"reference": str(pinned), "weights_sha256": digest}
-    assert json.loads((ckpt / "pretrained_model" / "train_config.json").read_text())["policy"]["pretrained_path"] \
-        == str(pinned)
+    assert json.loads((ckpt / "pretrained_model" / "train_config.json").read_text())["policy"][
+        "pretrained_path"
+    ] == str(pinned)
     # The base run moves on: `last` now names other weights. The resume keeps training on 000001.
     _perturbed_copy(pinned.parent, checkpoints / "000002")
     os.unlink(checkpoints / "last")

@@ -31,10 +31,20 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_pi0(tokenizer: Path, policy: str = "pi0", root: Path = DEMO) -> list[str]:
-    return ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={root}", "--num_workers=0",
-            f"--policy.type={policy}", "--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
-            "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
-            "--policy.n_action_steps=10", f"--policy.tokenizer_name={tokenizer}", "--log_freq=1"]
+    return [
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={root}",
+        "--num_workers=0",
+        f"--policy.type={policy}",
+        "--policy.paligemma_variant=gemma_tiny",
+        "--policy.action_expert_variant=gemma_tiny",
+        "--policy.vision_variant=tiny",
+        "--policy.image_resolution=[56,56]",
+        "--policy.chunk_size=10",
+        "--policy.n_action_steps=10",
+        f"--policy.tokenizer_name={tokenizer}",
+        "--log_freq=1",
+    ]
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -62,46 +72,109 @@ def runs(tmp_path_factory, launch, tokenizer, demo_with_quantiles) -> dict[str, 
     """Every run of this file, in three launches; ``runs[name]`` is a run's output directory and
     ``runs[name + ".stdout"]`` what it printed."""
     root = tmp_path_factory.mktemp("pi0")
-    names = ("single", "long", "pi05_single", "dry_run", "ddp", "fsdp", "fsdp6", "frozen", "lora", "pi05_fsdp",
-             "hsdp", "resumed")
+    names = (
+        "single",
+        "long",
+        "pi05_single",
+        "dry_run",
+        "ddp",
+        "fsdp",
+        "fsdp6",
+        "frozen",
+        "lora",
+        "pi05_fsdp",
+        "hsdp",
+        "resumed",
+    )
     out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_pi0(tokenizer), "--steps=4", "--save_freq=4"]
     base = out["single"] / "checkpoints" / "000004" / "pretrained_model"  # written by the first launch
     pi05 = [*tiny_pi0(tokenizer, policy="pi05", root=demo_with_quantiles), "--steps=3"]
     one_process = {
         "single": [*common, "--batch_size=8", f"--output_dir={out['single']}"],
-        # decay_lr = peak: a constant 1e-3 after the fitted warm-up (the preset would decay to 2.5e-6 in 100 steps)
-        "long": [*tiny_pi0(tokenizer), "--steps=100", "--batch_size=8", "--save_checkpoint=false", "--log_freq=10",
-                 "--policy.optimizer_lr=1e-3", "--policy.scheduler_decay_lr=1e-3", f"--output_dir={out['long']}"],
-        "pi05_single": [*pi05, "--batch_size=8", "--save_checkpoint=false", f"--output_dir={out['pi05_single']}"],
+        # decay_lr = peak: a constant 1e-3 after the fitted warm-up
+        # (the preset would decay to 2.5e-6 in 100 steps)
+        "long": [
+            *tiny_pi0(tokenizer),
+            "--steps=100",
+            "--batch_size=8",
+            "--save_checkpoint=false",
+            "--log_freq=10",
+            "--policy.optimizer_lr=1e-3",
+            "--policy.scheduler_decay_lr=1e-3",
+            f"--output_dir={out['long']}",
+        ],
+        "pi05_single": [
+            *pi05,
+            "--batch_size=8",
+            "--save_checkpoint=false",
+            f"--output_dir={out['pi05_single']}",
+        ],
         "dry_run": [*_demo()[:2], "--policy.type=pi0", "--dry_run=true", "--parallelism.dp_shard=4"],
     }
-    fine_tune = [*_demo(), f"--policy.path={base}", "--parallelism.dp_shard=2", "--batch_size=4", "--steps=2",
-                 "--save_freq=2", "--log_freq=1", "--policy.optimizer_lr=1e-3"]
+    fine_tune = [
+        *_demo(),
+        f"--policy.path={base}",
+        "--parallelism.dp_shard=2",
+        "--batch_size=4",
+        "--steps=2",
+        "--save_freq=2",
+        "--log_freq=1",
+        "--policy.optimizer_lr=1e-3",
+    ]
     two_processes = {
         "ddp": [*common, "--batch_size=4", f"--output_dir={out['ddp']}"],
-        "fsdp": [*common, "--batch_size=4", "--parallelism.dp_shard=2", "--checkpoint_format=safetensors_dcp",
-                 f"--output_dir={out['fsdp']}"],
+        "fsdp": [
+            *common,
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+            f"--output_dir={out['fsdp']}",
+        ],
         # 6 steps uninterrupted, saved at step 4 (DCP): what the HSDP resume of that checkpoint must continue
-        "fsdp6": [*tiny_pi0(tokenizer), "--steps=6", "--save_freq=4", "--batch_size=4", "--parallelism.dp_shard=2",
-                  "--checkpoint_format=safetensors_dcp", f"--output_dir={out['fsdp6']}"],
+        "fsdp6": [
+            *tiny_pi0(tokenizer),
+            "--steps=6",
+            "--save_freq=4",
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--checkpoint_format=safetensors_dcp",
+            f"--output_dir={out['fsdp6']}",
+        ],
         # with openpi's EMA (constant decay 0.99; update_after_step 0: the first update copies)
-        "frozen": [*fine_tune, "--policy.freeze_vision_encoder=true", "--accelerator.mixed_precision=bf16",
-                   "--ema.enable=true", "--ema.decay=0.99", f"--output_dir={out['frozen']}"],
+        "frozen": [
+            *fine_tune,
+            "--policy.freeze_vision_encoder=true",
+            "--accelerator.mixed_precision=bf16",
+            "--ema.enable=true",
+            "--ema.decay=0.99",
+            f"--output_dir={out['frozen']}",
+        ],
         "lora": [*fine_tune, "--peft.r=4", f"--output_dir={out['lora']}"],
-        "pi05_fsdp": [*pi05, "--batch_size=4", "--parallelism.dp_shard=2", "--save_freq=3",
-                      f"--output_dir={out['pi05_fsdp']}"],
+        "pi05_fsdp": [
+            *pi05,
+            "--batch_size=4",
+            "--parallelism.dp_shard=2",
+            "--save_freq=3",
+            f"--output_dir={out['pi05_fsdp']}",
+        ],
     }
     hsdp = ["--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]
     four_processes = {
         "hsdp": [*common, *hsdp, f"--output_dir={out['hsdp']}"],
         # the 6-step FSDP2 x2 run's step-4 DCP checkpoint resumed on HSDP 2x2, in a directory of its own
-        "resumed": ["--resume=true", f"--config_path={out['fsdp6'] / 'checkpoints' / '000004'}",
-                    f"--output_dir={out['resumed']}", *hsdp],
+        "resumed": [
+            "--resume=true",
+            f"--config_path={out['fsdp6'] / 'checkpoints' / '000004'}",
+            f"--output_dir={out['resumed']}",
+            *hsdp,
+        ],
     }
     for nproc, group in ((1, one_process), (2, two_processes), (4, four_processes)):
         printed_runs = launch.lerobot_train_runs(*group.values(), nproc=nproc)
-        out.update({f"{name}.stdout": printed.stdout for name, printed in zip(group, printed_runs, strict=True)})
+        out.update(
+            {f"{name}.stdout": printed.stdout for name, printed in zip(group, printed_runs, strict=True)}
+        )
     return out
 
 
@@ -130,7 +203,10 @@ def test_sharded_checkpoint_converts_to_lerobot_keys_and_resumes_on_hsdp(runs, t
     weights = load_file(convert_dcp(copy).output)
     assert weights.keys() == gathered.keys()
     assert all(torch.equal(weights[k], gathered[k]) for k in weights)
-    assert "model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings.patch_embedding.weight" in weights
+    assert (
+        "model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings.patch_embedding.weight"
+        in weights
+    )
     policy = PI0Policy(load_policy_config(checkpoint / "pretrained_model"))
     assert set(policy.state_dict()) == set(weights)
     policy.load_state_dict(weights, strict=True)
@@ -144,9 +220,14 @@ def test_sharded_checkpoint_converts_to_lerobot_keys_and_resumes_on_hsdp(runs, t
     assert sorted(got) == [5, 6] and sorted(want) == [1, 2, 3, 4, 5, 6]
     for step, loss in got.items():
         assert abs(loss - want[step]) <= 1e-5 * max(1.0, abs(want[step])), (step, loss, want[step])
-    at = {name: load_file(run / "checkpoints" / f"{step:06d}" / "pretrained_model" / "model.safetensors")
-          for name, run, step in (("resumed", resumed, 6), ("uninterrupted", uninterrupted, 6),
-                                  ("start", uninterrupted, 4))}
+    at = {
+        name: load_file(run / "checkpoints" / f"{step:06d}" / "pretrained_model" / "model.safetensors")
+        for name, run, step in (
+            ("resumed", resumed, 6),
+            ("uninterrupted", uninterrupted, 6),
+            ("start", uninterrupted, 4),
+        )
+    }
     assert at["resumed"].keys() == at["uninterrupted"].keys() == weights.keys()
     gap = max((at["resumed"][k] - at["uninterrupted"][k]).abs().max().item() for k in weights)
     moved = max((at["uninterrupted"][k] - at["start"][k]).abs().max().item() for k in weights)
@@ -210,8 +291,15 @@ def test_lora_with_lerobots_default_pi0_targets_under_fsdp2(runs):
     adapter = load_file(out / "checkpoints" / "000002" / "pretrained_model" / "adapter_model.safetensors")
     targets = {k.split(".lora_")[0] for k in adapter}
     # LeRobot's default pi0 targets: the expert's q/v projections and the five action/state projections.
-    assert {t.rsplit(".", 1)[-1] for t in targets} == {"q_proj", "v_proj", "state_proj", "action_in_proj",
-                                                       "action_out_proj", "action_time_mlp_in", "action_time_mlp_out"}
+    assert {t.rsplit(".", 1)[-1] for t in targets} == {
+        "q_proj",
+        "v_proj",
+        "state_proj",
+        "action_in_proj",
+        "action_out_proj",
+        "action_time_mlp_in",
+        "action_time_mlp_out",
+    }
     assert all(".gemma_expert." in t for t in targets if t.endswith(("q_proj", "v_proj")))
     assert len([t for t in targets if t.endswith("q_proj")]) == 2  # one per expert layer (gemma_tiny: 2)
 
@@ -225,7 +313,8 @@ def torch_equal(a, b) -> bool:
 @pytest.fixture(scope="module")
 def demo_with_quantiles(tmp_path_factory) -> Path:
     """The demo dataset as tools/make_demo_dataset.py writes it now (same frames as the shipped copy): its
-    statistics carry the q01/q99 that pi05 normalises states and actions with; the shipped copy predates them."""
+    statistics carry the q01/q99 that pi05 normalises states and actions with; the shipped copy predates
+    them."""
     return _load("make_demo_dataset", DEMO_BUILDER).build(tmp_path_factory.mktemp("demo") / "demo_reach")
 
 
@@ -243,5 +332,7 @@ def test_tiny_pi05_trains_alike_on_one_process_and_fsdp2(runs):
     weights = load_file(saved / "model.safetensors")
     assert "model.time_mlp_in.weight" in weights and "model.state_proj.weight" not in weights
     assert "model.paligemma_with_expert.gemma_expert.model.norm.dense.weight" in weights
-    steps = [s["registry_name"] for s in json.loads((saved / "policy_preprocessor.json").read_text())["steps"]]
+    steps = [
+        s["registry_name"] for s in json.loads((saved / "policy_preprocessor.json").read_text())["steps"]
+    ]
     assert "pi05_prepare_state_tokenizer_processor_step" in steps

@@ -30,9 +30,13 @@ def plugin_env(site: Path) -> dict[str, str]:
     meta = tomllib.loads((PLUGIN / "pyproject.toml").read_text())["project"]
     info = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-    lines = [f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())
-             for group, points in meta["entry-points"].items()]
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n"
+    )
+    lines = [
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items())
+        for group, points in meta["entry-points"].items()
+    ]
     (info / "entry_points.txt").write_text("\n".join(lines))
     path = os.pathsep.join(filter(None, [str(site), str(PLUGIN), os.environ.get("PYTHONPATH")]))
     return {"PYTHONPATH": path}
@@ -44,9 +48,19 @@ def test_an_entry_point_policy_trains_under_fsdp2_with_its_own_wrap_units(launch
     assert "tiny_resmlp" in listed.stdout, listed.describe()
 
     out = tmp_path / "run"
-    res = launch.lerobot_train(*DATA, "--policy.type=tiny_resmlp", "--policy.depth=3", "--parallelism.dp_shard=-1",
-                               "--batch_size=4", "--steps=6", "--log_freq=1", "--save_freq=6",
-                               f"--output_dir={out}", nproc=2, env=env)
+    res = launch.lerobot_train(
+        *DATA,
+        "--policy.type=tiny_resmlp",
+        "--policy.depth=3",
+        "--parallelism.dp_shard=-1",
+        "--batch_size=4",
+        "--steps=6",
+        "--log_freq=1",
+        "--save_freq=6",
+        f"--output_dir={out}",
+        nproc=2,
+        env=env,
+    )
     assert "topology dp_replicate=1 x dp_shard=2 (FSDP2)" in res.stdout, res.describe()
     assert "Sharding plan: fsdp on mesh (dp_shard=2)" in res.stdout, res.describe()
     assert "(ResidualUnit)" in res.stdout and "TinyResMLPConfig.spec" not in res.stderr, res.describe()

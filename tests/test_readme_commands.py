@@ -33,11 +33,15 @@ def main_command() -> list[str]:
 
 
 def test_readme_pi0_command_is_the_guides_tested_one():
-    readme = re.search(r"<!-- pi0-command\b[^>]*-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(),
-                       re.DOTALL)
+    readme = re.search(
+        r"<!-- pi0-command\b[^>]*-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL
+    )
     assert readme, "README.md lost its <!-- pi0-command --> block"
-    guide = re.search(r"<!-- test: id=pi0-tiny\b[^>]*-->\s*```bash\n(.*?)```",
-                      (REPO / "docs" / "guide.md").read_text(), re.DOTALL)
+    guide = re.search(
+        r"<!-- test: id=pi0-tiny\b[^>]*-->\s*```bash\n(.*?)```",
+        (REPO / "docs" / "guide.md").read_text(),
+        re.DOTALL,
+    )
     assert guide, "docs/guide.md lost its pi0-tiny block"
     argv = _argv(readme.group(1))
     assert argv[:2] == ["uv", "run"], argv

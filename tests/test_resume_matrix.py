@@ -48,8 +48,11 @@ COPIED = "continuing the run in "  # every case resumes a copy of a fixture run,
 
 def warnings_of(stderr: str, copied: bool = False) -> list[str]:
     """The warnings, minus the one that says the run was copied (unless ``copied``)."""
-    return [ln for ln in stderr.splitlines() if ln.startswith("lerobot-train: warning:")
-            and (copied or COPIED not in ln)]
+    return [
+        ln
+        for ln in stderr.splitlines()
+        if ln.startswith("lerobot-train: warning:") and (copied or COPIED not in ln)
+    ]
 
 
 def snapshot(root: Path) -> dict[str, bytes | str]:
@@ -80,8 +83,10 @@ def runs(tmp_path_factory, launch):
     """One uninterrupted 8-step run (K=2, checkpoints at 4 and 8) and one that stopped at step 4."""
     root = tmp_path_factory.mktemp("matrix")
     full, half = root / "full", root / "half"
-    launch.lerobot_train_runs([*MLP, *K2, "--steps=8", "--save_freq=4", f"--output_dir={full}"],
-                              [*MLP, *K2, "--steps=4", "--save_freq=4", f"--output_dir={half}"])  # one launch
+    launch.lerobot_train_runs(
+        [*MLP, *K2, "--steps=8", "--save_freq=4", f"--output_dir={full}"],
+        [*MLP, *K2, "--steps=4", "--save_freq=4", f"--output_dir={half}"],
+    )  # one launch
     return root, full, half
 
 
@@ -106,7 +111,9 @@ def resumed(launch, runs) -> dict[str, SimpleNamespace]:
 
     run = copy_run(half, root / "same")
     cases["same"] = SimpleNamespace(run=run)
-    flags["same"] = resume_flags(run / "checkpoints" / "last", "--steps=8", "--output_dir=null")  # null: not given
+    flags["same"] = resume_flags(
+        run / "checkpoints" / "last", "--steps=8", "--output_dir=null"
+    )  # null: not given
 
     run = copy_run(half, root / "before_move")
     moved = root / "after_move"
@@ -164,8 +171,13 @@ def test_same_topology_continues_bitwise_in_place(runs, resumed):
     assert "on gradient-accumulation window boundaries" in res.stdout  # the banner says where saves land
     assert losses(run) == losses(full)  # bitwise: the same floats, step by step
     step = json.loads((run / "checkpoints/last/training_state/training_step.json").read_text())
-    assert step["loop"] == {"step": 8, "optimizer_steps": 4, "skipped_updates": 0, "grad_accum_steps": 2,
-                            "accumulated": 0}
+    assert step["loop"] == {
+        "step": 8,
+        "optimizer_steps": 4,
+        "skipped_updates": 0,
+        "grad_accum_steps": 2,
+        "accumulated": 0,
+    }
 
 
 def test_moved_run_continues_where_it_is_now(runs, resumed):
@@ -201,11 +213,16 @@ def test_optimizer_override_is_applied_and_recorded(runs, resumed):
     _, full, _ = runs
     run, res = resumed["lr"].run, resumed["lr"].res  # resumed with --optimizer.lr=0.0005
     (warning,) = warnings_of(res.stderr)
-    assert "changed optimizer/scheduler settings, applied from step 4 on: optimizer.lr: 0.001 → 0.0005" in warning
+    assert (
+        "changed optimizer/scheduler settings, applied from step 4 on: optimizer.lr: 0.001 → 0.0005"
+        in warning
+    )
     lrs = {r["step"]: r["lr"] for r in records(run)}
     assert [lrs[s] for s in (1, 2, 3, 4)] == [0.001] * 4 and [lrs[s] for s in (5, 6, 7, 8)] == [0.0005] * 4
     got, want = losses(run), losses(full)
-    assert [got[s] for s in range(1, 7)] == [want[s] for s in range(1, 7)]  # the first new update is at step 6
+    assert [got[s] for s in range(1, 7)] == [
+        want[s] for s in range(1, 7)
+    ]  # the first new update is at step 6
     assert got[7] != want[7]
     saved = json.loads((run / "checkpoints/last/pretrained_model/train_config.json").read_text())
     assert saved["optimizer"]["lr"] == 0.0005
@@ -219,8 +236,10 @@ def test_checkpoint_saved_inside_an_accumulation_window_says_what_it_lost(resume
     res = resumed["legacy"].res
     (warning,) = warnings_of(res.stderr)
     assert "grad_accum_steps: 3 → 2" in warning
-    assert ("inside a 3-step gradient-accumulation window: the gradients of its last 1 micro-batch(es) (steps 4-4) "
-            "were not saved and are not applied") in warning
+    assert (
+        "inside a 3-step gradient-accumulation window: the gradients of its last 1 micro-batch(es) (steps "
+        "4-4) were not saved and are not applied"
+    ) in warning
 
 
 def test_older_checkpoint_is_refused_then_set_aside_on_request(launch, runs):
@@ -236,8 +255,10 @@ def test_older_checkpoint_is_refused_then_set_aside_on_request(launch, runs):
     assert "metrics.jsonl had 4 line(s) after step 4" in notes[1]
     (aside,) = (run / "abandoned").iterdir()
     assert (aside / "checkpoints" / "000008" / "training_state").is_dir()  # moved whole, not deleted
-    assert before["checkpoints/000008/pretrained_model/model.safetensors"] == \
-        (aside / "checkpoints/000008/pretrained_model/model.safetensors").read_bytes()
+    assert (
+        before["checkpoints/000008/pretrained_model/model.safetensors"]
+        == (aside / "checkpoints/000008/pretrained_model/model.safetensors").read_bytes()
+    )
     steps = [r["step"] for r in records(run)]
     assert steps == list(range(1, 9))  # no step twice
     assert losses(run) == losses(full)  # the redone steps are the same steps
@@ -250,9 +271,16 @@ def test_ddp_to_fsdp2_at_the_same_world_size_is_not_called_inexact(launch, tmp_p
     full, half = tmp_path / "full", tmp_path / "half"
     # one launch: the two DDP runs, then the FSDP2 resume of the shorter one (its stderr is split off)
     *_, res = launch.lerobot_train_runs(
-        [*args, "--steps=4", f"--output_dir={full}"], [*args, "--steps=2", f"--output_dir={half}"],
-        ["--resume=true", f"--config_path={half / 'checkpoints' / 'last'}", "--steps=4", "--parallelism.dp_shard=2"],
-        nproc=2)
+        [*args, "--steps=4", f"--output_dir={full}"],
+        [*args, "--steps=2", f"--output_dir={half}"],
+        [
+            "--resume=true",
+            f"--config_path={half / 'checkpoints' / 'last'}",
+            "--steps=4",
+            "--parallelism.dp_shard=2",
+        ],
+        nproc=2,
+    )
     (warning,) = warnings_of(res.stderr)
     assert "dp_replicate: 2 → 1; dp_shard: 1 → 2" in warning and "sample-exactness" not in warning
     got, want = losses(half), losses(full)
@@ -261,8 +289,15 @@ def test_ddp_to_fsdp2_at_the_same_world_size_is_not_called_inexact(launch, tmp_p
 
 def _start(launch, out: Path, *extra: str) -> subprocess.Popen:
     cmd = [SCRIPT, *MLP, "--steps=1000000", "--save_freq=0", "--log_freq=1", f"--output_dir={out}", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=launch.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=launch.clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_lines(out: Path, n: int, proc: subprocess.Popen, timeout_s: float = 150) -> None:
@@ -307,7 +342,10 @@ def test_interrupted_save_leftovers_are_recognised_and_cleaned(runs, resumed):
     run, res = resumed["leftover"].run, resumed["leftover"].res
     (warning,) = warnings_of(res.stderr)
     assert "removed what an interrupted save left" in warning and ".tmp-000006-12345" in warning
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["000004", "last"]  # removed, as it says
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "000004",
+        "last",
+    ]  # removed, as it says
     assert losses(run) == losses(full)
     # fresh: the run's very first save was interrupted twice (only the staging tree exists)
     fresh, res = resumed["leftover_fresh"].run, resumed["leftover_fresh"].res
@@ -316,9 +354,11 @@ def test_interrupted_save_leftovers_are_recognised_and_cleaned(runs, resumed):
     assert sorted(p.name for p in (fresh / "checkpoints").iterdir()) == ["000002", "last"]
 
 
-@pytest.mark.parametrize(("nproc", "degrees"), [(2, ["--parallelism.dp_shard=2"]),
-                                                 (4, ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"])],
-                         ids=["fsdp2", "hsdp"])
+@pytest.mark.parametrize(
+    ("nproc", "degrees"),
+    [(2, ["--parallelism.dp_shard=2"]), (4, ["--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"])],
+    ids=["fsdp2", "hsdp"],
+)
 def test_sharded_resume_through_lerobot_train_is_bitwise(launch, tmp_path, nproc, degrees):
     """FSDP2 and HSDP, saved as DCP shards and resumed by lerobot-train on the same topology, continue
     with the very floats of the uninterrupted run. The resume branches off step 2 into a new run
@@ -329,8 +369,11 @@ def test_sharded_resume_through_lerobot_train_is_bitwise(launch, tmp_path, nproc
     # one launch: the run, a digest of its directory (every file's sha256), then the resume
     before = launch.TreeDigest(full, tmp_path / "full_before.json")
     _, res = launch.lerobot_train_runs(
-        [*args, "--steps=4", f"--output_dir={full}"], before,
-        resume_flags(full / "checkpoints" / "000002", "--steps=4", f"--output_dir={branch}"), nproc=nproc)
+        [*args, "--steps=4", f"--output_dir={full}"],
+        before,
+        resume_flags(full / "checkpoints" / "000002", "--steps=4", f"--output_dir={branch}"),
+        nproc=nproc,
+    )
     assert f"continuing {full / 'checkpoints' / '000002'} in the new run directory {branch}" in res.stderr
     assert before.read() and launch.tree_digest(full) == before.read()
     got, want = losses(branch), losses(full)

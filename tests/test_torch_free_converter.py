@@ -22,8 +22,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 FAKE_HUB_DIR = Path(__file__).resolve().parent / "fake_hub"
-RUN = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0", "--batch_size=4",
-       "--log_freq=1", "--parallelism.dp_shard=2", "--steps=2", "--save_freq=2"]
+RUN = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=0",
+    "--batch_size=4",
+    "--log_freq=1",
+    "--parallelism.dp_shard=2",
+    "--steps=2",
+    "--save_freq=2",
+]
 MLP = ["--policy.type=mlp", "--policy.hidden_dim=32"]
 
 pytestmark = pytest.mark.slow
@@ -43,17 +51,43 @@ def venv(tmp_path_factory) -> Path:
     env.pop("VIRTUAL_ENV", None)
     # --reinstall-package: build the package from its sources now (uv would reuse a wheel it built earlier
     # from older sources, since its cache key is the project's metadata, not every file)
-    res = subprocess.run([_uv(), "sync", "--frozen", "--offline", "--no-dev", "--no-editable", "--quiet",
-                          "--package", "lerobot-ckpt", "--reinstall-package", "lerobot-ckpt",
-                          "--python", sys.executable], cwd=REPO, env=env,
-                         check=False, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            _uv(),
+            "sync",
+            "--frozen",
+            "--offline",
+            "--no-dev",
+            "--no-editable",
+            "--quiet",
+            "--package",
+            "lerobot-ckpt",
+            "--reinstall-package",
+            "lerobot-ckpt",
+            "--python",
+            sys.executable,
+        ],
+        cwd=REPO,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     return root
 
 
 def _python(venv: Path, code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "python"), "-c", code], check=False, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})}, cwd=venv.parent)
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=venv.parent,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +97,15 @@ def steps(tmp_path_factory, launch) -> dict[str, Path]:
     base, peft = root / "base", root / "peft"
     launch.lerobot_train_runs(
         [*RUN, *MLP, "--ema.enable=true", "--checkpoint_format=safetensors_dcp", f"--output_dir={base}"],
-        [*RUN, f"--policy.path={base}/checkpoints/000002/pretrained_model", "--peft.r=4",
-         "--checkpoint_format=dcp", f"--output_dir={peft}"], nproc=2)
+        [
+            *RUN,
+            f"--policy.path={base}/checkpoints/000002/pretrained_model",
+            "--peft.r=4",
+            "--checkpoint_format=dcp",
+            f"--output_dir={peft}",
+        ],
+        nproc=2,
+    )
     return {"ema": base / "checkpoints" / "000002", "peft": peft / "checkpoints" / "000002"}
 
 
@@ -76,7 +117,8 @@ def test_the_environment_has_no_torch_and_a_library_import_names_the_extra(venv)
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1] == (
         "ImportError: lerobot_ckpt.save_checkpoint needs torch, which is not installed: pip install "
-        "'lerobot-ckpt[torch]' (lerobot-convert-dcp alone runs without it)"), res.stderr
+        "'lerobot-ckpt[torch]' (lerobot-convert-dcp alone runs without it)"
+    ), res.stderr
 
 
 def _copy(step: Path, where: Path) -> Path:
@@ -102,8 +144,13 @@ def test_conversion_without_torch_equals_the_workspace_conversion_bitwise(venv, 
 
     ours, theirs = _copy(steps[kind], tmp_path / "torch_free"), _copy(steps[kind], tmp_path / "workspace")
     flags = [f"--checkpoint_dir={ours}"] + ([f"--dtype={dtype}"] if dtype else [])
-    res = subprocess.run([str(venv / "bin" / "python"), "-c", CONVERT_AND_REPORT, *flags], check=False,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", CONVERT_AND_REPORT, *flags],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert report == {"code": 0, "torch": False, "numpy": dtype is not None}, res.stdout + res.stderr
     convert_dcp(theirs, dtype=dtype)
@@ -121,8 +168,13 @@ def test_the_torch_free_cast_equals_torchs_cast(venv, steps, tmp_path):
 
     fp32, bf16 = _copy(steps["ema"], tmp_path / "fp32"), _copy(steps["ema"], tmp_path / "bf16")
     for step, extra in ((fp32, []), (bf16, ["--dtype=bfloat16"])):
-        res = subprocess.run([str(venv / "bin" / "lerobot-convert-dcp"), f"--checkpoint_dir={step}", *extra],
-                             check=False, capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [str(venv / "bin" / "lerobot-convert-dcp"), f"--checkpoint_dir={step}", *extra],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr
     full, cast = (load_file(str(s / "pretrained_model" / "model.safetensors")) for s in (fp32, bf16))
     assert full.keys() == cast.keys() and any(t.dtype == torch.float32 for t in full.values())
@@ -136,10 +188,14 @@ def test_the_torch_free_cast_equals_torchs_cast(venv, steps, tmp_path):
 def test_push_to_hub_without_torch(venv, steps, tmp_path):
     step = _copy(steps["ema"], tmp_path / "push")
     log = tmp_path / "hub.jsonl"
-    res = subprocess.run([str(venv / "bin" / "lerobot-convert-dcp"), f"--checkpoint_dir={step}",
-                          "--push_to_hub=me/converted"], check=False, capture_output=True, text=True,
-                         timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(FAKE_HUB_DIR), "FAKE_HUB_LOG": str(log)})
+    res = subprocess.run(
+        [str(venv / "bin" / "lerobot-convert-dcp"), f"--checkpoint_dir={step}", "--push_to_hub=me/converted"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(FAKE_HUB_DIR), "FAKE_HUB_LOG": str(log)},
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "uploaded" in res.stdout and "me/converted" in res.stdout
     commits = [c for c in map(json.loads, log.read_text().splitlines()) if c["call"] == "create_commit"]

@@ -33,11 +33,17 @@ def _runs(launch, root: Path, runs: dict, nproc: int) -> dict[str, tuple[Path, o
     """``runs`` (name -> flags, or a ``launch.TreeDigest``, which is no run) in ONE ``lerobot_train_runs``
     launch, in order; a run without ``--config_path`` writes to ``root/name``. Returns name ->
     (output_dir, RunOutput) for the runs, name -> (digest file, TreeDigest) for the digests."""
-    items = [flags if isinstance(flags, launch.TreeDigest) or any(a.startswith("--config_path") for a in flags)
-             else [*flags, f"--output_dir={root / name}"] for name, flags in runs.items()]
+    items = [
+        flags
+        if isinstance(flags, launch.TreeDigest) or any(a.startswith("--config_path") for a in flags)
+        else [*flags, f"--output_dir={root / name}"]
+        for name, flags in runs.items()
+    ]
     outs = iter(launch.lerobot_train_runs(*items, nproc=nproc))
-    return {name: (flags.path, flags) if isinstance(flags, launch.TreeDigest) else (root / name, next(outs))
-            for name, flags in runs.items()}
+    return {
+        name: (flags.path, flags) if isinstance(flags, launch.TreeDigest) else (root / name, next(outs))
+        for name, flags in runs.items()
+    }
 
 
 def _mid_epoch_resume(launch, root: Path, nproc: int) -> dict:
@@ -45,18 +51,31 @@ def _mid_epoch_resume(launch, root: Path, nproc: int) -> dict:
     checkpoint digested, and its resume to 20. Two episodes (98 frames) and a global batch of 8: an
     epoch ends after 12 steps, so the resume at step 16 (sample 128) is mid-epoch in epoch 1. ACT
     (dropout, VAE sampling) checks the RNG restore."""
-    args = [*DATA, "--dataset.episodes=[0,1]", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
-            "--policy.dim_model=32",
-            "--policy.dim_feedforward=64", "--policy.n_encoder_layers=1", "--policy.n_vae_encoder_layers=1",
-            "--policy.chunk_size=5", "--policy.n_action_steps=5", f"--batch_size={8 // nproc}", "--log_freq=1",
-            "--save_freq=16"]
+    args = [
+        *DATA,
+        "--dataset.episodes=[0,1]",
+        "--policy.type=act",
+        "--policy.pretrained_backbone_weights=null",
+        "--policy.dim_model=32",
+        "--policy.dim_feedforward=64",
+        "--policy.n_encoder_layers=1",
+        "--policy.n_vae_encoder_layers=1",
+        "--policy.chunk_size=5",
+        "--policy.n_action_steps=5",
+        f"--batch_size={8 // nproc}",
+        "--log_freq=1",
+        "--save_freq=16",
+    ]
     half = root / "act_half"
     return {
         "act_full": [*args, "--steps=20"],
         "act_half": [*args, "--steps=16"],
         "act_at_16": launch.TreeDigest(half / "checkpoints" / "000016", root / "act_at_16.json"),
-        "act_resumed": ["--resume=true", f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json",
-                        "--steps=20"],
+        "act_resumed": [
+            "--resume=true",
+            f"--config_path={half}/checkpoints/last/pretrained_model/train_config.json",
+            "--steps=20",
+        ],
     }
 
 
@@ -68,12 +87,17 @@ def two_proc(launch, tmp_path_factory):
     in ``one_proc``)."""
     root = tmp_path_factory.mktemp("cli_x2")
     common = [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=4"]
-    return _runs(launch, root, {
-        **_mid_epoch_resume(launch, root, 2),
-        "two": common,
-        "fsdp": [*common, "--parallelism.dp_shard=-1"],
-        "ws_two": [*MLP, "--batch_size=4", "--log_freq=2", "--save_freq=4", "--steps=4"],
-    }, nproc=2)
+    return _runs(
+        launch,
+        root,
+        {
+            **_mid_epoch_resume(launch, root, 2),
+            "two": common,
+            "fsdp": [*common, "--parallelism.dp_shard=-1"],
+            "ws_two": [*MLP, "--batch_size=4", "--log_freq=2", "--save_freq=4", "--steps=4"],
+        },
+        nproc=2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +108,32 @@ def one_proc(launch, tmp_path_factory, two_proc):
     a later run whose stderr is checked."""
     root = tmp_path_factory.mktemp("cli_x1")
     pretrained = root / "base" / "checkpoints" / "last" / "pretrained_model"
-    return _runs(launch, root, {
-        "single": [*MLP, "--steps=6", "--batch_size=4", "--log_freq=2", "--save_freq=4",
-                   "--accelerator.gradient_accumulation.steps=2"],
-        **_mid_epoch_resume(launch, root, 1),
-        "ws_resumed": ["--resume=true", f"--config_path={two_proc['ws_two'][0]}/checkpoints/last", "--steps=6"],
-        "one": [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=8"],
-        # lr=0: a fine-tune that cannot move the weights must save exactly what it loaded.
-        "base": [*MLP, "--steps=3", "--log_freq=0"],
-        "tuned": [*DATA, f"--policy.path={pretrained}", "--optimizer.lr=0", "--steps=2", "--log_freq=0"],
-        "errors_run": [*MLP, "--steps=2", "--log_freq=0"],
-    }, nproc=1)
+    return _runs(
+        launch,
+        root,
+        {
+            "single": [
+                *MLP,
+                "--steps=6",
+                "--batch_size=4",
+                "--log_freq=2",
+                "--save_freq=4",
+                "--accelerator.gradient_accumulation.steps=2",
+            ],
+            **_mid_epoch_resume(launch, root, 1),
+            "ws_resumed": [
+                "--resume=true",
+                f"--config_path={two_proc['ws_two'][0]}/checkpoints/last",
+                "--steps=6",
+            ],
+            "one": [*MLP, "--steps=4", "--log_freq=1", "--save_checkpoint=false", "--batch_size=8"],
+            # lr=0: a fine-tune that cannot move the weights must save exactly what it loaded.
+            "base": [*MLP, "--steps=3", "--log_freq=0"],
+            "tuned": [*DATA, f"--policy.path={pretrained}", "--optimizer.lr=0", "--steps=2", "--log_freq=0"],
+            "errors_run": [*MLP, "--steps=2", "--log_freq=0"],
+        },
+        nproc=1,
+    )
 
 
 def test_single_process_banner_metrics_and_checkpoints(one_proc):
@@ -112,8 +151,13 @@ def test_single_process_banner_metrics_and_checkpoints(one_proc):
     assert sorted(p.name for p in ckpts.iterdir()) == ["000004", "000006", "last"]
     assert (ckpts / "last").resolve().name == "000006"
     pretrained = ckpts / "last" / "pretrained_model"
-    for name in ("config.json", "train_config.json", "model.safetensors", "policy_preprocessor.json",
-                 "policy_postprocessor.json"):
+    for name in (
+        "config.json",
+        "train_config.json",
+        "model.safetensors",
+        "policy_preprocessor.json",
+        "policy_postprocessor.json",
+    ):
         assert (pretrained / name).is_file(), name
     step = json.loads((ckpts / "last" / "training_state" / "training_step.json").read_text())
     assert (step["step"], step["grad_accum_steps"], step["batch_size"], step["dp_world_size"]) == (6, 2, 4, 1)
@@ -150,10 +194,14 @@ def test_fsdp_two_processes_match_one_process_on_the_same_global_batch(one_proc,
 def test_resume_is_bitwise_equal_mid_epoch_after_the_first_epoch(one_proc, two_proc, nproc):
     runs = one_proc if nproc == 1 else two_proc  # see _mid_epoch_resume
     (full, full_res), (half, half_res), (_, at_16), (_, res) = (
-        runs[name] for name in ("act_full", "act_half", "act_at_16", "act_resumed"))
+        runs[name] for name in ("act_full", "act_half", "act_at_16", "act_resumed")
+    )
     # the step-16 state, as the 16-step run left it (digested before the resume started)
     step_file = half / "checkpoints/000016/training_state/training_step.json"
-    assert at_16.read()["training_state/training_step.json"] == hashlib.sha256(step_file.read_bytes()).hexdigest()
+    assert (
+        at_16.read()["training_state/training_step.json"]
+        == hashlib.sha256(step_file.read_bytes()).hexdigest()
+    )
     state = json.loads(step_file.read_text())
     assert (state["sampler"]["epoch"], state["sampler"]["offset"]) == (1, 128 - 98)
     assert "resuming at step 16" in res.stdout
@@ -186,10 +234,15 @@ def test_policy_path_fine_tunes_from_the_saved_weights_and_processors(one_proc):
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
     saved = json.loads((tuned / "checkpoints/last/pretrained_model/train_config.json").read_text())
     # `last` resolved: the run records the step directory it really loaded, which cannot move on
-    assert saved["policy"]["pretrained_path"] == str(pretrained.resolve()) and saved["policy"]["hidden_dim"] == 32
+    assert (
+        saved["policy"]["pretrained_path"] == str(pretrained.resolve())
+        and saved["policy"]["hidden_dim"] == 32
+    )
     assert pretrained.resolve().parent.name == "000003"
     for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
-        assert (tuned / "checkpoints/last/pretrained_model" / name).read_text() == (pretrained / name).read_text()
+        assert (tuned / "checkpoints/last/pretrained_model" / name).read_text() == (
+            pretrained / name
+        ).read_text()
 
 
 def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path, one_proc):
@@ -209,7 +262,9 @@ def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path, one_proc
         assert snapshot() == before
 
     # flags that do not fit the saved weights
-    refused("--resume=true", f"--config_path={step}", "--policy.hidden_dim=16", "--steps=4", fragment="model.")
+    refused(
+        "--resume=true", f"--config_path={step}", "--policy.hidden_dim=16", "--steps=4", fragment="model."
+    )
     # a truncated optimizer file
     opt = step / "training_state" / "optimizer_state.safetensors"
     data = opt.read_bytes()
@@ -224,13 +279,19 @@ def test_resume_errors_are_one_line_and_touch_nothing(launch, tmp_path, one_proc
 def test_accelerate_launch_is_a_plain_launcher(launch, tmp_path):
     args = [*MLP, "--steps=2", "--log_freq=1", "--save_checkpoint=false"]
     # Without GPUs, --multi_gpu with ACCELERATE_USE_CPU=true is what starts two CPU processes.
-    res = launch.accelerate_launch(SCRIPT, *args, f"--output_dir={tmp_path / 'multi'}",
-                                   launch_args=("--multi_gpu", "--num_processes=2", f"--main_process_port={launch.free_port()}"),
-                                   env={"ACCELERATE_USE_CPU": "true"}, timeout_s=180)
+    res = launch.accelerate_launch(
+        SCRIPT,
+        *args,
+        f"--output_dir={tmp_path / 'multi'}",
+        launch_args=("--multi_gpu", "--num_processes=2", f"--main_process_port={launch.free_port()}"),
+        env={"ACCELERATE_USE_CPU": "true"},
+        timeout_s=180,
+    )
     assert res.returncode == 0, res.describe()
     assert "world size 2" in res.stdout and "(DDP)" in res.stdout and "Refusing" not in res.output
     # A plain --num_processes=2 starts ONE process on a machine without GPUs (accelerate's own rule).
-    res = launch.accelerate_launch(SCRIPT, *args, f"--output_dir={tmp_path / 'plain'}",
-                                   launch_args=("--num_processes=2",), timeout_s=180)
+    res = launch.accelerate_launch(
+        SCRIPT, *args, f"--output_dir={tmp_path / 'plain'}", launch_args=("--num_processes=2",), timeout_s=180
+    )
     assert res.returncode == 0, res.describe()
     assert "world size 1" in res.stdout and "(single process)" in res.stdout

@@ -108,7 +108,9 @@ def build(
         episodes(),
         robot_type="point2d",
         vcodec=vcodec,
-        limits=FileLimits(chunks_size=chunks_size, data_files_size_in_mb=data_mb, video_files_size_in_mb=video_mb),
+        limits=FileLimits(
+            chunks_size=chunks_size, data_files_size_in_mb=data_mb, video_files_size_in_mb=video_mb
+        ),
     )
 
 

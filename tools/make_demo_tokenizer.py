@@ -67,7 +67,11 @@ def check(directory: Path, digests: dict[str, str]) -> None:
     builder = _builder()
     assert ids[0] == builder.BOS_ID and len(ids) == 1 + len(DEMO_TASK.encode()), ids
     assert tok.decode(ids, skip_special_tokens=True) == DEMO_TASK
-    assert (tok.pad_token_id, tok.eos_token_id, len(tok)) == (builder.PAD_ID, builder.EOS_ID, builder.VOCAB_SIZE)
+    assert (tok.pad_token_id, tok.eos_token_id, len(tok)) == (
+        builder.PAD_ID,
+        builder.EOS_ID,
+        builder.VOCAB_SIZE,
+    )
 
 
 def main() -> None:
@@ -82,7 +86,10 @@ def main() -> None:
     digests = write(args.output)
     check(args.output, digests)
     for name in FILES:
-        print(f"{args.output / name}: {(args.output / name).stat().st_size:,} bytes, sha256 {digests[name][:16]}")
+        print(
+            f"{args.output / name}: {(args.output / name).stat().st_size:,} bytes, "
+            f"sha256 {digests[name][:16]}"
+        )
 
 
 if __name__ == "__main__":

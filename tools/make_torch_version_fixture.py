@@ -53,13 +53,16 @@ def main() -> None:
         shutil.rmtree(out)
     dist.barrier()
     run = RunInfo(world_size=2, batch_size=4, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
-    save_checkpoint(out, 2, run=run, objects=TrainingObjects(model=net, optimizer=opt),
-                    sampler_state={"offset": 8})
+    save_checkpoint(
+        out, 2, run=run, objects=TrainingObjects(model=net, optimizer=opt), sampler_state={"offset": 8}
+    )
     full = {k: v.full_tensor() for k, v in net.state_dict().items()}
     exp_avg = opt.state[next(iter(net.parameters()))]["exp_avg"].full_tensor()
     if rank == 0:
         write_tensors(out / "expected.safetensors", {**full, "exp_avg.0.weight": exp_avg})
-        (out / "README.md").write_text(f"Written by tools/make_torch_version_fixture.py with torch {torch.__version__}.\n")
+        (out / "README.md").write_text(
+            f"Written by tools/make_torch_version_fixture.py with torch {torch.__version__}.\n"
+        )
     dist.barrier()
     dist.destroy_process_group()
     time.sleep(0.2)  # gloo may abort at exit while a peer is still tearing down (pytorch#190489)

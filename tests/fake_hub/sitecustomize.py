@@ -2,7 +2,8 @@
 
 The real huggingface_hub code path runs; only its network calls are replaced by recorders that
 append one JSON line per call to ``$FAKE_HUB_LOG`` (with the calling rank), so a test can check
-exactly what would have been uploaded or downloaded, and by whom. Used by tests/test_publish.py and the guide tests.
+exactly what would have been uploaded or downloaded, and by whom. Used by tests/test_publish.py and the guide
+tests.
 """
 
 import json
@@ -42,7 +43,12 @@ def snapshot_download(repo_id, *, repo_type=None, local_dir=None, revision=None,
     import shutil
     import time
 
-    _record("snapshot_download", repo_id=repo_id, repo_type=repo_type, local_rank=os.environ.get("LOCAL_RANK", "0"))
+    _record(
+        "snapshot_download",
+        repo_id=repo_id,
+        repo_type=repo_type,
+        local_rank=os.environ.get("LOCAL_RANK", "0"),
+    )
     source = os.path.join(os.environ.get("FAKE_HUB_DATASETS", "/nonexistent"), repo_id)
     if not os.path.isdir(source):
         raise OSError(f"fake hub: no repository {repo_id}")

@@ -85,8 +85,10 @@ def train_step(model, opt, sched, step: int, dp_rank: int) -> float:
 def full_state(model, opt) -> dict:
     """Whole model and FQN-keyed optimizer state on CPU (rank 0 only under a process group)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {"model": get_model_state_dict(model, options=options),
-            "optimizer": get_optimizer_state_dict(model, opt, options=options)}
+    return {
+        "model": get_model_state_dict(model, options=options),
+        "optimizer": get_optimizer_state_dict(model, opt, options=options),
+    }
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +104,9 @@ def diff(a, b, where: str = "state") -> list[str]:
         return [] if torch.equal(_raw(a), _raw(b)) else [f"{where}: values differ"]
     if isinstance(a, dict):
         if not isinstance(b, dict) or a.keys() != b.keys():
-            return [f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b)) if isinstance(b, dict) else b}"]
+            return [
+                f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b)) if isinstance(b, dict) else b}"
+            ]
         return [d for k in a for d in diff(a[k], b[k], f"{where}.{k}")]
     if isinstance(a, list | tuple):
         if type(a) is not type(b) or len(a) != len(b):

@@ -21,17 +21,27 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int, mixed_precision: str = "no",
-          on_step=None, scheduler: bool = False, **precision_kwargs) -> dict:
+def train(
+    runtime: ParallelRuntime,
+    batch_size: int,
+    grad_accum: int,
+    steps: int,
+    mixed_precision: str = "no",
+    on_step=None,
+    scheduler: bool = False,
+    **precision_kwargs,
+) -> dict:
     """Train ``steps`` loop steps with SGD; returns reduced per-step losses and final params.
 
     ``on_step(loop, output)`` runs after every step on every rank (for cross-rank probes).
     """
     ds = SyntheticRegression(NUM_SAMPLES, seed=DATA_SEED)
-    sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
-                                  dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
-    acc = AcceleratorConfig(mixed_precision=mixed_precision,
-                            gradient_accumulation=GradientAccumulationConfig(grad_accum))
+    sampler = ShardedBatchSampler(
+        len(ds), batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED
+    )
+    acc = AcceleratorConfig(
+        mixed_precision=mixed_precision, gradient_accumulation=GradientAccumulationConfig(grad_accum)
+    )
     model = TinyRegressor(seed=MODEL_SEED)
     wrapped = wrap_model(model, runtime, build_plan(model, runtime, acc))
     model = wrapped.model
@@ -52,9 +62,18 @@ def train(runtime: ParallelRuntime, batch_size: int, grad_accum: int, steps: int
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
     if on_step is not None:
         loop.add_hook(lambda e: on_step(e.loop, e.output), every=1)
-    loop.add_hook(lambda e: outputs.append({"step": e.output.step, "synced": e.output.synced,
-                                            "stepped": e.output.optimizer_stepped, "skipped": e.output.skipped,
-                                            "lr": e.output.lr}), every=1)
+    loop.add_hook(
+        lambda e: outputs.append(
+            {
+                "step": e.output.step,
+                "synced": e.output.synced,
+                "stepped": e.output.optimizer_stepped,
+                "skipped": e.output.skipped,
+                "lr": e.output.lr,
+            }
+        ),
+        every=1,
+    )
     loop.run((ds.batch(ix) for ix in sampler), steps)
     return {
         "losses": losses,

@@ -17,14 +17,23 @@ from lerobot_parallel.env_guard import AccelerateEnvError, enforce_accelerate_en
 
 REPO = Path(__file__).resolve().parents[2]
 READMES = (REPO / "packages/lerobot-parallel/README.md", REPO / "packages/lerobot-trainloop/README.md")
-_PREFIXES = ("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_", "MASTER_", "KMP_", "TORCHELASTIC_", "GROUP_", "ROLE_")
+_PREFIXES = (
+    "ACCELERATE_",
+    "FSDP_",
+    "PARALLELISM_CONFIG_",
+    "MASTER_",
+    "KMP_",
+    "TORCHELASTIC_",
+    "GROUP_",
+    "ROLE_",
+)
 _NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
 
 
 def readme_example(path: Path) -> str:
     """The python block under the README's '## Example' heading."""
     text = path.read_text()
-    section = text[text.index("## Example"):]
+    section = text[text.index("## Example") :]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 
 

@@ -66,8 +66,9 @@ def write_adapter_files(path: Path) -> None:
 
 
 def run_info(world: int, dp_replicate: int, dp_shard: int, fmt: str = "safetensors") -> RunInfo:
-    return RunInfo(world_size=world, batch_size=4, parallelism=Parallelism(dp_replicate, dp_shard),
-                   checkpoint_format=fmt)
+    return RunInfo(
+        world_size=world, batch_size=4, parallelism=Parallelism(dp_replicate, dp_shard), checkpoint_format=fmt
+    )
 
 
 def last(name: str) -> Path:
@@ -90,13 +91,20 @@ def resume_check(kind: str, mesh, source: str, ref: dict | None, dp_rank: int, *
     """Fresh model of ``kind``; load ``source``; compare with ``ref`` (rank 0); one more step."""
     model, opt, sched = build(kind, mesh)
     t0 = time.monotonic()
-    state = load_checkpoint(last(source),
-                            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched), **kw)
-    res = {"load_s": round(time.monotonic() - t0, 3), "step": state.step, "rng_restored": state.rng_restored,
-           "sampler": state.sampler_state}
+    state = load_checkpoint(
+        last(source), objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched), **kw
+    )
+    res = {
+        "load_s": round(time.monotonic() - t0, 3),
+        "step": state.step,
+        "rng_restored": state.rng_restored,
+        "sampler": state.sampler_state,
+    }
     loaded = full_state(model, opt)
     if ref is not None and loaded["model"]:
-        res["diff"] = diff(ref["model"], loaded["model"], "model") + diff(ref["optimizer"], loaded["optimizer"], "optim")
+        res["diff"] = diff(ref["model"], loaded["model"], "model") + diff(
+            ref["optimizer"], loaded["optimizer"], "optim"
+        )
     res["lr"] = sched.get_last_lr()
     before = {k: v.clone() for k, v in loaded["model"].items()}
     res["next_loss"] = train_step(model, opt, sched, state.step + 1, dp_rank)
@@ -130,8 +138,12 @@ def memory_scenario(mesh, rank: int) -> dict:
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     t0 = time.monotonic()
     save_checkpoint(OUT / "mem", 1, run=run_info(2, 1, 2), objects=TrainingObjects(model=big))
-    res = {"peak_increase": vm("VmHWM") - rss, "model_bytes": 16 * 2048 * 2048 * 4, "largest": 2048 * 2048 * 4,
-           "save_s": round(time.monotonic() - t0, 2)}
+    res = {
+        "peak_increase": vm("VmHWM") - rss,
+        "model_bytes": 16 * 2048 * 2048 * 4,
+        "largest": 2048 * 2048 * 4,
+        "save_s": round(time.monotonic() - t0, 2),
+    }
     del big
     gc.collect()
     return res
@@ -149,9 +161,13 @@ def failure_drills(model, opt, sched, rank: int) -> dict:
     if rank == 1:
         dcp.FileSystemWriter.write_data = no_space
     try:
-        save_checkpoint(OUT / "fmt_dcp", 5, run=run_info(2, 1, 2, "dcp"),
-                        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                        write_pretrained=write_pretrained)
+        save_checkpoint(
+            OUT / "fmt_dcp",
+            5,
+            run=run_info(2, 1, 2, "dcp"),
+            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+            write_pretrained=write_pretrained,
+        )
         res["rank1_dcp_failure"] = None
     except CheckpointError as exc:
         res["rank1_dcp_failure"] = [type(exc).__name__, str(exc)]
@@ -163,17 +179,23 @@ def failure_drills(model, opt, sched, rank: int) -> dict:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (512, limit[1]))
     try:
-        save_checkpoint(OUT / "fmt_safetensors", 5, run=run_info(2, 1, 2, "safetensors"),
-                        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                        write_pretrained=write_pretrained)
+        save_checkpoint(
+            OUT / "fmt_safetensors",
+            5,
+            run=run_info(2, 1, 2, "safetensors"),
+            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+            write_pretrained=write_pretrained,
+        )
         res["rank0_gather_failure"] = None
     except CheckpointError as exc:
         res["rank0_gather_failure"] = [type(exc).__name__, str(exc)]
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
     res["after_failures"] = {
-        name: sorted(os.listdir(OUT / name / "checkpoints")) + [os.readlink(OUT / name / "checkpoints" / "last")]
-        for name in ("fmt_dcp", "fmt_safetensors")}
+        name: sorted(os.listdir(OUT / name / "checkpoints"))
+        + [os.readlink(OUT / name / "checkpoints" / "last")]
+        for name in ("fmt_dcp", "fmt_safetensors")
+    }
     return res
 
 
@@ -191,27 +213,48 @@ def mode_save() -> dict:
     res["save_s"] = {}
     for fmt in FORMATS:
         t0 = time.monotonic()
-        save_checkpoint(OUT / f"fmt_{fmt}", 3, run=run_info(2, 1, 2, fmt),
-                        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                        sampler_state={"epoch": 0, "offset": 24}, write_pretrained=write_pretrained)
+        save_checkpoint(
+            OUT / f"fmt_{fmt}",
+            3,
+            run=run_info(2, 1, 2, fmt),
+            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+            sampler_state={"epoch": 0, "offset": 24},
+            write_pretrained=write_pretrained,
+        )
         res["save_s"][fmt] = round(time.monotonic() - t0, 3)
-    save_checkpoint(OUT / "peft", 3, run=run_info(2, 1, 2, "safetensors_dcp"),
-                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                    write_pretrained=write_adapter_files, adapter_state=adapter_state)
+    save_checkpoint(
+        OUT / "peft",
+        3,
+        run=run_info(2, 1, 2, "safetensors_dcp"),
+        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+        write_pretrained=write_adapter_files,
+        adapter_state=adapter_state,
+    )
     saver = AsyncCheckpointer.create(timeout_s=60)
     if rank == 1:  # rank 0's background phase then waits for rank 1's in the checkpoint group, during step 4
         os.environ[TEST_COMMIT_DELAY_ENV] = "2.5"
-    saver.save(OUT / "async_safetensors_dcp", 3, run=run_info(2, 1, 2, "safetensors_dcp"),
-               objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-               sampler_state={"epoch": 0, "offset": 24}, write_pretrained=write_pretrained)
+    saver.save(
+        OUT / "async_safetensors_dcp",
+        3,
+        run=run_info(2, 1, 2, "safetensors_dcp"),
+        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+        sampler_state={"epoch": 0, "offset": 24},
+        write_pretrained=write_pretrained,
+    )
     os.environ.pop(TEST_COMMIT_DELAY_ENV, None)
     in_flight = saver.in_flight
     res["uninterrupted_loss4"] = train_step(model, opt, sched, 4, rank)  # FSDP2 collectives meanwhile
     step4_done = time.monotonic()
     done = saver.wait()
-    res["async"] = {"in_flight": in_flight, "snapshot_done": done.snapshot_done, "step4_done": step4_done,
-                    "committed": done.committed, "own_group": saver.group is not None
-                    and saver.group != dist.group.WORLD and dist.get_world_size(saver.group) == 2}
+    res["async"] = {
+        "in_flight": in_flight,
+        "snapshot_done": done.snapshot_done,
+        "step4_done": step4_done,
+        "committed": done.committed,
+        "own_group": saver.group is not None
+        and saver.group != dist.group.WORLD
+        and dist.get_world_size(saver.group) == 2,
+    }
     uninterrupted = full_state(model, opt)
     ref = torch.load(OUT / "ref_fsdp.pt") if rank == 0 else None
 
@@ -243,9 +286,13 @@ def async_failure(saver, model, opt, sched, rank: int) -> dict:
         dcp.FileSystemWriter.write_data = no_space
     res: dict = {}
     try:
-        saver.save(OUT / "async_safetensors_dcp", 6, run=run_info(2, 1, 2, "safetensors_dcp"),
-                   objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                   write_pretrained=write_pretrained)
+        saver.save(
+            OUT / "async_safetensors_dcp",
+            6,
+            run=run_info(2, 1, 2, "safetensors_dcp"),
+            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+            write_pretrained=write_pretrained,
+        )
         res["started"] = True
         train_step(model, opt, sched, 7, rank)
         saver.wait()
@@ -259,8 +306,10 @@ def async_failure(saver, model, opt, sched, rank: int) -> dict:
     return res
 
 
-GARBLED = {"model": "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp",
-           "optimizer": "training_state/optimizer_0/__0_0.distcp"}
+GARBLED = {
+    "model": "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp",
+    "optimizer": "training_state/optimizer_0/__0_0.distcp",
+}
 
 
 def garbled_resumes(mesh, rank: int) -> dict:
@@ -280,13 +329,16 @@ def garbled_resumes(mesh, rank: int) -> dict:
         model, opt, sched = build("fsdp", mesh)
         before = [p.to_local().clone() for p in model.parameters()]
         try:
-            load_checkpoint(last(f"garbled_{what}"),
-                            objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
+            load_checkpoint(
+                last(f"garbled_{what}"), objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched)
+            )
             res[what] = None
         except CheckpointError as exc:
             res[what] = [type(exc).__name__, str(exc)]
-        res[f"{what}_unchanged"] = all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters(),
-                                                                                   strict=True)) and not opt.state
+        res[f"{what}_unchanged"] = (
+            all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters(), strict=True))
+            and not opt.state
+        )
     return res
 
 
@@ -300,9 +352,13 @@ def mode_single() -> dict:
     model, opt, sched = build("plain")
     load_checkpoint(last("fmt_dcp"), objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
     train_step(model, opt, sched, 4, 0)
-    save_checkpoint(OUT / "single", 4, run=RunInfo(world_size=1, batch_size=4),
-                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                    write_pretrained=write_pretrained)
+    save_checkpoint(
+        OUT / "single",
+        4,
+        run=RunInfo(world_size=1, batch_size=4),
+        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+        write_pretrained=write_pretrained,
+    )
     torch.save(full_state(model, opt), OUT / "ref_single.pt")
     return res
 
@@ -320,27 +376,40 @@ def mode_hsdp() -> dict:
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
     names = [f"fmt_{fmt}" for fmt in FORMATS] + ["converted", "single"]
-    res: dict = {"resumes": {n: strip(resume_check("hsdp", mesh, n, ref, rank))
-                             for n, ref in sources_and_refs(names, rank).items()}}
+    res: dict = {
+        "resumes": {
+            n: strip(resume_check("hsdp", mesh, n, ref, rank))
+            for n, ref in sources_and_refs(names, rank).items()
+        }
+    }
 
     model, opt, sched = build("hsdp", mesh)
     fresh = full_state(model, opt)["model"]
-    load_checkpoint(last("peft"), objects=TrainingObjects(model=model), adapter_state=adapter_state,
-                    restore_rng=False)
+    load_checkpoint(
+        last("peft"), objects=TrainingObjects(model=model), adapter_state=adapter_state, restore_rng=False
+    )
     loaded = full_state(model, opt)["model"]
     if rank == 0:
         ref = torch.load(OUT / "ref_fsdp.pt")["model"]
         fc1 = [k for k in loaded if ".fc1." in k]
-        res["adapter"] = {"keys": fc1, "diff": diff({k: ref[k] for k in fc1}, {k: loaded[k] for k in fc1}),
-                          "others_untouched": diff({k: fresh[k] for k in fresh if k not in fc1},
-                                                   {k: loaded[k] for k in loaded if k not in fc1})}
+        res["adapter"] = {
+            "keys": fc1,
+            "diff": diff({k: ref[k] for k in fc1}, {k: loaded[k] for k in fc1}),
+            "others_untouched": diff(
+                {k: fresh[k] for k in fresh if k not in fc1}, {k: loaded[k] for k in loaded if k not in fc1}
+            ),
+        }
 
     model, opt, sched = build("hsdp", mesh)
     load_checkpoint(last("fmt_dcp"), objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched))
     train_step(model, opt, sched, 4, rank)
-    save_checkpoint(OUT / "hsdp", 4, run=run_info(4, 2, 2, "safetensors_dcp"),
-                    objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
-                    write_pretrained=write_pretrained)
+    save_checkpoint(
+        OUT / "hsdp",
+        4,
+        run=run_info(4, 2, 2, "safetensors_dcp"),
+        objects=TrainingObjects(model=model, optimizer=opt, scheduler=sched),
+        write_pretrained=write_pretrained,
+    )
     rank0_save(full_state(model, opt), "ref_hsdp.pt")
     return res
 
@@ -351,10 +420,15 @@ def mode_ddp() -> dict:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     names = [f"fmt_{fmt}" for fmt in FORMATS] + ["converted", "single", "hsdp"]
-    res = {"resumes": {n: strip(resume_check("ddp", None, n, ref, rank))
-                       for n, ref in sources_and_refs(names, rank).items()}}
-    merge_fsdp_weights(str(last("fmt_dcp") / "pretrained_model" / "pytorch_model_fsdp_0"),
-                       str(OUT / "accelerate_merged"))
+    res = {
+        "resumes": {
+            n: strip(resume_check("ddp", None, n, ref, rank))
+            for n, ref in sources_and_refs(names, rank).items()
+        }
+    }
+    merge_fsdp_weights(
+        str(last("fmt_dcp") / "pretrained_model" / "pytorch_model_fsdp_0"), str(OUT / "accelerate_merged")
+    )
     return res
 
 

@@ -37,17 +37,31 @@ def main() -> None:
     with parallel_session(device="cpu") as rt:
         mesh = rt.mesh
         result["runtime"] = {
-            "rank": rt.rank, "world_size": rt.world_size, "local_rank": rt.local_rank, "dp_rank": rt.dp_rank,
-            "dp_world_size": rt.dp_world_size, "backend": rt.backend, "device": str(rt.device),
-            "mesh_dim_names": list(mesh.mesh_dim_names), "mesh_shape": list(mesh.shape), "mode": rt.mode,
-            "is_main": rt.is_main, "owns_process_group": rt.owns_process_group, "launcher": rt.launcher,
+            "rank": rt.rank,
+            "world_size": rt.world_size,
+            "local_rank": rt.local_rank,
+            "dp_rank": rt.dp_rank,
+            "dp_world_size": rt.dp_world_size,
+            "backend": rt.backend,
+            "device": str(rt.device),
+            "mesh_dim_names": list(mesh.mesh_dim_names),
+            "mesh_shape": list(mesh.shape),
+            "mode": rt.mode,
+            "is_main": rt.is_main,
+            "owns_process_group": rt.owns_process_group,
+            "launcher": rt.launcher,
             "timeout_s": rt.timeout_s,
         }
 
         # DDP, B=4 per rank, K=1: the global batch of 8 equals the single-process B=8 run.
         params_same: list[bool] = []
-        result["ddp_k1"] = train(rt, batch_size=4, grad_accum=1, steps=4,
-                                 on_step=lambda loop, out: params_same.append(same_on_all_ranks(flat_params(loop.model))))
+        result["ddp_k1"] = train(
+            rt,
+            batch_size=4,
+            grad_accum=1,
+            steps=4,
+            on_step=lambda loop, out: params_same.append(same_on_all_ranks(flat_params(loop.model))),
+        )
         result["ddp_k1"]["params_same_each_step"] = params_same
 
         # DDP, B=2, K=2: gradients must stay local on the first micro-batch (no_sync) and be
@@ -67,13 +81,27 @@ def main() -> None:
 
         # bf16 autocast under DDP: fp32 parameters, finite losses, replicas in step.
         bf16_same: list[bool] = []
-        result["bf16"] = train(rt, batch_size=4, grad_accum=1, steps=2, mixed_precision="bf16",
-                               on_step=lambda loop, out: bf16_same.append(same_on_all_ranks(flat_params(loop.model))))
+        result["bf16"] = train(
+            rt,
+            batch_size=4,
+            grad_accum=1,
+            steps=2,
+            mixed_precision="bf16",
+            on_step=lambda loop, out: bf16_same.append(same_on_all_ranks(flat_params(loop.model))),
+        )
         result["bf16"]["params_same_each_step"] = bf16_same
         # fp16 with an initial scale that must overflow: every rank skips the same update and the
         # scheduler waits with it (gradients are all-reduced before the scaler looks at them).
-        result["fp16"] = train(rt, batch_size=4, grad_accum=1, steps=3, mixed_precision="fp16", scheduler=True,
-                               init_scale=2.0**40, backoff_factor=2.0**-32)
+        result["fp16"] = train(
+            rt,
+            batch_size=4,
+            grad_accum=1,
+            steps=3,
+            mixed_precision="fp16",
+            scheduler=True,
+            init_scale=2.0**40,
+            backoff_factor=2.0**-32,
+        )
 
         # Sampler through a DataLoader with worker processes: 10 steps of 2 x 3 = 60 samples = 3 epochs of 20.
         ds = SyntheticRegression(20, seed=0)
@@ -98,8 +126,16 @@ def main() -> None:
         metrics_module.dist.all_gather_into_tensor = counting
         try:
             r = rt.rank
-            tracker = MetricsTracker({"loss": "mean", "step_s": "max", "data_s": "max", "samples": "sum",
-                                      "low": "min", "lr": "local"})
+            tracker = MetricsTracker(
+                {
+                    "loss": "mean",
+                    "step_s": "max",
+                    "data_s": "max",
+                    "samples": "sum",
+                    "low": "min",
+                    "lr": "local",
+                }
+            )
             for v in (r + 1.0, r + 3.0):  # window mean r + 2
                 tracker.update("loss", v)
             tracker.update("step_s", 0.1 * (r + 1))

@@ -66,37 +66,72 @@ class CollectiveSpy:
         dist.reduce_scatter_single, dist.all_reduce = self._real
 
 
-def train(runtime: ParallelRuntime, *, batch_size: int, steps: int, grad_accum: int = 1,
-          mixed_precision: str = "no", fsdp: FSDPConfig | None = None, optimizer: str = "sgd",
-          grad_clip_norm: float | None = None, scheduler: bool = False,
-          model_factory: Callable[..., torch.nn.Module] = BlockRegressor,
-          on_step: Callable | None = None, on_wrapped: Callable | None = None, **scaler_kwargs) -> dict:
+def train(
+    runtime: ParallelRuntime,
+    *,
+    batch_size: int,
+    steps: int,
+    grad_accum: int = 1,
+    mixed_precision: str = "no",
+    fsdp: FSDPConfig | None = None,
+    optimizer: str = "sgd",
+    grad_clip_norm: float | None = None,
+    scheduler: bool = False,
+    model_factory: Callable[..., torch.nn.Module] = BlockRegressor,
+    on_step: Callable | None = None,
+    on_wrapped: Callable | None = None,
+    **scaler_kwargs,
+) -> dict:
     """Train ``steps`` loop steps; returns reduced losses, per-step outputs and the full final params."""
     fsdp = fsdp or FSDPConfig()
     ds = SyntheticRegression(NUM_SAMPLES, seed=DATA_SEED)
-    sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
-                                  dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
-    acc = AcceleratorConfig(mixed_precision=mixed_precision, fsdp=fsdp,
-                            gradient_accumulation=GradientAccumulationConfig(grad_accum))
+    sampler = ShardedBatchSampler(
+        len(ds), batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED
+    )
+    acc = AcceleratorConfig(
+        mixed_precision=mixed_precision,
+        fsdp=fsdp,
+        gradient_accumulation=GradientAccumulationConfig(grad_accum),
+    )
     model = model_factory(seed=MODEL_SEED)
     wrapped = wrap_model(model, runtime, build_plan(model, runtime, acc))
     model = wrapped.model
     if on_wrapped is not None:
         on_wrapped(model)
-    opt = (torch.optim.AdamW(model.parameters(), lr=0.01) if optimizer == "adamw"
-           else torch.optim.SGD(model.parameters(), lr=LR))
+    opt = (
+        torch.optim.AdamW(model.parameters(), lr=0.01)
+        if optimizer == "adamw"
+        else torch.optim.SGD(model.parameters(), lr=LR)
+    )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9) if scheduler else None
     precision = build_precision(mixed_precision, runtime.device, **scaler_kwargs) if scaler_kwargs else None
-    loop = TrainLoop(wrapped, opt, accelerator=acc, sampler=sampler, scheduler=sched, precision=precision,
-                     grad_clip_norm=grad_clip_norm)
+    loop = TrainLoop(
+        wrapped,
+        opt,
+        accelerator=acc,
+        sampler=sampler,
+        scheduler=sched,
+        precision=precision,
+        grad_clip_norm=grad_clip_norm,
+    )
     losses: list[float] = []
     outputs: list[dict] = []
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
+
     def as_float(value):  # StepOutput's norm is a 0-d device tensor (or None without clipping)
         return None if value is None else float(value)
 
-    loop.add_hook(lambda e: outputs.append({"synced": e.output.synced, "skipped": e.output.skipped,
-                                            "grad_norm": as_float(e.output.grad_norm), "lr": e.output.lr}), every=1)
+    loop.add_hook(
+        lambda e: outputs.append(
+            {
+                "synced": e.output.synced,
+                "skipped": e.output.skipped,
+                "grad_norm": as_float(e.output.grad_norm),
+                "lr": e.output.lr,
+            }
+        ),
+        every=1,
+    )
     if on_step is not None:
         loop.add_hook(lambda e: on_step(loop, e.output), every=1)
     loop.run((ds.batch(ix) for ix in sampler), steps)
@@ -142,11 +177,20 @@ def small_act(seed: int = MODEL_SEED) -> torch.nn.Module:
     from lerobot_cli.policies.features import PolicyFeature
 
     cfg = ACTConfig(
-        input_features={"observation.state": PolicyFeature("STATE", (4,)),
-                        "observation.environment_state": PolicyFeature("ENV", (3,))},
+        input_features={
+            "observation.state": PolicyFeature("STATE", (4,)),
+            "observation.environment_state": PolicyFeature("ENV", (3,)),
+        },
         output_features={"action": PolicyFeature("ACTION", (2,))},
-        chunk_size=5, n_action_steps=5, dim_model=32, n_heads=4, dim_feedforward=64, n_encoder_layers=2,
-        n_decoder_layers=1, use_vae=False, dropout=0.0,
+        chunk_size=5,
+        n_action_steps=5,
+        dim_model=32,
+        n_heads=4,
+        dim_feedforward=64,
+        n_encoder_layers=2,
+        n_decoder_layers=1,
+        use_vae=False,
+        dropout=0.0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -157,8 +201,9 @@ def train_act(runtime: ParallelRuntime, *, batch_size: int, steps: int, mixed_pr
     """ACT through the same engine and loop (SGD: Adam's normalisation would amplify float noise in
     near-zero gradients into visible parameter differences; clipping at 10 like LeRobot's preset)."""
     ds = ACTData()
-    sampler = ShardedBatchSampler(len(ds), batch_size, dp_rank=runtime.dp_rank,
-                                  dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED)
+    sampler = ShardedBatchSampler(
+        len(ds), batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size, seed=SAMPLER_SEED
+    )
     acc = AcceleratorConfig(mixed_precision=mixed_precision)
     policy = small_act()
     wrapped = wrap_model(policy, runtime, build_plan(policy, runtime, acc))
@@ -168,8 +213,11 @@ def train_act(runtime: ParallelRuntime, *, batch_size: int, steps: int, mixed_pr
     losses: list[float] = []
     loop.add_hook(lambda e: losses.append(e.metrics["loss"]), every=1, metrics=True)
     loop.run((ds.batch(ix) for ix in sampler), steps)
-    return {"losses": losses, "params": flat_full_params(model),
-            "param_types": sorted({type(p).__name__ for p in model.parameters()})}
+    return {
+        "losses": losses,
+        "params": flat_full_params(model),
+        "param_types": sorted({type(p).__name__ for p in model.parameters()}),
+    }
 
 
 def accumulation_trace(runtime: ParallelRuntime, **train_kwargs) -> dict:
@@ -179,7 +227,9 @@ def accumulation_trace(runtime: ParallelRuntime, **train_kwargs) -> dict:
     with CollectiveSpy() as spy:
 
         def count(loop, out) -> None:
-            per_step.append({"synced": out.synced, "reduce_scatters": len(spy.calls), "all_reduces": spy.all_reduces})
+            per_step.append(
+                {"synced": out.synced, "reduce_scatters": len(spy.calls), "all_reduces": spy.all_reduces}
+            )
             spy.clear()
 
         result = json_ready(train(runtime, on_step=count, **train_kwargs))

@@ -66,7 +66,10 @@ def checks(model, base_file: Path) -> dict:
             trainable[name] = {"dtype": str(p.dtype), "moved": moved}
         else:
             ref = base[base_key(name)]
-            frozen[name] = {"dtype": str(p.dtype), "bitwise_base": value.dtype == ref.dtype and torch.equal(value, ref)}
+            frozen[name] = {
+                "dtype": str(p.dtype),
+                "bitwise_base": value.dtype == ref.dtype and torch.equal(value, ref),
+            }
         if isinstance(p, DTensor) and not p.requires_grad and p.dim() == 2:
             shards[name] = [p.to_local().numel(), p.numel(), list(p.shape)]
     return {"frozen": frozen, "trainable": trainable, "shards": shards}
@@ -98,20 +101,28 @@ def run_one(out: Path, base_dir: Path, argv: list[str]) -> None:
         loop = train(plan, runtime)
         model = loop.model
         report = checks(model, base_dir / "model.safetensors")
-        adapter = {k: full(v.detach()).contiguous() for k, v in
-                   adapter_state(unwrap_model(model))(get_model_state_dict(model)).items()}
+        adapter = {
+            k: full(v.detach()).contiguous()
+            for k, v in adapter_state(unwrap_model(model))(get_model_state_dict(model)).items()
+        }
         inner = base_policy(unwrap_model(model))
         model.eval()
         if hasattr(model, "unshard"):
             model.unshard()  # FSDP2: gather the root; units gather in their own forward hooks
-        with torch.no_grad(), loop.precision.autocast():  # a bf16 base computes under autocast, as in training
+        with (
+            torch.no_grad(),
+            loop.precision.autocast(),
+        ):  # a bf16 base computes under autocast, as in training
             actions = inner.predict_action_chunk(fixed_batch(inner)).contiguous()
         if hasattr(model, "reshard"):
             model.reshard()
         if rank() == 0:
             save_file(adapter, str(out / "final_adapter.safetensors"))
             save_file({"actions": actions, **fixed_batch(inner)}, str(out / "fixed_batch.safetensors"))
-        write_json(out / f"rank{rank()}.json", {**report, "step": loop.step, "dp_shard": runtime.parallelism.dp_shard})
+        write_json(
+            out / f"rank{rank()}.json",
+            {**report, "step": loop.step, "dp_shard": runtime.parallelism.dp_shard},
+        )
 
 
 if __name__ == "__main__":

@@ -10,10 +10,17 @@ from lerobot_cli.policies.pi0.modeling import PI0Policy
 
 def tiny_pi0() -> PI0Policy:
     config = PI0Config(
-        paligemma_variant="gemma_tiny", action_expert_variant="gemma_tiny", vision_variant="tiny",
-        image_resolution=(56, 56), chunk_size=4, n_action_steps=4, tokenizer_max_length=8,
-        input_features={"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
-                        "observation.state": PolicyFeature(FeatureType.STATE, (6,))},
+        paligemma_variant="gemma_tiny",
+        action_expert_variant="gemma_tiny",
+        vision_variant="tiny",
+        image_resolution=(56, 56),
+        chunk_size=4,
+        n_action_steps=4,
+        tokenizer_max_length=8,
+        input_features={
+            "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
+            "observation.state": PolicyFeature(FeatureType.STATE, (6,)),
+        },
         output_features={"action": PolicyFeature(FeatureType.ACTION, (6,))},
     )
     with torch.random.fork_rng(devices=[]):

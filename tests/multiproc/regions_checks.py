@@ -65,13 +65,17 @@ def summarize(calls: dict) -> dict:
     """Counts of ``block_calls``'s record: forward and backward calls, the backward ones whose parameters
     were gathered, and whether every block's parameters were shards again between forward and backward."""
     backward = [c for c in calls["calls"] if c["phase"] == "backward"]
-    return {"forward_calls": sum(c["phase"] == "forward" for c in calls["calls"]), "backward_calls": len(backward),
-            "backward_gathered": sum(c["gathered"] for c in backward),
-            "resharded_before_backward": calls.get("resharded_before_backward")}
+    return {
+        "forward_calls": sum(c["phase"] == "forward" for c in calls["calls"]),
+        "backward_calls": len(backward),
+        "backward_gathered": sum(c["gathered"] for c in backward),
+        "resharded_before_backward": calls.get("resharded_before_backward"),
+    }
 
 
-def _grads(rt, model_fn, batch_fn, accelerator: AcceleratorConfig, record: tuple[type, str] | None = None
-           ) -> tuple[torch.Tensor, list[str], dict]:
+def _grads(
+    rt, model_fn, batch_fn, accelerator: AcceleratorConfig, record: tuple[type, str] | None = None
+) -> tuple[torch.Tensor, list[str], dict]:
     """Flat full gradients, the regions' description and (with ``record``: the block class and method)
     the saved bytes and the block calls of one forward and backward."""
     facts: dict = {}
@@ -94,23 +98,34 @@ def _grads(rt, model_fn, batch_fn, accelerator: AcceleratorConfig, record: tuple
 def regions_check(rt, compile_backend: str | None = None) -> dict:
     """Max |grad difference| of full / selective checkpointing (and compile, when a backend is given) vs
     no checkpointing, for the block model and the grouped joint towers; the regions' description; and, for
-    the plain and checkpointed eager runs, the bytes saved for backward and the block calls (see ``_grads``)."""
+    the plain and checkpointed eager runs, the bytes saved for backward and the block calls (see
+    ``_grads``)."""
     per = GLOBAL_BATCH // rt.dp_world_size
     rows = slice(rt.dp_rank * per, (rt.dp_rank + 1) * per)
     g = torch.Generator().manual_seed(11)
     x, y = torch.randn(GLOBAL_BATCH, 8, generator=g), torch.randn(GLOBAL_BATCH, 4, generator=g)
     joint = JointTowers.batch(GLOBAL_BATCH, seed=4)
     cases = {
-        "blocks": (lambda: BlockRegressor(depth=DEPTH["blocks"]), lambda: {"x": x[rows], "y": y[rows]}, (Block, "forward")),
-        "joint": (lambda: JointTowers(depth=DEPTH["joint"]), lambda: {k: v[rows] for k, v in joint.items()},
-                  (MainTowerLayer, "joint")),
+        "blocks": (
+            lambda: BlockRegressor(depth=DEPTH["blocks"]),
+            lambda: {"x": x[rows], "y": y[rows]},
+            (Block, "forward"),
+        ),
+        "joint": (
+            lambda: JointTowers(depth=DEPTH["joint"]),
+            lambda: {k: v[rows] for k, v in joint.items()},
+            (MainTowerLayer, "joint"),
+        ),
     }
-    variants = {mode: AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig(mode))
-                for mode in ("full", "selective")}
+    variants = {
+        mode: AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig(mode))
+        for mode in ("full", "selective")
+    }
     if compile_backend is not None:
         variants["compiled_full"] = AcceleratorConfig(
             activation_checkpointing=ActivationCheckpointingConfig("full"),
-            compile=CompileConfig(enabled=True, backend=compile_backend))
+            compile=CompileConfig(enabled=True, backend=compile_backend),
+        )
     out: dict = {}
     for case, (model_fn, batch_fn, record) in cases.items():
         plain, _, facts = _grads(rt, model_fn, batch_fn, AcceleratorConfig(), record)
@@ -120,7 +135,9 @@ def regions_check(rt, compile_backend: str | None = None) -> dict:
                 continue  # the block model's probe (a dict write) keeps dynamo out of a checkpointed block
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             # the compiled run is not recorded: a recording wrapper would be a side effect inside the graph
-            grads, regions, facts = _grads(rt, model_fn, batch_fn, acc, None if acc.compile.enabled else record)
+            grads, regions, facts = _grads(
+                rt, model_fn, batch_fn, acc, None if acc.compile.enabled else record
+            )
             out[case][name] = float((grads - plain).abs().max())
             out[case][f"{name}_regions"] = regions
             out[case][f"{name}_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
@@ -139,6 +156,10 @@ def assert_applied(case: str, got: dict, sharded: bool) -> None:
     assert plain["forward_calls"] == depth and plain["backward_calls"] == 0, (case, plain)
     for mode, ratio in (("full", 0.25), ("selective", 0.75)):
         facts = got[f"{mode}_facts"]
-        assert facts["forward_calls"] == facts["backward_calls"] == facts["backward_gathered"] == depth, (case, mode, facts)
+        assert facts["forward_calls"] == facts["backward_calls"] == facts["backward_gathered"] == depth, (
+            case,
+            mode,
+            facts,
+        )
         assert facts["saved_bytes"] < ratio * plain["saved_bytes"], (case, mode, facts, plain)
         assert facts["resharded_before_backward"] is sharded, (case, mode, facts)

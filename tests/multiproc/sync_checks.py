@@ -37,12 +37,14 @@ class NaNOnRank(TinyRegressor):
 
 def _loop(rt, model, k: int = 2) -> tuple[TrainLoop, list]:
     ds = SyntheticRegression(NUM_SAMPLES, seed=DATA_SEED)
-    sampler = ShardedBatchSampler(len(ds), 2, dp_rank=rt.dp_rank, dp_world_size=rt.dp_world_size, seed=0,
-                                  max_batches=40)
+    sampler = ShardedBatchSampler(
+        len(ds), 2, dp_rank=rt.dp_rank, dp_world_size=rt.dp_world_size, seed=0, max_batches=40
+    )
     acc = AcceleratorConfig(gradient_accumulation=GradientAccumulationConfig(k))
     wrapped = wrap_model(model, rt, build_plan(model, rt, acc))
-    loop = TrainLoop(wrapped, torch.optim.SGD(wrapped.model.parameters(), lr=0.05), accelerator=acc,
-                     grad_clip_norm=1.0)
+    loop = TrainLoop(
+        wrapped, torch.optim.SGD(wrapped.model.parameters(), lr=0.05), accelerator=acc, grad_clip_norm=1.0
+    )
     return loop, [ds.batch(ix) for ix in sampler]
 
 
@@ -67,9 +69,13 @@ def ddp_syncs(rt) -> dict:
             stopped = {"step": loop.step, "signal": exc.signum}
     return {
         "blocking": {s: counter.syncs(s) for s in range(loop.step + 1)},
-        "async": {s: [n for kind, n, lab in counter.events if kind == "async" and lab == s]
-                  for s in range(loop.step + 1)},
-        "stopped": stopped, "logged": logged, "model_type": type(loop.model).__name__,
+        "async": {
+            s: [n for kind, n, lab in counter.events if kind == "async" and lab == s]
+            for s in range(loop.step + 1)
+        },
+        "stopped": stopped,
+        "logged": logged,
+        "model_type": type(loop.model).__name__,
     }
 
 

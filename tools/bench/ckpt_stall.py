@@ -45,7 +45,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="training steps between two saves")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temporary directory)"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -82,21 +84,30 @@ def main() -> None:
         steps_idle += [b - a for a, b in steps if a >= done.committed]
     saver.close()
 
-    size = sum(p.stat().st_size for p in (root / "sync" / "checkpoints" / "last").resolve().rglob("*") if p.is_file())
+    size = sum(
+        p.stat().st_size for p in (root / "sync" / "checkpoints" / "last").resolve().rglob("*") if p.is_file()
+    )
     med = statistics.median
-    print(f"model: {args.layers} x Linear({args.width}, {args.width}), {n_params:,} parameters; checkpoint "
-          f"{size / 2**20:.0f} MiB (weights + AdamW state); {args.rounds} rounds, {args.steps} steps between saves")
+    print(
+        f"model: {args.layers} x Linear({args.width}, {args.width}), {n_params:,} parameters; checkpoint "
+        f"{size / 2**20:.0f} MiB (weights + AdamW state); {args.rounds} rounds, "
+        f"{args.steps} steps between saves"
+    )
     print(f"{'':34}{'median':>9}{'min':>9}{'max':>9}")
-    rows = [("sync: stall per checkpoint", sync_stall),
-            ("async: stall per checkpoint", [c + w for c, w in zip(async_call, async_wait, strict=True)]),
-            ("  of which snapshot (save call)", async_call),
-            ("  of which wait at next save", async_wait),
-            ("async: background write + commit", background)]
+    rows = [
+        ("sync: stall per checkpoint", sync_stall),
+        ("async: stall per checkpoint", [c + w for c, w in zip(async_call, async_wait, strict=True)]),
+        ("  of which snapshot (save call)", async_call),
+        ("  of which wait at next save", async_wait),
+        ("async: background write + commit", background),
+    ]
     for name, values in rows:
         print(f"{name:34}{med(values):9.3f}{min(values):9.3f}{max(values):9.3f}  s")
-    print(f"step time: {med(steps_idle) * 1e3:.1f} ms without a write in flight, "
-          f"{med(steps_writing) * 1e3 if steps_writing else float('nan'):.1f} ms while one is "
-          f"({len(steps_writing)} steps; the writer shares the CPU cores with the step)")
+    print(
+        f"step time: {med(steps_idle) * 1e3:.1f} ms without a write in flight, "
+        f"{med(steps_writing) * 1e3 if steps_writing else float('nan'):.1f} ms while one is "
+        f"({len(steps_writing)} steps; the writer shares the CPU cores with the step)"
+    )
     print(f"stall ratio async/sync: {med(rows[1][1]) / med(sync_stall):.3f}")
     if args.dir is None:
         shutil.rmtree(root)

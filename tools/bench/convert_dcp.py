@@ -90,8 +90,9 @@ print(len(names))
 def measure(cmd: list[str]) -> tuple[float, str]:
     """Wall seconds of that one child process and its stdout+stderr (its own peak RSS is in there)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ,
-                                                                                          "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     out = proc.stdout.read().decode(errors="replace")
     _, status = os.waitpid(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -124,20 +125,33 @@ def main() -> None:
         pretrained = work / "step" / "pretrained_model"
         shards = pretrained / "pytorch_model_fsdp_0"
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", BUILD, str(size), str(largest), str(shards)], check=True,
-                             capture_output=True, text=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", BUILD, str(size), str(largest), str(shards)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         n_tensors, total, biggest = map(int, out[-3:])
-        print(f"synthetic DCP checkpoint: {n_tensors} tensors, {total / 1e9:.2f} GB, largest {biggest / MB:.0f} MB, "
-              f"{len(list(shards.glob('*.distcp')))} shard file(s), built in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"synthetic DCP checkpoint: {n_tensors} tensors, {total / 1e9:.2f} GB, largest "
+            f"{biggest / MB:.0f} MB, {len(list(shards.glob('*.distcp')))} shard file(s), built in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
 
         for f in shards.iterdir():  # same page-cache state for both tools
             with open(f, "rb") as fh:
                 while fh.read(64 << 20):
                     pass
-        runs: dict[str, list[tuple[float, float, float, float, float]]] = {"ours": [], "accelerate": [], "bf16": []}
-        commands = {"ours": [sys.executable, "-c", WRAP, "ours", str(pretrained)],
-                    "accelerate": [sys.executable, "-c", WRAP, "accelerate", str(shards), str(work / "accelerate")],
-                    "bf16": [sys.executable, "-c", WRAP, "ours", str(pretrained), "--dtype=bfloat16"]}
+        runs: dict[str, list[tuple[float, float, float, float, float]]] = {
+            "ours": [],
+            "accelerate": [],
+            "bf16": [],
+        }
+        commands = {
+            "ours": [sys.executable, "-c", WRAP, "ours", str(pretrained)],
+            "accelerate": [sys.executable, "-c", WRAP, "accelerate", str(shards), str(work / "accelerate")],
+            "bf16": [sys.executable, "-c", WRAP, "ours", str(pretrained), "--dtype=bfloat16"],
+        }
         for i in range(args.repeat):
             for name, cmd in commands.items():
                 if name == "bf16" and i:
@@ -149,32 +163,52 @@ def main() -> None:
         shutil.rmtree(work / "accelerate", ignore_errors=True)
         measure([sys.executable, "-c", WRAP, "accelerate", str(shards), str(work / "accelerate")])
         measure(commands["ours"])  # the bf16 run left a cast file; compare the as-stored one
-        compared = subprocess.run([sys.executable, "-c", COMPARE, str(pretrained / "model.safetensors"),
-                                   str(work / "accelerate" / "model.safetensors")], check=True, capture_output=True,
-                                  text=True).stdout.strip()
+        compared = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                COMPARE,
+                str(pretrained / "model.safetensors"),
+                str(work / "accelerate" / "model.safetensors"),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
         best = {n: min(r, key=lambda x: x[2]) for n, r in runs.items()}
         held = {n: max(x[3] for x in r) for n, r in runs.items()}
         rss_target = 1.5 * biggest / MB + 300
-        print(f"\n{'':38}{'merge s':>8}  {'all runs':<16}{'process s':>10}{'peak RSS MB':>13}{'imports MB':>12}"
-              f"{'held MB':>9}")
-        for name, label in (("ours", "lerobot-convert-dcp"), ("accelerate", "accelerate merge_fsdp_weights"),
-                            ("bf16", "lerobot-convert-dcp --dtype=bfloat16")):
+        print(
+            f"\n{'':38}{'merge s':>8}  {'all runs':<16}{'process s':>10}{'peak RSS MB':>13}{'imports MB':>12}"
+            f"{'held MB':>9}"
+        )
+        for name, label in (
+            ("ours", "lerobot-convert-dcp"),
+            ("accelerate", "accelerate merge_fsdp_weights"),
+            ("bf16", "lerobot-convert-dcp --dtype=bfloat16"),
+        ):
             wall, peak, merge_s, _, imports = best[name]
             every = " ".join(f"{x[2]:.1f}" for x in runs[name])
-            print(f"{label:38}{merge_s:>8.1f}  {every:<16}{wall:>10.1f}{max(x[1] for x in runs[name]):>13.0f}"
-                  f"{imports:>12.0f}{held[name]:>9.0f}")
+            print(
+                f"{label:38}{merge_s:>8.1f}  {every:<16}{wall:>10.1f}{max(x[1] for x in runs[name]):>13.0f}"
+                f"{imports:>12.0f}{held[name]:>9.0f}"
+            )
         ratio = best["ours"][2] / best["accelerate"][2]
         print(f"\noutputs identical: {compared} tensors compared bitwise")
-        print(f"time: ours/accelerate = {ratio:.2f} for the merge itself (target ≤ 1.00: "
-              f"{'met' if ratio <= 1 else 'MISSED'}); ours fsyncs its output, accelerate does not")
+        print(
+            f"time: ours/accelerate = {ratio:.2f} for the merge itself (target ≤ 1.00: "
+            f"{'met' if ratio <= 1 else 'MISSED'}); ours fsyncs its output, accelerate does not"
+        )
         peak = {n: max(x[1] for x in r) for n, r in runs.items()}
-        print(f"memory: target 1.5 × {biggest / MB:.0f} MB + 300 MB = {rss_target:.0f} MB; ours peaks at "
-              f"{peak['ours']:.0f} MB RSS for the whole process, torch never imported "
-              f"({'met' if peak['ours'] <= rss_target else 'MISSED'}), of which the merge holds {held['ours']:.0f} MB; "
-              f"accelerate peaks at {peak['accelerate']:.0f} MB ({peak['accelerate'] / peak['ours']:.1f}×) and holds "
-              f"{held['accelerate']:.0f} MB; --dtype=bfloat16 (torch imported for the cast) peaks at "
-              f"{peak['bf16']:.0f} MB")
+        print(
+            f"memory: target 1.5 × {biggest / MB:.0f} MB + 300 MB = {rss_target:.0f} MB; ours peaks at "
+            f"{peak['ours']:.0f} MB RSS for the whole process, torch never imported "
+            f"({'met' if peak['ours'] <= rss_target else 'MISSED'}), of which the merge holds "
+            f"{held['ours']:.0f} MB; accelerate peaks at {peak['accelerate']:.0f} MB "
+            f"({peak['accelerate'] / peak['ours']:.1f}×) and holds {held['accelerate']:.0f} MB; "
+            f"--dtype=bfloat16 (torch imported for the cast) peaks at {peak['bf16']:.0f} MB"
+        )
     finally:
         if args.keep:
             print(f"kept {work}")

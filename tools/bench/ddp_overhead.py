@@ -41,16 +41,23 @@ def worker(args: argparse.Namespace) -> None:
     from lerobot_trainloop import TrainLoop
     from lerobot_trainloop.testing import TinyRegressor
 
-    accel = AcceleratorConfig(mixed_precision=args.mixed_precision,
-                              gradient_accumulation=GradientAccumulationConfig(args.grad_accum))
+    accel = AcceleratorConfig(
+        mixed_precision=args.mixed_precision,
+        gradient_accumulation=GradientAccumulationConfig(args.grad_accum),
+    )
     with parallel_session(accelerator=accel, device=args.device) as rt:
         model = TinyRegressor(in_dim=args.hidden, hidden=args.hidden, out_dim=args.hidden)
         wrapped = wrap_model(model, rt, build_plan(model, rt, accel))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         loop = TrainLoop(wrapped, opt, accelerator=accel)
         g = torch.Generator().manual_seed(rt.dp_rank)
-        batches = [{"x": torch.randn(args.batch_size, args.hidden, generator=g),
-                    "y": torch.randn(args.batch_size, args.hidden, generator=g)} for _ in range(8)]
+        batches = [
+            {
+                "x": torch.randn(args.batch_size, args.hidden, generator=g),
+                "y": torch.randn(args.batch_size, args.hidden, generator=g),
+            }
+            for _ in range(8)
+        ]
         loop.run(batches, args.warmup)
         loop.metrics.reset()
         t0 = time.perf_counter()
@@ -59,25 +66,55 @@ def worker(args: argparse.Namespace) -> None:
         reduced = loop.reduce_metrics()
         if rt.is_main:
             params = sum(p.numel() for p in model.parameters())
-            Path(args.out).write_text(json.dumps({
-                "world_size": rt.world_size, "wall_s": wall, "step_s": wall / args.steps,
-                "samples_per_s": args.batch_size * rt.dp_world_size * args.steps / wall,
-                "loop_step_s_max": reduced["step_s"], "params": params,
-            }))
+            Path(args.out).write_text(
+                json.dumps(
+                    {
+                        "world_size": rt.world_size,
+                        "wall_s": wall,
+                        "step_s": wall / args.steps,
+                        "samples_per_s": args.batch_size * rt.dp_world_size * args.steps / wall,
+                        "loop_step_s_max": reduced["step_s"],
+                        "params": params,
+                    }
+                )
+            )
 
 
 def launch(args: argparse.Namespace, nproc: int, out: Path) -> dict:
-    me = [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--steps", str(args.steps),
-          "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--hidden", str(args.hidden),
-          "--device", args.device, "--mixed-precision", args.mixed_precision, "--grad-accum", str(args.grad_accum)]
+    me = [
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--out",
+        str(out),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--hidden",
+        str(args.hidden),
+        "--device",
+        args.device,
+        "--mixed-precision",
+        args.mixed_precision,
+        "--grad-accum",
+        str(args.grad_accum),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     if nproc == 1:
         cmd = [sys.executable, *me]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               f"--master-port={_free_port()}", *me]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={_free_port()}",
+            *me,
+        ]
     subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -104,11 +141,16 @@ def main() -> None:
         many = launch(args, args.nproc, Path(tmp) / "many.json")
     ratio = many["step_s"] / one["step_s"]
     efficiency = many["samples_per_s"] / (args.nproc * one["samples_per_s"])
-    print(f"model: {one['params']:,} params, per-rank batch {args.batch_size}, {args.steps} timed steps, "
-          f"device {args.device}, precision {args.mixed_precision}, grad accum {args.grad_accum}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}")
+    print(
+        f"model: {one['params']:,} params, per-rank batch {args.batch_size}, {args.steps} timed steps, "
+        f"device {args.device}, precision {args.mixed_precision}, grad accum {args.grad_accum}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}"
+    )
     print(f"1 proc : {one['step_s'] * 1e3:8.2f} ms/step  {one['samples_per_s']:10.1f} samples/s")
-    print(f"{args.nproc} procs: {many['step_s'] * 1e3:8.2f} ms/step  {many['samples_per_s']:10.1f} samples/s (cluster)")
+    print(
+        f"{args.nproc} procs: {many['step_s'] * 1e3:8.2f} ms/step  "
+        f"{many['samples_per_s']:10.1f} samples/s (cluster)"
+    )
     print(f"step-time ratio {args.nproc}-proc / 1-proc: {ratio:.3f}   scaling efficiency: {efficiency:.3f}")
     print(json.dumps({"one": one, "many": many, "ratio": ratio, "efficiency": efficiency}))
 

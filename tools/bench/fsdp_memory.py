@@ -35,9 +35,12 @@ def _act(image_size: int):
     from lerobot_cli.policies.features import PolicyFeature
 
     cfg = ACTConfig(
-        input_features={"observation.state": PolicyFeature("STATE", (14,)),
-                        "observation.images.top": PolicyFeature("VISUAL", (3, image_size, image_size))},
-        output_features={"action": PolicyFeature("ACTION", (14,))}, pretrained_backbone_weights=None,
+        input_features={
+            "observation.state": PolicyFeature("STATE", (14,)),
+            "observation.images.top": PolicyFeature("VISUAL", (3, image_size, image_size)),
+        },
+        output_features={"action": PolicyFeature("ACTION", (14,))},
+        pretrained_backbone_weights=None,
     )
     return cfg, ACTPolicy(cfg)
 
@@ -70,23 +73,50 @@ def worker(args: argparse.Namespace) -> None:
         every = [None] * rt.world_size
         dist.all_gather_object(every, mine)
         if rt.is_main:
-            Path(args.out).write_text(json.dumps({
-                "mode": rt.mode, "world_size": rt.world_size, "ranks": every,
-                "params": sum(p.numel() for p in policy.parameters()) if rt.mode == "ddp" else None,
-                "estimate": {"params": plan.memory.params, "grads": plan.memory.grads,
-                             "optimizer": plan.memory.optimizer, "total": plan.memory.total},
-                "units": len(plan.units), "loss": float(loss.detach()),
-            }))
+            Path(args.out).write_text(
+                json.dumps(
+                    {
+                        "mode": rt.mode,
+                        "world_size": rt.world_size,
+                        "ranks": every,
+                        "params": sum(p.numel() for p in policy.parameters()) if rt.mode == "ddp" else None,
+                        "estimate": {
+                            "params": plan.memory.params,
+                            "grads": plan.memory.grads,
+                            "optimizer": plan.memory.optimizer,
+                            "total": plan.memory.total,
+                        },
+                        "units": len(plan.units),
+                        "loss": float(loss.detach()),
+                    }
+                )
+            )
 
 
 def launch(args: argparse.Namespace, nproc: int, dp_shard: int, out: Path) -> dict:
-    me = [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--dp-shard", str(dp_shard),
-          "--device", args.device, "--image-size", str(args.image_size)]
+    me = [
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--out",
+        str(out),
+        "--dp-shard",
+        str(dp_shard),
+        "--device",
+        args.device,
+        "--image-size",
+        str(args.image_size),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={_free_port()}", *me]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={_free_port()}",
+        *me,
+    ]
     subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -113,21 +143,33 @@ def main() -> None:
         for n in args.shards:
             runs[f"FSDP dp_shard={n}"] = launch(args, n, n, Path(tmp) / f"fsdp{n}.json")
     ddp = max(r["total"] for r in runs["DDP (2 procs)"]["ranks"])
-    print(f"ACT default size: {runs['DDP (2 procs)']['params']:,} parameters, AdamW, device {args.device}, "
-          f"image {args.image_size}x{args.image_size}; largest rank after one step (params + grads + optimizer state)")
-    print(f"{'topology':<18} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
-          f"{'target':>7} {'estimate':>13}")
+    print(
+        f"ACT default size: {runs['DDP (2 procs)']['params']:,} parameters, AdamW, device {args.device}, "
+        f"image {args.image_size}x{args.image_size}; largest rank after one step "
+        "(params + grads + optimizer state)"
+    )
+    print(
+        f"{'topology':<18} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
+        f"{'target':>7} {'estimate':>13}"
+    )
     summary = {}
     for name, run in runs.items():
         top = max(run["ranks"], key=lambda r: r["total"])
         n = run["world_size"] if run["mode"] != "ddp" else 1
         ratio = top["total"] / ddp
         target = 1.05 / n
-        summary[name] = {"ratio": ratio, "target": target, "bytes": top, "estimate": run["estimate"],
-                         "units": run["units"]}
-        print(f"{name:<18} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
-              f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])}"
-              f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}")
+        summary[name] = {
+            "ratio": ratio,
+            "target": target,
+            "bytes": top,
+            "estimate": run["estimate"],
+            "units": run["units"],
+        }
+        print(
+            f"{name:<18} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
+            f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])}"
+            f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}"
+        )
     print(json.dumps(summary))
 
 

@@ -26,17 +26,33 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
-POLICY = ["--policy.pretrained_backbone_weights=null", "--policy.dim_model=128", "--policy.dim_feedforward=512", "--policy.chunk_size=20",
-          "--policy.n_action_steps=20", "--policy.dropout=0.0"]
+POLICY = [
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.dim_model=128",
+    "--policy.dim_feedforward=512",
+    "--policy.chunk_size=20",
+    "--policy.n_action_steps=20",
+    "--policy.dropout=0.0",
+]
 WARMUP = 10
 
 
 def ours(steps: int) -> float:
     """Mean seconds per loop step after warm-up, from the timestamps of lerobot-train's metric lines."""
     out = Path(tempfile.mkdtemp()) / "run"
-    cmd = [shutil.which("lerobot-train"), "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
-           "--policy.type=act", *POLICY, f"--steps={steps}", "--batch_size=8", "--num_workers=0",
-           f"--log_freq={WARMUP}", "--save_checkpoint=false", f"--output_dir={out}"]
+    cmd = [
+        shutil.which("lerobot-train"),
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={DEMO}",
+        "--policy.type=act",
+        *POLICY,
+        f"--steps={steps}",
+        "--batch_size=8",
+        "--num_workers=0",
+        f"--log_freq={WARMUP}",
+        "--save_checkpoint=false",
+        f"--output_dir={out}",
+    ]
     subprocess.run(cmd, check=True, capture_output=True)
     # Logged every WARMUP steps (a user's log_freq, not every step): seconds per step between the first
     # log after warm-up and the last one.
@@ -47,6 +63,8 @@ def ours(steps: int) -> float:
 
 def bare(steps: int) -> float:
     """The same work in a hand-written loop, in a fresh process like ours."""
+    # Left as written: ruff format breaks the line inside {...!r}, which Python 3.11 rejects.
+    # fmt: off
     code = f"""
 import time, statistics, torch
 from torch.utils.data import DataLoader
@@ -61,7 +79,8 @@ assert o.type == "adamw" and o.grad_clip_norm, o
 set_seed(cfg.seed)  # what lerobot-train does before building the workload
 w = build_workload(cfg, device="cpu")
 policy, pre = w.policy, w.preprocessor
-opt = torch.optim.AdamW(policy.get_optim_params(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+opt = torch.optim.AdamW(policy.get_optim_params(), lr=o.lr, betas=o.betas, eps=o.eps,
+                        weight_decay=o.weight_decay)
 loader = DataLoader(w.dataset, batch_size=8, shuffle=True, num_workers=0, drop_last=True)
 it, stamps = iter(loader), []
 for step in range({steps}):
@@ -77,6 +96,7 @@ for step in range({steps}):
     stamps.append(time.perf_counter())
 print((stamps[-1] - stamps[{WARMUP} - 1]) / (len(stamps) - {WARMUP}))
 """
+    # fmt: on
     proc = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
     return float(proc.stdout.strip().splitlines()[-1])
 
@@ -90,13 +110,18 @@ def main() -> None:
     for r in range(args.rounds):
         b_times.append(bare(args.steps))
         o_times.append(ours(args.steps))
-        print(f"round {r + 1}: bare {1 / b_times[-1]:.2f} steps/s, lerobot-train {1 / o_times[-1]:.2f} steps/s "
-              f"(ratio {b_times[-1] / o_times[-1]:.3f})", flush=True)
+        print(
+            f"round {r + 1}: bare {1 / b_times[-1]:.2f} steps/s, lerobot-train {1 / o_times[-1]:.2f} steps/s "
+            f"(ratio {b_times[-1] / o_times[-1]:.3f})",
+            flush=True,
+        )
     b, o = statistics.median(b_times), statistics.median(o_times)
     print(f"bare loop:     {1 / b:.2f} steps/s ({b * 1000:.1f} ms/step)")
     print(f"lerobot-train: {1 / o:.2f} steps/s ({o * 1000:.1f} ms/step)")
-    print(f"ratio lerobot-train / bare: {b / o:.3f} (target ≥ 0.97); median of round ratios "
-          f"{statistics.median(bt / ot for bt, ot in zip(b_times, o_times, strict=True)):.3f}")
+    print(
+        f"ratio lerobot-train / bare: {b / o:.3f} (target ≥ 0.97); median of round ratios "
+        f"{statistics.median(bt / ot for bt, ot in zip(b_times, o_times, strict=True)):.3f}"
+    )
 
 
 if __name__ == "__main__":

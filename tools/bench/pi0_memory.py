@@ -30,7 +30,8 @@ FSDP2 is slower there; with fewer cores than processes they also include content
 cores: half a core each), so compare dp_shard=2 with DDP (both 2 processes). On GPUs run it with
 ``--device cuda`` (nccl).
 
-    uv run python tools/bench/pi0_memory.py [--device cpu] [--image-size 112] [--batch-size 2] [--timed-steps 3]
+    uv run python tools/bench/pi0_memory.py [--device cpu] [--image-size 112] [--batch-size 2]
+                                            [--timed-steps 3]
 """
 
 from __future__ import annotations
@@ -67,10 +68,14 @@ def _register_bench_variants() -> None:
     LeRobot's 18 layers at width 256; a ViT-S-like 12-layer SigLIP. In this process only."""
     from lerobot_cli.policies.pi0 import variants
 
-    variants.GEMMA_VARIANTS.setdefault("bench_250m", variants.GemmaVariant(
-        width=256, depth=18, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=32))
-    variants.VISION_VARIANTS.setdefault("bench_250m", variants.VisionVariant(
-        hidden_size=384, depth=12, num_heads=6, intermediate_size=1536, patch_size=14))
+    variants.GEMMA_VARIANTS.setdefault(
+        "bench_250m",
+        variants.GemmaVariant(width=256, depth=18, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=32),
+    )
+    variants.VISION_VARIANTS.setdefault(
+        "bench_250m",
+        variants.VisionVariant(hidden_size=384, depth=12, num_heads=6, intermediate_size=1536, patch_size=14),
+    )
 
 
 def _config(size: str, image_size: int, chunk: int):
@@ -80,11 +85,17 @@ def _config(size: str, image_size: int, chunk: int):
     _register_bench_variants()
     vlm, expert, vision = SIZES[size]
     return PI0Config(
-        paligemma_variant=vlm, action_expert_variant=expert, vision_variant=vision,
-        image_resolution=(image_size, image_size), chunk_size=chunk, n_action_steps=chunk,
+        paligemma_variant=vlm,
+        action_expert_variant=expert,
+        vision_variant=vision,
+        image_resolution=(image_size, image_size),
+        chunk_size=chunk,
+        n_action_steps=chunk,
         tokenizer_max_length=TOKENS,
-        input_features={"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, image_size, image_size)),
-                        "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,))},
+        input_features={
+            "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, image_size, image_size)),
+            "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
+        },
         output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
     )
 
@@ -119,7 +130,9 @@ def worker(args: argparse.Namespace) -> None:
         trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
         plan = build_plan(policy, rt)
         model = wrap_model(policy, rt, plan).model
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=1e-2)
+        opt = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=1e-5, weight_decay=1e-2
+        )
 
         def step(i: int) -> float:
             batch = _batch(cfg, args.batch_size, rt.dp_rank, i, rt.device)
@@ -143,24 +156,61 @@ def worker(args: argparse.Namespace) -> None:
         every = [None] * rt.world_size
         dist.all_gather_object(every, mine)
         if rt.is_main:
-            Path(args.out).write_text(json.dumps({
-                "mode": rt.mode, "world_size": rt.world_size, "ranks": every, "params": total,
-                "trainable": trainable, "units": len(plan.units), "first_step_s": first, "step_s": times,
-                "grouped": [u.label for u in plan.units if u.members][:1],
-                "estimate": {"params": plan.memory.params, "grads": plan.memory.grads,
-                             "optimizer": plan.memory.optimizer, "total": plan.memory.total},
-            }))
+            Path(args.out).write_text(
+                json.dumps(
+                    {
+                        "mode": rt.mode,
+                        "world_size": rt.world_size,
+                        "ranks": every,
+                        "params": total,
+                        "trainable": trainable,
+                        "units": len(plan.units),
+                        "first_step_s": first,
+                        "step_s": times,
+                        "grouped": [u.label for u in plan.units if u.members][:1],
+                        "estimate": {
+                            "params": plan.memory.params,
+                            "grads": plan.memory.grads,
+                            "optimizer": plan.memory.optimizer,
+                            "total": plan.memory.total,
+                        },
+                    }
+                )
+            )
 
 
 def launch(args: argparse.Namespace, nproc: int, dp_shard: int, out: Path) -> dict:
-    me = [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--dp-shard", str(dp_shard),
-          "--device", args.device, "--image-size", str(args.image_size), "--batch-size", str(args.batch_size),
-          "--chunk-size", str(args.chunk_size), "--timed-steps", str(args.timed_steps), "--measured", args.measured]
+    me = [
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--out",
+        str(out),
+        "--dp-shard",
+        str(dp_shard),
+        "--device",
+        args.device,
+        "--image-size",
+        str(args.image_size),
+        "--batch-size",
+        str(args.batch_size),
+        "--chunk-size",
+        str(args.chunk_size),
+        "--timed-steps",
+        str(args.timed_steps),
+        "--measured",
+        args.measured,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={_free_port()}", *me]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={_free_port()}",
+        *me,
+    ]
     subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -174,13 +224,21 @@ def estimate(size: str, shards: list[int]) -> dict:
 
     with torch.device("meta"):
         policy = PI0Policy(_config(size, 224, 50))
-    out = {"params": sum(p.numel() for p in policy.parameters()),
-           "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad), "plans": {}}
+    out = {
+        "params": sum(p.numel() for p in policy.parameters()),
+        "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        "plans": {},
+    }
     for name, world, shard in (("DDP (2 procs)", 2, 1), *((f"FSDP dp_shard={n}", n, n) for n in shards)):
         plan = build_plan(policy, ParallelRuntime.preview(ParallelismConfig(dp_shard=shard).resolve(world)))
         m = plan.memory
-        out["plans"][name] = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "total": m.total,
-                              "units": len(plan.units)}
+        out["plans"][name] = {
+            "params": m.params,
+            "grads": m.grads,
+            "optimizer": m.optimizer,
+            "total": m.total,
+            "units": len(plan.units),
+        }
     return out
 
 
@@ -195,7 +253,9 @@ def _gib(n: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", help="cpu, cuda, auto")
-    p.add_argument("--image-size", type=int, default=112, help="camera and SigLIP input size (multiple of 14)")
+    p.add_argument(
+        "--image-size", type=int, default=112, help="camera and SigLIP input size (multiple of 14)"
+    )
     p.add_argument("--batch-size", type=int, default=2, help="per rank")
     p.add_argument("--chunk-size", type=int, default=10)
     p.add_argument("--timed-steps", type=int, default=3)
@@ -220,42 +280,67 @@ def main() -> None:
     ddp = max(r["total"] for r in ddp_run["ranks"])
     ddp_step = statistics.median(ddp_run["step_s"])
     vlm, expert, vision = SIZES[args.measured]
-    print(f"MEASURED: pi0 {args.measured} (paligemma {vlm}, expert {expert}, vision {vision}): "
-          f"{ddp_run['params']:,} parameters, {ddp_run['trainable']:,} trainable; AdamW, fp32, device {args.device}, "
-          f"image {args.image_size}x{args.image_size}, batch {args.batch_size} per rank, chunk {args.chunk_size}")
-    print("  largest rank after one step (params + grads + optimizer state); step = slowest rank's wall time, "
-          f"median (min) of {args.timed_steps}")
-    print(f"  {'topology':<18} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
-          f"{'target':>7} {'estimate':>13} {'step':>17} {'vs DDP':>7}")
+    print(
+        f"MEASURED: pi0 {args.measured} (paligemma {vlm}, expert {expert}, vision {vision}): "
+        f"{ddp_run['params']:,} parameters, {ddp_run['trainable']:,} trainable; AdamW, fp32, device "
+        f"{args.device}, image {args.image_size}x{args.image_size}, "
+        f"batch {args.batch_size} per rank, chunk {args.chunk_size}"
+    )
+    print(
+        "  largest rank after one step (params + grads + optimizer state); step = slowest rank's wall time, "
+        f"median (min) of {args.timed_steps}"
+    )
+    print(
+        f"  {'topology':<18} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
+        f"{'target':>7} {'estimate':>13} {'step':>17} {'vs DDP':>7}"
+    )
     summary: dict = {"measured": {}, "estimated": {}}
     for name, run in runs.items():
         top = max(run["ranks"], key=lambda r: r["total"])
         n = run["world_size"] if run["mode"] != "ddp" else 1
         ratio, target = top["total"] / ddp, 1.05 / n
         step_s = statistics.median(run["step_s"])
-        summary["measured"][name] = {"ratio": ratio, "target": target, "bytes": top, "estimate": run["estimate"],
-                                     "units": run["units"], "step_s": run["step_s"], "procs": run["world_size"]}
-        print(f"  {name:<18} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
-              f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])} "
-              f"{step_s:7.3f}s ({min(run['step_s']):6.3f}s) {step_s / ddp_step:6.2f}x"
-              f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}")
+        summary["measured"][name] = {
+            "ratio": ratio,
+            "target": target,
+            "bytes": top,
+            "estimate": run["estimate"],
+            "units": run["units"],
+            "step_s": run["step_s"],
+            "procs": run["world_size"],
+        }
+        print(
+            f"  {name:<18} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
+            f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])} "
+            f"{step_s:7.3f}s ({min(run['step_s']):6.3f}s) {step_s / ddp_step:6.2f}x"
+            f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}"
+        )
     grouped = runs[f"FSDP dp_shard={args.shards[0]}"]["grouped"]
-    print(f"  FSDP units: {runs[f'FSDP dp_shard={args.shards[0]}']['units']} + the root "
-          f"(joint layers as grouped units, e.g. {grouped[0] if grouped else 'none'})")
+    print(
+        f"  FSDP units: {runs[f'FSDP dp_shard={args.shards[0]}']['units']} + the root "
+        f"(joint layers as grouped units, e.g. {grouped[0] if grouped else 'none'})"
+    )
 
     est = estimate(args.estimated, args.shards)
     vlm, expert, vision = SIZES[args.estimated]
     ddp_est = est["plans"]["DDP (2 procs)"]["total"]
-    print(f"ESTIMATED (build_plan on ParallelRuntime.preview, meta device; not run): pi0 {args.estimated} "
-          f"(paligemma {vlm}, expert {expert}, vision {vision}): {est['params']:,} parameters, "
-          f"{est['trainable']:,} trainable; AdamW, fp32")
-    print(f"  {'topology':<18} {'params':>11} {'grads':>11} {'optimizer':>11} {'total':>11} {'ratio':>7} {'target':>7}")
+    print(
+        f"ESTIMATED (build_plan on ParallelRuntime.preview, meta device; not run): pi0 {args.estimated} "
+        f"(paligemma {vlm}, expert {expert}, vision {vision}): {est['params']:,} parameters, "
+        f"{est['trainable']:,} trainable; AdamW, fp32"
+    )
+    print(
+        f"  {'topology':<18} {'params':>11} {'grads':>11} {'optimizer':>11} {'total':>11} {'ratio':>7} "
+        f"{'target':>7}"
+    )
     for name, m in est["plans"].items():
         n = 1 if name.startswith("DDP") else int(name.rsplit("=", 1)[1])
         ratio = m["total"] / ddp_est
         summary["estimated"][name] = {"ratio": ratio, "target": 1.05 / n, **m}
-        print(f"  {name:<18} {_gib(m['params'])} {_gib(m['grads'])} {_gib(m['optimizer'])} {_gib(m['total'])} "
-              f"{ratio:7.4f} {1.05 / n:7.4f}")
+        print(
+            f"  {name:<18} {_gib(m['params'])} {_gib(m['grads'])} {_gib(m['optimizer'])} {_gib(m['total'])} "
+            f"{ratio:7.4f} {1.05 / n:7.4f}"
+        )
     print(f"(wall time {time.perf_counter() - started:.0f} s)")
     print(json.dumps(summary))
 

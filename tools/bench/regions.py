@@ -32,19 +32,27 @@ def act_policy(**overrides):
     from lerobot_cli.policies.act.modeling import ACTPolicy
     from lerobot_cli.policies.features import PolicyFeature
 
-    inputs = {"observation.state": PolicyFeature("STATE", (2,)),
-              "observation.images.top": PolicyFeature("VISUAL", (3, 64, 64))}
-    cfg = ACTConfig(input_features=inputs, output_features={"action": PolicyFeature("ACTION", (2,))},
-                    pretrained_backbone_weights=None, **overrides)
+    inputs = {
+        "observation.state": PolicyFeature("STATE", (2,)),
+        "observation.images.top": PolicyFeature("VISUAL", (3, 64, 64)),
+    }
+    cfg = ACTConfig(
+        input_features=inputs,
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+        pretrained_backbone_weights=None,
+        **overrides,
+    )
     return lambda: ACTPolicy(cfg), cfg
 
 
 def act_batch(cfg, batch_size: int) -> dict:
     g = torch.Generator().manual_seed(0)
-    return {"observation.state": torch.randn(batch_size, 2, generator=g),
-            "observation.images.top": torch.rand(batch_size, 3, 64, 64, generator=g),
-            "action": torch.randn(batch_size, cfg.chunk_size, 2, generator=g),
-            "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool)}
+    return {
+        "observation.state": torch.randn(batch_size, 2, generator=g),
+        "observation.images.top": torch.rand(batch_size, 3, 64, 64, generator=g),
+        "action": torch.randn(batch_size, cfg.chunk_size, 2, generator=g),
+        "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool),
+    }
 
 
 def pi0_case(depth: int, batch_size: int):
@@ -112,15 +120,24 @@ def checkpointing_table(title: str, model_fn, run, steps: int) -> None:
     from lerobot_parallel import AcceleratorConfig
     from lerobot_parallel.config import ActivationCheckpointingConfig
 
-    variants = [Variant(mode, model_fn, run, AcceleratorConfig(
-        activation_checkpointing=ActivationCheckpointingConfig(mode))) for mode in ("none", "full", "selective")]
+    variants = [
+        Variant(
+            mode,
+            model_fn,
+            run,
+            AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig(mode)),
+        )
+        for mode in ("none", "full", "selective")
+    ]
     interleave(variants, steps, warmup=2)
     base = variants[0]
     print(f"\n{title}")
     print(f"  {'mode':<10} {'saved for backward':>20} {'x none':>8} {'step s (median)':>16} {'x none':>8}")
     for v in variants:
-        print(f"  {v.name:<10} {v.saved / 2**20:>16.2f} MiB {v.saved / base.saved:>8.3f} "
-              f"{median(v.times):>16.4f} {median(v.times) / median(base.times):>8.3f}")
+        print(
+            f"  {v.name:<10} {v.saved / 2**20:>16.2f} MiB {v.saved / base.saved:>8.3f} "
+            f"{median(v.times):>16.4f} {median(v.times) / median(base.times):>8.3f}"
+        )
 
 
 def compile_table(steps: int, batch_size: int) -> None:
@@ -131,8 +148,11 @@ def compile_table(steps: int, batch_size: int) -> None:
     b = act_batch(cfg, batch_size)
     run = lambda m: m(b)
     variants = []
-    for name, comp in (("eager", CompileConfig()), ("regional", CompileConfig(enabled=True)),
-                       ("whole", CompileConfig(enabled=True, regional=False))):
+    for name, comp in (
+        ("eager", CompileConfig()),
+        ("regional", CompileConfig(enabled=True)),
+        ("whole", CompileConfig(enabled=True, regional=False)),
+    ):
         v = Variant(name, model_fn, run, AcceleratorConfig(compile=comp))
         t0 = time.perf_counter()
         v.step()  # the first step pays dynamo + inductor (forward and backward graphs)
@@ -148,7 +168,9 @@ def compile_table(steps: int, batch_size: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--pi0-depth", type=int, default=12)
@@ -159,11 +181,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     act_fn, cfg = act_policy()
     batch = act_batch(cfg, args.batch_size)
-    checkpointing_table(f"ACT default size (dim 512, 4+1 layers, 4 VAE layers, chunk 100), batch {args.batch_size}",
-                        act_fn, lambda m: m(batch), args.steps)
+    checkpointing_table(
+        f"ACT default size (dim 512, 4+1 layers, 4 VAE layers, chunk 100), batch {args.batch_size}",
+        act_fn,
+        lambda m: m(batch),
+        args.steps,
+    )
     pi0_fn, pi0_run = pi0_case(args.pi0_depth, args.batch_size)
-    checkpointing_table(f"pi0 tiny widths, {args.pi0_depth} joint layer pairs + {args.pi0_depth} SigLIP layers",
-                        pi0_fn, pi0_run, args.steps)
+    checkpointing_table(
+        f"pi0 tiny widths, {args.pi0_depth} joint layer pairs + {args.pi0_depth} SigLIP layers",
+        pi0_fn,
+        pi0_run,
+        args.steps,
+    )
     if not args.skip_compile:
         compile_table(args.steps, args.batch_size)
 

@@ -63,16 +63,37 @@ GIB = 1024**3
 
 DATA = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}"]
 # The tiny ACT of tests/guide_harness.py; chunk 20 like the README so the loss has something to learn.
-TINY_ACT = ["--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.dim_model=32", "--policy.dim_feedforward=64", "--policy.n_heads=2",
-            "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.n_vae_encoder_layers=1",
-            "--policy.chunk_size=20", "--policy.n_action_steps=20"]
+TINY_ACT = [
+    "--policy.type=act",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.dim_model=32",
+    "--policy.dim_feedforward=64",
+    "--policy.n_heads=2",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_decoder_layers=1",
+    "--policy.n_vae_encoder_layers=1",
+    "--policy.chunk_size=20",
+    "--policy.n_action_steps=20",
+]
 # LeRobot's default size (dim 512, 4+1 layers, 4 VAE layers, chunk 100); the machine has no network
 DEFAULT_ACT = ["--policy.type=act", "--policy.pretrained_backbone_weights=null"]
-TINY_PI0 = ["--policy.type=pi0", "--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
-            "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.chunk_size=10",
-            "--policy.n_action_steps=10", f"--policy.tokenizer_name={TOKENIZER}"]
-MID_PI0 = ["--policy.type=pi0", "--policy.paligemma_variant=bench_250m", "--policy.action_expert_variant=bench_250m",
-           "--policy.vision_variant=bench_250m", f"--policy.tokenizer_name={TOKENIZER}"]
+TINY_PI0 = [
+    "--policy.type=pi0",
+    "--policy.paligemma_variant=gemma_tiny",
+    "--policy.action_expert_variant=gemma_tiny",
+    "--policy.vision_variant=tiny",
+    "--policy.image_resolution=[56,56]",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+    f"--policy.tokenizer_name={TOKENIZER}",
+]
+MID_PI0 = [
+    "--policy.type=pi0",
+    "--policy.paligemma_variant=bench_250m",
+    "--policy.action_expert_variant=bench_250m",
+    "--policy.vision_variant=bench_250m",
+    f"--policy.tokenizer_name={TOKENIZER}",
+]
 
 
 # ============================================================================================ helpers
@@ -83,7 +104,8 @@ def free_port() -> int:
 
 
 def register_pi0_variants() -> None:
-    """bench_250m (tools/bench/pi0_memory.py's definition) in lerobot_cli's variant tables, this process only."""
+    """bench_250m (tools/bench/pi0_memory.py's definition) in lerobot_cli's variant tables,
+    this process only."""
     sys.path.insert(0, str(REPO / "tools" / "bench"))
     from pi0_memory import _register_bench_variants
 
@@ -95,23 +117,31 @@ _RUNNING: set[subprocess.Popen] = set()  # a check child's commands in flight (e
 
 def run_cmd(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """A command of a check (lerobot-train, torchrun) in a session of its own, ended whole on timeout."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=cwd or REPO, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=cwd or REPO,
+        start_new_session=True,
+    )
     _RUNNING.add(proc)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         out, _ = proc.communicate()
-        raise CheckError(f"timed out after {timeout:.0f} s: {' '.join(cmd[:4])} ...; last output: "
-                         f"{tail(out, 3)}") from None
+        raise CheckError(
+            f"timed out after {timeout:.0f} s: {' '.join(cmd[:4])} ...; last output: {tail(out, 3)}"
+        ) from None
     finally:
         _RUNNING.discard(proc)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def kill_tree(proc: subprocess.Popen, grace_s: float = 5) -> None:
-    """SIGTERM to the process group ``proc`` leads (torchrun passes it to its ranks), SIGKILL after ``grace_s``."""
+    """SIGTERM to the process group ``proc`` leads (torchrun passes it to its ranks),
+    SIGKILL after ``grace_s``."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace_s)
@@ -163,19 +193,39 @@ class Ctx:
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.tmp)) / "run"
 
 
-def train(ctx: Ctx, name: str, policy: list[str], extra: list[str], *, nproc: int = 0, timeout: float = 240,
-          pi0_variants: bool = False) -> tuple[Path, str, list[dict]]:
+def train(
+    ctx: Ctx,
+    name: str,
+    policy: list[str],
+    extra: list[str],
+    *,
+    nproc: int = 0,
+    timeout: float = 240,
+    pi0_variants: bool = False,
+) -> tuple[Path, str, list[dict]]:
     """Run lerobot-train (under torchrun when ``nproc``); returns (output dir, console, metrics records).
 
-    ``pi0_variants``: run it through this script's ``--lerobot-train`` entry, which registers bench_250m first.
+    ``pi0_variants``: run it through this script's ``--lerobot-train`` entry, which registers bench_250m
+    first.
     """
     out = ctx.out_dir(name)
     args = [*DATA, *policy, "--num_workers=0", f"--policy.device={ctx.device}", f"--output_dir={out}", *extra]
-    entry = [sys.executable, str(Path(__file__).resolve()), "--lerobot-train"] if pi0_variants else [LEROBOT_TRAIN]
+    entry = (
+        [sys.executable, str(Path(__file__).resolve()), "--lerobot-train"]
+        if pi0_variants
+        else [LEROBOT_TRAIN]
+    )
     if nproc:
         script = entry[1:] if pi0_variants else entry
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               f"--master-port={free_port()}", *script, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}",
+            *script,
+            *args,
+        ]
     else:
         cmd = [*entry, *args]
     proc = run_cmd(cmd, timeout)
@@ -196,7 +246,9 @@ def banner(console: str, prefix: str) -> str:
 def losses_of(records: list[dict]) -> list[float]:
     losses = [r.get("loss") for r in records]
     expect(bool(losses), "metrics.jsonl has no records")
-    expect(all(v is not None and math.isfinite(v) for v in losses), f"non-finite loss in metrics.jsonl: {losses}")
+    expect(
+        all(v is not None and math.isfinite(v) for v in losses), f"non-finite loss in metrics.jsonl: {losses}"
+    )
     return losses
 
 
@@ -212,17 +264,35 @@ def mem_metric(ctx: Ctx, records: list[dict]) -> str:
 def check_nccl_1rank(ctx: Ctx) -> str:
     """torchrun x1 of this script's --worker nccl (see worker_nccl)."""
     report = ctx.tmp / "nccl.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", f"--master-port={free_port()}",
-           str(Path(__file__).resolve()), "--worker", "nccl", "--device", ctx.device, "--tmp", str(report)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=1",
+        f"--master-port={free_port()}",
+        str(Path(__file__).resolve()),
+        "--worker",
+        "nccl",
+        "--device",
+        ctx.device,
+        "--tmp",
+        str(report),
+    ]
     proc = run_cmd(cmd, 120)
-    expect(proc.returncode == 0 and report.is_file(), f"worker exited {proc.returncode}: {tail(proc.stdout, 4)}")
+    expect(
+        proc.returncode == 0 and report.is_file(), f"worker exited {proc.returncode}: {tail(proc.stdout, 4)}"
+    )
     r = json.loads(report.read_text())
     want = "nccl" if ctx.cuda else "gloo"
-    expect(r["backend_for"] == want and r["backend"] == want, f"backend {r['backend']} (backend_for: "
-           f"{r['backend_for']}), expected {want}")
+    expect(
+        r["backend_for"] == want and r["backend"] == want,
+        f"backend {r['backend']} (backend_for: {r['backend_for']}), expected {want}",
+    )
     expect(r["ok"], f"collectives wrong: {r['detail']}")
-    return (f"backend={r['backend']} device={r['device']} mesh={r['mesh']} {r['detail']}; world size 1 "
-            f"(NCCL refuses two ranks on one GPU)")
+    return (
+        f"backend={r['backend']} device={r['device']} mesh={r['mesh']} {r['detail']}; world size 1 "
+        f"(NCCL refuses two ranks on one GPU)"
+    )
 
 
 def worker_nccl(device: str, report: Path) -> None:
@@ -240,12 +310,24 @@ def worker_nccl(device: str, report: Path) -> None:
         torch.accelerator.set_device_index(dev.index)
     # lerobot_parallel creates no group for one process, so this is its call for a multi-rank launch
     # (init_process_group from the launcher's env, device_id for nccl) made at world size 1.
-    dist.init_process_group(backend=backend, init_method="env://", rank=launch.rank, world_size=launch.world_size,
-                            timeout=datetime.timedelta(seconds=60), device_id=dev if backend == "nccl" else None)
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=datetime.timedelta(seconds=60),
+        device_id=dev if backend == "nccl" else None,
+    )
     try:
-        rt = ParallelRuntime(rank=launch.rank, world_size=launch.world_size, local_rank=launch.local_rank,
-                             device=dev, backend=dist.get_backend(), parallelism=ParallelismConfig().resolve(1),
-                             mesh=None)
+        rt = ParallelRuntime(
+            rank=launch.rank,
+            world_size=launch.world_size,
+            local_rank=launch.local_rank,
+            device=dev,
+            backend=dist.get_backend(),
+            parallelism=ParallelismConfig().resolve(1),
+            mesh=None,
+        )
         mesh = rt.build_mesh()
         group = mesh.get_group()
         x = torch.arange(8, dtype=torch.float32, device=dev) + 1
@@ -265,37 +347,62 @@ def worker_nccl(device: str, report: Path) -> None:
             parts.append(f"reduce_scatter={'ok' if good else 'WRONG'}")
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        report.write_text(json.dumps({"backend": dist.get_backend(), "backend_for": backend, "device": str(dev),
-                                      "mesh": f"{mesh.device_type}{tuple(mesh.shape)}", "ok": ok,
-                                      "detail": " ".join(parts)}))
+        report.write_text(
+            json.dumps(
+                {
+                    "backend": dist.get_backend(),
+                    "backend_for": backend,
+                    "device": str(dev),
+                    "mesh": f"{mesh.device_type}{tuple(mesh.shape)}",
+                    "ok": ok,
+                    "detail": " ".join(parts),
+                }
+            )
+        )
     finally:
         dist.destroy_process_group()
 
 
 def check_torchrun_train(ctx: Ctx) -> str:
     steps = 4 if ctx.smoke else 10
-    _, console, records = train(ctx, "torchrun1", TINY_ACT, [f"--steps={steps}", "--batch_size=8",
-                                f"--log_freq={steps // 2}", "--save_checkpoint=false"], nproc=1)
+    _, console, records = train(
+        ctx,
+        "torchrun1",
+        TINY_ACT,
+        [f"--steps={steps}", "--batch_size=8", f"--log_freq={steps // 2}", "--save_checkpoint=false"],
+        nproc=1,
+    )
     launch, backend = banner(console, "Launch:"), banner(console, "Backend:")
     expect("torchrun, world size 1" in launch, launch)
     want = "device cuda:0" if ctx.cuda else "device cpu"
     expect(want in backend, f"{backend!r} lacks {want!r}")
     loss = losses_of(records)
-    return f"{backend.split(': ', 1)[1]}; {steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f}, {mem_metric(ctx, records)}"
+    return (
+        f"{backend.split(': ', 1)[1]}; {steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f}, "
+        f"{mem_metric(ctx, records)}"
+    )
 
 
 def two_rank_run(ctx: Ctx, name: str, extra: list[str], expect_lines: list[str]) -> str:
     """torchrun x2 of lerobot-train (the orchestrator skips it with fewer than 2 GPUs)."""
     steps = 4
-    _, console, records = train(ctx, name, TINY_ACT, [f"--steps={steps}", "--batch_size=4", "--log_freq=2",
-                                                      f"--save_freq={steps}", *extra], nproc=2)
+    _, console, records = train(
+        ctx,
+        name,
+        TINY_ACT,
+        [f"--steps={steps}", "--batch_size=4", "--log_freq=2", f"--save_freq={steps}", *extra],
+        nproc=2,
+    )
     want = "nccl" if ctx.cuda else "gloo"
     backend = banner(console, "Backend:")
     expect(f"Backend: {want}" in backend, f"{backend!r}, expected backend {want}")
     for line in expect_lines:
         expect(line in console, f"no {line!r} in the output")
     loss = losses_of(records)
-    return f"{backend.split(': ', 1)[1]}; {steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f}, {mem_metric(ctx, records)}"
+    return (
+        f"{backend.split(': ', 1)[1]}; {steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f}, "
+        f"{mem_metric(ctx, records)}"
+    )
 
 
 def check_ddp_2gpu(ctx: Ctx) -> str:
@@ -303,20 +410,34 @@ def check_ddp_2gpu(ctx: Ctx) -> str:
 
 
 def check_fsdp2_2gpu(ctx: Ctx) -> str:
-    return two_rank_run(ctx, "fsdp2", ["--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16"],
-                        ["dp_replicate=1 x dp_shard=2 (FSDP2)", "parameters all-gathered in bfloat16"])
+    return two_rank_run(
+        ctx,
+        "fsdp2",
+        ["--parallelism.dp_shard=2", "--accelerator.mixed_precision=bf16"],
+        ["dp_replicate=1 x dp_shard=2 (FSDP2)", "parameters all-gathered in bfloat16"],
+    )
 
 
 def check_fsdp2_offload_2gpu(ctx: Ctx) -> str:
-    return two_rank_run(ctx, "offload2", ["--parallelism.dp_shard=2", "--accelerator.fsdp.cpu_offload=true"],
-                        ["dp_replicate=1 x dp_shard=2 (FSDP2)", "CPU offload: yes"])
+    return two_rank_run(
+        ctx,
+        "offload2",
+        ["--parallelism.dp_shard=2", "--accelerator.fsdp.cpu_offload=true"],
+        ["dp_replicate=1 x dp_shard=2 (FSDP2)", "CPU offload: yes"],
+    )
 
 
 def precision_run(ctx: Ctx, mode: str) -> str:
     # smoke: fp16 autocast on a CPU is slow (minutes for a dozen steps at batch 8 on 2 cores)
     steps, log, bs = (4, 2, 2) if ctx.smoke else (40, 5, 8)
-    extra = [f"--accelerator.mixed_precision={mode}", f"--steps={steps}", f"--batch_size={bs}", f"--log_freq={log}",
-             f"--save_freq={steps // 2}", "--optimizer.lr=1e-3"]
+    extra = [
+        f"--accelerator.mixed_precision={mode}",
+        f"--steps={steps}",
+        f"--batch_size={bs}",
+        f"--log_freq={log}",
+        f"--save_freq={steps // 2}",
+        "--optimizer.lr=1e-3",
+    ]
     notes = []
     if "--optimizer.fused" in ctx.flags and ctx.cuda:
         extra.append("--optimizer.fused=true")
@@ -342,8 +463,10 @@ def precision_run(ctx: Ctx, mode: str) -> str:
         notes.append(f"scaler_state.json scale={scale}")
     else:
         expect(not scaler.is_file(), f"bf16 wrote {scaler.name}")
-    return (f"{steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f} (mean first/second half {first:.3f}/{last:.3f}), "
-            f"{mem_metric(ctx, records)}; {', '.join(notes)}")
+    return (
+        f"{steps} steps, loss {loss[0]:.3f} -> {loss[-1]:.3f} (mean first/second half "
+        f"{first:.3f}/{last:.3f}), {mem_metric(ctx, records)}; {', '.join(notes)}"
+    )
 
 
 def check_bf16(ctx: Ctx) -> str:
@@ -361,13 +484,29 @@ def act_model(default_size: bool, **overrides):
     from lerobot_cli.policies.act.modeling import ACTPolicy
     from lerobot_cli.policies.features import PolicyFeature
 
-    size = {} if default_size else {"dim_model": 32, "dim_feedforward": 64, "n_heads": 2, "n_encoder_layers": 1,
-                                    "n_decoder_layers": 1, "n_vae_encoder_layers": 1, "chunk_size": 10,
-                                    "n_action_steps": 10}
-    cfg = ACTConfig(input_features={"observation.state": PolicyFeature("STATE", (2,)),
-                                    "observation.images.top": PolicyFeature("VISUAL", (3, 64, 64))},
-                    output_features={"action": PolicyFeature("ACTION", (2,))},
-                    pretrained_backbone_weights=None, **{**size, **overrides})
+    size = (
+        {}
+        if default_size
+        else {
+            "dim_model": 32,
+            "dim_feedforward": 64,
+            "n_heads": 2,
+            "n_encoder_layers": 1,
+            "n_decoder_layers": 1,
+            "n_vae_encoder_layers": 1,
+            "chunk_size": 10,
+            "n_action_steps": 10,
+        }
+    )
+    cfg = ACTConfig(
+        input_features={
+            "observation.state": PolicyFeature("STATE", (2,)),
+            "observation.images.top": PolicyFeature("VISUAL", (3, 64, 64)),
+        },
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+        pretrained_backbone_weights=None,
+        **{**size, **overrides},
+    )
     return (lambda: ACTPolicy(cfg)), cfg
 
 
@@ -375,10 +514,12 @@ def act_batch(cfg, batch_size: int, device, seed: int = 0) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    b = {"observation.state": torch.randn(batch_size, 2, generator=g),
-         "observation.images.top": torch.rand(batch_size, 3, 64, 64, generator=g),
-         "action": torch.randn(batch_size, cfg.chunk_size, 2, generator=g),
-         "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool)}
+    b = {
+        "observation.state": torch.randn(batch_size, 2, generator=g),
+        "observation.images.top": torch.rand(batch_size, 3, 64, 64, generator=g),
+        "action": torch.randn(batch_size, cfg.chunk_size, 2, generator=g),
+        "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool),
+    }
     return {k: v.to(device) for k, v in b.items()}
 
 
@@ -397,11 +538,20 @@ def _tiny_pi0_config():
     from lerobot_cli.policies.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.pi0.config import PI0Config
 
-    return PI0Config(paligemma_variant="gemma_tiny", action_expert_variant="gemma_tiny", vision_variant="tiny",
-                     image_resolution=(56, 56), chunk_size=4, n_action_steps=4, tokenizer_max_length=16,
-                     input_features={"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
-                                     "observation.state": PolicyFeature(FeatureType.STATE, (6,))},
-                     output_features={"action": PolicyFeature(FeatureType.ACTION, (6,))})
+    return PI0Config(
+        paligemma_variant="gemma_tiny",
+        action_expert_variant="gemma_tiny",
+        vision_variant="tiny",
+        image_resolution=(56, 56),
+        chunk_size=4,
+        n_action_steps=4,
+        tokenizer_max_length=16,
+        input_features={
+            "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
+            "observation.state": PolicyFeature(FeatureType.STATE, (6,)),
+        },
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (6,))},
+    )
 
 
 def pi0_batch(cfg, batch_size: int, device) -> dict:
@@ -418,8 +568,13 @@ def wrapped_single(model, device, accelerator):
     from lerobot_parallel.wrap import wrap_model
 
     rt = ParallelRuntime.single(device)
-    plan = build_plan(model, rt, accelerator, default_wrap_modules=getattr(type(model), "_fsdp_wrap_modules", None),
-                      default_unit_groups=getattr(type(model), "_fsdp_unit_groups", None))
+    plan = build_plan(
+        model,
+        rt,
+        accelerator,
+        default_wrap_modules=getattr(type(model), "_fsdp_wrap_modules", None),
+        default_unit_groups=getattr(type(model), "_fsdp_unit_groups", None),
+    )
     return wrap_model(model, rt, plan), plan
 
 
@@ -427,7 +582,9 @@ def rel(a, b) -> float:
     import torch
 
     den = float(torch.linalg.vector_norm(b.double()))
-    return float(torch.linalg.vector_norm((a - b).double())) / den if den else float(torch.linalg.vector_norm(a))
+    return (
+        float(torch.linalg.vector_norm((a - b).double())) / den if den else float(torch.linalg.vector_norm(a))
+    )
 
 
 def grad_diff(model, ref) -> tuple[float, float, str]:
@@ -471,8 +628,14 @@ def check_fsdp2_offload_1rank(ctx: Ctx) -> str:
     dev = resolve_device(ctx.device, 0, 1)
     backend = backend_for(dev)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group(backend=backend, init_method="env://", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60), device_id=dev if backend == "nccl" else None)
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+        device_id=dev if backend == "nccl" else None,
+    )
     try:
         make, cfg = act_model(default_size=not ctx.smoke, dropout=0.0)
         batch = act_batch(cfg, 4 if ctx.smoke else 8, dev)
@@ -483,23 +646,40 @@ def check_fsdp2_offload_1rank(ctx: Ctx) -> str:
         acc = AcceleratorConfig(fsdp=FSDPConfig(cpu_offload=True))
         # The plan a dp_shard=2 launch makes (units, offload, precision), applied on the one rank there is.
         plan = build_plan(model, ParallelRuntime.preview(ParallelismConfig(dp_shard=2)), acc)
-        expect(plan.cpu_offload and plan.units, f"plan: cpu_offload={plan.cpu_offload} units={len(plan.units)}")
+        expect(
+            plan.cpu_offload and plan.units, f"plan: cpu_offload={plan.cpu_offload} units={len(plan.units)}"
+        )
         mesh = init_device_mesh(dev.type, (1,), mesh_dim_names=("dp_shard",))
-        rt = ParallelRuntime(rank=0, world_size=1, local_rank=0, device=dev, backend=backend,
-                             parallelism=ParallelismConfig().resolve(1), mesh=mesh)
+        rt = ParallelRuntime(
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            device=dev,
+            backend=backend,
+            parallelism=ParallelismConfig().resolve(1),
+            mesh=mesh,
+        )
         pin = offload_policy(True)
         before = torch.cuda.memory_allocated(dev) if ctx.cuda else 0
         sharded, ignored = apply_sharding(model, rt, plan)
-        resident = torch.cuda.memory_allocated(dev) - before if ctx.cuda else 0  # what sharding left on the GPU
+        resident = (
+            torch.cuda.memory_allocated(dev) - before if ctx.cuda else 0
+        )  # what sharding left on the GPU
         params = list(sharded.parameters())
-        expect(all(isinstance(p, DTensor) for p in params), "some parameters are not DTensors after fully_shard")
+        expect(
+            all(isinstance(p, DTensor) for p in params), "some parameters are not DTensors after fully_shard"
+        )
         on_host = sum(p.to_local().device.type == "cpu" for p in params)
-        expect(on_host == len(params), f"{len(params) - on_host}/{len(params)} parameters are not on the host")
+        expect(
+            on_host == len(params), f"{len(params) - on_host}/{len(params)} parameters are not on the host"
+        )
         pinned = "n/a (no CUDA: not pinned)"
         if ctx.cuda:
             n_pinned = sum(p.to_local().is_pinned() for p in params)
-            expect(pin.pin_memory and n_pinned == len(params), f"{n_pinned}/{len(params)} parameters pinned "
-                   f"(CPUOffloadPolicy.pin_memory={pin.pin_memory})")
+            expect(
+                pin.pin_memory and n_pinned == len(params),
+                f"{n_pinned}/{len(params)} parameters pinned (CPUOffloadPolicy.pin_memory={pin.pin_memory})",
+            )
             pinned = f"{n_pinned}/{len(params)} pinned"
         # first step: gradients and update vs the unsharded copy on the device
         torch.manual_seed(1)
@@ -509,18 +689,26 @@ def check_fsdp2_offload_1rank(ctx: Ctx) -> str:
         loss, _ = sharded(batch)
         loss.backward()
         grads = [p.grad for p in params if p.grad is not None]
-        expect(grads and all(g.to_local().device.type == "cpu" for g in grads), "gradients are not on the host")
+        expect(
+            grads and all(g.to_local().device.type == "cpu" for g in grads), "gradients are not on the host"
+        )
         g_global, g_worst, g_name = grad_diff(sharded, ref)
-        expect(g_global < 1e-5 and g_worst < 1e-4, f"gradients differ from the unsharded run: {g_global:.2e} "
-               f"(worst {g_worst:.2e} at {g_name})")
+        expect(
+            g_global < 1e-5 and g_worst < 1e-4,
+            f"gradients differ from the unsharded run: {g_global:.2e} (worst {g_worst:.2e} at {g_name})",
+        )
         opt = torch.optim.AdamW(params, lr=1e-3)
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
         opt.step()
         ref_opt.step()
         ref_params = dict(ref.named_parameters())
-        upd = max(rel(p.full_tensor().detach().cpu(), ref_params[n].detach().cpu())
-                  for n, p in sharded.named_parameters())
-        expect(upd < 1e-5, f"parameters after one AdamW step (host) differ from the device copy's by {upd:.2e}")
+        upd = max(
+            rel(p.full_tensor().detach().cpu(), ref_params[n].detach().cpu())
+            for n, p in sharded.named_parameters()
+        )
+        expect(
+            upd < 1e-5, f"parameters after one AdamW step (host) differ from the device copy's by {upd:.2e}"
+        )
         opt.zero_grad(set_to_none=True)
         # then the loop's own step (gradient sync switch, clipping over host DTensor gradients, update)
         wrapped = WrappedModel(model=sharded, plan=plan, runtime=rt, ignored=ignored)
@@ -530,24 +718,33 @@ def check_fsdp2_offload_1rank(ctx: Ctx) -> str:
         gpu = ""
         if ctx.cuda:
             pbytes = sum(p.numel() * p.element_size() for p in params)
-            gpu = (f"; on the GPU after fully_shard {resident / 2**20:.1f} MiB (buffers) for {pbytes / 2**20:.0f} MiB "
-                   "of host parameters")
-        return (f"fully_shard of the dp_shard=2 plan's {len(plan.units)} units + root on a 1-rank {dev.type} mesh "
-                f"({backend}), CPUOffloadPolicy(pin_memory={pin.pin_memory}): {on_host}/{len(params)} params on host, "
-                f"{pinned}, host grads; step 1 vs unsharded on {dev.type}: grads {g_global:.1e}, params {upd:.1e}; "
-                f"TrainLoop {len(losses)} steps loss {losses[0]:.3f} -> {losses[-1]:.3f} ({step_s * 1000:.0f} ms/step){gpu}")
+            gpu = (
+                f"; on the GPU after fully_shard {resident / 2**20:.1f} MiB (buffers) for "
+                f"{pbytes / 2**20:.0f} MiB of host parameters"
+            )
+        return (
+            f"fully_shard of the dp_shard=2 plan's {len(plan.units)} units + root on a 1-rank {dev.type} "
+            f"mesh ({backend}), CPUOffloadPolicy(pin_memory={pin.pin_memory}): {on_host}/{len(params)} "
+            f"params on host, {pinned}, host grads; step 1 vs unsharded on {dev.type}: grads {g_global:.1e}, "
+            f"params {upd:.1e}; TrainLoop {len(losses)} steps loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"({step_s * 1000:.0f} ms/step){gpu}"
+        )
     finally:
         dist.destroy_process_group()
 
 
-def loop_steps(wrapped, batches: list, steps: int, warmup: int = 2, **loop_kwargs) -> tuple[list[float], float]:
-    """``warmup`` + ``steps`` TrainLoop steps (AdamW, clipping at 10): (every loss, seconds per timed step)."""
+def loop_steps(
+    wrapped, batches: list, steps: int, warmup: int = 2, **loop_kwargs
+) -> tuple[list[float], float]:
+    """``warmup`` + ``steps`` TrainLoop steps (AdamW, clipping at 10): (every loss,
+    seconds per timed step)."""
     import torch
     from lerobot_trainloop.loop import TrainLoop
 
     model = wrapped.model
     opt = loop_kwargs.pop("optimizer", None) or torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        [p for p in model.parameters() if p.requires_grad], lr=1e-4
+    )
     loop = TrainLoop(wrapped, opt, grad_clip_norm=10.0, **loop_kwargs)
     losses: list[float] = []
     loop.add_hook(lambda ev: losses.append(float(ev.output.loss)), every=1)
@@ -580,11 +777,15 @@ def compile_ac(ctx: Ctx, mode: str) -> str:
     # The smoke compiles with aot_eager (dynamo + AOT autograd, the same regions code path) because inductor's
     # C++ build of the CPU kernels takes minutes on 2 cores; on the GPU it is inductor (triton), the default.
     backend = "aot_eager" if ctx.smoke else "inductor"
-    acc = AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig(mode),
-                            compile=CompileConfig(enabled=True, backend=backend))
+    acc = AcceleratorConfig(
+        activation_checkpointing=ActivationCheckpointingConfig(mode),
+        compile=CompileConfig(enabled=True, backend=backend),
+    )
     wrapped, plan = wrapped_single(model, dev, acc)
-    expect(plan.activation_checkpointing == mode and plan.compile.enabled and plan.blocks,
-           f"plan: {plan.describe_regions()}")
+    expect(
+        plan.activation_checkpointing == mode and plan.compile.enabled and plan.blocks,
+        f"plan: {plan.describe_regions()}",
+    )
     expect(build_precision("no", dev).autocast_dtype is None, "autocast on")
     torch.manual_seed(1)
     loss_ref, _ = ref(batch)
@@ -604,8 +805,10 @@ def compile_ac(ctx: Ctx, mode: str) -> str:
     expect(l_rel < 1e-5, f"loss {float(loss):.6f} vs eager {float(loss_ref):.6f}")
     # all gradients as one vector within 1e-4 relative; each large-enough tensor within 1e-3 (a small tensor's
     # relative error is dominated by summation order: inductor's fused kernels, attention backward atomics)
-    expect(g_global < 1e-4 and g_worst < 1e-3, f"gradients vs eager: {g_global:.2e} relative (worst tensor "
-           f"{g_worst:.2e}: {g_name})")
+    expect(
+        g_global < 1e-4 and g_worst < 1e-3,
+        f"gradients vs eager: {g_global:.2e} relative (worst tensor {g_worst:.2e}: {g_name})",
+    )
     steps = 3 if ctx.smoke else 10
     ref.zero_grad(set_to_none=True)
     wrapped.model.zero_grad(set_to_none=True)
@@ -613,10 +816,12 @@ def compile_ac(ctx: Ctx, mode: str) -> str:
     trained, compiled_s = loop_steps(wrapped, [batch], steps)
     expect(trained[-1] < trained[0], f"compiled losses did not decrease: {trained}")
     times = {"eager": eager_s, "compiled": compiled_s}
-    return (f"ACT {'tiny' if ctx.smoke else 'default size'} batch {bs} on {dev.type}, {len(plan.blocks)} blocks, "
-            f"{backend} {graphs} graphs: loss rel {l_rel:.1e}, grads rel {g_global:.1e} (worst tensor {g_worst:.1e}), "
-            f"first step {first_s:.1f} s; {len(trained)} TrainLoop steps loss {trained[0]:.3f} -> {trained[-1]:.3f}, "
-            f"{times['compiled'] * 1000:.1f} ms/step vs eager {times['eager'] * 1000:.1f}")
+    return (
+        f"ACT {'tiny' if ctx.smoke else 'default size'} batch {bs} on {dev.type}, {len(plan.blocks)} blocks, "
+        f"{backend} {graphs} graphs: loss rel {l_rel:.1e}, grads rel {g_global:.1e} (worst tensor "
+        f"{g_worst:.1e}), first step {first_s:.1f} s; {len(trained)} TrainLoop steps loss {trained[0]:.3f} "
+        f"-> {trained[-1]:.3f}, {times['compiled'] * 1000:.1f} ms/step vs eager {times['eager'] * 1000:.1f}"
+    )
 
 
 def check_compile_ac_full(ctx: Ctx) -> str:
@@ -684,19 +889,23 @@ def memory(ctx: Ctx, which: str) -> str:
         label = f"pi0 {'bench_250m 224px' if not ctx.smoke else 'tiny'} batch {bs}"
     rows = {}
     for mode in ("none", "full", "selective"):
-        rows[mode] = step_memory(make, batch, dev, AcceleratorConfig(
-            activation_checkpointing=ActivationCheckpointingConfig(mode)))
+        rows[mode] = step_memory(
+            make, batch, dev, AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig(mode))
+        )
         gc.collect()
         if ctx.cuda:
             torch.cuda.empty_cache()
     none = rows["none"]
     for mode in ("full", "selective"):
-        expect(rows[mode][0] < none[0], f"{mode} peak {rows[mode][0] / GIB:.3f} GiB is not below none's "
-               f"{none[0] / GIB:.3f} GiB")
+        expect(
+            rows[mode][0] < none[0],
+            f"{mode} peak {rows[mode][0] / GIB:.3f} GiB is not below none's {none[0] / GIB:.3f} GiB",
+        )
     if ctx.cuda:
         parts = [f"{m} {p / GIB:.2f} GiB ({p / none[0]:.3f}x)" for m, (p, _) in rows.items()]
         extra = "; above the resident params+optimizer: " + ", ".join(
-            f"{m} {d / GIB:.2f} GiB ({d / none[1]:.3f}x)" for m, (_, d) in rows.items())
+            f"{m} {d / GIB:.2f} GiB ({d / none[1]:.3f}x)" for m, (_, d) in rows.items()
+        )
         return f"{label}, max_memory_allocated of one step: " + ", ".join(parts) + extra
     parts = [f"{m} {p / 2**20:.1f} MiB ({p / none[0]:.3f}x)" for m, (p, _) in rows.items()]
     return f"{label}, CPU (no CUDA allocator): bytes saved for backward " + ", ".join(parts)
@@ -717,7 +926,10 @@ SPEED_EVERY = 10  # steps before the first timestamp, and the log interval of bo
 def speed(ctx: Ctx, which: str) -> str:
     """lerobot-train vs the bare loop, alternating rounds (tools/bench/loop_overhead.py's method)."""
     if which == "act":
-        policy, steps = [*(TINY_ACT if ctx.smoke else DEFAULT_ACT), "--policy.dropout=0.0"], (10 if ctx.smoke else 110)
+        policy, steps = (
+            [*(TINY_ACT if ctx.smoke else DEFAULT_ACT), "--policy.dropout=0.0"],
+            (10 if ctx.smoke else 110),
+        )
         label = f"ACT {'tiny' if ctx.smoke else 'default size'}"
     else:
         policy, steps = (TINY_PI0 if ctx.smoke else MID_PI0), (10 if ctx.smoke else 70)
@@ -734,8 +946,10 @@ def speed(ctx: Ctx, which: str) -> str:
     b, o = statistics.median(b_times), statistics.median(o_times)
     ratio = b / o
     spread = ", ".join(f"{bt / ot:.3f}" for bt, ot in zip(b_times, o_times, strict=True))
-    line = (f"{label} batch {bs} on {ctx.device}, fp32, {steps - every} timed steps: lerobot-train {1 / o:.2f} "
-            f"steps/s, bare loop {1 / b:.2f} steps/s, ratio {ratio:.3f} (target >= 0.97; per round {spread})")
+    line = (
+        f"{label} batch {bs} on {ctx.device}, fp32, {steps - every} timed steps: lerobot-train {1 / o:.2f} "
+        f"steps/s, bare loop {1 / b:.2f} steps/s, ratio {ratio:.3f} (target >= 0.97; per round {spread})"
+    )
     if ctx.smoke:
         return line + "; target not enforced in --cpu-smoke"
     expect(ratio >= 0.97, line)
@@ -745,9 +959,19 @@ def speed(ctx: Ctx, which: str) -> str:
 def ours_rate(ctx: Ctx, spec: dict) -> float:
     """Seconds per loop step after warm-up, from the timestamps of lerobot-train's metric lines."""
     every = spec["every"]
-    _, _, records = train(ctx, "speed", spec["policy"], [f"--steps={spec['steps']}", f"--batch_size={spec['bs']}",
-                                                          f"--log_freq={every}", "--save_checkpoint=false"],
-                          pi0_variants=spec["pi0"], timeout=300)
+    _, _, records = train(
+        ctx,
+        "speed",
+        spec["policy"],
+        [
+            f"--steps={spec['steps']}",
+            f"--batch_size={spec['bs']}",
+            f"--log_freq={every}",
+            "--save_checkpoint=false",
+        ],
+        pi0_variants=spec["pi0"],
+        timeout=300,
+    )
     times = [r["time_s"] for r in records]
     expect(len(times) >= 2, f"too few metric records ({len(times)})")
     return (times[-1] - times[0]) / (every * (len(times) - 1))
@@ -755,16 +979,25 @@ def ours_rate(ctx: Ctx, spec: dict) -> float:
 
 def bare_rate(ctx: Ctx, spec: dict) -> float:
     report = Path(tempfile.mkstemp(dir=ctx.tmp, suffix=".json")[1])
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "bare", "--device", ctx.device,
-           "--tmp", str(report), f"--bare-spec={json.dumps(spec)}"]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "bare",
+        "--device",
+        ctx.device,
+        "--tmp",
+        str(report),
+        f"--bare-spec={json.dumps(spec)}",
+    ]
     proc = run_cmd(cmd, 300)
     expect(proc.returncode == 0, f"bare loop exited {proc.returncode}: {tail(proc.stdout, 4)}")
     return json.loads(report.read_text())["s_per_step"]
 
 
 def worker_bare(device: str, report: Path, spec: dict) -> None:
-    """The same work in a hand-written loop (DataLoader -> preprocess -> forward -> backward -> clip -> AdamW),
-    reading the loss every ``every`` steps as lerobot-train's log steps do."""
+    """The same work in a hand-written loop (DataLoader -> preprocess -> forward -> backward -> clip ->
+    AdamW), reading the loss every ``every`` steps as lerobot-train's log steps do."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -775,16 +1008,26 @@ def worker_bare(device: str, report: Path, spec: dict) -> None:
     from lerobot_cli.seeding import set_seed
     from lerobot_cli.workload import build_workload
 
-    cfg = build_train_config(split_argv([*DATA, *spec["policy"], f"--policy.device={device}"]).flags).config.finalized()
+    cfg = build_train_config(
+        split_argv([*DATA, *spec["policy"], f"--policy.device={device}"]).flags
+    ).config.finalized()
     o = cfg.optimizer
     assert o.type == "adamw" and o.grad_clip_norm, o
     set_seed(cfg.seed)
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
     w = build_workload(cfg, device=str(dev))
     policy, pre = w.policy.to(dev).train(), w.preprocessor
-    opt = torch.optim.AdamW(policy.get_optim_params(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    loader = DataLoader(w.dataset, batch_size=spec["bs"], shuffle=True, num_workers=0, drop_last=True,
-                        pin_memory=dev.type == "cuda")
+    opt = torch.optim.AdamW(
+        policy.get_optim_params(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+    )
+    loader = DataLoader(
+        w.dataset,
+        batch_size=spec["bs"],
+        shuffle=True,
+        num_workers=0,
+        drop_last=True,
+        pin_memory=dev.type == "cuda",
+    )
     params = [p for p in policy.parameters() if p.requires_grad]
     it, stamps = iter(loader), []
     for step in range(1, spec["steps"] + 1):
@@ -801,7 +1044,9 @@ def worker_bare(device: str, report: Path, spec: dict) -> None:
         if step % spec["every"] == 0:
             float(loss.detach())  # the read a log step makes (it waits for the device)
             stamps.append(time.perf_counter())
-    report.write_text(json.dumps({"s_per_step": (stamps[-1] - stamps[0]) / (spec["every"] * (len(stamps) - 1))}))
+    report.write_text(
+        json.dumps({"s_per_step": (stamps[-1] - stamps[0]) / (spec["every"] * (len(stamps) - 1))})
+    )
 
 
 def check_speed_act(ctx: Ctx) -> str:
@@ -835,12 +1080,21 @@ MIN_START_S = 15  # a check is not started with less of the budget left
 
 
 def child_env(smoke: bool, tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp / "hf_home"), HF_LEROBOT_HOME=str(tmp / "lerobot_home"),
-               TRACKIO_DIR=str(tmp / "trackio"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        and not k.startswith(("ACCELERATE_", "FSDP_"))
+    }
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp / "hf_home"),
+        HF_LEROBOT_HOME=str(tmp / "lerobot_home"),
+        TRACKIO_DIR=str(tmp / "trackio"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",
+    )
     if smoke:  # CPU only, modest: one thread per process (others share this machine)
         env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
@@ -850,23 +1104,31 @@ def header(smoke: bool) -> tuple[int, list[str]]:
     import torch
 
     gpus = 0 if smoke else torch.cuda.device_count()
-    lines = [f"python {platform.python_version()}, torch {torch.__version__}, CUDA (torch build) {torch.version.cuda}, "
-             f"cuda available {torch.cuda.is_available()}, {gpus} GPU(s)"
-             + (" [--cpu-smoke: CUDA hidden]" if smoke else "")]
+    lines = [
+        f"python {platform.python_version()}, torch {torch.__version__}, CUDA (torch build) "
+        f"{torch.version.cuda}, cuda available {torch.cuda.is_available()}, {gpus} GPU(s)"
+        + (" [--cpu-smoke: CUDA hidden]" if smoke else "")
+    ]
     for i in range(gpus):
         p = torch.cuda.get_device_properties(i)
         lines.append(f"GPU {i}: {p.name}, {p.total_memory / GIB:.1f} GiB, sm_{p.major}{p.minor}")
     if shutil.which("nvidia-smi"):
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv"],
-                                 capture_output=True, text=True, timeout=20, check=False)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
             lines += [f"nvidia-smi: {ln}" for ln in smi.stdout.strip().splitlines()]
         except (OSError, subprocess.TimeoutExpired) as exc:
             lines.append(f"nvidia-smi: {exc}")
     else:
         lines.append("nvidia-smi: not found")
-    git = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], capture_output=True, text=True,
-                         check=False)
+    git = subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+    )
     lines.append(f"repo {git.stdout.strip()[:100]}")
     return gpus, lines
 
@@ -874,19 +1136,30 @@ def header(smoke: bool) -> tuple[int, list[str]]:
 def help_flags(env: dict[str, str]) -> set[str]:
     """The optional flags colleagues add, if this checkout's lerobot-train lists them."""
     try:
-        out = subprocess.run([LEROBOT_TRAIN, "--help"], capture_output=True, text=True, env=env,
-                             timeout=60, check=False).stdout
+        out = subprocess.run(
+            [LEROBOT_TRAIN, "--help"], capture_output=True, text=True, env=env, timeout=60, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return set()
     return {f for f in ("--optimizer.fused", "--checkpoint_async") if f in out}
 
 
-def run_check(name: str, own_timeout: float, args: argparse.Namespace, env: dict[str, str], deadline: float,
-              flags: set[str], gpus: int) -> tuple[str, str, float, str]:
+def run_check(
+    name: str,
+    own_timeout: float,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    deadline: float,
+    flags: set[str],
+    gpus: int,
+) -> tuple[str, str, float, str]:
     """(status, figures, seconds, output) of one check child."""
     if name in TWO_RANK and gpus < 2 and not (args.cpu_smoke and args.two_rank_on_cpu):
-        why = (f"{gpus} GPU(s): two NCCL ranks need two GPUs (NCCL refuses two ranks on one GPU)" if not args.cpu_smoke
-               else "--cpu-smoke: 2 gloo processes only with --two-rank-on-cpu")
+        why = (
+            f"{gpus} GPU(s): two NCCL ranks need two GPUs (NCCL refuses two ranks on one GPU)"
+            if not args.cpu_smoke
+            else "--cpu-smoke: 2 gloo processes only with --two-rank-on-cpu"
+        )
         return "SKIP", why, 0.0, ""
     left = deadline - time.time()
     if left < MIN_START_S:
@@ -894,11 +1167,29 @@ def run_check(name: str, own_timeout: float, args: argparse.Namespace, env: dict
     own = own_timeout * (3 if args.cpu_smoke else 1)  # a loaded 2-core machine is several times slower
     limit = min(own, left)
     t0 = time.time()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--device", args.device,
-           "--tmp", str(args.tmp), f"--flags={','.join(sorted(flags))}", "--deadline", str(t0 + limit - 15),
-           *(["--cpu-smoke"] if args.cpu_smoke else [])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        name,
+        "--device",
+        args.device,
+        "--tmp",
+        str(args.tmp),
+        f"--flags={','.join(sorted(flags))}",
+        "--deadline",
+        str(t0 + limit - 15),
+        *(["--cpu-smoke"] if args.cpu_smoke else []),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -911,7 +1202,7 @@ def run_check(name: str, own_timeout: float, args: argparse.Namespace, env: dict
     spent = time.time() - t0
     for line in reversed(out.splitlines()):
         if line.startswith(RESULT):
-            r = json.loads(line[len(RESULT):])
+            r = json.loads(line[len(RESULT) :])
             return r["status"], r["figures"], spent, out
     return "FAIL", f"exited {proc.returncode} without a result: {tail(out, 2)[:300]}", spent, out
 
@@ -926,17 +1217,32 @@ def child(args: argparse.Namespace) -> None:
         result = {"status": "FAIL", "figures": str(exc)}
     except Exception as exc:  # noqa: BLE001 - every error is this check's verdict, with its traceback above it
         traceback.print_exc()
-        result = {"status": "FAIL", "figures": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
+        result = {
+            "status": "FAIL",
+            "figures": (
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+            ),
+        }
     print(RESULT + json.dumps(result), flush=True)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget-s", type=float, default=420.0, help="global time budget; checks not started by then SKIP")
+    p.add_argument(
+        "--budget-s", type=float, default=420.0, help="global time budget; checks not started by then SKIP"
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="the same code paths on CPU with tiny sizes")
-    p.add_argument("--only", nargs="+", metavar="NAME", help=f"run these checks only: {', '.join(n for n, _, _ in CHECKS)}")
-    p.add_argument("--two-rank-on-cpu", action="store_true",
-                   help="with --cpu-smoke: run the 2-GPU checks' lerobot-train launches on 2 gloo CPU processes")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help=f"run these checks only: {', '.join(n for n, _, _ in CHECKS)}",
+    )
+    p.add_argument(
+        "--two-rank-on-cpu",
+        action="store_true",
+        help="with --cpu-smoke: run the 2-GPU checks' lerobot-train launches on 2 gloo CPU processes",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (outputs of every run)")
     p.add_argument("--tail", type=int, default=15, help="output lines shown for each failed check")
     # internal entries
@@ -980,8 +1286,11 @@ def main() -> int:
     args.tmp = tmp
     env = child_env(args.cpu_smoke, tmp)
     flags = help_flags(env)
-    print(f"optional flags in --help: {', '.join(sorted(flags)) or 'none'}; scratch {tmp}; budget {args.budget_s:.0f} s",
-          flush=True)
+    print(
+        f"optional flags in --help: {', '.join(sorted(flags)) or 'none'}; scratch {tmp}; "
+        f"budget {args.budget_s:.0f} s",
+        flush=True,
+    )
     results = []
     try:
         for name, _, own in CHECKS:
@@ -998,11 +1307,14 @@ def main() -> int:
     failed = [(n, out) for n, s, out in results if s == "FAIL"]
     for name, out in failed:
         print(f"--- {name}: last {args.tail} lines of its output", flush=True)
-        for line in [ln for ln in out.splitlines() if not ln.startswith(RESULT)][-args.tail:]:
+        for line in [ln for ln in out.splitlines() if not ln.startswith(RESULT)][-args.tail :]:
             print(f"    {line}")
     counts = {s: sum(r[1] == s for r in results) for s in ("PASS", "FAIL", "SKIP")}
-    print(f"{counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in {time.time() - started:.0f} s"
-          + (" (--cpu-smoke: CPU code paths only, nothing about CUDA was checked)" if args.cpu_smoke else ""))
+    print(
+        f"{counts['PASS']} PASS, {counts['FAIL']} FAIL, "
+        f"{counts['SKIP']} SKIP in {time.time() - started:.0f} s"
+        + (" (--cpu-smoke: CPU code paths only, nothing about CUDA was checked)" if args.cpu_smoke else "")
+    )
     return 1 if failed else 0
 
 

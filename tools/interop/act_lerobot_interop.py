@@ -20,9 +20,8 @@ tests keep in packages/lerobot-cli/tests/data/lerobot_act_env/, and ``lerobot-ke
 LeRobot's state-dict keys in packages/lerobot-cli/tests/data/act_small_keys.txt.
 ``--variant`` limits the round trip to one config ("vae": post-norm with VAE, camera + state + env;
 "prenorm": pre-norm, GELU, no VAE, two cameras of different sizes named ``observation.wrist_rgb`` and
-``observation.top``, wrist first, two decoder layers: LeRobot takes every VISUAL feature in the config's order,
-never a key prefix, and so must we).
-Exit status 0 means every comparison passed.
+``observation.top``, wrist first, two decoder layers: LeRobot takes every VISUAL feature in the config's
+order, never a key prefix, and so must we). Exit status 0 means every comparison passed.
 """
 
 from __future__ import annotations
@@ -37,9 +36,19 @@ import torch
 from safetensors.torch import load_file, save_file
 
 ATOL = 1e-4
-SMALL = {"chunk_size": 5, "n_action_steps": 5, "dim_model": 32, "n_heads": 4, "dim_feedforward": 64,
-         "n_encoder_layers": 2, "n_decoder_layers": 1, "n_vae_encoder_layers": 2, "latent_dim": 8, "dropout": 0.0,
-         "kl_weight": 10.0}
+SMALL = {
+    "chunk_size": 5,
+    "n_action_steps": 5,
+    "dim_model": 32,
+    "n_heads": 4,
+    "dim_feedforward": 64,
+    "n_encoder_layers": 2,
+    "n_decoder_layers": 1,
+    "n_vae_encoder_layers": 2,
+    "latent_dim": 8,
+    "dropout": 0.0,
+    "kl_weight": 10.0,
+}
 # name -> (feature type, shape)
 FEATURES = {
     "observation.state": ("STATE", (4,)),
@@ -54,8 +63,12 @@ CAMERALESS = {k: v for k, v in FEATURES.items() if v[0] != "VISUAL"}
 VARIANTS = {
     "vae": (FEATURES, {}),
     "prenorm": (
-        {"observation.state": ("STATE", (4,)), "observation.wrist_rgb": ("VISUAL", (3, 32, 48)),
-         "observation.top": ("VISUAL", (3, 64, 64)), "action": ("ACTION", (3,))},
+        {
+            "observation.state": ("STATE", (4,)),
+            "observation.wrist_rgb": ("VISUAL", (3, 32, 48)),
+            "observation.top": ("VISUAL", (3, 64, 64)),
+            "action": ("ACTION", (3,)),
+        },
         {"pre_norm": True, "use_vae": False, "feedforward_activation": "gelu", "n_decoder_layers": 2},
     ),
 }
@@ -67,8 +80,12 @@ def make_stats(features: dict, seed: int) -> dict[str, dict[str, torch.Tensor]]:
     for key, (kind, shape) in features.items():
         dim = shape[0]
         shp = (dim, 1, 1) if kind == "VISUAL" else (dim,)
-        stats[key] = {"mean": torch.rand(shp, generator=g), "std": 0.5 + torch.rand(shp, generator=g),
-                      "min": -1 - torch.rand(shp, generator=g), "max": 1 + torch.rand(shp, generator=g)}
+        stats[key] = {
+            "mean": torch.rand(shp, generator=g),
+            "std": 0.5 + torch.rand(shp, generator=g),
+            "min": -1 - torch.rand(shp, generator=g),
+            "max": 1 + torch.rand(shp, generator=g),
+        }
     return stats
 
 
@@ -109,9 +126,12 @@ def run_policy(policy, pre, post, inputs: dict) -> dict[str, torch.Tensor]:
     policy.eval()
     # floats in LeRobot, detached 0-d tensors in ours (as_tensor takes both); cloned, because ours may be
     # the loss tensor itself (l1 without the VAE) and safetensors refuses tensors that share memory
-    return {"out.chunk": chunk.detach().float(), "out.loss": loss.detach().reshape(1).clone(),
-            "out.l1": torch.as_tensor(info["l1_loss"], dtype=torch.float32).reshape(1).cpu().clone(),
-            "out.kld": torch.as_tensor(info.get("kld_loss", 0.0), dtype=torch.float32).reshape(1).cpu().clone()}
+    return {
+        "out.chunk": chunk.detach().float(),
+        "out.loss": loss.detach().reshape(1).clone(),
+        "out.l1": torch.as_tensor(info["l1_loss"], dtype=torch.float32).reshape(1).cpu().clone(),
+        "out.kld": torch.as_tensor(info.get("kld_loss", 0.0), dtype=torch.float32).reshape(1).cpu().clone(),
+    }
 
 
 def compare(tag: str, ref: dict, got: dict) -> bool:
@@ -128,8 +148,10 @@ def check_keys(tag: str, policy, weights_file: Path) -> bool:
     file_keys = set(load_file(str(weights_file)))
     model_keys = set(policy.state_dict())
     missing, unexpected = sorted(model_keys - file_keys), sorted(file_keys - model_keys)
-    print(f"[{tag}] state-dict keys: {len(model_keys)} in model, {len(file_keys)} in file, "
-          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    print(
+        f"[{tag}] state-dict keys: {len(model_keys)} in model, {len(file_keys)} in file, "
+        f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+    )
     return not missing and not unexpected
 
 
@@ -145,6 +167,7 @@ def load_reference(path: Path) -> tuple[dict, dict]:
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
 
+
 def ours_write(work: Path, variant: str) -> None:
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
@@ -154,9 +177,13 @@ def ours_write(work: Path, variant: str) -> None:
 
     features, overrides = VARIANTS[variant]
     feats = {k: PolicyFeature(type=t, shape=s) for k, (t, s) in features.items()}
-    cfg = ACTConfig(input_features={k: f for k, f in feats.items() if k != "action"},
-                    output_features={"action": feats["action"]}, device="cpu", pretrained_backbone_weights=None,
-                    **{**SMALL, **overrides})
+    cfg = ACTConfig(
+        input_features={k: f for k, f in feats.items() if k != "action"},
+        output_features={"action": feats["action"]},
+        device="cpu",
+        pretrained_backbone_weights=None,
+        **{**SMALL, **overrides},
+    )
     torch.manual_seed(0)
     policy = ACTPolicy(cfg)
     with torch.no_grad():
@@ -185,6 +212,7 @@ def ours_check(work: Path, variant: str) -> bool:
 
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
 
+
 def _lerobot_make(features: dict, overrides: dict, seed: int):
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.act.configuration_act import ACTConfig
@@ -192,9 +220,13 @@ def _lerobot_make(features: dict, overrides: dict, seed: int):
     from lerobot.policies.factory import make_pre_post_processors
 
     feats = {k: PolicyFeature(type=FeatureType[t], shape=s) for k, (t, s) in features.items()}
-    cfg = ACTConfig(input_features={k: f for k, f in feats.items() if k != "action"},
-                    output_features={"action": feats["action"]}, pretrained_backbone_weights=None,
-                    device="cpu", **{**SMALL, **overrides})
+    cfg = ACTConfig(
+        input_features={k: f for k, f in feats.items() if k != "action"},
+        output_features={"action": feats["action"]},
+        pretrained_backbone_weights=None,
+        device="cpu",
+        **{**SMALL, **overrides},
+    )
     torch.manual_seed(seed)
     policy = ACTPolicy(cfg)
     with torch.no_grad():
@@ -240,24 +272,39 @@ def lerobot_fixture(out: Path) -> None:
 def lerobot_keys(out: Path) -> None:
     """Write LeRobot's state-dict keys and shapes for the "vae" variant (the unit tests' key list)."""
     policy, _, _ = _lerobot_make(FEATURES, {}, 0)
-    header = ("# state_dict keys and shapes of LeRobot's ACTPolicy, written by "
-              "tools/interop/act_lerobot_interop.py lerobot-keys\n"
-              "# (state 4, env 3, one camera, action 2, chunk 5, dim_model 32, 2 enc / 1 dec / 2 VAE layers, "
-              "latent 8).\n")
+    header = (
+        "# state_dict keys and shapes of LeRobot's ACTPolicy, written by "
+        "tools/interop/act_lerobot_interop.py lerobot-keys\n"
+        "# (state 4, env 3, one camera, action 2, chunk 5, dim_model 32, 2 enc / 1 dec / 2 VAE layers, "
+        "latent 8).\n"
+    )
     lines = [f"{k} {tuple(v.shape)}" for k, v in policy.state_dict().items()]
     out.write_text(header + "\n".join(lines) + "\n")
     print(f"[lerobot-keys] wrote {len(lines)} keys to {out}")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run",
-                        choices=["run", "ours-write", "ours-check", "lerobot-check", "lerobot-fixture", "lerobot-keys"])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "mode",
+        nargs="?",
+        default="run",
+        choices=["run", "ours-write", "ours-check", "lerobot-check", "lerobot-fixture", "lerobot-keys"],
+    )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), action="append",
-                        help="config variant(s) to check (default: all)")
-    parser.add_argument("--lerobot-python", default="/tmp/lerobot-venv/bin/python",
-                        help="interpreter of the environment where LeRobot is installed")
+    parser.add_argument(
+        "--variant",
+        choices=sorted(VARIANTS),
+        action="append",
+        help="config variant(s) to check (default: all)",
+    )
+    parser.add_argument(
+        "--lerobot-python",
+        default="/tmp/lerobot-venv/bin/python",
+        help="interpreter of the environment where LeRobot is installed",
+    )
     args = parser.parse_args()
     variants = args.variant or sorted(VARIANTS)
     if args.mode == "ours-write":
@@ -285,7 +332,10 @@ def main() -> int:
     lerobot = subprocess.run([args.lerobot_python, me, "lerobot-check", str(work), *flags], check=False)
     lerobot_ok = lerobot.returncode == 0
     ours_ok = all([ours_check(work, v) for v in variants])  # noqa: C419 - check every variant
-    print(f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: {'PASS' if ours_ok else 'FAIL'}")
+    print(
+        f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'}"
+    )
     return 0 if lerobot_ok and ours_ok else 1
 
 

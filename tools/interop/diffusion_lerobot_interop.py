@@ -1,9 +1,10 @@
-"""Check that Diffusion Policy ``pretrained_model/`` directories cross between this trainer and LeRobot.
+r"""Check that Diffusion Policy ``pretrained_model/`` directories cross between this trainer and LeRobot.
 
 Same two-interpreter scheme as ``act_lerobot_interop.py`` (LeRobot 0.6.1 with its ``diffusion`` extra,
 i.e. diffusers, in its own Python 3.12 environment; ``tools/interop/ci.sh`` builds it):
 
-    uv run python tools/interop/diffusion_lerobot_interop.py --lerobot-python ~/.cache/lerobot-interop/lerobot-0.6.1-py312/bin/python
+    uv run python tools/interop/diffusion_lerobot_interop.py \
+        --lerobot-python ~/.cache/lerobot-interop/lerobot-0.6.1-py312/bin/python
 
 1. ours-write     (our env)     build small diffusion policies (one per variant), processors with random
                                 stats; save them; record inputs and our outputs in reference.safetensors.
@@ -44,58 +45,124 @@ ATOL = 1e-5
 # name -> (features {key: (type, shape)}, config overrides)
 VARIANTS = {
     # (camera sizes give feature maps of 2x2 or more: on a 1x1 map spatial softmax is constant and the
-# camera would not matter)
-# DDPM, epsilon, two cameras with random crops, each through its own encoder, state + env state, FiLM scale,
-# padding-masked loss. The cameras have no observation.images prefix and are not in alphabetical order: LeRobot
-# takes every VISUAL feature in the config's order (camera i -> encoder i), never a key prefix, and so must we.
+    # camera would not matter)
+    # DDPM, epsilon, two cameras with random crops, each through its own encoder, state + env state, FiLM
+    # scale, padding-masked loss. The cameras have no observation.images prefix and are not in alphabetical
+    # order: LeRobot takes every VISUAL feature in the config's order (camera i -> encoder i), never a key
+    # prefix, and so must we.
     "ddpm": (
-        {"observation.state": ("STATE", (4,)), "observation.environment_state": ("ENV", (3,)),
-         "observation.wrist_rgb": ("VISUAL", (3, 72, 80)), "observation.top": ("VISUAL", (3, 72, 80)),
-         "action": ("ACTION", (2,))},
-        {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "down_dims": [16, 32], "kernel_size": 5,
-         "n_groups": 8, "diffusion_step_embed_dim": 16, "spatial_softmax_num_keypoints": 8,
-         "crop_shape": [64, 70], "crop_is_random": True, "num_train_timesteps": 20,
-         "do_mask_loss_for_padding": True},
+        {
+            "observation.state": ("STATE", (4,)),
+            "observation.environment_state": ("ENV", (3,)),
+            "observation.wrist_rgb": ("VISUAL", (3, 72, 80)),
+            "observation.top": ("VISUAL", (3, 72, 80)),
+            "action": ("ACTION", (2,)),
+        },
+        {
+            "n_obs_steps": 2,
+            "horizon": 8,
+            "n_action_steps": 4,
+            "down_dims": [16, 32],
+            "kernel_size": 5,
+            "n_groups": 8,
+            "diffusion_step_embed_dim": 16,
+            "spatial_softmax_num_keypoints": 8,
+            "crop_shape": [64, 70],
+            "crop_is_random": True,
+            "num_train_timesteps": 20,
+            "do_mask_loss_for_padding": True,
+        },
     ),
     # DDIM, sample prediction, two cameras through one shared group-norm encoder, resize + crop ratio,
     # three observation steps, bias-only FiLM, clip range 1.5, 5 inference steps
     "ddim": (
-        {"observation.state": ("STATE", (3,)), "observation.images.left": ("VISUAL", (3, 50, 60)),
-         "observation.images.right": ("VISUAL", (3, 50, 60)), "action": ("ACTION", (3,))},
-        {"n_obs_steps": 3, "horizon": 16, "n_action_steps": 6, "down_dims": [8, 16, 32], "kernel_size": 3,
-         "n_groups": 4, "diffusion_step_embed_dim": 8, "spatial_softmax_num_keypoints": 4,
-         "use_separate_rgb_encoder_per_camera": False, "use_group_norm": True, "resize_shape": [80, 72],
-         "crop_ratio": 0.8, "noise_scheduler_type": "DDIM", "prediction_type": "sample",
-         "num_train_timesteps": 50, "num_inference_steps": 5, "use_film_scale_modulation": False,
-         "clip_sample_range": 1.5},
+        {
+            "observation.state": ("STATE", (3,)),
+            "observation.images.left": ("VISUAL", (3, 50, 60)),
+            "observation.images.right": ("VISUAL", (3, 50, 60)),
+            "action": ("ACTION", (3,)),
+        },
+        {
+            "n_obs_steps": 3,
+            "horizon": 16,
+            "n_action_steps": 6,
+            "down_dims": [8, 16, 32],
+            "kernel_size": 3,
+            "n_groups": 4,
+            "diffusion_step_embed_dim": 8,
+            "spatial_softmax_num_keypoints": 4,
+            "use_separate_rgb_encoder_per_camera": False,
+            "use_group_norm": True,
+            "resize_shape": [80, 72],
+            "crop_ratio": 0.8,
+            "noise_scheduler_type": "DDIM",
+            "prediction_type": "sample",
+            "num_train_timesteps": 50,
+            "num_inference_steps": 5,
+            "use_film_scale_modulation": False,
+            "clip_sample_range": 1.5,
+        },
     ),
     # no camera (environment state only), linear betas, DDPM without clipping
     "nocam": (
-        {"observation.state": ("STATE", (5,)), "observation.environment_state": ("ENV", (6,)),
-         "action": ("ACTION", (4,))},
-        {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 7, "down_dims": [16, 32], "diffusion_step_embed_dim": 8,
-         "beta_schedule": "linear", "clip_sample": False, "num_train_timesteps": 12},
+        {
+            "observation.state": ("STATE", (5,)),
+            "observation.environment_state": ("ENV", (6,)),
+            "action": ("ACTION", (4,)),
+        },
+        {
+            "n_obs_steps": 2,
+            "horizon": 8,
+            "n_action_steps": 7,
+            "down_dims": [16, 32],
+            "diffusion_step_embed_dim": 8,
+            "beta_schedule": "linear",
+            "clip_sample": False,
+            "num_train_timesteps": 12,
+        },
     ),
 }
 LOSS_SEED, CHUNK_SEED = 1234, 99
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 # the tiny diffusion run of tests/test_diffusion_layouts.py, with EMA (update_after_step 1: a copy first)
-EMA_RUN = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
-           "--policy.type=diffusion", "--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
-           "--policy.down_dims=[16,32]", "--policy.horizon=8", "--policy.n_action_steps=4",
-           "--policy.spatial_softmax_num_keypoints=8", "--policy.diffusion_step_embed_dim=16",
-           "--policy.num_train_timesteps=20", "--policy.scheduler_warmup_steps=0", "--policy.optimizer_lr=1e-3",
-           "--steps=4", "--save_freq=4", "--log_freq=0", "--batch_size=4",
-           "--ema.enable=true", "--ema.update_after_step=1", "--ema.power=0.5"]
+EMA_RUN = [
+    "--dataset.repo_id=lerobot/demo_reach",
+    f"--dataset.root={DEMO}",
+    "--num_workers=0",
+    "--policy.type=diffusion",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.use_group_norm=true",
+    "--policy.down_dims=[16,32]",
+    "--policy.horizon=8",
+    "--policy.n_action_steps=4",
+    "--policy.spatial_softmax_num_keypoints=8",
+    "--policy.diffusion_step_embed_dim=16",
+    "--policy.num_train_timesteps=20",
+    "--policy.scheduler_warmup_steps=0",
+    "--policy.optimizer_lr=1e-3",
+    "--steps=4",
+    "--save_freq=4",
+    "--log_freq=0",
+    "--batch_size=4",
+    "--ema.enable=true",
+    "--ema.update_after_step=1",
+    "--ema.power=0.5",
+]
 EMA_SEQUENCE = {"update_after_step": 1, "inv_gamma": 1.0, "power": 0.5, "min_decay": 0.0, "max_decay": 0.9999}
 SCHEDULER_ATOL = 1e-6
 # LR schedules of the diffusion preset: (diffusers scheduler name, warm-up steps, run steps)
 LR_CASES = [("cosine", 5, 20), ("cosine", 500, 3000), ("constant_with_warmup", 7, 30)]
-# scheduler cases: (type, beta_schedule, prediction_type, clip_sample, num_train_timesteps, num_inference_steps)
-SCHEDULER_CASES = [(kind, schedule, pred, clip, 100, steps)
-                   for kind in ("DDPM", "DDIM") for schedule in ("squaredcos_cap_v2", "linear", "scaled_linear")
-                   for pred in ("epsilon", "sample") for clip in (True, False) for steps in (100, 7)]
+# scheduler cases: (type, beta_schedule, prediction_type, clip_sample,
+# num_train_timesteps, num_inference_steps)
+SCHEDULER_CASES = [
+    (kind, schedule, pred, clip, 100, steps)
+    for kind in ("DDPM", "DDIM")
+    for schedule in ("squaredcos_cap_v2", "linear", "scaled_linear")
+    for pred in ("epsilon", "sample")
+    for clip in (True, False)
+    for steps in (100, 7)
+]
 
 
 def _tuples(overrides: dict) -> dict:
@@ -108,8 +175,12 @@ def make_stats(features: dict, seed: int) -> dict[str, dict[str, torch.Tensor]]:
     for key, (kind, shape) in features.items():
         dim = shape[0]
         shp = (dim, 1, 1) if kind == "VISUAL" else (dim,)
-        stats[key] = {"mean": torch.rand(shp, generator=g), "std": 0.5 + torch.rand(shp, generator=g),
-                      "min": -1 - torch.rand(shp, generator=g), "max": 1 + torch.rand(shp, generator=g)}
+        stats[key] = {
+            "mean": torch.rand(shp, generator=g),
+            "std": 0.5 + torch.rand(shp, generator=g),
+            "min": -1 - torch.rand(shp, generator=g),
+            "max": 1 + torch.rand(shp, generator=g),
+        }
     return stats
 
 
@@ -163,8 +234,10 @@ def compare(tag: str, ref: dict, got: dict) -> bool:
         diff = (ref[key] - got[key]).abs().max().item()
         good = diff <= ATOL * max(1.0, ref[key].abs().max().item())
         ok &= good
-        print(f"[{tag}] {key:10s} max|Δ| = {diff:.2e} (value scale {ref[key].abs().max().item():.3g}) "
-              f"{'ok' if good else 'MISMATCH'}")
+        print(
+            f"[{tag}] {key:10s} max|Δ| = {diff:.2e} (value scale {ref[key].abs().max().item():.3g}) "
+            f"{'ok' if good else 'MISMATCH'}"
+        )
     return ok
 
 
@@ -173,8 +246,10 @@ def check_keys(tag: str, policy, weights_file: Path) -> bool:
     model = policy.state_dict()
     missing, unexpected = sorted(set(model) - set(file)), sorted(set(file) - set(model))
     shapes = [k for k in set(model) & set(file) if tuple(model[k].shape) != tuple(file[k].shape)]
-    print(f"[{tag}] state-dict keys: {len(model)} in model, {len(file)} in file, missing {missing[:5]}, "
-          f"unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}")
+    print(
+        f"[{tag}] state-dict keys: {len(model)} in model, {len(file)} in file, missing {missing[:5]}, "
+        f"unexpected {unexpected[:5]}, shape mismatches {shapes[:5]}"
+    )
     return not missing and not unexpected and not shapes
 
 
@@ -192,8 +267,16 @@ def run_scheduler(make, case: tuple) -> dict[str, torch.Tensor]:
     """betas, add_noise at every 9th timestep, and a whole reverse chain (fixed model outputs, seeded
     DDPM noise) of one scheduler built by ``make(name, **kwargs)``."""
     kind, schedule, pred, clip, train_steps, steps = case
-    sched = make(kind, num_train_timesteps=train_steps, beta_start=1e-4, beta_end=0.02, beta_schedule=schedule,
-                 clip_sample=clip, clip_sample_range=1.0, prediction_type=pred)
+    sched = make(
+        kind,
+        num_train_timesteps=train_steps,
+        beta_start=1e-4,
+        beta_end=0.02,
+        beta_schedule=schedule,
+        clip_sample=clip,
+        clip_sample_range=1.0,
+        prediction_type=pred,
+    )
     g = torch.Generator().manual_seed(5)
     x0, eps = torch.randn(4, 8, 3, generator=g), torch.randn(4, 8, 3, generator=g)
     ts = torch.arange(0, train_steps, 9)[:4]
@@ -205,8 +288,12 @@ def run_scheduler(make, case: tuple) -> dict[str, torch.Tensor]:
     for i, t in enumerate(sched.timesteps):
         result = sched.step(outputs[i], t, sample)
         sample = getattr(result, "prev_sample", result)
-    return {"alphas_cumprod": sched.alphas_cumprod.clone(), "noisy": noisy, "final": sample,
-            "timesteps": torch.as_tensor(sched.timesteps).clone()}
+    return {
+        "alphas_cumprod": sched.alphas_cumprod.clone(),
+        "noisy": noisy,
+        "final": sample,
+        "timesteps": torch.as_tensor(sched.timesteps).clone(),
+    }
 
 
 def case_name(case: tuple) -> str:
@@ -214,6 +301,7 @@ def case_name(case: tuple) -> str:
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
+
 
 def ours_write(work: Path, variant: str) -> None:
     from lerobot_cli.policies.diffusion.config import DiffusionConfig
@@ -224,9 +312,13 @@ def ours_write(work: Path, variant: str) -> None:
 
     features, overrides = VARIANTS[variant]
     feats = {k: PolicyFeature(type=t, shape=s) for k, (t, s) in features.items()}
-    cfg = DiffusionConfig(input_features={k: f for k, f in feats.items() if k != "action"},
-                          output_features={"action": feats["action"]}, device="cpu",
-                          pretrained_backbone_weights=None, **_tuples(overrides))
+    cfg = DiffusionConfig(
+        input_features={k: f for k, f in feats.items() if k != "action"},
+        output_features={"action": feats["action"]},
+        device="cpu",
+        pretrained_backbone_weights=None,
+        **_tuples(overrides),
+    )
     torch.manual_seed(0)
     policy = DiffusionPolicy(cfg)
     with torch.no_grad():
@@ -272,14 +364,18 @@ def config_matches(tag: str, src: Path, cfg) -> bool:
 
 
 def ours_write_ema(work: Path) -> None:
-    """A 4-step EMA run's ``pretrained_model_ema/`` with our reference outputs, and our EMA over 8 snapshots."""
+    """A 4-step EMA run's ``pretrained_model_ema/`` with our reference outputs,
+    and our EMA over 8 snapshots."""
     from lerobot_cli.policies.pretrained import load_pretrained
     from lerobot_cli.processors import load_processors
     from lerobot_trainloop import EmaConfig, ModelEma
 
     out = work / "ours_ema_run"
-    subprocess.run([str(Path(sys.executable).parent / "lerobot-train"), *EMA_RUN, f"--output_dir={out}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(Path(sys.executable).parent / "lerobot-train"), *EMA_RUN, f"--output_dir={out}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     step = out / "checkpoints" / "last"
     src = step / "pretrained_model_ema"
     cfg, policy = load_pretrained(src)
@@ -289,7 +385,9 @@ def ours_write_ema(work: Path) -> None:
     if moved == 0:
         raise SystemExit("[ours-write ema] pretrained_model_ema/ holds the live weights")
     pre, post = load_processors(src)
-    features = {k: (f.type.value, tuple(f.shape)) for k, f in {**cfg.input_features, **cfg.output_features}.items()}
+    features = {
+        k: (f.type.value, tuple(f.shape)) for k, f in {**cfg.input_features, **cfg.output_features}.items()
+    }
     inputs = make_inputs(features, {"n_obs_steps": cfg.n_obs_steps, "horizon": cfg.horizon}, 21)
     save_reference(src / "reference.safetensors", inputs, run_policy(policy, pre, post, inputs))
 
@@ -314,14 +412,19 @@ def ours_write_ema(work: Path) -> None:
 
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
 
+
 def _lerobot_config(features: dict, overrides: dict):
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
 
     feats = {k: PolicyFeature(type=FeatureType[t], shape=s) for k, (t, s) in features.items()}
-    return DiffusionConfig(input_features={k: f for k, f in feats.items() if k != "action"},
-                           output_features={"action": feats["action"]}, pretrained_backbone_weights=None,
-                           device="cpu", **_tuples(overrides))
+    return DiffusionConfig(
+        input_features={k: f for k, f in feats.items() if k != "action"},
+        output_features={"action": feats["action"]},
+        pretrained_backbone_weights=None,
+        device="cpu",
+        **_tuples(overrides),
+    )
 
 
 def _lerobot_make(features: dict, overrides: dict, seed: int):
@@ -362,7 +465,8 @@ def lerobot_check(work: Path, variant: str) -> bool:
 
 
 def lerobot_check_ema(work: Path) -> bool:
-    """LeRobot loads our ``pretrained_model_ema/``; diffusers' EMAModel (LeRobot's trainer's EMA) equals ours."""
+    """LeRobot loads our ``pretrained_model_ema/``; diffusers' EMAModel (LeRobot's trainer's EMA)
+    equals ours."""
     from diffusers.training_utils import EMAModel
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
     from lerobot.policies.factory import make_pre_post_processors
@@ -379,8 +483,15 @@ def lerobot_check_ema(work: Path) -> bool:
     names = sorted({k.split(".", 1)[1] for k in seq if k.startswith("start.")})
     params = [torch.nn.Parameter(seq[f"start.{n}"].clone()) for n in names]
     cfg = EMA_SEQUENCE  # as LeRobot's lerobot_train builds it: decay=max_decay, warmup on
-    ema = EMAModel(params, decay=cfg["max_decay"], min_decay=cfg["min_decay"], update_after_step=cfg["update_after_step"],
-                   use_ema_warmup=True, inv_gamma=cfg["inv_gamma"], power=cfg["power"])
+    ema = EMAModel(
+        params,
+        decay=cfg["max_decay"],
+        min_decay=cfg["min_decay"],
+        update_after_step=cfg["update_after_step"],
+        use_ema_warmup=True,
+        inv_gamma=cfg["inv_gamma"],
+        power=cfg["power"],
+    )
     worst = 0.0
     for i in range(8):
         with torch.no_grad():
@@ -398,12 +509,17 @@ def lerobot_schedulers(out: Path) -> None:
     from diffusers.optimization import get_scheduler
     from lerobot.policies.diffusion.modeling_diffusion import _make_noise_scheduler
 
-    tensors = {f"{case_name(c)}.{k}": v.contiguous() for c in SCHEDULER_CASES
-               for k, v in run_scheduler(_make_noise_scheduler, c).items()}
+    tensors = {
+        f"{case_name(c)}.{k}": v.contiguous()
+        for c in SCHEDULER_CASES
+        for k, v in run_scheduler(_make_noise_scheduler, c).items()
+    }
     for name, warmup, steps in LR_CASES:  # how LeRobot's DiffuserSchedulerConfig.build makes the LR schedule
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
         sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=steps)
-        tensors[f"lr.{name}.{warmup}.{steps}"] = torch.tensor(_lr_curve(opt, sched, steps), dtype=torch.float64)
+        tensors[f"lr.{name}.{warmup}.{steps}"] = torch.tensor(
+            _lr_curve(opt, sched, steps), dtype=torch.float64
+        )
     save_file(tensors, str(out))
     print(f"[lerobot-schedulers] wrote {len(SCHEDULER_CASES)} cases to {out}")
 
@@ -427,20 +543,30 @@ def ours_schedulers(ref_file: Path) -> bool:
     for case in SCHEDULER_CASES:
         for key, value in run_scheduler(make_noise_scheduler, case).items():
             expected = ref[f"{case_name(case)}.{key}"]
-            diff = (value.double() - expected.double()).abs().max().item() if value.shape == expected.shape else 1e9
+            diff = (
+                (value.double() - expected.double()).abs().max().item()
+                if value.shape == expected.shape
+                else 1e9
+            )
             worst = max(worst, diff)
             if diff > SCHEDULER_ATOL:
                 bad.append(f"{case_name(case)}.{key}: {diff:.2e}")
-    print(f"[ours vs diffusers] {len(SCHEDULER_CASES)} scheduler cases (DDPM/DDIM x 3 beta schedules x "
-          f"epsilon/sample x clip on/off x 100/7 steps): max|Δ| = {worst:.2e} {'ok' if not bad else bad[:5]}")
+    print(
+        f"[ours vs diffusers] {len(SCHEDULER_CASES)} scheduler cases (DDPM/DDIM x 3 beta schedules x "
+        f"epsilon/sample x clip on/off x 100/7 steps): max|Δ| = {worst:.2e} {'ok' if not bad else bad[:5]}"
+    )
     lr_worst = 0.0
     for name, warmup, steps in LR_CASES:  # the preset's LR schedule, through our optimizer factory
-        preset = DiffusionConfig(scheduler_name=name, scheduler_warmup_steps=warmup, optimizer_lr=1e-4).scheduler_preset()
+        preset = DiffusionConfig(
+            scheduler_name=name, scheduler_warmup_steps=warmup, optimizer_lr=1e-4
+        ).scheduler_preset()
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
         ours = torch.tensor(_lr_curve(opt, build_scheduler(preset, opt, steps), steps), dtype=torch.float64)
         lr_worst = max(lr_worst, (ours - ref[f"lr.{name}.{warmup}.{steps}"]).abs().max().item())
-    print(f"[ours vs diffusers] LR schedules of the preset ({', '.join(f'{n} W={w} T={t}' for n, w, t in LR_CASES)}): "
-          f"max|Δ| = {lr_worst:.2e} (lr 1e-4)")
+    print(
+        "[ours vs diffusers] LR schedules of the preset "
+        f"({', '.join(f'{n} W={w} T={t}' for n, w, t in LR_CASES)}): max|Δ| = {lr_worst:.2e} (lr 1e-4)"
+    )
     return not bad and lr_worst <= 1e-12
 
 
@@ -449,24 +575,54 @@ def lerobot_sizes() -> None:
     action 2 (PushT's features): key count, parameter count, buffer elements."""
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
-    features = {"observation.state": ("STATE", (2,)), "observation.images.top": ("VISUAL", (3, 96, 96)),
-                "action": ("ACTION", (2,))}
+    features = {
+        "observation.state": ("STATE", (2,)),
+        "observation.images.top": ("VISUAL", (3, 96, 96)),
+        "action": ("ACTION", (2,)),
+    }
     policy = DiffusionPolicy(_lerobot_config(features, {}))
     sd = policy.state_dict()
-    print(json.dumps({"keys": len(sd), "parameters": sum(p.numel() for p in policy.parameters()),
-                      "state_elements": sum(v.numel() for v in sd.values())}))
+    print(
+        json.dumps(
+            {
+                "keys": len(sd),
+                "parameters": sum(p.numel() for p in policy.parameters()),
+                "state_elements": sum(v.numel() for v in sd.values()),
+            }
+        )
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run",
-                        choices=["run", "ours-write", "ours-check", "lerobot-check", "lerobot-sizes",
-                                 "lerobot-schedulers", "lerobot-check-ema"])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "mode",
+        nargs="?",
+        default="run",
+        choices=[
+            "run",
+            "ours-write",
+            "ours-check",
+            "lerobot-check",
+            "lerobot-sizes",
+            "lerobot-schedulers",
+            "lerobot-check-ema",
+        ],
+    )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), action="append",
-                        help="config variant(s) to check (default: all)")
-    parser.add_argument("--lerobot-python", default="/tmp/lerobot-venv/bin/python",
-                        help="interpreter of the environment where LeRobot is installed")
+    parser.add_argument(
+        "--variant",
+        choices=sorted(VARIANTS),
+        action="append",
+        help="config variant(s) to check (default: all)",
+    )
+    parser.add_argument(
+        "--lerobot-python",
+        default="/tmp/lerobot-venv/bin/python",
+        help="interpreter of the environment where LeRobot is installed",
+    )
     args = parser.parse_args()
     variants = args.variant or sorted(VARIANTS)
     if args.mode == "ours-write":
@@ -495,13 +651,17 @@ def main() -> int:
     ours_write_ema(work)
     flags = [arg for v in variants for arg in ("--variant", v)]
     lerobot = subprocess.run([args.lerobot_python, me, "lerobot-check", str(work), *flags], check=False)
-    schedulers = subprocess.run([args.lerobot_python, me, "lerobot-schedulers", str(work / "schedulers.safetensors")],
-                                check=False)
+    schedulers = subprocess.run(
+        [args.lerobot_python, me, "lerobot-schedulers", str(work / "schedulers.safetensors")], check=False
+    )
     ema = subprocess.run([args.lerobot_python, me, "lerobot-check-ema", str(work)], check=False)
     lerobot_ok = lerobot.returncode == 0 and schedulers.returncode == 0 and ema.returncode == 0
     ours_ok = all([ours_check(work, v) for v in variants])  # noqa: C419 - check every variant
     ours_ok = ours_schedulers(work / "schedulers.safetensors") and ours_ok
-    print(f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: {'PASS' if ours_ok else 'FAIL'}")
+    print(
+        f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'}"
+    )
     return 0 if lerobot_ok and ours_ok else 1
 
 

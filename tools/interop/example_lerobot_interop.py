@@ -46,12 +46,19 @@ print(f"LEROBOT_LOADED keys={len(saved)} action={action.flatten().tolist()}")
 
 
 def torchrun(lerobot_python: Path, out: Path, steps: int) -> None:
-    cmd = [str(lerobot_python.parent / "torchrun"), "--nproc-per-node=2", str(EXAMPLE), f"--output_dir={out}",
-           f"--steps={steps}"]
+    cmd = [
+        str(lerobot_python.parent / "torchrun"),
+        "--nproc-per-node=2",
+        str(EXAMPLE),
+        f"--output_dir={out}",
+        f"--steps={steps}",
+    ]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     if res.returncode != 0 or f"trained to step {steps}" not in res.stdout:
-        sys.exit(f"example: FAILED: {' '.join(cmd)} (rc {res.returncode})\n{res.stdout[-3000:]}\n"
-                 f"{res.stderr[-3000:]}")
+        sys.exit(
+            f"example: FAILED: {' '.join(cmd)} (rc {res.returncode})\n{res.stdout[-3000:]}\n"
+            f"{res.stderr[-3000:]}"
+        )
 
 
 def losses(out: Path) -> list[dict]:
@@ -69,17 +76,32 @@ def main() -> None:
         torchrun(lerobot_python, resumed, 8)
         a, b = losses(whole), losses(resumed)
         if [r["step"] for r in a] != list(range(1, 9)) or a != b:
-            sys.exit(f"example: FAILED: the resumed run's losses differ from the uninterrupted run's:\n"
-                     f"{a}\n{b}")
-        print(f"example: resume bitwise: steps 5-8 losses {[r['loss'] for r in b[4:]]} equal the "
-              "uninterrupted run's")
+            sys.exit(
+                f"example: FAILED: the resumed run's losses differ from the uninterrupted run's:\n{a}\n{b}"
+            )
+        print(
+            f"example: resume bitwise: steps 5-8 losses {[r['loss'] for r in b[4:]]} equal the "
+            "uninterrupted run's"
+        )
         pretrained = whole / "checkpoints" / "000008" / "pretrained_model"
-        res = subprocess.run([str(lerobot_python), "-c", LEROBOT_LOAD, str(pretrained),
-                              str(REPO / "data" / "lerobot" / "demo_reach")], capture_output=True, text=True,
-                             timeout=300, check=False)
+        res = subprocess.run(
+            [
+                str(lerobot_python),
+                "-c",
+                LEROBOT_LOAD,
+                str(pretrained),
+                str(REPO / "data" / "lerobot" / "demo_reach"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         if res.returncode != 0 or "LEROBOT_LOADED" not in res.stdout:
-            sys.exit(f"example: FAILED: LeRobot could not load {pretrained}:\n{res.stdout[-2000:]}\n"
-                     f"{res.stderr[-3000:]}")
+            sys.exit(
+                f"example: FAILED: LeRobot could not load {pretrained}:\n{res.stdout[-2000:]}\n"
+                f"{res.stderr[-3000:]}"
+            )
         print(f"example: {res.stdout.strip().splitlines()[-1]}")
     print("example: PASS")
 

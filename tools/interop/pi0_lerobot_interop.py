@@ -23,12 +23,13 @@ resolution (both sides resize with padding), chunk 4. Per case:
 2. lerobot-check  (LeRobot env) its tiny policy (see ``_patch_lerobot_for_tiny``) of the same config loads our
                                 file with ``load_state_dict(strict=True)``; every key's dtype in our file must
                                 be the one LeRobot's model holds; it recomputes the reference. Then a seeded
-                                LeRobot tiny policy is written with its own ``save_pretrained``, with its outputs
-                                (its config.json lists observation.images.empty_camera_0 in input_features).
+                                LeRobot tiny policy is written with its own ``save_pretrained``, with its
+                                outputs (its config.json lists observation.images.empty_camera_0 in
+                                input_features).
 3. ours-check     (our env)     that directory through our ``--policy.path`` path: ``check_features_fit``
-                                against the dataset the case describes (which has no empty camera, as LeRobot's
-                                own dataset), then ``load_policy_config`` and ``load_pretrained``; every key of
-                                LeRobot's file has our model's dtype; the same comparisons.
+                                against the dataset the case describes (which has no empty camera, as
+                                LeRobot's own dataset), then ``load_policy_config`` and ``load_pretrained``;
+                                every key of LeRobot's file has our model's dtype; the same comparisons.
 
 Once per run: LeRobot's full-size pi0 with dtype=bfloat16 on the meta device against ours (keys, shapes,
 dtypes, value count).
@@ -50,9 +51,9 @@ Tolerances (``compare``) and why:
   5e-2. A parameter whose gradient is zero in exact arithmetic has only rounding noise on both sides and
   no relative error to speak of: SigLIP's key biases (a key bias adds q·b to all of a query's logits,
   which softmax ignores; measured ~1e-9 against gradients ~1), and the language model's last q_proj
-  (its queries feed only the prefix outputs nothing reads; exactly 0 on both sides). Below ``GRAD_NOISE`` × the largest
-  gradient (1e-6: under fp32 rounding of terms that size) a reference gradient counts as such noise, and
-  the other side's must be below it too. A dropped camera or a bf16 projection moves the forward
+  (its queries feed only the prefix outputs nothing reads; exactly 0 on both sides). Below ``GRAD_NOISE`` ×
+  the largest gradient (1e-6: under fp32 rounding of terms that size) a reference gradient counts as such
+  noise, and the other side's must be below it too. A dropped camera or a bf16 projection moves the forward
   itself, which the zero forward tolerance catches.
 
 LeRobot only builds gemma_2b / gemma_300m with SigLIP so400m; the tiny sizes come from monkeypatching its
@@ -83,9 +84,19 @@ FORWARD_ATOL = 0.0  # bit-equal forward, fp32 and bf16 (module doc)
 GRAD_RTOL = {"float32": 1e-5, "bfloat16": 5e-2}  # per parameter, max|Δ| / max|reference| (module doc)
 GRAD_NOISE = 1e-6  # × the largest gradient: below it a parameter's gradient is rounding noise (module doc)
 BATCH, CHUNK, STATE_DIM, ACTION_DIM, TOKENS = 3, 4, 6, 6, 8
-TINY = {"chunk_size": CHUNK, "n_action_steps": CHUNK, "image_resolution": (56, 56), "max_state_dim": 32,
-        "max_action_dim": 32}
-OURS_TINY = {**TINY, "paligemma_variant": "gemma_tiny", "action_expert_variant": "gemma_tiny", "vision_variant": "tiny"}
+TINY = {
+    "chunk_size": CHUNK,
+    "n_action_steps": CHUNK,
+    "image_resolution": (56, 56),
+    "max_state_dim": 32,
+    "max_action_dim": 32,
+}
+OURS_TINY = {
+    **TINY,
+    "paligemma_variant": "gemma_tiny",
+    "action_expert_variant": "gemma_tiny",
+    "vision_variant": "tiny",
+}
 PREFIX = "model.paligemma_with_expert."
 
 
@@ -115,19 +126,27 @@ class Flavour:
     """What differs between pi0 and pi05, as names each interpreter imports only on its own side."""
 
     name: str
-    ours_config: str       # "module:Class" in lerobot_cli
+    ours_config: str  # "module:Class" in lerobot_cli
     ours_policy: str
     lerobot_modeling: str  # LeRobot's modeling module
-    lerobot_policy: str    # its policy class there
-    lerobot_config: str    # "module:Class" in lerobot
+    lerobot_policy: str  # its policy class there
+    lerobot_config: str  # "module:Class" in lerobot
     model_takes_state: bool  # pi0's model.forward takes the padded state; pi05's reads it from the prompt
     full_keys: int
     full_values: int
 
 
-PI0 = Flavour("pi0", "lerobot_cli.policies.pi0.config:PI0Config", "lerobot_cli.policies.pi0.modeling:PI0Policy",
-              "lerobot.policies.pi0.modeling_pi0", "PI0Policy", "lerobot.policies.pi0.configuration_pi0:PI0Config",
-              True, 778, 4_028_019_472)  # LeRobot 0.6.1 pi0 at its default variants (issue 15)
+PI0 = Flavour(
+    "pi0",
+    "lerobot_cli.policies.pi0.config:PI0Config",
+    "lerobot_cli.policies.pi0.modeling:PI0Policy",
+    "lerobot.policies.pi0.modeling_pi0",
+    "PI0Policy",
+    "lerobot.policies.pi0.configuration_pi0:PI0Config",
+    True,
+    778,
+    4_028_019_472,
+)  # LeRobot 0.6.1 pi0 at its default variants (issue 15)
 
 
 def _import(spec: str):
@@ -137,6 +156,7 @@ def _import(spec: str):
 
 
 # ---------------------------------------------------------------- shared (both interpreters)
+
 
 def make_inputs(case: Case, seed: int) -> dict[str, torch.Tensor]:
     """The case's batch (the empty camera is absent, as in LeRobot's batches), noise and time."""
@@ -156,7 +176,7 @@ def make_inputs(case: Case, seed: int) -> dict[str, torch.Tensor]:
 
 
 def batch_of(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k[len("batch."):]: v.clone() for k, v in inputs.items() if k.startswith("batch.")}
+    return {k[len("batch.") :]: v.clone() for k, v in inputs.items() if k.startswith("batch.")}
 
 
 @torch.no_grad()
@@ -177,17 +197,24 @@ def model_args(batch: dict[str, torch.Tensor], images, img_masks, state, takes_s
     return (images, img_masks, tokens, masks, *([state] if takes_state else []), actions)
 
 
-def outputs_of(losses: torch.Tensor, loss: torch.Tensor, chunk: torch.Tensor, policy) -> dict[str, torch.Tensor]:
+def outputs_of(
+    losses: torch.Tensor, loss: torch.Tensor, chunk: torch.Tensor, policy
+) -> dict[str, torch.Tensor]:
     """Forward outputs, and the gradient of every parameter that got one (none = not in the file)."""
-    out = {"out.losses": losses.detach().float(), "out.loss": loss.detach().float().reshape(1),
-           "out.chunk": chunk.detach().float().contiguous()}
+    out = {
+        "out.losses": losses.detach().float(),
+        "out.loss": loss.detach().float().reshape(1),
+        "out.chunk": chunk.detach().float().contiguous(),
+    }
     for name, param in policy.named_parameters():
         if param.grad is not None:
             out[f"grad.{name}"] = param.grad.detach().clone().contiguous()
     return out
 
 
-def compare(tag: str, case: Case, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple[bool, dict]:
+def compare(
+    tag: str, case: Case, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
+) -> tuple[bool, dict]:
     """Forward max |Δ| (≤ FORWARD_ATOL) and each parameter's gradient max |Δ| / max |ref| (≤ GRAD_RTOL)."""
     figures, ok = {}, True
     for key in ("out.losses", "out.loss", "out.chunk"):
@@ -197,8 +224,10 @@ def compare(tag: str, case: Case, ref: dict[str, torch.Tensor], got: dict[str, t
     names_ref = {k for k in ref if k.startswith("grad.")}
     names_got = {k for k in got if k.startswith("grad.")}
     if names_ref != names_got:
-        print(f"[{tag}] gradients of different parameters: only in the reference "
-              f"{sorted(names_ref - names_got)[:4]}, only here {sorted(names_got - names_ref)[:4]}")
+        print(
+            f"[{tag}] gradients of different parameters: only in the reference "
+            f"{sorted(names_ref - names_got)[:4]}, only here {sorted(names_got - names_ref)[:4]}"
+        )
         ok = False
     compared = sorted(names_ref & names_got)
     floor = GRAD_NOISE * max((ref[k].float().abs().max().item() for k in compared), default=0.0)
@@ -208,18 +237,23 @@ def compare(tag: str, case: Case, ref: dict[str, torch.Tensor], got: dict[str, t
         diff, scale = (r - g).abs().max().item(), r.abs().max().item()
         worst_abs = max(worst_abs, diff)
         if scale < floor:  # zero in exact arithmetic (module doc): both sides must be rounding noise
-            noise.append(key[len("grad."):].removeprefix(PREFIX))
+            noise.append(key[len("grad.") :].removeprefix(PREFIX))
             noise_ok &= g.abs().max().item() < floor
             continue
         if diff / scale > worst:
-            worst, worst_name = diff / scale, key[len("grad."):]
-    figures.update(grad_rel=worst, grad_abs=worst_abs, grad_worst=worst_name, grads=len(compared), noise=noise)
+            worst, worst_name = diff / scale, key[len("grad.") :]
+    figures.update(
+        grad_rel=worst, grad_abs=worst_abs, grad_worst=worst_name, grads=len(compared), noise=noise
+    )
     ok &= worst <= GRAD_RTOL[case.dtype] and noise_ok
-    print(f"[{tag}] {case.name}: max|Δ| per-element losses {figures['losses']:.2e}, loss {figures['loss']:.2e}, "
-          f"action chunk {figures['chunk']:.2e} (tolerance {FORWARD_ATOL}); gradients of all {len(compared)} "
-          f"parameters that get one: max rel|Δ| {worst:.2e} (tolerance {GRAD_RTOL[case.dtype]:.0e}; "
-          f"{worst_name.removeprefix(PREFIX)}), max|Δ| {worst_abs:.2e}; {len(noise)} below the noise floor "
-          f"{floor:.1e} on {'both sides' if noise_ok else 'ONE SIDE ONLY'} {noise} -> {'ok' if ok else 'MISMATCH'}")
+    print(
+        f"[{tag}] {case.name}: max|Δ| per-element losses {figures['losses']:.2e}, loss "
+        f"{figures['loss']:.2e}, action chunk {figures['chunk']:.2e} (tolerance {FORWARD_ATOL}); gradients "
+        f"of all {len(compared)} parameters that get one: max rel|Δ| {worst:.2e} (tolerance "
+        f"{GRAD_RTOL[case.dtype]:.0e}; {worst_name.removeprefix(PREFIX)}), max|Δ| {worst_abs:.2e}; "
+        f"{len(noise)} below the noise floor {floor:.1e} on {'both sides' if noise_ok else 'ONE SIDE ONLY'} "
+        f"{noise} -> {'ok' if ok else 'MISMATCH'}"
+    )
     return ok, figures
 
 
@@ -237,9 +271,11 @@ def model_dtypes(model: torch.nn.Module) -> dict[str, str]:
 def compare_dtypes(tag: str, saved: dict[str, str], model: dict[str, str]) -> bool:
     differ = sorted(k for k in saved if k in model and saved[k] != model[k])
     counts = {d: sum(1 for v in saved.values() if v == d) for d in sorted(set(saved.values()))}
-    print(f"[{tag}] dtypes of the file's {len(saved)} keys {counts}; differing from the loading model's: "
-          f"{len(differ)} {[f'{k.removeprefix(PREFIX)}: {saved[k]} vs {model[k]}' for k in differ[:4]]} -> "
-          f"{'ok' if not differ else 'MISMATCH'}")
+    print(
+        f"[{tag}] dtypes of the file's {len(saved)} keys {counts}; differing from the loading model's: "
+        f"{len(differ)} {[f'{k.removeprefix(PREFIX)}: {saved[k]} vs {model[k]}' for k in differ[:4]]} -> "
+        f"{'ok' if not differ else 'MISMATCH'}"
+    )
     return not differ
 
 
@@ -249,20 +285,29 @@ def key_shapes(state_dict) -> dict[str, list]:
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
 
+
 def _our_features(case: Case) -> dict:
     from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
     cameras = {key: PolicyFeature(FeatureType.VISUAL, shape) for key, shape in case.cameras}
-    return {"input_features": {**cameras, "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,))},
-            "output_features": {"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}}
+    return {
+        "input_features": {**cameras, "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,))},
+        "output_features": {"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
+    }
 
 
 def dataset_features(case: Case) -> dict[str, dict]:
-    """meta/info.json's features of the dataset the case trains on (cameras stored H, W, C), no empty camera."""
-    cameras = {key: {"dtype": "video", "shape": [h, w, c], "names": ["height", "width", "channels"]}
-               for key, (c, h, w) in case.cameras}
-    return {**cameras, "observation.state": {"dtype": "float32", "shape": [STATE_DIM], "names": None},
-            "action": {"dtype": "float32", "shape": [ACTION_DIM], "names": None}}
+    """meta/info.json's features of the dataset the case trains on (cameras stored H, W, C),
+    no empty camera."""
+    cameras = {
+        key: {"dtype": "video", "shape": [h, w, c], "names": ["height", "width", "channels"]}
+        for key, (c, h, w) in case.cameras
+    }
+    return {
+        **cameras,
+        "observation.state": {"dtype": "float32", "shape": [STATE_DIM], "names": None},
+        "action": {"dtype": "float32", "shape": [ACTION_DIM], "names": None},
+    }
 
 
 def run_ours(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -287,10 +332,16 @@ def _tiny_sizes() -> dict:
     from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
     vision = VISION_VARIANTS["tiny"]
-    return {"gemma": attrs.asdict(GEMMA_VARIANTS["gemma_tiny"]),
-            "vision": {"hidden_size": vision.hidden_size, "num_hidden_layers": vision.depth,
-                       "num_attention_heads": vision.num_heads, "intermediate_size": vision.intermediate_size,
-                       "patch_size": vision.patch_size}}
+    return {
+        "gemma": attrs.asdict(GEMMA_VARIANTS["gemma_tiny"]),
+        "vision": {
+            "hidden_size": vision.hidden_size,
+            "num_hidden_layers": vision.depth,
+            "num_attention_heads": vision.num_heads,
+            "intermediate_size": vision.intermediate_size,
+            "patch_size": vision.patch_size,
+        },
+    }
 
 
 def ours_write(work: Path, flavour: Flavour = PI0) -> None:
@@ -303,12 +354,16 @@ def ours_write(work: Path, flavour: Flavour = PI0) -> None:
     del full
     for index, case in enumerate(CASES):
         torch.manual_seed(index)
-        policy = policy_cls(config_cls(**OURS_TINY, **_our_features(case), dtype=case.dtype,
-                                       empty_cameras=case.empty_cameras))
+        policy = policy_cls(
+            config_cls(**OURS_TINY, **_our_features(case), dtype=case.dtype, empty_cameras=case.empty_cameras)
+        )
         perturb_constants(policy, 1)
         out = work / case.name / "ours"
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in policy.state_dict().items()}, str(out / "model.safetensors"))
+        save_file(
+            {k: v.detach().contiguous() for k, v in policy.state_dict().items()},
+            str(out / "model.safetensors"),
+        )
         inputs = make_inputs(case, 2 + index)
         save_file(inputs, str(work / case.name / "inputs.safetensors"))
         save_file(run_ours(policy, inputs), str(out / "reference.safetensors"))
@@ -342,12 +397,18 @@ def ours_check(work: Path, flavour: Flavour = PI0) -> tuple[bool, dict]:
         keys_ok = set(file_keys) == set(policy.state_dict())
         dtypes_ok = compare_dtypes(tag, file_keys, model_dtypes(policy))
         placeholders = sorted(k for k in config.input_features if "empty_camera" in k)
-        print(f"[{tag}] LeRobot's save_pretrained: {len(file_keys)} keys, ours {len(policy.state_dict())} "
-              f"({'identical' if keys_ok else 'DIFFERENT'}); its input_features' placeholders {placeholders}, "
-              f"our dataset check {'accepts' if fits else 'REFUSES'} them")
+        print(
+            f"[{tag}] LeRobot's save_pretrained: {len(file_keys)} keys, ours {len(policy.state_dict())} "
+            f"({'identical' if keys_ok else 'DIFFERENT'}); its input_features' placeholders {placeholders}, "
+            f"our dataset check {'accepts' if fits else 'REFUSES'} them"
+        )
         inputs = load_file(str(work / case.name / "inputs.safetensors"))
-        ok, figures = compare(tag, case, load_file(str(src / "reference.safetensors")), run_ours(policy, inputs))
-        figures.update(keys=len(file_keys), dtypes_ok=dtypes_ok, fits=fits, ok=ok and keys_ok and dtypes_ok and fits)
+        ok, figures = compare(
+            tag, case, load_file(str(src / "reference.safetensors")), run_ours(policy, inputs)
+        )
+        figures.update(
+            keys=len(file_keys), dtypes_ok=dtypes_ok, fits=fits, ok=ok and keys_ok and dtypes_ok and fits
+        )
         report[case.name] = figures
         all_ok &= figures["ok"]
     return all_ok, report
@@ -355,13 +416,17 @@ def ours_check(work: Path, flavour: Flavour = PI0) -> tuple[bool, dict]:
 
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
 
+
 def _lerobot_config(case: Case, flavour: Flavour, **overrides):
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     cameras = {key: PolicyFeature(FeatureType.VISUAL, shape) for key, shape in case.cameras}
     return _import(flavour.lerobot_config)(
-        device="cpu", input_features={**cameras, "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,))},
-        output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}, **overrides)
+        device="cpu",
+        input_features={**cameras, "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,))},
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
+        **overrides,
+    )
 
 
 def _patch_lerobot_for_tiny(sizes: dict, modeling) -> None:
@@ -411,8 +476,11 @@ def run_lerobot(policy, inputs: dict[str, torch.Tensor], flavour: Flavour) -> di
     images, img_masks = policy._preprocess_images(batch)
     state = policy.prepare_state(batch) if flavour.model_takes_state else None
     with torch.no_grad():
-        losses = model.forward(*model_args(batch, images, img_masks, state, flavour.model_takes_state),
-                               inputs["noise"], inputs["time"])
+        losses = model.forward(
+            *model_args(batch, images, img_masks, state, flavour.model_takes_state),
+            inputs["noise"],
+            inputs["time"],
+        )
     model.sample_noise = lambda shape, device: inputs["noise"].clone()
     model.sample_time = lambda bsize, device: inputs["time"].clone()
     loss, _ = policy.forward(batch_of(inputs))
@@ -428,27 +496,48 @@ def lerobot_full_keys(work: Path, flavour: Flavour) -> tuple[bool, dict]:
     config.device = "meta"
     with torch.device("meta"):
         policy = getattr(_import(flavour.lerobot_modeling), flavour.lerobot_policy)(config)
-    return compare_full_keys(key_shapes(policy.state_dict()), json.loads((work / "ours_full_keys.json").read_text()),
-                             flavour.full_keys, flavour.full_values)
+    return compare_full_keys(
+        key_shapes(policy.state_dict()),
+        json.loads((work / "ours_full_keys.json").read_text()),
+        flavour.full_keys,
+        flavour.full_values,
+    )
 
 
 def compare_full_keys(theirs: dict, ours: dict, full_keys: int, full_values: int) -> tuple[bool, dict]:
     """LeRobot's and our full-size key -> (shape, dtype) maps under dtype=bfloat16: same names, shapes and
     dtypes, the expected counts."""
-    values = {side: sum(int(torch.Size(s).numel()) for s, _ in d.values()) for side, d in (("lerobot", theirs),
-                                                                                         ("ours", ours))}
+    values = {
+        side: sum(int(torch.Size(s).numel()) for s, _ in d.values())
+        for side, d in (("lerobot", theirs), ("ours", ours))
+    }
     missing, unexpected = sorted(set(theirs) - set(ours)), sorted(set(ours) - set(theirs))
     shapes = sorted(k for k in set(theirs) & set(ours) if theirs[k][0] != ours[k][0])
     dtypes = sorted(k for k in set(theirs) & set(ours) if theirs[k][1] != ours[k][1])
-    ok = (not missing and not unexpected and not shapes and not dtypes and len(theirs) == full_keys
-          and values["lerobot"] == values["ours"] == full_values)
-    print(f"[full size, bf16] keys: LeRobot {len(theirs)}, ours {len(ours)} (expected {full_keys}); values: LeRobot "
-          f"{values['lerobot']:,}, ours {values['ours']:,} (expected {full_values:,}); missing in ours {missing[:4]}, "
-          f"extra in ours {unexpected[:4]}, shape differences {shapes[:4]}, dtype differences {dtypes[:4]} -> "
-          f"{'ok' if ok else 'MISMATCH'}")
-    return ok, {"keys_lerobot": len(theirs), "keys_ours": len(ours), "values_lerobot": values["lerobot"],
-                "values_ours": values["ours"], "missing": len(missing), "unexpected": len(unexpected),
-                "shape_diffs": len(shapes), "dtype_diffs": len(dtypes)}
+    ok = (
+        not missing
+        and not unexpected
+        and not shapes
+        and not dtypes
+        and len(theirs) == full_keys
+        and values["lerobot"] == values["ours"] == full_values
+    )
+    print(
+        f"[full size, bf16] keys: LeRobot {len(theirs)}, ours {len(ours)} (expected {full_keys}); values: "
+        f"LeRobot {values['lerobot']:,}, ours {values['ours']:,} (expected {full_values:,}); missing in ours "
+        f"{missing[:4]}, extra in ours {unexpected[:4]}, shape differences {shapes[:4]}, dtype differences "
+        f"{dtypes[:4]} -> {'ok' if ok else 'MISMATCH'}"
+    )
+    return ok, {
+        "keys_lerobot": len(theirs),
+        "keys_ours": len(ours),
+        "values_lerobot": values["lerobot"],
+        "values_ours": values["ours"],
+        "missing": len(missing),
+        "unexpected": len(unexpected),
+        "shape_diffs": len(shapes),
+        "dtype_diffs": len(dtypes),
+    }
 
 
 def lerobot_cases(work: Path, flavour: Flavour) -> tuple[bool, dict]:
@@ -456,7 +545,9 @@ def lerobot_cases(work: Path, flavour: Flavour) -> tuple[bool, dict]:
     all_ok, report = True, {}
     for index, case in enumerate(CASES):
         tag = f"lerobot<-ours {case.name}"
-        policy = _lerobot_tiny(work, case, flavour, 100 + index)  # its own seeded weights, all replaced by ours
+        policy = _lerobot_tiny(
+            work, case, flavour, 100 + index
+        )  # its own seeded weights, all replaced by ours
         ours = work / case.name / "ours" / "model.safetensors"
         state = load_file(str(ours))
         try:
@@ -469,8 +560,12 @@ def lerobot_cases(work: Path, flavour: Flavour) -> tuple[bool, dict]:
         inputs = load_file(str(work / case.name / "inputs.safetensors"))
         ok = False
         if load_ok:
-            ok, report[case.name] = compare(tag, case, load_file(str(ours.with_name("reference.safetensors"))),
-                                            run_lerobot(policy, inputs, flavour))
+            ok, report[case.name] = compare(
+                tag,
+                case,
+                load_file(str(ours.with_name("reference.safetensors"))),
+                run_lerobot(policy, inputs, flavour),
+            )
             report[case.name].update(keys=len(state), dtypes_ok=dtypes_ok, ok=ok and dtypes_ok)
         all_ok &= load_ok and ok and dtypes_ok
 
@@ -482,7 +577,9 @@ def lerobot_cases(work: Path, flavour: Flavour) -> tuple[bool, dict]:
     return all_ok, report
 
 
-def lerobot_check(work: Path, flavour: Flavour = PI0, extra: Callable[[Path], tuple[bool, dict]] | None = None) -> bool:
+def lerobot_check(
+    work: Path, flavour: Flavour = PI0, extra: Callable[[Path], tuple[bool, dict]] | None = None
+) -> bool:
     """LeRobot's side: the full-size keys, ``extra`` checks (pi05's config and statistics), every case."""
     start = time.perf_counter()
     report: dict = {}
@@ -497,26 +594,34 @@ def lerobot_check(work: Path, flavour: Flavour = PI0, extra: Callable[[Path], tu
 
 # ---------------------------------------------------------------- driver
 
+
 def print_report(lerobot: dict, ours: dict | None, ours_ok: bool, policy: str = "pi0") -> None:
     full = lerobot.get("full", {})
     print(f"{policy} interop with LeRobot 0.6.1 (CPU)")
     if full:
-        print(f"  full size (meta, bf16): keys {full['keys_ours']} ours / {full['keys_lerobot']} LeRobot, values "
-              f"{full['values_ours']:,} / {full['values_lerobot']:,}, missing {full['missing']}, extra "
-              f"{full['unexpected']}, shape diffs {full['shape_diffs']}, dtype diffs {full['dtype_diffs']}: "
-              f"{'PASS' if lerobot['ok']['full'] else 'FAIL'}")
+        print(
+            f"  full size (meta, bf16): keys {full['keys_ours']} ours / {full['keys_lerobot']} LeRobot, "
+            f"values {full['values_ours']:,} / {full['values_lerobot']:,}, missing {full['missing']}, extra "
+            f"{full['unexpected']}, shape diffs {full['shape_diffs']}, dtype diffs {full['dtype_diffs']}: "
+            f"{'PASS' if lerobot['ok']['full'] else 'FAIL'}"
+        )
     for case in CASES:
-        for label, fig in (("ours -> LeRobot", lerobot.get("cases", {}).get(case.name)),
-                           ("LeRobot -> ours", (ours or {}).get(case.name))):
+        for label, fig in (
+            ("ours -> LeRobot", lerobot.get("cases", {}).get(case.name)),
+            ("LeRobot -> ours", (ours or {}).get(case.name)),
+        ):
             if not fig:
                 print(f"  {case.name:16s} {label}: FAIL (no figures)")
                 continue
-            print(f"  {case.name:16s} {label}: {fig['keys']} keys, dtypes {'equal' if fig['dtypes_ok'] else 'DIFFER'}; "
-                  f"max|Δ| losses {fig['losses']:.1e}, loss {fig['loss']:.1e}, chunk {fig['chunk']:.1e} (tol "
-                  f"{FORWARD_ATOL}); {fig['grads']} grads max rel|Δ| {fig['grad_rel']:.1e} (tol "
-                  f"{GRAD_RTOL[case.dtype]:.0e}; {len(fig['noise'])} zero in exact arithmetic), max|Δ| "
-                  f"{fig['grad_abs']:.1e}{'' if fig.get('fits', True) else '; REFUSED by our dataset check'}: "
-                  f"{'PASS' if fig['ok'] else 'FAIL'}")
+            print(
+                f"  {case.name:16s} {label}: {fig['keys']} keys, "
+                f"dtypes {'equal' if fig['dtypes_ok'] else 'DIFFER'}; "
+                f"max|Δ| losses {fig['losses']:.1e}, loss {fig['loss']:.1e}, chunk {fig['chunk']:.1e} (tol "
+                f"{FORWARD_ATOL}); {fig['grads']} grads max rel|Δ| {fig['grad_rel']:.1e} (tol "
+                f"{GRAD_RTOL[case.dtype]:.0e}; {len(fig['noise'])} zero in exact arithmetic), max|Δ| "
+                f"{fig['grad_abs']:.1e}{'' if fig.get('fits', True) else '; REFUSED by our dataset check'}: "
+                f"{'PASS' if fig['ok'] else 'FAIL'}"
+            )
 
 
 def main(policy: str = "pi0", script: str = __file__, steps: tuple | None = None) -> int:
@@ -524,12 +629,18 @@ def main(policy: str = "pi0", script: str = __file__, steps: tuple | None = None
     name, its own file (the LeRobot interpreter runs it) and ``steps``: its (ours_write, ours_check,
     lerobot_check, report) functions, with the signatures of this module's."""
     write, check, lerobot_side, report = steps or (ours_write, ours_check, lerobot_check, print_report)
-    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"])
+    parser = argparse.ArgumentParser(
+        description=sys.modules["__main__"].__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"]
+    )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
-    parser.add_argument("--lerobot-python", default="/tmp/lerobot-venv/bin/python",
-                        help="interpreter of the environment where LeRobot (with its [pi] extra) is installed")
+    parser.add_argument(
+        "--lerobot-python",
+        default="/tmp/lerobot-venv/bin/python",
+        help="interpreter of the environment where LeRobot (with its [pi] extra) is installed",
+    )
     args = parser.parse_args()
     torch.set_num_threads(min(4, torch.get_num_threads()))
     if args.mode == "ours-write":
@@ -544,8 +655,9 @@ def main(policy: str = "pi0", script: str = __file__, steps: tuple | None = None
         work = args.dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         write(work)
-        lerobot = subprocess.run([args.lerobot_python, str(Path(script).resolve()), "lerobot-check", str(work)],
-                                 check=False)
+        lerobot = subprocess.run(
+            [args.lerobot_python, str(Path(script).resolve()), "lerobot-check", str(work)], check=False
+        )
         report_file = work / "lerobot_report.json"
         lerobot_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         ours_ok, ours_figures = False, None
@@ -553,8 +665,10 @@ def main(policy: str = "pi0", script: str = __file__, steps: tuple | None = None
             ours_ok, ours_figures = check(work)
         report(lerobot_report, ours_figures, ours_ok)
     passed = lerobot.returncode == 0 and ours_ok
-    print(f"LeRobot computes ours: {'PASS' if lerobot.returncode == 0 else 'FAIL'}; we compute LeRobot's: "
-          f"{'PASS' if ours_ok else 'FAIL'} ({time.perf_counter() - start:.0f} s)")
+    print(
+        f"LeRobot computes ours: {'PASS' if lerobot.returncode == 0 else 'FAIL'}; we compute LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'} ({time.perf_counter() - start:.0f} s)"
+    )
     return 0 if passed else 1
 
 

@@ -8,8 +8,8 @@ nothing is downloaded. Like act_lerobot_interop.py it runs in two interpreters:
     uv run python tools/interop/vla_processor_lerobot_interop.py --lerobot-python /tmp/lerobot-venv/bin/python
 
 1. ours-write     (our env)     the tiny tokenizer; pi0/pi05 pipelines from our step lists
-                                (``lerobot_cli.policies.pi0.processors``, ``…pi05.processors``) with random statistics, saved; a task
-                                batch and our outputs recorded next to them.
+                                (``lerobot_cli.policies.pi0.processors``, ``…pi05.processors``) with random
+                                statistics, saved; a task batch and our outputs recorded next to them.
 2. lerobot-check  (LeRobot env) ``PolicyProcessorPipeline.from_pretrained(dir, "policy_preprocessor.json")``
                                 (and the postprocessor) on our directory: same prompts, tokens, masks,
                                 normalised tensors and unnormalised actions. Then LeRobot's own
@@ -43,20 +43,34 @@ ATOL = 1e-6
 BATCH = 4
 CHUNK = 5
 # name -> (feature type, shape)
-FEATURES = {"observation.state": ("STATE", (6,)), "observation.images.top": ("VISUAL", (3, 8, 8)),
-            "action": ("ACTION", (4,))}
+FEATURES = {
+    "observation.state": ("STATE", (6,)),
+    "observation.images.top": ("VISUAL", (3, 8, 8)),
+    "action": ("ACTION", (4,)),
+}
 ACTION_NAMES = ["x", "y", "z", "gripper"]
-TASKS = ["pick_up the red cube", "Move the blue dot onto the red target.\n", "  stack\nthe cups  ",
-         "a task long enough to be cut by the tokenizer's max length, twice over"]
+TASKS = [
+    "pick_up the red cube",
+    "Move the blue dot onto the red target.\n",
+    "  stack\nthe cups  ",
+    "a task long enough to be cut by the tokenizer's max length, twice over",
+]
 # variant -> (policy, our config's overrides); the same settings are given to LeRobot's config
 VARIANTS = {
     "pi0": ("pi0", {"tokenizer_max_length": 32}),
     "pi05": ("pi05", {"tokenizer_max_length": 96}),
-    "pi0-relative": ("pi0", {"tokenizer_max_length": 32, "use_relative_actions": True,
-                             "action_feature_names": ACTION_NAMES}),
+    "pi0-relative": (
+        "pi0",
+        {"tokenizer_max_length": 32, "use_relative_actions": True, "action_feature_names": ACTION_NAMES},
+    ),
 }
-COMPARED = ("observation.language.tokens", "observation.language.attention_mask", "observation.state",
-            "observation.images.top", "action")
+COMPARED = (
+    "observation.language.tokens",
+    "observation.language.attention_mask",
+    "observation.state",
+    "observation.images.top",
+    "action",
+)
 
 
 def make_stats(seed: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -67,17 +81,27 @@ def make_stats(seed: int) -> dict[str, dict[str, torch.Tensor]]:
         shp = (shape[0], 1, 1) if kind == "VISUAL" else (shape[0],)
         low = -1 - torch.rand(shp, generator=g)
         high = 1 + torch.rand(shp, generator=g)
-        stats[key] = {"mean": 0.2 * torch.randn(shp, generator=g), "std": 0.5 + torch.rand(shp, generator=g),
-                      "min": low - 0.5, "max": high + 0.5, "q01": low, "q10": low / 2, "q50": 0 * low,
-                      "q90": high / 2, "q99": high}
+        stats[key] = {
+            "mean": 0.2 * torch.randn(shp, generator=g),
+            "std": 0.5 + torch.rand(shp, generator=g),
+            "min": low - 0.5,
+            "max": high + 0.5,
+            "q01": low,
+            "q10": low / 2,
+            "q50": 0 * low,
+            "q90": high / 2,
+            "q99": high,
+        }
     return stats
 
 
 def make_inputs(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"observation.state": 1.5 * torch.randn(BATCH, 6, generator=g),
-            "observation.images.top": torch.rand(BATCH, 3, 8, 8, generator=g),
-            "action": torch.randn(BATCH, CHUNK, 4, generator=g)}
+    return {
+        "observation.state": 1.5 * torch.randn(BATCH, 6, generator=g),
+        "observation.images.top": torch.rand(BATCH, 3, 8, 8, generator=g),
+        "action": torch.randn(BATCH, CHUNK, 4, generator=g),
+    }
 
 
 def tiny_tokenizer(work: Path) -> Path:
@@ -99,16 +123,24 @@ def run_pipelines(pre, post, inputs: dict[str, torch.Tensor], tasks: list[str]) 
 
 
 def save_reference(directory: Path, inputs: dict, outputs: dict, prompts: list[str]) -> None:
-    save_file({**{f"in.{k}": v.contiguous() for k, v in inputs.items()},
-               **{k: v.contiguous() for k, v in outputs.items()}}, str(directory / "reference.safetensors"))
+    save_file(
+        {
+            **{f"in.{k}": v.contiguous() for k, v in inputs.items()},
+            **{k: v.contiguous() for k, v in outputs.items()},
+        },
+        str(directory / "reference.safetensors"),
+    )
     (directory / "reference.json").write_text(json.dumps({"tasks": TASKS, "prompts": prompts}, indent=2))
 
 
 def load_reference(directory: Path) -> tuple[dict, dict, list[str]]:
     data = load_file(str(directory / "reference.safetensors"))
     inputs = {k[3:]: v for k, v in data.items() if k.startswith("in.")}
-    return inputs, {k: v for k, v in data.items() if k.startswith("out.")}, json.loads(
-        (directory / "reference.json").read_text())["prompts"]
+    return (
+        inputs,
+        {k: v for k, v in data.items() if k.startswith("out.")},
+        json.loads((directory / "reference.json").read_text())["prompts"],
+    )
 
 
 def compare(tag: str, ref: dict, got: dict, ref_prompts: list[str], got_prompts: list[str]) -> bool:
@@ -129,6 +161,7 @@ def compare(tag: str, ref: dict, got: dict, ref_prompts: list[str], got_prompts:
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
 
+
 def _our_config(variant: str, tokenizer: Path):
     from typing import ClassVar
 
@@ -145,12 +178,17 @@ def _our_config(variant: str, tokenizer: Path):
         """The fields the step lists read, with LeRobot's pi0/pi05 defaults (the model is not needed)."""
 
         type: ClassVar[str] = f"{policy}_processor_interop"
-        spec: ClassVar[PolicySpec] = PolicySpec(model=f"lerobot_cli.policies.{policy}.modeling:Unused",
-                                                processors=f"lerobot_cli.policies.{policy}.processors:{policy}_processor_steps")
-        normalization_mapping: dict = field(factory=lambda: {
-            "VISUAL": NormalizationMode.IDENTITY,
-            "STATE": NormalizationMode.QUANTILES if quantiles else NormalizationMode.MEAN_STD,
-            "ACTION": NormalizationMode.QUANTILES if quantiles else NormalizationMode.MEAN_STD})
+        spec: ClassVar[PolicySpec] = PolicySpec(
+            model=f"lerobot_cli.policies.{policy}.modeling:Unused",
+            processors=f"lerobot_cli.policies.{policy}.processors:{policy}_processor_steps",
+        )
+        normalization_mapping: dict = field(
+            factory=lambda: {
+                "VISUAL": NormalizationMode.IDENTITY,
+                "STATE": NormalizationMode.QUANTILES if quantiles else NormalizationMode.MEAN_STD,
+                "ACTION": NormalizationMode.QUANTILES if quantiles else NormalizationMode.MEAN_STD,
+            }
+        )
         tokenizer_name: str = PALIGEMMA
         tokenizer_max_length: int = 48
         max_state_dim: int = 32
@@ -159,9 +197,13 @@ def _our_config(variant: str, tokenizer: Path):
         action_feature_names: list | None = None
 
     feats = {k: PolicyFeature(type=t, shape=s) for k, (t, s) in FEATURES.items()}
-    return VlaProcessorConfig(input_features={k: f for k, f in feats.items() if k != "action"},
-                              output_features={"action": feats["action"]}, device="cpu",
-                              tokenizer_name=str(tokenizer), **overrides)
+    return VlaProcessorConfig(
+        input_features={k: f for k, f in feats.items() if k != "action"},
+        output_features={"action": feats["action"]},
+        device="cpu",
+        tokenizer_name=str(tokenizer),
+        **overrides,
+    )
 
 
 def ours_write(work: Path, variant: str) -> None:
@@ -173,8 +215,9 @@ def ours_write(work: Path, variant: str) -> None:
     inputs = make_inputs(3)
     outputs, prompts = run_pipelines(pre, post, inputs, TASKS)
     save_reference(out, inputs, outputs, prompts)
-    (work / f"ours_{variant}_steps.json").write_text(json.dumps(
-        {"pre": pre.get_config(), "post": post.get_config()}, indent=2))
+    (work / f"ours_{variant}_steps.json").write_text(
+        json.dumps({"pre": pre.get_config(), "post": post.get_config()}, indent=2)
+    )
     print(f"[ours-write] wrote {out}")
 
 
@@ -186,7 +229,10 @@ def ours_check(work: Path, variant: str) -> bool:
     inputs, ref, ref_prompts = load_reference(src)
     got, prompts = run_pipelines(pre, post, inputs, TASKS)
     ok = compare(f"ours<-lerobot {variant}", ref, got, ref_prompts, prompts)
-    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):  # no statistics in them: same bytes
+    for name in (
+        "policy_preprocessor.json",
+        "policy_postprocessor.json",
+    ):  # no statistics in them: same bytes
         same = (src / name).read_bytes() == (work / f"ours_{variant}" / name).read_bytes()
         print(f"[ours vs lerobot {variant}] {name} {'byte-equal' if same else 'DIFFERS'}")
         ok &= same
@@ -195,15 +241,19 @@ def ours_check(work: Path, variant: str) -> bool:
 
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
 
+
 def _lerobot_load(src: Path):
     from lerobot.policies.factory import _reconnect_relative_absolute_steps
     from lerobot.processor import PolicyProcessorPipeline
     from lerobot.processor.converters import policy_action_to_transition, transition_to_policy_action
 
     pre = PolicyProcessorPipeline.from_pretrained(str(src), "policy_preprocessor.json")
-    post = PolicyProcessorPipeline.from_pretrained(str(src), "policy_postprocessor.json",
-                                                   to_transition=policy_action_to_transition,
-                                                   to_output=transition_to_policy_action)
+    post = PolicyProcessorPipeline.from_pretrained(
+        str(src),
+        "policy_postprocessor.json",
+        to_transition=policy_action_to_transition,
+        to_output=transition_to_policy_action,
+    )
     _reconnect_relative_absolute_steps(pre, post)
     return pre, post
 
@@ -223,8 +273,12 @@ def _lerobot_make(variant: str, tokenizer: Path, seed: int):
         from lerobot.policies.pi0.processor_pi0 import make_pi0_pre_post_processors as make
 
     feats = {k: PolicyFeature(type=FeatureType[t], shape=s) for k, (t, s) in FEATURES.items()}
-    cfg = Config(input_features={k: f for k, f in feats.items() if k != "action"},
-                 output_features={"action": feats["action"]}, device="cpu", **overrides)
+    cfg = Config(
+        input_features={k: f for k, f in feats.items() if k != "action"},
+        output_features={"action": feats["action"]},
+        device="cpu",
+        **overrides,
+    )
     real = tokenizer_module.AutoTokenizer
 
     class _TinyInsteadOfPaligemma:
@@ -287,13 +341,21 @@ def lerobot_check(work: Path, variant: str) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"]
+    )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), action="append",
-                        help="variant(s) to check (default: all)")
-    parser.add_argument("--lerobot-python", default="/tmp/lerobot-venv/bin/python",
-                        help="interpreter of the environment where LeRobot is installed")
+    parser.add_argument(
+        "--variant", choices=sorted(VARIANTS), action="append", help="variant(s) to check (default: all)"
+    )
+    parser.add_argument(
+        "--lerobot-python",
+        default="/tmp/lerobot-venv/bin/python",
+        help="interpreter of the environment where LeRobot is installed",
+    )
     args = parser.parse_args()
     variants = args.variant or sorted(VARIANTS)
     if args.mode == "ours-write":
@@ -315,7 +377,10 @@ def main() -> int:
     lerobot = subprocess.run([args.lerobot_python, me, "lerobot-check", str(work), *flags], check=False)
     lerobot_ok = lerobot.returncode == 0
     ours_ok = all([ours_check(work, v) for v in variants])  # noqa: C419 - check every variant
-    print(f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: {'PASS' if ours_ok else 'FAIL'}")
+    print(
+        f"LeRobot loads ours: {'PASS' if lerobot_ok else 'FAIL'}; we load LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'}"
+    )
     return 0 if lerobot_ok and ours_ok else 1
 
 

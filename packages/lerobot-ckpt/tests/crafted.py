@@ -39,7 +39,7 @@ def replace_record(dcp_dir: Path, fqn: str, record: bytes) -> None:
     info = metadata.storage_data[index]
     shard = Path(dcp_dir) / info.relative_path
     data = shard.read_bytes()
-    shard.write_bytes(data[:info.offset] + record + data[info.offset + info.length:])
+    shard.write_bytes(data[: info.offset] + record + data[info.offset + info.length :])
     delta = len(record) - info.length
     for other in metadata.storage_data.values():
         if other.relative_path == info.relative_path and other.offset > info.offset:

@@ -84,8 +84,10 @@ def _files(step_dir: Path) -> dict[str, object]:
     for p in sorted(step_dir.rglob("*")):
         if p.suffix == ".safetensors":
             tensors, metadata = read_tensors(p)
-            out[str(p.relative_to(step_dir))] = (metadata, {k: (str(v.dtype), tuple(v.shape), _raw(v))
-                                                            for k, v in sorted(tensors.items())})
+            out[str(p.relative_to(step_dir))] = (
+                metadata,
+                {k: (str(v.dtype), tuple(v.shape), _raw(v)) for k, v in sorted(tensors.items())},
+            )
         elif p.is_file():
             out[str(p.relative_to(step_dir))] = p.read_bytes()
     return out
@@ -102,7 +104,9 @@ def test_async_save_snapshots_the_step_trains_meanwhile_and_writes_the_sync_file
         _step(model, opt, sched)
     kwargs = {"run": RUN, "objects": objects, "write_pretrained": _pretrained}
     _seed_all(5)
-    sync_dir = save_checkpoint(tmp_path / "sync", 3, sampler_state={"offset": 12}, loop_state={"step": 3}, **kwargs)
+    sync_dir = save_checkpoint(
+        tmp_path / "sync", 3, sampler_state={"offset": 12}, loop_state={"step": 3}, **kwargs
+    )
 
     saver = AsyncCheckpointer.create()
     assert saver.group is None  # no process group: nothing to create
@@ -123,13 +127,16 @@ def test_async_save_snapshots_the_step_trains_meanwhile_and_writes_the_sync_file
     # (a) training stepped while the save was in flight: after its snapshot, before its commit (the
     # background waits 1 s before writing; on a loaded machine later steps may end after the commit)
     assert done.snapshot_done < step_times[0] < done.committed, (done, step_times)
-    # (c) the background wrote the state of step 3 (not of step 8): the synchronous save's files, tensors bitwise
+    # (c) the background wrote the state of step 3 (not of step 8): the synchronous save's files,
+    # tensors bitwise
     assert _files(target) == _files(sync_dir)
     assert saver.wait() is None  # nothing in flight any more
 
     # and it resumes: the weights are step 3's
     fresh, fresh_opt, fresh_sched = _setup()
-    state = load_checkpoint(target, objects=TrainingObjects(model=fresh, optimizer=fresh_opt, scheduler=fresh_sched))
+    state = load_checkpoint(
+        target, objects=TrainingObjects(model=fresh, optimizer=fresh_opt, scheduler=fresh_sched)
+    )
     assert state.step == 3 and state.sampler_state == {"offset": 12} and state.loop_state == {"step": 3}
 
 
@@ -157,14 +164,18 @@ def test_a_failed_background_write_is_raised_at_the_next_wait_naming_the_step(tm
     saver.save(tmp_path, 2, run=RUN, objects=objects, write_pretrained=_pretrained)
     saver.wait()
     ckpts = tmp_path / "checkpoints"
-    before = {str(p.relative_to(ckpts)): p.read_bytes() if p.is_file() else None for p in sorted(ckpts.rglob("*"))}
+    before = {
+        str(p.relative_to(ckpts)): p.read_bytes() if p.is_file() else None for p in sorted(ckpts.rglob("*"))
+    }
 
     monkeypatch.setenv(TEST_COMMIT_DELAY_ENV, "0.3")
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limit[1]))
     try:
-        saver.save(tmp_path, 4, run=RUN, objects=objects, write_pretrained=_pretrained)  # returns: config is tiny
+        saver.save(
+            tmp_path, 4, run=RUN, objects=objects, write_pretrained=_pretrained
+        )  # returns: config is tiny
         _step(model, opt, sched)
         with pytest.raises(CheckpointWriteError) as info:
             saver.wait()
@@ -172,10 +183,13 @@ def test_a_failed_background_write_is_raised_at_the_next_wait_naming_the_step(tm
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
         signal.signal(signal.SIGXFSZ, previous)
     message = str(info.value)
-    assert message.startswith("checkpoint 000004 was not saved (the previous checkpoint and `last` are unchanged): "
-                              "could not write "), message
+    assert message.startswith(
+        "checkpoint 000004 was not saved (the previous checkpoint and `last` are unchanged): could not write "
+    ), message
     assert "File too large" in message and "\n" not in message
-    after = {str(p.relative_to(ckpts)): p.read_bytes() if p.is_file() else None for p in sorted(ckpts.rglob("*"))}
+    after = {
+        str(p.relative_to(ckpts)): p.read_bytes() if p.is_file() else None for p in sorted(ckpts.rglob("*"))
+    }
     assert after == before  # `last`, step 2 untouched; the staging directory removed
     assert saver.wait() is None  # reported once
     saver.save(tmp_path, 4, run=RUN, objects=objects)  # the next save works again

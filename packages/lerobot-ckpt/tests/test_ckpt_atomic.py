@@ -84,8 +84,13 @@ def _saver(out, ready_fd):
             for s in opt.state.values():
                 s["momentum_buffer"].fill_(i)
             # each step is saved twice: the second save replaces the directory `last` points to
-            save_checkpoint(out, (i + 1) // 2, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                            sampler_state={"save_index": i})
+            save_checkpoint(
+                out,
+                (i + 1) // 2,
+                run=RUN,
+                objects=TrainingObjects(model=model, optimizer=opt),
+                sampler_state={"save_index": i},
+            )
             if i == 1:
                 os.write(ready_fd, b"1")
 
@@ -108,7 +113,9 @@ def test_sigkill_at_random_points_never_breaks_last(tmp_path, warm):
         time.sleep(rnd.uniform(0.0, 0.25))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"attempt {attempt}: {status}"
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+            f"attempt {attempt}: {status}"
+        )
         saw_leftovers += any(is_transient_name(p.name) for p in (tmp_path / "checkpoints").iterdir())
         last_seen = _check_complete(tmp_path)
         assert last_seen[0] == (last_seen[1] + 1) // 2
@@ -129,8 +136,13 @@ def _save_stamped(out, step, value):
     for s in opt.state.values():
         s["momentum_buffer"].fill_(value)
     _stamp(model, value)
-    save_checkpoint(out, step, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                    sampler_state={"save_index": value})
+    save_checkpoint(
+        out,
+        step,
+        run=RUN,
+        objects=TrainingObjects(model=model, optimizer=opt),
+        sampler_state={"save_index": value},
+    )
     return model, opt
 
 
@@ -159,8 +171,13 @@ def test_file_size_limit_fails_cleanly_and_keeps_previous(tmp_path, step):
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         _stamp(model, 2)
         try:
-            save_checkpoint(tmp_path, step, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                            sampler_state={"save_index": 2})
+            save_checkpoint(
+                tmp_path,
+                step,
+                run=RUN,
+                objects=TrainingObjects(model=model, optimizer=opt),
+                sampler_state={"save_index": 2},
+            )
         except CheckpointWriteError as exc:
             os.write(w, f"{exc}|{exc.path}|{getattr(exc.os_error, 'errno', '')}".encode())
             return 0
@@ -173,7 +190,9 @@ def test_file_size_limit_fails_cleanly_and_keeps_previous(tmp_path, step):
     os.close(r)
     assert os.WEXITSTATUS(status) == 0, message
     assert path.endswith("pretrained_model/model.safetensors")  # the first file over 4 KiB
-    assert f"checkpoint {step:06d} was not saved (the previous checkpoint and `last` are unchanged)" in message
+    assert (
+        f"checkpoint {step:06d} was not saved (the previous checkpoint and `last` are unchanged)" in message
+    )
     assert "could not write" in message and "model.safetensors" in message
     assert "File too large" in message or str(errno.EFBIG) in message or err == str(errno.EFBIG)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000001", "last"]  # staging removed
@@ -188,8 +207,9 @@ def test_failing_pretrained_hook_leaves_everything_as_it_was(tmp_path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path / "config.json"))
 
     with pytest.raises(CheckpointWriteError, match=r"000002 was not saved .*No space left on device") as info:
-        save_checkpoint(tmp_path, 2, run=RUN, objects=TrainingObjects(model=model),
-                        write_pretrained=disk_full)
+        save_checkpoint(
+            tmp_path, 2, run=RUN, objects=TrainingObjects(model=model), write_pretrained=disk_full
+        )
     assert info.value.path.name == "config.json" and info.value.os_error.errno == errno.ENOSPC
 
     def buggy(path):
@@ -210,8 +230,13 @@ def test_leftovers_are_ignored_then_cleaned_but_last_target_spared(tmp_path):
     os.symlink("000001", ckpts / ".last-tmp-999")
     assert [p.name for p in list_checkpoints(ckpts)] == ["000001"]
     assert latest_checkpoint(tmp_path) == ckpts / "000001"
-    save_checkpoint(tmp_path, 2, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                    sampler_state={"save_index": 1})
+    save_checkpoint(
+        tmp_path,
+        2,
+        run=RUN,
+        objects=TrainingObjects(model=model, optimizer=opt),
+        sampler_state={"save_index": 1},
+    )
     assert sorted(os.listdir(ckpts)) == ["000001", "000002", "last"]
 
 
@@ -224,7 +249,12 @@ def test_replacing_without_atomic_exchange(tmp_path, monkeypatch):
     for s in opt.state.values():
         s["momentum_buffer"].fill_(5)
     _stamp(model, 5)
-    save_checkpoint(tmp_path, 1, run=RUN, objects=TrainingObjects(model=model, optimizer=opt),
-                    sampler_state={"save_index": 5})
+    save_checkpoint(
+        tmp_path,
+        1,
+        run=RUN,
+        objects=TrainingObjects(model=model, optimizer=opt),
+        sampler_state={"save_index": 5},
+    )
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000001", "last"]
     assert _check_complete(tmp_path) == (1, 5)

@@ -31,32 +31,57 @@ def make_checkpoint(root: Path, state=None) -> Path:
     pm, ts = step / "pretrained_model", step / "training_state"
     pm.mkdir(parents=True)
     ts.mkdir()
-    state = state if state is not None else {"enc.weight": torch.randn(7, 5), "enc.bias": torch.randn(7),
-                                             "steps": torch.tensor([3], dtype=torch.int64)}
+    state = (
+        state
+        if state is not None
+        else {
+            "enc.weight": torch.randn(7, 5),
+            "enc.bias": torch.randn(7),
+            "steps": torch.tensor([3], dtype=torch.int64),
+        }
+    )
     dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"), no_dist=True)
     for name in ("config.json", "train_config.json", "policy_preprocessor.json", "policy_postprocessor.json"):
         (pm / name).write_text("{}")
-    for name in ("policy_preprocessor_step_0_normalizer.safetensors",
-                 "policy_postprocessor_step_0_unnormalizer.safetensors"):
+    for name in (
+        "policy_preprocessor_step_0_normalizer.safetensors",
+        "policy_postprocessor_step_0_unnormalizer.safetensors",
+    ):
         (pm / name).write_bytes(b"")
     (pm / "notes.txt").write_text("mine, not for the Hub")
     run = RunInfo(world_size=2, batch_size=1, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
-    write_record(ts / "training_step.json", TrainingStepRecord.for_run(
-        run, step=10, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={}, versions={}))
+    write_record(
+        ts / "training_step.json",
+        TrainingStepRecord.for_run(
+            run, step=10, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={}, versions={}
+        ),
+    )
     return step
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    ([], "--checkpoint_dir is required"),
-    (["--checkpoint_dir=x", "--dtype=int8"], "--dtype must be one of bfloat16, float16, float32, got 'int8'"),
-    (["--checkpoint_dir=x", "--dtype"], "--dtype needs a value: --dtype=..."),
-    (["--checkpoint_dir=x", "--delete_dcp=maybe"], "--delete_dcp takes true or false (also 1/0, yes/no, on/off), got 'maybe'"),
-    (["--checkpoint_dir=x", "--private=true"], "--private only applies together with --push_to_hub"),
-    (["--checkpoint_dir=x", "--push_to_hub=noslash"], "--push_to_hub must be a Hub repo id like user/name"),
-    (["--checkpoint_dir=x", "--frobnicate=1"], "unknown flag --frobnicate (see --help)"),
-    (["x"], "unexpected argument 'x': flags are written --name=value"),
-    (["--checkpoint_dir=x", "--checkpoint_dir=y"], "--checkpoint_dir is given twice"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--checkpoint_dir is required"),
+        (
+            ["--checkpoint_dir=x", "--dtype=int8"],
+            "--dtype must be one of bfloat16, float16, float32, got 'int8'",
+        ),
+        (["--checkpoint_dir=x", "--dtype"], "--dtype needs a value: --dtype=..."),
+        (
+            ["--checkpoint_dir=x", "--delete_dcp=maybe"],
+            "--delete_dcp takes true or false (also 1/0, yes/no, on/off), got 'maybe'",
+        ),
+        (["--checkpoint_dir=x", "--private=true"], "--private only applies together with --push_to_hub"),
+        (
+            ["--checkpoint_dir=x", "--push_to_hub=noslash"],
+            "--push_to_hub must be a Hub repo id like user/name",
+        ),
+        (["--checkpoint_dir=x", "--frobnicate=1"], "unknown flag --frobnicate (see --help)"),
+        (["x"], "unexpected argument 'x': flags are written --name=value"),
+        (["--checkpoint_dir=x", "--checkpoint_dir=y"], "--checkpoint_dir is given twice"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -69,15 +94,31 @@ def test_every_boolean_spelling_accepted_is_the_one_the_error_lists(capsys):
     assert main(["--checkpoint_dir=x", "--overwrite=maybe"]) == 2
     listed = set(re.findall(r"\w+", capsys.readouterr().err.split("takes", 1)[1].split("got")[0]))
     for word in cli._TRUE + cli._FALSE:
-        assert parse_args(["--checkpoint_dir=x", f"--overwrite={word.upper()}"]).overwrite is (word in cli._TRUE)
+        assert parse_args(["--checkpoint_dir=x", f"--overwrite={word.upper()}"]).overwrite is (
+            word in cli._TRUE
+        )
         assert word in listed, word
 
 
 def test_flags_parse_in_lerobot_style():
-    args = parse_args(["--checkpoint_dir=a/b", "--dtype=float16", "--delete_dcp=true", "--push_to_hub=u/r",
-                       "--private", "--overwrite=false"])
-    assert (args.checkpoint_dir, args.dtype, args.delete_dcp, args.push_to_hub, args.private, args.overwrite) == (
-        Path("a/b"), "float16", True, "u/r", True, False)
+    args = parse_args(
+        [
+            "--checkpoint_dir=a/b",
+            "--dtype=float16",
+            "--delete_dcp=true",
+            "--push_to_hub=u/r",
+            "--private",
+            "--overwrite=false",
+        ]
+    )
+    assert (
+        args.checkpoint_dir,
+        args.dtype,
+        args.delete_dcp,
+        args.push_to_hub,
+        args.private,
+        args.overwrite,
+    ) == (Path("a/b"), "float16", True, "u/r", True, False)
 
 
 def test_help_exits_0(capsys):
@@ -95,8 +136,13 @@ def test_checkpoint_problems_exit_2_with_one_line(tmp_path, capsys):
 
 
 def test_installed_script_usage_error_has_no_traceback():
-    proc = subprocess.run([SCRIPT, "--checkpoint_dir=somewhere", "--dtype=int8"], capture_output=True, text=True,
-                          timeout=60, check=False)
+    proc = subprocess.run(
+        [SCRIPT, "--checkpoint_dir=somewhere", "--dtype=int8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == PROG + "--dtype must be one of bfloat16, float16, float32, got 'int8'\n"
 
@@ -105,18 +151,27 @@ def test_installed_script_converts_casts_verifies_and_deletes(tmp_path):
     state = {"enc.weight": torch.randn(7, 5), "enc.bias": torch.randn(7), "steps": torch.tensor([3])}
     step = make_checkpoint(tmp_path, state)
     # stderr is a pipe (a log file, CI): no progress bar, even where colours are forced
-    proc = subprocess.run([SCRIPT, f"--checkpoint_dir={step}", "--dtype=bfloat16", "--delete_dcp=true"],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "FORCE_COLOR": "1"})
+    proc = subprocess.run(
+        [SCRIPT, f"--checkpoint_dir={step}", "--dtype=bfloat16", "--delete_dcp=true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "FORCE_COLOR": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert not any(c in proc.stderr for c in ("\r", "\x1b", "━")), repr(proc.stderr)
     weights = step / "pretrained_model" / "model.safetensors"
-    assert proc.stdout.strip() == (f"lerobot-convert-dcp: wrote {weights} (3 tensors, 0.0 MB) in "
-                                                    f"{proc.stdout.split(' in ')[-1].split(' s;')[0]} s; verified and "
-                                                    "removed the DCP shards")
+    assert proc.stdout.strip() == (
+        f"lerobot-convert-dcp: wrote {weights} (3 tensors, 0.0 MB) in "
+        f"{proc.stdout.split(' in ')[-1].split(' s;')[0]} s; verified and "
+        "removed the DCP shards"
+    )
     assert "warning: the fp32 master weights are gone" in proc.stderr  # a later resume is not exact
     out = load_file(weights)
-    assert out["enc.weight"].dtype == torch.bfloat16 and torch.equal(out["enc.weight"], state["enc.weight"].bfloat16())
+    assert out["enc.weight"].dtype == torch.bfloat16 and torch.equal(
+        out["enc.weight"], state["enc.weight"].bfloat16()
+    )
     assert torch.equal(out["steps"], state["steps"])
     assert not (step / "pretrained_model" / "pytorch_model_fsdp_0").exists()
     art = read_training_step(step).artifacts
@@ -135,14 +190,17 @@ def test_progress_on_a_non_terminal_is_a_plain_line_at_most_every_period():
         now[0] = t
         lines(Progress(i, 6, i * 2_000_000, 12_000_000, f"w{i}"))
     # at 12 s and 23 s; the last tensor is left to the summary line
-    assert stream.getvalue() == ("lerobot-convert-dcp: merged 6.0/12.0 MB, 3/6 tensors\n"
-                                 "lerobot-convert-dcp: merged 10.0/12.0 MB, 5/6 tensors\n")
+    assert stream.getvalue() == (
+        "lerobot-convert-dcp: merged 6.0/12.0 MB, 3/6 tensors\n"
+        "lerobot-convert-dcp: merged 10.0/12.0 MB, 5/6 tensors\n"
+    )
 
 
 MEASURE = r"""
 import sys
 from pathlib import Path
-import rich.progress, lerobot_ckpt.convert.merge  # what the conversion imports (not torch), before the baseline
+# what the conversion imports (not torch), before the baseline
+import rich.progress, lerobot_ckpt.convert.merge
 from lerobot_ckpt.convert.cli import main
 
 def status(field):
@@ -160,8 +218,9 @@ def test_peak_memory_is_about_one_tensor_not_the_model(tmp_path):
     """A fresh process converts 8 × 8 MiB tensors; its RSS may grow by about one of them, not 64 MiB."""
     state = {f"layer{i}.weight": torch.full((1024, 2048), float(i)) for i in range(8)}
     step = make_checkpoint(tmp_path, state)
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(step)], capture_output=True, text=True, timeout=120,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(step)], capture_output=True, text=True, timeout=120, check=False
+    )
     code, growth = map(int, proc.stdout.strip().splitlines()[-1].split())
     assert code == 0, proc.stderr
     largest = 8 * 2**20
@@ -189,9 +248,16 @@ def test_push_to_hub_uploads_the_converted_pretrained_model_and_never_shards(tmp
     assert repo == {"repo_id": "user/policy", "private": True, "exist_ok": True, "repo_type": "model"}
     ops = commit["operations"]
     assert [op.path_in_repo for op in ops] == [
-        "config.json", "config_extensions.json", "model.safetensors", "policy_postprocessor.json",
-        "policy_postprocessor_step_0_unnormalizer.safetensors", "policy_preprocessor.json",
-        "policy_preprocessor_step_0_normalizer.safetensors", "train_config.json", "README.md"]
+        "config.json",
+        "config_extensions.json",
+        "model.safetensors",
+        "policy_postprocessor.json",
+        "policy_postprocessor_step_0_unnormalizer.safetensors",
+        "policy_preprocessor.json",
+        "policy_preprocessor_step_0_normalizer.safetensors",
+        "train_config.json",
+        "README.md",
+    ]
     card = ops[-1].path_or_fileobj
     card = card.read() if hasattr(card, "read") else card
     assert b"lerobot-convert-dcp" in card and b"--policy.path=user/policy" in card
@@ -200,8 +266,9 @@ def test_push_to_hub_uploads_the_converted_pretrained_model_and_never_shards(tmp
     assert "uploaded config.json, config_extensions.json, model.safetensors" in capsys.readouterr().out
 
 
-def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures(tmp_path, fake_hub, monkeypatch,
-                                                                               capsys):
+def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures(
+    tmp_path, fake_hub, monkeypatch, capsys
+):
     from huggingface_hub import HfApi
 
     step = make_checkpoint(tmp_path)
@@ -210,7 +277,8 @@ def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures
     ops = fake_hub[-1][1]["operations"]
     assert [op.path_in_repo for op in ops].count("README.md") == 1
     assert next(op for op in ops if op.path_in_repo == "README.md").path_or_fileobj == str(
-        step / "pretrained_model" / "README.md")
+        step / "pretrained_model" / "README.md"
+    )
     assert fake_hub[0][1]["private"] is False
 
     def offline(self, **kw):
@@ -220,6 +288,8 @@ def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures
     capsys.readouterr()
     assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy", "--overwrite=true"]) == 1
     last = capsys.readouterr().err.splitlines()[-1]  # after the progress display (on stderr too)
-    assert last.startswith(PROG + "upload to user/policy failed (ConnectionError: Name or service not known); ")
+    assert last.startswith(
+        PROG + "upload to user/policy failed (ConnectionError: Name or service not known); "
+    )
     assert last.endswith("model.safetensors is written")
     assert json.loads((step / "pretrained_model" / "config.json").read_text()) == {}

@@ -51,16 +51,26 @@ def make_checkpoint(root, state=None, *, peft=False, record=True):
     pm, ts = step / "pretrained_model", step / "training_state"
     pm.mkdir(parents=True)
     ts.mkdir()
-    dcp.save({"model": state if state is not None else _state()},
-             storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"), no_dist=True)
+    dcp.save(
+        {"model": state if state is not None else _state()},
+        storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"),
+        no_dist=True,
+    )
     (pm / "config.json").write_text("{}")
     if peft:
         (pm / "adapter_config.json").write_text('{"peft_type": "LORA"}')
     if record:
         run = RunInfo(world_size=2, batch_size=1, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
-        write_record(ts / "training_step.json", TrainingStepRecord.for_run(
-            run, step=10, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True, peft_adapter=peft), sampler={},
-            versions={}))
+        write_record(
+            ts / "training_step.json",
+            TrainingStepRecord.for_run(
+                run,
+                step=10,
+                artifacts=Artifacts(model_dcp=True, optimizer_dcp=True, peft_adapter=peft),
+                sampler={},
+                versions={},
+            ),
+        )
     return step
 
 
@@ -82,8 +92,11 @@ def test_output_equals_the_shards_bitwise_in_their_dtypes_and_the_record_learns_
     assert (step / "pretrained_model" / "pytorch_model_fsdp_0" / ".metadata").is_file()
     art = read_training_step(step).artifacts
     assert art.model_safetensors and art.model_dcp  # both now; loaders still prefer the shards
-    assert sorted(os.listdir(step / "pretrained_model")) == ["config.json", "model.safetensors",
-                                                             "pytorch_model_fsdp_0"]  # no temporary left
+    assert sorted(os.listdir(step / "pretrained_model")) == [
+        "config.json",
+        "model.safetensors",
+        "pytorch_model_fsdp_0",
+    ]  # no temporary left
 
 
 @pytest.mark.parametrize("route", ["torch.load fallback", "no copy_file_range"])
@@ -101,6 +114,7 @@ def test_every_copy_route_writes_the_same_file(tmp_path, monkeypatch, route):
     if route == "torch.load fallback":
         monkeypatch.setattr(convert_module.dcp_raw, "locate", lambda *a: None)
     else:
+
         def unsupported(*a):
             raise OSError(errno.EXDEV, "Invalid cross-device link")
 
@@ -134,7 +148,10 @@ def test_delete_dcp_verifies_then_removes_the_shards_and_the_checkpoint_still_lo
     assert art.model_safetensors and not art.model_dcp and art.optimizer_dcp
     fresh = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
     load_checkpoint(step, objects=TrainingObjects(model=fresh), restore_rng=False)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True)
+    )
 
 
 def test_delete_dcp_keeps_the_shards_when_verification_fails(tmp_path, monkeypatch):
@@ -162,7 +179,10 @@ def test_delete_dcp_keeps_the_shards_when_verification_fails(tmp_path, monkeypat
 
 
 def test_peft_checkpoint_becomes_adapter_model_safetensors(tmp_path):
-    lora = {"base_model.model.fc.lora_A.weight": torch.randn(2, 5), "base_model.model.fc.lora_B.weight": torch.zeros(7, 2)}
+    lora = {
+        "base_model.model.fc.lora_A.weight": torch.randn(2, 5),
+        "base_model.model.fc.lora_B.weight": torch.zeros(7, 2),
+    }
     step = make_checkpoint(tmp_path, lora, peft=True)
     result = convert_dcp(step)
     assert result.output.name == "adapter_model.safetensors"
@@ -191,11 +211,16 @@ def test_missing_and_truncated_shards_are_named(tmp_path):
     size = only.stat().st_size
     with open(only, "r+b") as f:
         f.truncate(size - 100)
-    with pytest.raises(MissingCheckpointFileError, match=rf"__0_0.distcp is truncated \({size - 100} bytes, the "
-                                                         rf"metadata needs ≥ {size}\)"):
+    with pytest.raises(
+        MissingCheckpointFileError,
+        match=rf"__0_0.distcp is truncated \({size - 100} bytes, the "
+        rf"metadata needs ≥ {size}\)",
+    ):
         convert_dcp(step)
     only.unlink()
-    with pytest.raises(MissingCheckpointFileError, match="1 shard file.s. missing or truncated: __0_0.distcp is missing"):
+    with pytest.raises(
+        MissingCheckpointFileError, match="1 shard file.s. missing or truncated: __0_0.distcp is missing"
+    ):
         convert_dcp(step)
     (shards / ".metadata").unlink()
     with pytest.raises(MissingCheckpointFileError, match="pytorch_model_fsdp_0/ has no .metadata"):
@@ -230,10 +255,14 @@ def test_not_enough_disk_space_is_refused_before_writing(tmp_path, monkeypatch):
 
     step = make_checkpoint(tmp_path)
     real = shutil.disk_usage
-    monkeypatch.setattr(convert_module.shutil, "disk_usage",
-                        lambda p: real(p)._replace(free=1_000_000))  # a nearly full disk
-    with pytest.raises(InsufficientDiskSpaceError, match=r"not enough free disk space for .*model.safetensors: it "
-                                                         r"needs .* \(\+67.11 MB reserve\), .* has 1.00 MB free"):
+    monkeypatch.setattr(
+        convert_module.shutil, "disk_usage", lambda p: real(p)._replace(free=1_000_000)
+    )  # a nearly full disk
+    with pytest.raises(
+        InsufficientDiskSpaceError,
+        match=r"not enough free disk space for .*model.safetensors: it "
+        r"needs .* \(\+67.11 MB reserve\), .* has 1.00 MB free",
+    ):
         convert_dcp(step)
     assert sorted(os.listdir(step / "pretrained_model")) == ["config.json", "pytorch_model_fsdp_0"]
 

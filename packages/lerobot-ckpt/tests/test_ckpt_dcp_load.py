@@ -54,14 +54,28 @@ def saved(tmp_path):
     pm, ts = step / "pretrained_model", step / "training_state"
     pm.mkdir(parents=True)
     ts.mkdir()
-    dcp.save({"model": get_model_state_dict(model)}, storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"),
-             no_dist=True)
-    dcp.save({"optimizer": get_optimizer_state_dict(model, opt)},
-             storage_writer=dcp.FileSystemWriter(ts / "optimizer_0"), no_dist=True)
+    dcp.save(
+        {"model": get_model_state_dict(model)},
+        storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"),
+        no_dist=True,
+    )
+    dcp.save(
+        {"optimizer": get_optimizer_state_dict(model, opt)},
+        storage_writer=dcp.FileSystemWriter(ts / "optimizer_0"),
+        no_dist=True,
+    )
     write_tensors(ts / "rng_state.safetensors", rng.pack([rng.capture()]))
     run = RunInfo(world_size=2, batch_size=4, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
-    write_record(ts / "training_step.json", TrainingStepRecord.for_run(
-        run, step=2, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={"offset": 8}, versions={}))
+    write_record(
+        ts / "training_step.json",
+        TrainingStepRecord.for_run(
+            run,
+            step=2,
+            artifacts=Artifacts(model_dcp=True, optimizer_dcp=True),
+            sampler={"offset": 8},
+            versions={},
+        ),
+    )
     return step, {k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()
 
 
@@ -105,8 +119,13 @@ def _garble(path):
 
 
 def _snapshot(model, opt):
-    return ({k: v.clone() for k, v in model.state_dict().items()}, repr(opt.state_dict()), torch.get_rng_state(),
-            random.getstate(), np.random.get_state()[1].copy())
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        repr(opt.state_dict()),
+        torch.get_rng_state(),
+        random.getstate(),
+        np.random.get_state()[1].copy(),
+    )
 
 
 def _unchanged(before, model, opt):
@@ -115,17 +134,39 @@ def _unchanged(before, model, opt):
     assert torch.equal(before[2], after[2]) and before[3] == after[3] and (before[4] == after[4]).all()
 
 
-@pytest.mark.parametrize(("break_it", "error", "match"), [
-    (lambda step: None, ModelMismatchError, r"pytorch_model_fsdp_0 does not match the model: .*another shape"),
-    (lambda step: (step / "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp").unlink(), MissingCheckpointFileError,
-     "shard file.s. missing or truncated: __0_0.distcp is missing"),
-    (lambda step: (step / "training_state/optimizer_0/.metadata").unlink(), MissingCheckpointFileError,
-     "optimizer_0/ has no .metadata"),
-    (lambda step: _garble(step / "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp"), CorruptCheckpointError,
-     r"pytorch_model_fsdp_0/__0_0.distcp: the record of model\.\S+ at byte \d+ is not a torch.save record"),
-    (lambda step: _garble(step / "training_state/optimizer_0/__0_0.distcp"), CorruptCheckpointError,
-     r"optimizer_0/__0_0.distcp: the record of optimizer\.\S+ at byte \d+ is not a torch.save record"),
-])
+@pytest.mark.parametrize(
+    ("break_it", "error", "match"),
+    [
+        (
+            lambda step: None,
+            ModelMismatchError,
+            r"pytorch_model_fsdp_0 does not match the model: .*another shape",
+        ),
+        (
+            lambda step: (step / "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp").unlink(),
+            MissingCheckpointFileError,
+            "shard file.s. missing or truncated: __0_0.distcp is missing",
+        ),
+        (
+            lambda step: (step / "training_state/optimizer_0/.metadata").unlink(),
+            MissingCheckpointFileError,
+            "optimizer_0/ has no .metadata",
+        ),
+        (
+            lambda step: _garble(step / "pretrained_model/pytorch_model_fsdp_0/__0_0.distcp"),
+            CorruptCheckpointError,
+            (
+                r"pytorch_model_fsdp_0/__0_0.distcp: the record of model\.\S+ at byte \d+ "
+                r"is not a torch.save record"
+            ),
+        ),
+        (
+            lambda step: _garble(step / "training_state/optimizer_0/__0_0.distcp"),
+            CorruptCheckpointError,
+            r"optimizer_0/__0_0.distcp: the record of optimizer\.\S+ at byte \d+ is not a torch.save record",
+        ),
+    ],
+)
 def test_refusals_happen_before_anything_changes(saved, break_it, error, match):
     step, _, _ = saved
     break_it(step)
@@ -146,13 +187,17 @@ def test_a_record_damaged_inside_is_one_corrupt_checkpoint_error_not_a_dcp_dump(
     shards = step / "pretrained_model/pytorch_model_fsdp_0"
     chunk = DcpIndex.read(shards).tensors[0].chunks[0]
     data = bytearray((shards / chunk.file).read_bytes())
-    data[chunk.start + 60:chunk.start + 90] = b"\xff" * 30
+    data[chunk.start + 60 : chunk.start + 90] = b"\xff" * 30
     (shards / chunk.file).write_bytes(bytes(data))
     model = _model()
-    with pytest.raises(CorruptCheckpointError, match=r"pytorch_model_fsdp_0: rank 0 could not decode a shard "
-                                                     r"\(UnpicklingError: [^)]*\); the files were damaged"):
-        load_checkpoint(step,
-                        objects=TrainingObjects(model=model, optimizer=torch.optim.AdamW(model.parameters())))
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"pytorch_model_fsdp_0: rank 0 could not decode a shard "
+        r"\(UnpicklingError: [^)]*\); the files were damaged",
+    ):
+        load_checkpoint(
+            step, objects=TrainingObjects(model=model, optimizer=torch.optim.AdamW(model.parameters()))
+        )
 
 
 def test_optimizer_of_another_model_is_refused(saved):

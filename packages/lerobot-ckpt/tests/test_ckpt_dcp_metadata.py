@@ -46,8 +46,10 @@ def _mixed_state():
             "nothing": None,
             "nested": [1, torch.ones(2)],
         },
-        "optimizer": {"state": {"f32": {"step": torch.tensor(3.0), "exp_avg": torch.zeros(7, 5)}},
-                      "param_groups": [{"lr": 0.1, "params": ["f32"]}]},
+        "optimizer": {
+            "state": {"f32": {"step": torch.tensor(3.0), "exp_avg": torch.zeros(7, 5)}},
+            "param_groups": [{"lr": 0.1, "params": ["f32"]}],
+        },
     }
 
 
@@ -64,12 +66,20 @@ def test_dtype_table_is_torchs():
     safetensors' own."""
     from safetensors.torch import _TYPES
 
-    canonical = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype) and str(getattr(torch, n)) == f"torch.{n}"}
+    canonical = {
+        n
+        for n in dir(torch)
+        if isinstance(getattr(torch, n), torch.dtype) and str(getattr(torch, n)) == f"torch.{n}"
+    }
     # The table spans every torch the package supports (2.11 to 2.15): the running one may lack newer dtypes.
     assert canonical <= set(DTYPES) and set(DTYPES) - canonical <= NEWER_THAN_2_11
     for name in canonical:
         real, ours = getattr(torch, name), DTYPES[name]
-        assert (ours.itemsize, ours.is_floating_point, ours.torch) == (real.itemsize, real.is_floating_point, real)
+        assert (ours.itemsize, ours.is_floating_point, ours.torch) == (
+            real.itemsize,
+            real.is_floating_point,
+            real,
+        )
         assert dtype_of(real) is ours and dtype_of(name) is ours and str(ours) == str(real)
         if ours.code is not None:
             assert _TYPES[ours.code] is real and dtype_code(real) == dtype_code(ours) == ours.code
@@ -88,11 +98,19 @@ def test_stand_in_parse_equals_torch_parse(tmp_path):
     for key, value in state["model"].items():
         if isinstance(value, torch.Tensor):
             stored = by_path["model", key]
-            assert (stored.dtype.torch, stored.shape, stored.nbytes) == (value.dtype, tuple(value.shape),
-                                                                        value.numel() * value.element_size())
+            assert (stored.dtype.torch, stored.shape, stored.nbytes) == (
+                value.dtype,
+                tuple(value.shape),
+                value.numel() * value.element_size(),
+            )
     assert by_path["model", "nested", 1].shape == (2,)
-    assert {("model", "count"), ("model", "name"), ("model", "nothing"), ("model", "nested", 0),
-            ("optimizer", "param_groups", 0, "lr")} <= set(ours.other_paths)
+    assert {
+        ("model", "count"),
+        ("model", "name"),
+        ("model", "nothing"),
+        ("model", "nested", 0),
+        ("optimizer", "param_groups", 0, "lr"),
+    } <= set(ours.other_paths)
     assert ours.under("optimizer")["state.f32.exp_avg"].shape == (7, 5)
 
 
@@ -112,11 +130,15 @@ def test_stand_in_fields_match_torchs_objects(tmp_path):
             assert mine.properties.strides == getattr(entry.properties, "strides", None)  # torch ≥ 2.12
             assert mine.properties.layout == str(entry.properties.layout)
             assert mine.size == tuple(entry.size)
-            assert [(c.offsets, c.sizes) for c in mine.chunks] == [(tuple(c.offsets), tuple(c.sizes))
-                                                                    for c in entry.chunks]
-    assert {(i.fqn, i.offset): (s.relative_path, s.offset, s.length) for i, s in ours.storage_data.items()} == {
+            assert [(c.offsets, c.sizes) for c in mine.chunks] == [
+                (tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks
+            ]
+    assert {
+        (i.fqn, i.offset): (s.relative_path, s.offset, s.length) for i, s in ours.storage_data.items()
+    } == {
         (i.fqn, None if i.offset is None else tuple(i.offset)): (s.relative_path, s.offset, s.length)
-        for i, s in real.storage_data.items()}
+        for i, s in real.storage_data.items()
+    }
 
 
 class _RunsCode:
@@ -129,17 +151,23 @@ def test_unknown_globals_are_refused_and_never_run(tmp_path, monkeypatch):
     directory = tmp_path / "dcp"
     directory.mkdir()
     (directory / ".metadata").write_bytes(pickle.dumps(_RunsCode()))
-    with pytest.raises(UnsupportedCheckpointError, match=r"refers to (posix|os)\.system, which lerobot-ckpt's "
-                                                         "metadata reader does not know"):
+    with pytest.raises(
+        UnsupportedCheckpointError,
+        match=r"refers to (posix|os)\.system, which lerobot-ckpt's "
+        "metadata reader does not know",
+    ):
         DcpIndex.read(directory)
     assert not (tmp_path / "PWNED").exists()
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"not a pickle at all", "not readable DCP metadata"),
-    (pickle.dumps({"state_dict_metadata": {}}), "expected DCP Metadata, found dict"),
-    (b"", "not readable DCP metadata: EOFError"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"not a pickle at all", "not readable DCP metadata"),
+        (pickle.dumps({"state_dict_metadata": {}}), "expected DCP Metadata, found dict"),
+        (b"", "not readable DCP metadata: EOFError"),
+    ],
+)
 def test_garbage_metadata_is_corrupt(tmp_path, content, message):
     directory = tmp_path / "dcp"
     directory.mkdir()
@@ -176,10 +204,19 @@ def test_the_converter_never_imports_torch_unless_casting(tmp_path, flags):
     """Converting (and, with --delete_dcp, verifying) tensors of every common dtype in a fresh
     process leaves ``torch`` out of ``sys.modules``; the output equals the tensors bitwise. (A
     channels_last tensor is stored with its strides: only ``torch.load`` rebuilds it, so it is left out.)"""
-    state = {k: v for k, v in _mixed_state()["model"].items() if isinstance(v, torch.Tensor) and k != "channels_last"}
+    state = {
+        k: v
+        for k, v in _mixed_state()["model"].items()
+        if isinstance(v, torch.Tensor) and k != "channels_last"
+    }
     step = _step(tmp_path, state)
-    proc = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, f"--checkpoint_dir={step}", *flags],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, f"--checkpoint_dir={step}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "0 []"
     out = load_file(step / "pretrained_model" / "model.safetensors")
@@ -193,9 +230,19 @@ def test_the_converter_never_imports_torch_unless_casting(tmp_path, flags):
 def test_the_installed_script_imports_no_torch(tmp_path):
     """The console script itself, seen through ``-X importtime`` (PYTHONPROFILEIMPORTTIME)."""
     step = _step(tmp_path, {"w": torch.randn(16, 4), "b": torch.randn(4).bfloat16()})
-    proc = subprocess.run([SCRIPT, f"--checkpoint_dir={step}"], capture_output=True, text=True, timeout=120,
-                          check=False, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    proc = subprocess.run(
+        [SCRIPT, f"--checkpoint_dir={step}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
     assert {"lerobot_ckpt.convert.merge", "lerobot_ckpt.dcp.metadata", "lerobot_ckpt.dcp.raw"} <= imported
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}

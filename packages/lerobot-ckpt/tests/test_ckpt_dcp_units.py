@@ -14,9 +14,14 @@ from safetensors.torch import load_file, save_file
 
 def _tensors():
     g = torch.Generator().manual_seed(1)
-    return {"b": torch.randn(5, 3, generator=g).to(torch.bfloat16), "a": torch.randn(9, 4, generator=g),
-            "i": torch.arange(6, dtype=torch.int64).reshape(2, 3), "s": torch.tensor(2.5, dtype=torch.float64),
-            "flag": torch.tensor([True, False]), "none": torch.zeros(0, 7)}
+    return {
+        "b": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+        "a": torch.randn(9, 4, generator=g),
+        "i": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "s": torch.tensor(2.5, dtype=torch.float64),
+        "flag": torch.tensor([True, False]),
+        "none": torch.zeros(0, 7),
+    }
 
 
 def test_streamed_file_in_row_slabs_any_order_reads_back_with_safetensors(tmp_path):
@@ -41,7 +46,9 @@ def test_streamed_file_in_row_slabs_any_order_reads_back_with_safetensors(tmp_pa
 
 def test_stream_writer_refuses_wrong_dtype_overflow_and_an_incomplete_file(tmp_path):
     x = torch.ones(4, 2)
-    writer = SafetensorsStreamWriter(tmp_path / "m.safetensors", SafetensorsPlan.build([("x", x.dtype, (4, 2))]))
+    writer = SafetensorsStreamWriter(
+        tmp_path / "m.safetensors", SafetensorsPlan.build([("x", x.dtype, (4, 2))])
+    )
     with pytest.raises(TypeError, match="writing torch.float64 into a torch.float32 slot"):
         writer.write("x", x.double())
     with pytest.raises(ValueError, match="do not fit shape"):
@@ -58,8 +65,10 @@ def test_pretrained_weights_file_points_dcp_only_checkpoints_to_the_converter(tm
     with pytest.raises(UnsupportedCheckpointError) as info:
         pretrained_weights_file(step)
     assert str(info.value) == (
-        f"{pm} holds its weights only as DCP shards (pytorch_model_fsdp_0/, written by --checkpoint_format=dcp), "
-        f"which cannot be loaded as a pretrained model; convert them first: lerobot-convert-dcp --checkpoint_dir={pm}")
+        f"{pm} holds its weights only as DCP shards (pytorch_model_fsdp_0/, written by "
+        "--checkpoint_format=dcp), which cannot be loaded as a pretrained model; convert them first: "
+        f"lerobot-convert-dcp --checkpoint_dir={pm}"
+    )
     (pm / "adapter_model.safetensors").write_bytes(b"")
     assert pretrained_weights_file(pm) == pm / "adapter_model.safetensors"
     (pm / "model.safetensors").write_bytes(b"")

@@ -2,9 +2,9 @@
 file and every directory in it was fsynced after its last change; after the rename (or the atomic
 exchange with an older copy of the step, or the two renames where there is none) the ``checkpoints/``
 directory is fsynced before ``last`` is re-pointed (``last`` never names a step directory that a power
-cut could take back), and again after; a new ``checkpoints/`` is fsynced into its parent. Without those, a power cut after the save returned could leave ``last`` on a step
-directory whose files are empty or missing, although no process was killed mid-write (which is what
-tests/test_ckpt_atomic.py drills).
+cut could take back), and again after; a new ``checkpoints/`` is fsynced into its parent. Without those, a
+power cut after the save returned could leave ``last`` on a step directory whose files are empty or missing,
+although no process was killed mid-write (which is what tests/test_ckpt_atomic.py drills).
 
 The durability is observed, not assumed: ``os.fsync`` is wrapped to record what each descriptor is
 (``/proc/self/fd``) with its size and modification time at that moment, and the renames are recorded
@@ -46,7 +46,12 @@ class Journal:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.events: list[Event] = []
         self._lock = threading.Lock()
-        real_fsync, real_rename, real_replace, real_exchange = os.fsync, os.rename, os.replace, staging.exchange
+        real_fsync, real_rename, real_replace, real_exchange = (
+            os.fsync,
+            os.rename,
+            os.replace,
+            staging.exchange,
+        )
 
         def fsync(fd) -> None:
             fd = fd if isinstance(fd, int) else fd.fileno()
@@ -57,8 +62,13 @@ class Journal:
         def renamer(real):
             def rename(src, dst, *args, **kwargs) -> None:
                 real(src, dst, *args, **kwargs)
-                self._add("rename", os.path.abspath(src), os.path.abspath(dst),
-                          os.readlink(dst) if os.path.islink(dst) else None)
+                self._add(
+                    "rename",
+                    os.path.abspath(src),
+                    os.path.abspath(dst),
+                    os.readlink(dst) if os.path.islink(dst) else None,
+                )
+
             return rename
 
         def exchange(a: Path, b: Path) -> bool:
@@ -79,36 +89,50 @@ class Journal:
     def fsyncs(self, path: Path, start: int = 0, end: int | None = None) -> list[tuple[int, tuple[int, int]]]:
         """``(index, (size, mtime_ns))`` of each fsync of ``path`` among ``events[start:end]``."""
         end = len(self.events) if end is None else end
-        return [(i, e.seen) for i, e in enumerate(self.events)
-                if start <= i < end and e.kind == "fsync" and e.path == str(path)]
+        return [
+            (i, e.seen)
+            for i, e in enumerate(self.events)
+            if start <= i < end and e.kind == "fsync" and e.path == str(path)
+        ]
 
 
 def assert_durable_commit(journal: Journal, step_dir: Path, *, new_checkpoints_dir: bool = False) -> Event:
     """The commit of ``step_dir`` (the last one in ``journal``) was durable, as the module docstring says;
     returns its rename (or exchange) event."""
     ckpts = step_dir.parent
-    commits = [i for i, e in enumerate(journal.events) if e.kind in ("rename", "exchange") and e.to == str(step_dir)
-               and is_transient_name(Path(e.path).name)]
+    commits = [
+        i
+        for i, e in enumerate(journal.events)
+        if e.kind in ("rename", "exchange") and e.to == str(step_dir) and is_transient_name(Path(e.path).name)
+    ]
     assert commits, f"no rename of a staging directory to {step_dir}: {journal.events}"
     commit = commits[-1]
     staged = Path(journal.events[commit].path)
     entries = [step_dir, *sorted(step_dir.rglob("*"))]
-    assert len(entries) > 10, entries  # a real tree: pretrained_model/, pretrained_model_ema/, training_state/
+    assert len(entries) > 10, (
+        entries
+    )  # a real tree: pretrained_model/, pretrained_model_ema/, training_state/
     for entry in entries:
         name = entry.relative_to(ckpts)
         before = journal.fsyncs(staged / entry.relative_to(step_dir), end=commit)
         assert before, f"{name} was not fsynced before the commit rename"
         st = entry.stat()
-        # the last fsync saw the entry as it is now: nothing written to a file, nor added to a directory, after it
+        # the last fsync saw the entry as it is now: nothing written to a file,
+        # nor added to a directory, after it
         seen = before[-1][1] if entry.is_file() else before[-1][1][1]
-        assert seen == ((st.st_size, st.st_mtime_ns) if entry.is_file() else st.st_mtime_ns), \
+        assert seen == ((st.st_size, st.st_mtime_ns) if entry.is_file() else st.st_mtime_ns), (
             f"{name} changed after its last fsync before the commit rename"
-    swaps = [i for i, e in enumerate(journal.events)
-             if i > commit and e.kind == "rename" and e.to == str(ckpts / LAST_LINK) and e.seen == step_dir.name]
+        )
+    swaps = [
+        i
+        for i, e in enumerate(journal.events)
+        if i > commit and e.kind == "rename" and e.to == str(ckpts / LAST_LINK) and e.seen == step_dir.name
+    ]
     assert swaps, f"`last` never pointed at {step_dir.name} after its commit"
     # `last` may only point at a step directory whose rename is durable already
-    assert journal.fsyncs(ckpts, start=commit + 1, end=swaps[0]), \
+    assert journal.fsyncs(ckpts, start=commit + 1, end=swaps[0]), (
         "checkpoints/ not fsynced between the commit rename and the swap of `last`"
+    )
     assert journal.fsyncs(ckpts, start=swaps[0] + 1), "checkpoints/ not fsynced after `last` was swapped"
     if new_checkpoints_dir:
         assert journal.fsyncs(ckpts.parent, end=commit), "a new checkpoints/ was not fsynced into its parent"

@@ -76,7 +76,9 @@ def test_ema_directory_and_bitwise_resume(tmp_path, asynchronous):
     live, _ = read_tensors(paths.model_weights)
     assert set(tensors) == set(live)
     assert torch.equal(tensors["body.weight"], ema["body.weight"])
-    assert torch.equal(tensors["emb.weight"], ema["emb.weight"]) and torch.equal(tensors["head.weight"], ema["emb.weight"])
+    assert torch.equal(tensors["emb.weight"], ema["emb.weight"]) and torch.equal(
+        tensors["head.weight"], ema["emb.weight"]
+    )
     assert all(torch.equal(saved[k], ema[k]) for k in ema)
     assert torch.equal(tensors["frozen.weight"], model.frozen.weight)  # never trained: its EMA is itself
     assert torch.equal(tensors["scale"], model.scale)
@@ -115,8 +117,9 @@ def test_adapter_selection_saves_and_restores_the_adapters_only(tmp_path):
     def adapter_state(sd):  # like get_peft_model_state_dict: select, rename, keep the tensors
         return {f"base.{k}": v for k, v in sd.items() if k.startswith("body.")}
 
-    path = save_checkpoint(tmp_path, 2, run=RUN, objects=TrainingObjects(model=model, ema=ema),
-                           adapter_state=adapter_state)
+    path = save_checkpoint(
+        tmp_path, 2, run=RUN, objects=TrainingObjects(model=model, ema=ema), adapter_state=adapter_state
+    )
     paths = CheckpointPaths(path)
     tensors, _ = read_tensors(paths.ema.adapter_weights)
     assert set(tensors) == {"base.body.weight", "base.body.bias"}
@@ -125,14 +128,17 @@ def test_adapter_selection_saves_and_restores_the_adapters_only(tmp_path):
     other = Net(seed=3)
     other.emb.requires_grad_(False)
     restored = shadow_of(other, 0.0)
-    assert load_checkpoint(path, objects=TrainingObjects(model=other, ema=restored),
-                           adapter_state=adapter_state).ema_restored
+    assert load_checkpoint(
+        path, objects=TrainingObjects(model=other, ema=restored), adapter_state=adapter_state
+    ).ema_restored
     assert all(torch.equal(restored[k], ema[k]) for k in ema)
 
 
 def test_a_shadow_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
     model = Net()
-    path = save_checkpoint(tmp_path, 1, run=RUN, objects=TrainingObjects(model=model, ema=shadow_of(model, 1.0)))
+    path = save_checkpoint(
+        tmp_path, 1, run=RUN, objects=TrainingObjects(model=model, ema=shadow_of(model, 1.0))
+    )
     other = Net(seed=1)
     wrong = {"body.weight": torch.zeros(3, 3)}
     before = other.body.weight.detach().clone()
@@ -140,4 +146,6 @@ def test_a_shadow_that_does_not_fit_is_refused_before_anything_changes(tmp_path)
         load_checkpoint(path, objects=TrainingObjects(model=other, ema=wrong))
     assert torch.equal(other.body.weight, before)
     with pytest.raises(CheckpointSaveError, match="1 EMA entries are not in the model's state dict: nope"):
-        save_checkpoint(tmp_path / "b", 1, run=RUN, objects=TrainingObjects(model=model, ema={"nope": torch.zeros(1)}))
+        save_checkpoint(
+            tmp_path / "b", 1, run=RUN, objects=TrainingObjects(model=model, ema={"nope": torch.zeros(1)})
+        )

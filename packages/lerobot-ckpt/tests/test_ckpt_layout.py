@@ -23,7 +23,9 @@ def test_step_must_be_a_non_negative_int(bad):
         step_dir_name(bad)
 
 
-@pytest.mark.parametrize("name", ["last", "12345", "00500a", ".tmp-000005-12", ".old-000005-3", ".last-tmp-9"])
+@pytest.mark.parametrize(
+    "name", ["last", "12345", "00500a", ".tmp-000005-12", ".old-000005-3", ".last-tmp-9"]
+)
 def test_non_step_names(name):
     assert parse_step_dir_name(name) is None
 
@@ -36,29 +38,66 @@ def test_transient_names_are_dot_prefixed():
 
 def test_every_file_name_of_the_documented_layout(tmp_path):
     p = CheckpointPaths(tmp_path / "005000")
+
     def rel(path):
         return path.relative_to(tmp_path / "005000").as_posix()
 
-    assert [rel(x) for x in (p.policy_config, p.policy_config_extensions, p.train_config, p.model_weights, p.model_dcp,
-                             p.preprocessor_config, p.postprocessor_config, p.adapter_weights, p.adapter_config)] == [
-        "pretrained_model/config.json", "pretrained_model/config_extensions.json",
-        "pretrained_model/train_config.json", "pretrained_model/model.safetensors",
-        "pretrained_model/pytorch_model_fsdp_0", "pretrained_model/policy_preprocessor.json",
-        "pretrained_model/policy_postprocessor.json", "pretrained_model/adapter_model.safetensors",
-        "pretrained_model/adapter_config.json"]
-    assert [rel(x) for x in (p.optimizer_param_groups, p.optimizer_state, p.optimizer_dcp, p.rng_state,
-                             p.scheduler_state, p.scaler_state, p.training_step)] == [
-        "training_state/optimizer_param_groups.json", "training_state/optimizer_state.safetensors",
-        "training_state/optimizer_0", "training_state/rng_state.safetensors",
-        "training_state/scheduler_state.json", "training_state/scaler_state.json",
-        "training_state/training_step.json"]
+    assert [
+        rel(x)
+        for x in (
+            p.policy_config,
+            p.policy_config_extensions,
+            p.train_config,
+            p.model_weights,
+            p.model_dcp,
+            p.preprocessor_config,
+            p.postprocessor_config,
+            p.adapter_weights,
+            p.adapter_config,
+        )
+    ] == [
+        "pretrained_model/config.json",
+        "pretrained_model/config_extensions.json",
+        "pretrained_model/train_config.json",
+        "pretrained_model/model.safetensors",
+        "pretrained_model/pytorch_model_fsdp_0",
+        "pretrained_model/policy_preprocessor.json",
+        "pretrained_model/policy_postprocessor.json",
+        "pretrained_model/adapter_model.safetensors",
+        "pretrained_model/adapter_config.json",
+    ]
+    assert [
+        rel(x)
+        for x in (
+            p.optimizer_param_groups,
+            p.optimizer_state,
+            p.optimizer_dcp,
+            p.rng_state,
+            p.scheduler_state,
+            p.scaler_state,
+            p.training_step,
+        )
+    ] == [
+        "training_state/optimizer_param_groups.json",
+        "training_state/optimizer_state.safetensors",
+        "training_state/optimizer_0",
+        "training_state/rng_state.safetensors",
+        "training_state/scheduler_state.json",
+        "training_state/scaler_state.json",
+        "training_state/training_step.json",
+    ]
     p.pretrained_model.mkdir(parents=True)
-    for name in ("policy_postprocessor_step_0_unnormalizer.safetensors",
-                 "policy_preprocessor_step_3_normalizer.safetensors", "policy_preprocessor_step_1_x.safetensors"):
+    for name in (
+        "policy_postprocessor_step_0_unnormalizer.safetensors",
+        "policy_preprocessor_step_3_normalizer.safetensors",
+        "policy_preprocessor_step_1_x.safetensors",
+    ):
         (p.pretrained_model / name).write_bytes(b"")
     assert [x.name for x in p.processor_state_files()] == [
-        "policy_preprocessor_step_1_x.safetensors", "policy_preprocessor_step_3_normalizer.safetensors",
-        "policy_postprocessor_step_0_unnormalizer.safetensors"]
+        "policy_preprocessor_step_1_x.safetensors",
+        "policy_preprocessor_step_3_normalizer.safetensors",
+        "policy_postprocessor_step_0_unnormalizer.safetensors",
+    ]
     assert p.step_from_name == 5000
 
 
@@ -89,7 +128,9 @@ def test_latest_without_last_and_without_anything(tmp_path):
     ckpts = _fake_run(tmp_path, [3, 10])
     assert read_last(ckpts) is None
     assert latest_checkpoint(tmp_path / "run") == ckpts / "000010"
-    with pytest.raises(CheckpointNotFoundError, match="does not exist: no checkpoint has been committed.*000010"):
+    with pytest.raises(
+        CheckpointNotFoundError, match="does not exist: no checkpoint has been committed.*000010"
+    ):
         resolve_last(ckpts)
     assert latest_checkpoint(tmp_path / "empty") is None
 
@@ -105,9 +146,15 @@ def test_dangling_last_is_reported_and_latest_falls_back(tmp_path):
 def test_every_accepted_resume_path_names_the_step_dir(tmp_path):
     ckpts = _fake_run(tmp_path, [10, 20], last=20)
     step = (ckpts / "000020").resolve()
-    for given in (step / "pretrained_model" / "train_config.json", step / "pretrained_model", step,
-                  ckpts / "last", ckpts / "last" / "pretrained_model" / "train_config.json", ckpts,
-                  tmp_path / "run"):
+    for given in (
+        step / "pretrained_model" / "train_config.json",
+        step / "pretrained_model",
+        step,
+        ckpts / "last",
+        ckpts / "last" / "pretrained_model" / "train_config.json",
+        ckpts,
+        tmp_path / "run",
+    ):
         assert resolve_checkpoint_dir(given) == step, given
     assert resolve_checkpoint_dir(str(ckpts / "000010")) == (ckpts / "000010").resolve()
 
@@ -134,10 +181,13 @@ def test_import_is_torch_free_and_paths_resolve_without_torch(tmp_path):
     import sys
 
     _fake_run(tmp_path, [4], last=4)
-    code = ("import sys, lerobot_ckpt as c; print(c.resolve_checkpoint_dir(sys.argv[1]).name); "
-            "print(sorted(m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
-                         check=True).stdout.split("\n")
+    code = (
+        "import sys, lerobot_ckpt as c; print(c.resolve_checkpoint_dir(sys.argv[1]).name); "
+        "print(sorted(m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert out[:2] == ["000004", "[]"]
 
 

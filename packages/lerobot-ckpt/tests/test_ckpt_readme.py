@@ -10,7 +10,7 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
-HARNESS = r'''
+HARNESS = r"""
 import importlib.abc, sys
 BLOCKED = {"lerobot_cli", "lerobot_parallel", "lerobot_trainloop", "accelerate"}
 
@@ -24,12 +24,13 @@ sys.meta_path.insert(0, Block())
 import lerobot_ckpt
 print("torch-free import:", "torch" not in sys.modules)
 import importlib, pkgutil  # noqa: E401
-for info in pkgutil.walk_packages(lerobot_ckpt.__path__, "lerobot_ckpt."):  # every module, torch-using ones too
+# every module, torch-using ones too
+for info in pkgutil.walk_packages(lerobot_ckpt.__path__, "lerobot_ckpt."):
     importlib.import_module(info.name)
 code = open(sys.argv[1]).read()
 for _ in range(2):
     exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
-'''
+"""
 
 
 @pytest.mark.slow
@@ -38,8 +39,14 @@ def test_readme_example_trains_saves_and_resumes(tmp_path):
     example = re.search(r"## A foreign trainer in 20 lines\n\n```python\n(.*?)```", text, re.DOTALL).group(1)
     assert len(example.strip().splitlines()) <= 25
     (tmp_path / "example.py").write_text(example)
-    proc = subprocess.run([sys.executable, "-c", HARNESS, "example.py"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", HARNESS, "example.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.splitlines() == [
         "torch-free import: True",

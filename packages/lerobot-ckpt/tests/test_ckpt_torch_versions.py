@@ -36,14 +36,18 @@ def written(request, tmp_path):
 
 def test_the_index_and_record_checks_read_it(written):
     step, expected = written
-    for directory in (step / "pretrained_model" / "pytorch_model_fsdp_0", step / "training_state" / "optimizer_0"):
+    for directory in (
+        step / "pretrained_model" / "pytorch_model_fsdp_0",
+        step / "training_state" / "optimizer_0",
+    ):
         index = DcpIndex.read(directory)
         index.check_files()
         index.check_records()
         check_untrusted(index)
     model = DcpIndex.read(step / "pretrained_model" / "pytorch_model_fsdp_0").under("model")
-    assert {k: t.shape for k, t in model.items()} == {k: tuple(v.shape) for k, v in expected.items()
-                                                      if not k.startswith("exp_avg")}
+    assert {k: t.shape for k, t in model.items()} == {
+        k: tuple(v.shape) for k, v in expected.items() if not k.startswith("exp_avg")
+    }
 
 
 def test_the_converter_merges_it_bitwise(written):

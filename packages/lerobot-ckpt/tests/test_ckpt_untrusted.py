@@ -58,16 +58,23 @@ def _save(step: Path, *, groups=None) -> None:
     pm, ts = step / "pretrained_model", step / "training_state"
     pm.mkdir(parents=True)
     ts.mkdir()
-    dcp.save({"model": get_model_state_dict(model)}, storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"),
-             no_dist=True)
+    dcp.save(
+        {"model": get_model_state_dict(model)},
+        storage_writer=dcp.FileSystemWriter(pm / "pytorch_model_fsdp_0"),
+        no_dist=True,
+    )
     osd = get_optimizer_state_dict(model, opt)
     if groups is not None:
         groups(osd["param_groups"][0])
     dcp.save({OPTIMIZER_KEY: osd}, storage_writer=dcp.FileSystemWriter(ts / "optimizer_0"), no_dist=True)
     write_tensors(ts / "rng_state.safetensors", rng.pack([rng.capture()]))
     run = RunInfo(world_size=2, batch_size=4, parallelism=Parallelism(1, 2), checkpoint_format="dcp")
-    write_record(ts / "training_step.json", TrainingStepRecord.for_run(
-        run, step=2, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={}, versions={}))
+    write_record(
+        ts / "training_step.json",
+        TrainingStepRecord.for_run(
+            run, step=2, artifacts=Artifacts(model_dcp=True, optimizer_dcp=True), sampler={}, versions={}
+        ),
+    )
 
 
 @pytest.fixture
@@ -88,8 +95,13 @@ def _fresh():
 
 
 def _state(model, opt):
-    return ({k: v.clone() for k, v in model.state_dict().items()}, repr(opt.state_dict()), torch.get_rng_state(),
-            random.getstate(), np.random.get_state()[1].copy())
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        repr(opt.state_dict()),
+        torch.get_rng_state(),
+        random.getstate(),
+        np.random.get_state()[1].copy(),
+    )
 
 
 def _refused_unchanged(step, error, match):
@@ -104,16 +116,24 @@ def _refused_unchanged(step, error, match):
     return str(info.value)
 
 
-UNSAFE = r"the entry {} is not plain checkpoint data \(its pickle names the global posix\.system\); it was not " \
-         r"loaded, because unpickling it could run code"
+UNSAFE = (
+    r"the entry {} is not plain checkpoint data \(its pickle names the global posix\.system\); it was not "
+    r"loaded, because unpickling it could run code"
+)
 
 
-@pytest.mark.parametrize(("where", "fqn"), [
-    ("training_state/optimizer_0", "optimizer.param_groups.0.lr"),  # a DCP byte item (torch: weights_only=False)
-    ("training_state/optimizer_0", "optimizer.param_groups.0.params"),
-    ("training_state/optimizer_0", "optimizer.state.0.weight.exp_avg"),  # a tensor record
-    ("pretrained_model/pytorch_model_fsdp_0", "model.2.bias"),
-])
+@pytest.mark.parametrize(
+    ("where", "fqn"),
+    [
+        (
+            "training_state/optimizer_0",
+            "optimizer.param_groups.0.lr",
+        ),  # a DCP byte item (torch: weights_only=False)
+        ("training_state/optimizer_0", "optimizer.param_groups.0.params"),
+        ("training_state/optimizer_0", "optimizer.state.0.weight.exp_avg"),  # a tensor record
+        ("pretrained_model/pytorch_model_fsdp_0", "model.2.bias"),
+    ],
+)
 def test_a_crafted_record_is_refused_before_anything_changes_and_runs_nothing(step, marker, where, fqn):
     replace_record(step / where, fqn, exploit_record(marker))
     message = _refused_unchanged(step, UnsafeCheckpointError, UNSAFE.format(fqn.replace(".", r"\.")))
@@ -123,8 +143,12 @@ def test_a_crafted_record_is_refused_before_anything_changes_and_runs_nothing(st
 
 def test_crafted_metadata_is_refused_and_runs_nothing(step, marker):
     exploit_metadata(step / "training_state/optimizer_0", marker)
-    _refused_unchanged(step, UnsupportedCheckpointError, r"optimizer_0/\.metadata: the DCP metadata refers to "
-                                                         r"posix\.system.*could run arbitrary code")
+    _refused_unchanged(
+        step,
+        UnsupportedCheckpointError,
+        r"optimizer_0/\.metadata: the DCP metadata refers to "
+        r"posix\.system.*could run arbitrary code",
+    )
     assert not marker.exists()
 
 
@@ -150,19 +174,29 @@ def test_a_non_tensor_model_entry_is_refused(tmp_path):
     model_dir = path / "pretrained_model/pytorch_model_fsdp_0"
     state = {"model": {**get_model_state_dict(_model()), "extra": {"a": 1}}}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(model_dir, overwrite=True), no_dist=True)
-    _refused_unchanged(path, ModelMismatchError, r"holds non-tensor model entries \(model\.extra\.a\); model weights "
-                                                 r"are tensors only")
+    _refused_unchanged(
+        path,
+        ModelMismatchError,
+        r"holds non-tensor model entries \(model\.extra\.a\); model weights "
+        r"are tensors only",
+    )
 
 
-@pytest.mark.parametrize(("edit", "match"), [
-    (lambda g: g.update(lr="0.01"), r"param group 0's lr is '0\.01', not a number; the optimizer holds 0\.5"),
-    (lambda g: g.update(lr=None), r"param group 0's lr is None, not a number"),
-    (lambda g: g.update(lr=-1e-3), r"param group 0's lr is -0\.001, which is negative"),
-    (lambda g: g.update(lr=float("nan")), r"param group 0's lr is nan, not a finite number"),
-    (lambda g: g.update(lr=True), r"param group 0's lr is True, not a number"),
-    (lambda g: g.update(betas=(0.9,)), r"param group 0's betas is \(0\.9,\), not 2 values"),
-    (lambda g: g.update(amsgrad=0), r"param group 0's amsgrad is 0, not a boolean"),
-])
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (
+            lambda g: g.update(lr="0.01"),
+            r"param group 0's lr is '0\.01', not a number; the optimizer holds 0\.5",
+        ),
+        (lambda g: g.update(lr=None), r"param group 0's lr is None, not a number"),
+        (lambda g: g.update(lr=-1e-3), r"param group 0's lr is -0\.001, which is negative"),
+        (lambda g: g.update(lr=float("nan")), r"param group 0's lr is nan, not a finite number"),
+        (lambda g: g.update(lr=True), r"param group 0's lr is True, not a number"),
+        (lambda g: g.update(betas=(0.9,)), r"param group 0's betas is \(0\.9,\), not 2 values"),
+        (lambda g: g.update(amsgrad=0), r"param group 0's amsgrad is 0, not a boolean"),
+    ],
+)
 def test_param_group_values_of_the_wrong_kind_are_refused(tmp_path, edit, match):
     """Plain data, so nothing runs, yet trained with silently: a string ``lr`` or ``None`` must not
     pass, and neither may a negative or non-finite rate."""
@@ -178,8 +212,13 @@ def test_the_json_param_groups_are_checked_the_same_way(tmp_path):
     model(torch.randn(2, 5)).sum().backward()
     opt.step()
     run = RunInfo(world_size=1, batch_size=4, parallelism=Parallelism(1, 1))
-    path = save_checkpoint(tmp_path / "out", step=1, run=run, objects=TrainingObjects(model=model, optimizer=opt),
-                           sampler_state={})
+    path = save_checkpoint(
+        tmp_path / "out",
+        step=1,
+        run=run,
+        objects=TrainingObjects(model=model, optimizer=opt),
+        sampler_state={},
+    )
     groups_file = path / "training_state" / "optimizer_param_groups.json"
     groups = json.loads(groups_file.read_text())
     groups[0]["lr"] = "0.5"
@@ -225,7 +264,10 @@ def test_the_converter_refuses_a_non_tensor_weight_entry_and_writes_nothing(tmp_
     model_dir = path / "pretrained_model/pytorch_model_fsdp_0"
     state = {"model": {**get_model_state_dict(_model()), "extra": 3}}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(model_dir, overwrite=True), no_dist=True)
-    with pytest.raises(CorruptCheckpointError, match=r"pytorch_model_fsdp_0: 1 weight entry is not a tensor "
-                                                     r"\(model\.extra\); weight shards hold tensors only"):
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"pytorch_model_fsdp_0: 1 weight entry is not a tensor "
+        r"\(model\.extra\); weight shards hold tensors only",
+    ):
         convert_dcp(path)
     assert sorted(p.name for p in (path / "pretrained_model").iterdir()) == ["pytorch_model_fsdp_0"]

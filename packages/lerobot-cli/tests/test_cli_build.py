@@ -39,7 +39,9 @@ def test_negative_value_after_space():
     assert build("--parallelism.dp_shard", "-1").parallelism.dp_shard == -1
 
 
-@pytest.mark.parametrize(("raw", "value"), [("true", True), ("1", True), ("false", False), ("0", False), ("True", True)])
+@pytest.mark.parametrize(
+    ("raw", "value"), [("true", True), ("1", True), ("false", False), ("0", False), ("True", True)]
+)
 def test_booleans(raw, value):
     assert build(f"--save_checkpoint={raw}").save_checkpoint is value
 
@@ -54,9 +56,12 @@ def test_every_boolean_spelling_the_parser_accepts_is_documented():
     with pytest.raises(UsageError) as exc:
         build("--save_checkpoint=maybe")
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    paragraph = readme[readme.index("Flags are dotted paths"):].split("\n\n")[0]
-    documented = {w for quoted in re.findall(r"`([^`]*)`", paragraph[:paragraph.index("lists")])
-                  for w in quoted.split("/")}
+    paragraph = readme[readme.index("Flags are dotted paths") :].split("\n\n")[0]
+    documented = {
+        w
+        for quoted in re.findall(r"`([^`]*)`", paragraph[: paragraph.index("lists")])
+        for w in quoted.split("/")
+    }
     intro = render_help(None).split("\n\n")[1]
     listed = set(re.findall(r"\w+", re.search(r"expected a boolean \(([^)]*)\)", str(exc.value)).group(1)))
     for word in schema._TRUE + schema._FALSE:
@@ -87,26 +92,35 @@ def test_none_is_the_choice_wherever_it_is_one():
         assert convert(spec, "none") == "none"
     cfg = build("--accelerator.activation_checkpointing.mode=none")
     assert cfg.accelerator.activation_checkpointing.mode == "none"
-    with pytest.raises(UsageError, match=r"mode cannot be null \(expected str; choose from none, full, selective\)"):
+    with pytest.raises(
+        UsageError, match=r"mode cannot be null \(expected str; choose from none, full, selective\)"
+    ):
         build("--accelerator.activation_checkpointing.mode=null")
 
 
 def test_a_resume_can_turn_activation_checkpointing_off(tmp_path):
     saved = build("--policy.type=mlp", "--accelerator.activation_checkpointing.mode=full")
     configio.save_train_config(saved, tmp_path)
-    cfg = build(f"--config_path={tmp_path}", "--resume=true", "--accelerator.activation_checkpointing.mode=none")
+    cfg = build(
+        f"--config_path={tmp_path}", "--resume=true", "--accelerator.activation_checkpointing.mode=none"
+    )
     assert cfg.accelerator.activation_checkpointing.mode == "none" and cfg.resume
 
 
 def test_none_against_the_policys_own_checkpointing_switch_is_refused():
     from lerobot_cli.cli.checks import check_checkpointing_off
 
-    flags = {"policy.type": "pi0", "policy.gradient_checkpointing": "true",
-             "accelerator.activation_checkpointing.mode": "none"}
+    flags = {
+        "policy.type": "pi0",
+        "policy.gradient_checkpointing": "true",
+        "accelerator.activation_checkpointing.mode": "none",
+    }
     cfg = build_train_config(flags).config
     with pytest.raises(UsageError, match=r"add --policy.gradient_checkpointing=false to turn it off"):
         check_checkpointing_off(cfg, flags)
-    check_checkpointing_off(cfg, {k: v for k, v in flags.items() if k.startswith("policy.")})  # none by default
+    check_checkpointing_off(
+        cfg, {k: v for k, v in flags.items() if k.startswith("policy.")}
+    )  # none by default
     flags["policy.gradient_checkpointing"] = "false"
     check_checkpointing_off(build_train_config(flags).config, flags)
 
@@ -116,7 +130,9 @@ def test_bare_boolean_flag():
 
 
 def test_json_list_and_null():
-    cfg = build('--accelerator.fsdp.wrap_modules=["ACTEncoderLayer", "ACTDecoderLayer"]', "--dataset.episodes=[0,3,5]")
+    cfg = build(
+        '--accelerator.fsdp.wrap_modules=["ACTEncoderLayer", "ACTDecoderLayer"]', "--dataset.episodes=[0,3,5]"
+    )
     assert cfg.accelerator.fsdp.wrap_modules == ("ACTEncoderLayer", "ACTDecoderLayer")
     assert cfg.dataset.episodes == (0, 3, 5)
     assert build("--dataset.episodes=null").dataset.episodes is None
@@ -188,35 +204,71 @@ def test_config_path_with_another_policy_type_replaces_the_policy(tmp_path):
 def every_section_non_default() -> TrainConfig:
     mlp = config_class("mlp")
     return TrainConfig(
-        dataset=DatasetConfig(repo_id="me/data", root="/data/x", episodes=(0, 3, 5), eval_split=0.1, revision="v3.0"),
+        dataset=DatasetConfig(
+            repo_id="me/data", root="/data/x", episodes=(0, 3, 5), eval_split=0.1, revision="v3.0"
+        ),
         policy=mlp(
-            hidden_dim=32, n_blocks=3, dropout=0.1, device="cpu", repo_id="me/policy", push_to_hub=False,
-            tags=["a"], input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,))},
+            hidden_dim=32,
+            n_blocks=3,
+            dropout=0.1,
+            device="cpu",
+            repo_id="me/policy",
+            push_to_hub=False,
+            tags=["a"],
+            input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,))},
             output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))},
             normalization_mapping={"STATE": NormalizationMode.MIN_MAX, "ACTION": NormalizationMode.IDENTITY},
         ),
-        output_dir="outputs/x", job_name="job", resume=True, abandon_newer_checkpoints=True, seed=7, steps=123, batch_size=4, num_workers=0,
-        log_freq=3, save_freq=50, save_checkpoint=False, save_on_interrupt=False,
-        checkpoint_format=CheckpointFormat.SAFETENSORS_DCP, checkpoint_async=True,
-        optimizer=OptimizerConfig(type="adam", lr=0.1, weight_decay=0.2, betas=(0.8, 0.9), eps=1e-6,
-                                  grad_clip_norm=1.0),
-        scheduler=SchedulerConfig(type="constant_with_warmup", num_warmup_steps=5, num_decay_steps=10,
-                                  peak_lr=0.2, decay_lr=0.01),
-        peft=PeftConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=("q",), full_training_modules=("head",)),
-        eval_steps=50, max_eval_samples=100,
+        output_dir="outputs/x",
+        job_name="job",
+        resume=True,
+        abandon_newer_checkpoints=True,
+        seed=7,
+        steps=123,
+        batch_size=4,
+        num_workers=0,
+        log_freq=3,
+        save_freq=50,
+        save_checkpoint=False,
+        save_on_interrupt=False,
+        checkpoint_format=CheckpointFormat.SAFETENSORS_DCP,
+        checkpoint_async=True,
+        optimizer=OptimizerConfig(
+            type="adam", lr=0.1, weight_decay=0.2, betas=(0.8, 0.9), eps=1e-6, grad_clip_norm=1.0
+        ),
+        scheduler=SchedulerConfig(
+            type="constant_with_warmup", num_warmup_steps=5, num_decay_steps=10, peak_lr=0.2, decay_lr=0.01
+        ),
+        peft=PeftConfig(
+            r=4, lora_alpha=8, lora_dropout=0.1, target_modules=("q",), full_training_modules=("head",)
+        ),
+        eval_steps=50,
+        max_eval_samples=100,
         trackio=TrackioConfig(enable=True, project="p"),
-        ema=EmaConfig(enable=True, decay=0.99, update_after_step=3, inv_gamma=2.0, power=0.5, use_for_eval=False),
+        ema=EmaConfig(
+            enable=True, decay=0.99, update_after_step=3, inv_gamma=2.0, power=0.5, use_for_eval=False
+        ),
         parallelism=ParallelismConfig(dp_replicate=2, dp_shard=-1),
         accelerator=AcceleratorConfig(
-            mixed_precision="fp16", gradient_accumulation=GradientAccumulationConfig(steps=3),
-            fsdp=FSDPConfig(min_num_params=1000, reshard_after_forward=False, cpu_offload=True,
-                            ignored_modules=".*backbone",
-                            mixed_precision_policy=MixedPrecisionPolicyConfig("float16", "float32", "float32", True)),
-            ddp=DDPConfig(find_unused_parameters=True, broadcast_buffers=False, gradient_as_bucket_view=False,
-                          bucket_cap_mb=5),
+            mixed_precision="fp16",
+            gradient_accumulation=GradientAccumulationConfig(steps=3),
+            fsdp=FSDPConfig(
+                min_num_params=1000,
+                reshard_after_forward=False,
+                cpu_offload=True,
+                ignored_modules=".*backbone",
+                mixed_precision_policy=MixedPrecisionPolicyConfig("float16", "float32", "float32", True),
+            ),
+            ddp=DDPConfig(
+                find_unused_parameters=True,
+                broadcast_buffers=False,
+                gradient_as_bucket_view=False,
+                bucket_cap_mb=5,
+            ),
             timeout_s=30.0,
         ),
-        allow_nonfinite_loss=True, dry_run=True,
+        allow_nonfinite_loss=True,
+        dry_run=True,
     )
 
 
@@ -251,7 +303,9 @@ def test_flag_value_error_is_not_blamed_on_the_file(tmp_path):
 def test_finalized_defaults():
     import datetime as dt
 
-    cfg = build("--policy.type=mlp", "--dataset.repo_id=lerobot/demo").finalized(dt.datetime(2026, 1, 2, 3, 4, 5))
+    cfg = build("--policy.type=mlp", "--dataset.repo_id=lerobot/demo").finalized(
+        dt.datetime(2026, 1, 2, 3, 4, 5)
+    )
     assert cfg.job_name == "lerobot_demo_mlp"
     assert cfg.output_dir == "outputs/train/2026-01-02/03-04-05_lerobot_demo_mlp"
 
@@ -291,5 +345,7 @@ def test_policy_path_hub_failure_is_one_sentence(monkeypatch):
         raise OSError("We couldn't connect to the Hub")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(UsageError, match=r"--policy.path=someone/missing: not a local directory, and downloading"):
+    with pytest.raises(
+        UsageError, match=r"--policy.path=someone/missing: not a local directory, and downloading"
+    ):
         build("--policy.path=someone/missing")

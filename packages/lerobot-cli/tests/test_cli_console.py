@@ -13,8 +13,15 @@ SCRIPT = shutil.which("lerobot-train") or str(Path(sys.executable).parent / "ler
 
 
 def run(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([SCRIPT, *args], check=False, capture_output=True, text=True, timeout=60, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [SCRIPT, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def assert_usage_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -31,12 +38,20 @@ def test_help_lists_every_section_with_types_and_defaults():
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for needle in (
-        "--dataset.repo_id str|null", "--steps int", "(default: 100000)", "--policy.type {",
-        "--parallelism.dp_shard int", "--accelerator.mixed_precision {no,bf16,fp16}",
-        "--accelerator.gradient_accumulation.steps int", "--accelerator.fsdp.wrap_modules json list[str]|null",
+        "--dataset.repo_id str|null",
+        "--steps int",
+        "(default: 100000)",
+        "--policy.type {",
+        "--parallelism.dp_shard int",
+        "--accelerator.mixed_precision {no,bf16,fp16}",
+        "--accelerator.gradient_accumulation.steps int",
+        "--accelerator.fsdp.wrap_modules json list[str]|null",
         "--accelerator.fsdp.mixed_precision_policy.param_dtype {float32,bfloat16,float16}|null",
-        "--checkpoint_format {safetensors,dcp,safetensors_dcp}", "--trackio.enable bool", "--peft.r int",
-        "--config_path", "--policy.path",
+        "--checkpoint_format {safetensors,dcp,safetensors_dcp}",
+        "--trackio.enable bool",
+        "--peft.r int",
+        "--config_path",
+        "--policy.path",
     ):
         assert needle in out, needle
     for section in ("dataset:", "policy:", "optimizer:", "parallelism:", "accelerator.fsdp:", "trackio:"):
@@ -56,10 +71,13 @@ def test_help_does_not_import_torch():
         "import sys\n"
         "from lerobot_cli.train import main\n"
         "try:\n    main(['--policy.type=mlp', '--help'])\nexcept SystemExit:\n    pass\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'accelerate', 'peft'))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'numpy', 'accelerate', 'peft'))\n"
         "print('IMPORTED:', bad)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "IMPORTED: []" in proc.stdout
 
@@ -75,17 +93,25 @@ def test_help_does_not_import_torch():
         (["--accelerator.mixed_precision=fp8"], ["invalid choice 'fp8'", "no, bf16, fp16"]),
         (["--checkpoint_format=pickle"], ["invalid choice 'pickle'", "safetensors, dcp, safetensors_dcp"]),
         (["--policy.type=nope"], ["--policy.type: invalid choice 'nope'", "mlp"]),
-        (['--accelerator.fsdp.wrap_modules=["A"]', "--accelerator.fsdp.min_num_params=100"],
-         ["wrap_modules", "min_num_params", "only one"]),
+        (
+            ['--accelerator.fsdp.wrap_modules=["A"]', "--accelerator.fsdp.min_num_params=100"],
+            ["wrap_modules", "min_num_params", "only one"],
+        ),
         (["--policy.type=mlp", "--policy.path=somewhere"], ["--policy.type and --policy.path"]),
         (["--parallelism.dp_replicate=0"], ["--parallelism.dp_replicate must be ≥ 1, got 0"]),
         (["--parallelism.dp_shard=0"], ["--parallelism.dp_shard must be ≥ 1, or -1"]),
         (["--parallelism.dp_shard=-3"], ["--parallelism.dp_shard", "got -3"]),
-        (["--policy.type=mlp", "--dataset.repo_id=a/b", "--resume=true"], ["--resume=true has nothing to resume"]),
+        (
+            ["--policy.type=mlp", "--dataset.repo_id=a/b", "--resume=true"],
+            ["--resume=true has nothing to resume"],
+        ),
         (["--policy.type=mlp"], ["no dataset"]),
         (["--dataset.repo_id=a/b"], ["no policy"]),
         (["stray"], ["unexpected argument 'stray'"]),
-        (["--accelerator.fsdp.ignored_modules=(unclosed"], ["ignored_modules is not a valid regular expression"]),
+        (
+            ["--accelerator.fsdp.ignored_modules=(unclosed"],
+            ["ignored_modules is not a valid regular expression"],
+        ),
         (["--accelerator.fsdp.mixed_precision_policy.reduce_dtype=float32"], ["param_dtype must be set"]),
     ],
 )
@@ -119,9 +145,16 @@ DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
 
 
 def test_dry_run_prints_the_config_and_the_sharding_plan(tmp_path):
-    proc = run("--policy.type=mlp", "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
-               f"--output_dir={tmp_path / 'o'}", "--dry_run=true", "--accelerator.gradient_accumulation.steps=4",
-               "--parallelism.dp_shard=4", "--accelerator.mixed_precision=bf16")
+    proc = run(
+        "--policy.type=mlp",
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={DEMO}",
+        f"--output_dir={tmp_path / 'o'}",
+        "--dry_run=true",
+        "--accelerator.gradient_accumulation.steps=4",
+        "--parallelism.dp_shard=4",
+        "--accelerator.mixed_precision=bf16",
+    )
     assert proc.returncode == 0, proc.stderr
     data, end = json.JSONDecoder().raw_decode(proc.stdout)
     assert data["accelerator"]["gradient_accumulation"]["steps"] == 4
@@ -134,7 +167,13 @@ def test_dry_run_prints_the_config_and_the_sharding_plan(tmp_path):
 
 
 def test_dry_run_refuses_a_plan_without_units(tmp_path):
-    proc = run("--policy.type=mlp", "--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}",
-               f"--output_dir={tmp_path / 'o'}", "--dry_run=true", "--parallelism.dp_shard=2",
-               '--accelerator.fsdp.wrap_modules=["Nope"]')
+    proc = run(
+        "--policy.type=mlp",
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={DEMO}",
+        f"--output_dir={tmp_path / 'o'}",
+        "--dry_run=true",
+        "--parallelism.dp_shard=2",
+        '--accelerator.fsdp.wrap_modules=["Nope"]',
+    )
     assert_usage_error(proc, "class name(s) Nope match no module", "MLPBlock")

@@ -14,34 +14,57 @@ def test_every_path_the_library_names_is_a_flag(path):
     assert as_flags(f"{path} is wrong") == f"--{path} is wrong"
 
 
-@pytest.mark.parametrize(("text", "shown"), [
-    ("parallelism.dp_replicate=2 parallelism.dp_shard=2: no", "--parallelism.dp_replicate=2 --parallelism.dp_shard=2: no"),
-    ("with parallelism.* / accelerator.* instead.", "with --parallelism.* / --accelerator.* instead."),
-    ("from accelerator.fsdp.mixed_precision_policy.*)", "from --accelerator.fsdp.mixed_precision_policy.*)"),
-    ("device=tpu: not a torch device", "--policy.device=tpu: not a torch device"),
-    ("by the parallelism.* / accelerator.* settings of", "by the --parallelism.* / --accelerator.* flags of"),
-    # left alone: flags already, unknown keys, attribute chains, files, prose, calls
-    ("--accelerator.fsdp.wrap_modules: expected a JSON list", "--accelerator.fsdp.wrap_modules: expected a JSON list"),
-    ("unknown key(s) accelerator.fsdp.wrap_modulez", "unknown key(s) accelerator.fsdp.wrap_modulez"),
-    ("cfg.accelerator.mixed_precision", "cfg.accelerator.mixed_precision"),
-    ("runs/accelerator.mixed_precision", "runs/accelerator.mixed_precision"),
-    ("the accelerator; choose device 'cpu'", "the accelerator; choose device 'cpu'"),
-    ("call parallelism.resolve(world_size)", "call parallelism.resolve(world_size)"),
-    ("saved --scheduler settings", "saved --scheduler settings"),
-    ("the parallelism settings", "the parallelism settings"),
-    ("accelerator.* / parallelism.bogus.* settings", "--accelerator.* / parallelism.bogus.* settings"),
-])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (
+            "parallelism.dp_replicate=2 parallelism.dp_shard=2: no",
+            "--parallelism.dp_replicate=2 --parallelism.dp_shard=2: no",
+        ),
+        ("with parallelism.* / accelerator.* instead.", "with --parallelism.* / --accelerator.* instead."),
+        (
+            "from accelerator.fsdp.mixed_precision_policy.*)",
+            "from --accelerator.fsdp.mixed_precision_policy.*)",
+        ),
+        ("device=tpu: not a torch device", "--policy.device=tpu: not a torch device"),
+        (
+            "by the parallelism.* / accelerator.* settings of",
+            "by the --parallelism.* / --accelerator.* flags of",
+        ),
+        # left alone: flags already, unknown keys, attribute chains, files, prose, calls
+        (
+            "--accelerator.fsdp.wrap_modules: expected a JSON list",
+            "--accelerator.fsdp.wrap_modules: expected a JSON list",
+        ),
+        ("unknown key(s) accelerator.fsdp.wrap_modulez", "unknown key(s) accelerator.fsdp.wrap_modulez"),
+        ("cfg.accelerator.mixed_precision", "cfg.accelerator.mixed_precision"),
+        ("runs/accelerator.mixed_precision", "runs/accelerator.mixed_precision"),
+        ("the accelerator; choose device 'cpu'", "the accelerator; choose device 'cpu'"),
+        ("call parallelism.resolve(world_size)", "call parallelism.resolve(world_size)"),
+        ("saved --scheduler settings", "saved --scheduler settings"),
+        ("the parallelism settings", "the parallelism settings"),
+        ("accelerator.* / parallelism.bogus.* settings", "--accelerator.* / parallelism.bogus.* settings"),
+    ],
+)
 def test_as_flags_rewrites_exactly_the_known_paths(text, shown):
     assert as_flags(text) == shown
     assert as_flags(shown) == shown  # idempotent: a message may pass two printers
 
 
-@pytest.mark.parametrize(("build", "printed"), [
-    (lambda: ParallelismConfig(dp_replicate=0), "--parallelism.dp_replicate must be ≥ 1, got 0"),
-    (lambda: FSDPConfig(wrap_modules=["A"], min_num_params=3),
-     "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are two ways"),
-    (lambda: AcceleratorConfig(mixed_precision="fp8"), "--accelerator.mixed_precision: invalid choice 'fp8'"),
-])
+@pytest.mark.parametrize(
+    ("build", "printed"),
+    [
+        (lambda: ParallelismConfig(dp_replicate=0), "--parallelism.dp_replicate must be ≥ 1, got 0"),
+        (
+            lambda: FSDPConfig(wrap_modules=["A"], min_num_params=3),
+            "--accelerator.fsdp.wrap_modules and --accelerator.fsdp.min_num_params are two ways",
+        ),
+        (
+            lambda: AcceleratorConfig(mixed_precision="fp8"),
+            "--accelerator.mixed_precision: invalid choice 'fp8'",
+        ),
+    ],
+)
 def test_library_errors_read_as_today_once_rendered(build, printed):
     with pytest.raises(ParallelismError) as err:
         build()
@@ -50,8 +73,10 @@ def test_library_errors_read_as_today_once_rendered(build, printed):
 
 def test_the_env_guard_reads_as_flags_once_rendered():
     refusal = as_flags(guard_message(check_accelerate_env("no", {"ACCELERATE_USE_FSDP": "true"})))
-    assert ("make the same choices with the --parallelism.* / --accelerator.* flags instead, "
-            "e.g. --parallelism.dp_shard=N, --accelerator.mixed_precision=bf16") in refusal
+    assert (
+        "make the same choices with the --parallelism.* / --accelerator.* flags instead, "
+        "e.g. --parallelism.dp_shard=N, --accelerator.mixed_precision=bf16"
+    ) in refusal
     allowed = check_accelerate_env("no", {"ACCELERATE_USE_FSDP": "true", ALLOW_ENV_VAR: "1"})
     warning = as_flags(guard_message(allowed))
     assert "overridden by the --parallelism.* / --accelerator.* flags of this run" in warning

@@ -1,7 +1,8 @@
 """A tokenizer directory that names its own Python code (``auto_map`` + a ``.py`` file) is refused with
 one sentence and never run, and transformers is always called with ``trust_remote_code=False``, so its
 "Do you wish to run the custom code? [y/N]" prompt cannot appear. The end-to-end rows (the flag, and a
-``--policy.path`` whose ``policy_preprocessor.json`` names such a directory) are in tests/data/bad_inputs.json."""
+``--policy.path`` whose ``policy_preprocessor.json`` names such a directory) are in
+tests/data/bad_inputs.json."""
 
 from __future__ import annotations
 
@@ -15,15 +16,24 @@ from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.custom_code import CustomCodeError, refuse_custom_code, tokenizers_named_in
 
-CODE = "from pathlib import Path\nPath(__file__).with_name('RAN').write_text('ran')\nclass CustomTokenizer: pass\n"
+CODE = (
+    "from pathlib import Path\n"
+    "Path(__file__).with_name('RAN').write_text('ran')\n"
+    "class CustomTokenizer: pass\n"
+)
 
 
-def custom_code_dir(root: Path, tiny_tokenizer_dir: Path | None = None, in_file: str = "tokenizer_config.json") -> Path:
+def custom_code_dir(
+    root: Path, tiny_tokenizer_dir: Path | None = None, in_file: str = "tokenizer_config.json"
+) -> Path:
     """A tokenizer directory whose ``auto_map`` names ``custom_tok.py``, which leaves ``RAN`` when run."""
     root.mkdir(parents=True, exist_ok=True)
     if tiny_tokenizer_dir is not None:  # a real tokenizer.json beside the custom code
         (root / "tokenizer.json").write_bytes((tiny_tokenizer_dir / "tokenizer.json").read_bytes())
-    config = {"tokenizer_class": "CustomTokenizer", "auto_map": {"AutoTokenizer": ["custom_tok.CustomTokenizer", None]}}
+    config = {
+        "tokenizer_class": "CustomTokenizer",
+        "auto_map": {"AutoTokenizer": ["custom_tok.CustomTokenizer", None]},
+    }
     (root / in_file).write_text(json.dumps(config))
     (root / "custom_tok.py").write_text(CODE)
     return root
@@ -35,8 +45,10 @@ def test_a_directory_with_an_auto_map_is_refused_by_name(tmp_path, in_file):
     with pytest.raises(CustomCodeError) as exc:
         refuse_custom_code(str(directory))
     message = exc.value.naming("--policy.tokenizer_name")
-    assert message.startswith(f"--policy.tokenizer_name={directory}: its {in_file} has an auto_map that names "
-                              "custom Python code (custom_tok.py)")
+    assert message.startswith(
+        f"--policy.tokenizer_name={directory}: its {in_file} has an auto_map that names "
+        "custom Python code (custom_tok.py)"
+    )
     assert "never runs code" in message and "\n" not in message
     assert not (directory / "RAN").exists()
 
@@ -93,14 +105,25 @@ def test_a_pretrained_pipeline_naming_it_is_refused_before_torch(tmp_path):
     directory = custom_code_dir(tmp_path / "tok")
     pretrained = tmp_path / "pretrained_model"
     pretrained.mkdir()
-    (pretrained / "config.json").write_text(json.dumps(configio.unstructure_policy_config(config_class("mlp")())))
-    pipeline = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "tokenizer_processor", "config": {"tokenizer_name": str(directory), "max_length": 8}}]}
+    (pretrained / "config.json").write_text(
+        json.dumps(configio.unstructure_policy_config(config_class("mlp")()))
+    )
+    pipeline = {
+        "name": "policy_preprocessor",
+        "steps": [
+            {"registry_name": "to_batch_processor", "config": {}},
+            {
+                "registry_name": "tokenizer_processor",
+                "config": {"tokenizer_name": str(directory), "max_length": 8},
+            },
+        ],
+    }
     (pretrained / "policy_preprocessor.json").write_text(json.dumps(pipeline))
     assert tokenizers_named_in(pretrained / "policy_preprocessor.json") == [str(directory)]
     cfg = _config("--dataset.repo_id=a/b", f"--policy.path={pretrained}")
     with pytest.raises(UsageError) as exc:
         check_runnable(cfg, None)
-    assert str(exc.value).startswith(f"{pretrained.resolve() / 'policy_preprocessor.json'}: tokenizer_name={directory}: "
-                                     "its tokenizer_config.json has an auto_map")
+    assert str(exc.value).startswith(
+        f"{pretrained.resolve() / 'policy_preprocessor.json'}: tokenizer_name={directory}: "
+        "its tokenizer_config.json has an auto_map"
+    )

@@ -1,4 +1,5 @@
-"""The reader on the shipped demo dataset (data/lerobot/demo_reach), as the README's training command sees it."""
+"""The reader on the shipped demo dataset (data/lerobot/demo_reach),
+as the README's training command sees it."""
 
 from __future__ import annotations
 

@@ -123,7 +123,9 @@ def test_corrupt_parquet_is_named(root: Path) -> None:
 def test_an_empty_episode_selection_is_refused() -> None:
     from lerobot_cli.datasets import DatasetConfig
 
-    with pytest.raises(ValueError, match=r"--dataset.episodes=\[\] selects no episode: give a non-empty JSON list"):
+    with pytest.raises(
+        ValueError, match=r"--dataset.episodes=\[\] selects no episode: give a non-empty JSON list"
+    ):
         DatasetConfig(repo_id="lerobot/demo_reach", episodes=[])
     assert "selects no episode" in _error(DEMO, episodes=[])  # the reader itself, called without the config
 
@@ -134,8 +136,9 @@ def _workload_error(root: Path) -> str:
     from lerobot_cli.policies.mlp.config import MLPConfig
     from lerobot_cli.workload import build_workload
 
-    cfg = TrainConfig(dataset=DatasetConfig(repo_id="lerobot/demo_reach", root=str(root)),
-                      policy=MLPConfig(hidden_dim=8))
+    cfg = TrainConfig(
+        dataset=DatasetConfig(repo_id="lerobot/demo_reach", root=str(root)), policy=MLPConfig(hidden_dim=8)
+    )
     with pytest.raises(DatasetError) as caught:
         build_workload(cfg, device="cpu")
     message = str(caught.value)
@@ -143,17 +146,22 @@ def _workload_error(root: Path) -> str:
     return message
 
 
-@pytest.mark.parametrize(("edit", "says", "supported"), [
-    (lambda stats: stats["observation.state"].pop("std"), "'observation.state' has no 'std'", "MIN_MAX"),
-    (lambda stats: stats.pop("action"), "no statistics for 'action'", "IDENTITY"),
-])
-def test_stats_missing_what_the_policy_normalizes_names_file_feature_and_key(root: Path, edit, says,
-                                                                             supported) -> None:
+@pytest.mark.parametrize(
+    ("edit", "says", "supported"),
+    [
+        (lambda stats: stats["observation.state"].pop("std"), "'observation.state' has no 'std'", "MIN_MAX"),
+        (lambda stats: stats.pop("action"), "no statistics for 'action'", "IDENTITY"),
+    ],
+)
+def test_stats_missing_what_the_policy_normalizes_names_file_feature_and_key(
+    root: Path, edit, says, supported
+) -> None:
     _edit_json(root / "meta/stats.json", edit)
     message = _workload_error(root)
     assert message.startswith(f"{root / 'meta/stats.json'}: {says}"), message
     kind = "STATE" if "state" in says else "ACTION"
     assert f"{kind} features are normalized with MEAN_STD, which needs mean and std" in message
     assert '--policy.normalization_mapping=\'{"VISUAL": "MEAN_STD", "STATE": ' in message
-    # The suggested mapping uses a mode the remaining statistics support (min/max are still there for the state).
+    # The suggested mapping uses a mode the remaining statistics support
+    # (min/max are still there for the state).
     assert f'"{kind}": "{supported}"' in message and "(modes these statistics support)" in message

@@ -24,17 +24,22 @@ def _episode(ep: int, length: int) -> EpisodeData:
     t = np.arange(length)
     return EpisodeData(
         task="solo" if ep == len(LENGTHS) - 1 else TASKS[ep % 3],
-        frames={"observation.state": np.stack([ep * 100 + t, -t], axis=1).astype(np.float32),
-                "action": np.stack([ep + t, t], axis=1).astype(np.float32)},
+        frames={
+            "observation.state": np.stack([ep * 100 + t, -t], axis=1).astype(np.float32),
+            "action": np.stack([ep + t, t], axis=1).astype(np.float32),
+        },
     )
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    features = {"observation.state": {"dtype": "float32", "shape": [2], "names": None},
-                "action": {"dtype": "float32", "shape": [2], "names": None}}
-    return write_dataset(tmp_path_factory.mktemp("split") / "ds", 10, features,
-                         (_episode(e, n) for e, n in enumerate(LENGTHS)))
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [2], "names": None},
+        "action": {"dtype": "float32", "shape": [2], "names": None},
+    }
+    return write_dataset(
+        tmp_path_factory.mktemp("split") / "ds", 10, features, (_episode(e, n) for e, n in enumerate(LENGTHS))
+    )
 
 
 def test_per_task_the_last_episodes_are_held_out(root):
@@ -43,7 +48,15 @@ def test_per_task_the_last_episodes_are_held_out(root):
     assert split.eval == (7, 8, 9, 10)
     assert split.train == (0, 1, 2, 3, 4, 5, 6)
     assert split.tasks == 4 and split.whole_tasks == ("solo",)
-    assert split_episodes(load_meta(root), 0.5).eval == (4, 5, 6, 7, 8, 9, 10)  # ceil(2.0), ceil(1.5) x2, solo
+    assert split_episodes(load_meta(root), 0.5).eval == (
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+    )  # ceil(2.0), ceil(1.5) x2, solo
 
 
 def test_it_splits_the_episodes_selection(root):
@@ -107,7 +120,7 @@ def test_drop_n_last_frames_never_starts_a_sample_at_an_episode_end(root):
     assert len(rows) == sum(n - 2 for n in LENGTHS)
     sampler = ShardedBatchSampler(len(rows), 3, seed=1)
     drawn = [r for batch in _one_epoch_exact(SubsetBatches(sampler, rows), len(rows), 3) for r in batch]
-    assert sorted(drawn[:len(rows)]) == sorted(rows.tolist())
+    assert sorted(drawn[: len(rows)]) == sorted(rows.tolist())
     for r in drawn:
         item = ds[r]
         assert int(item["frame_index"]) < LENGTHS[int(item["episode_index"])] - 2

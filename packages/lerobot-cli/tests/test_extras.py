@@ -38,19 +38,46 @@ def train_without(tmp_path: Path, blocked: set[str], *args: str) -> subprocess.C
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCKER.format(names=blocked))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([TRAIN, *DATA, f"--output_dir={tmp_path / 'run'}", *args], check=False, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [TRAIN, *DATA, f"--output_dir={tmp_path / 'run'}", *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize(("blocked", "flags", "line"), [
-    ("transformers", ["--policy.type=pi0"],
-     "--policy.type=pi0 needs lerobot-cli[pi] (transformers is not installed): pip install 'lerobot-cli[pi]'"),
-    ("transformers", ["--policy.type=pi05"],
-     "--policy.type=pi05 needs lerobot-cli[pi] (transformers is not installed): pip install 'lerobot-cli[pi]'"),
-    ("peft", ["--policy.type=mlp", "--peft.r=4"],
-     "--peft.* needs lerobot-cli[peft] (peft is not installed): pip install 'lerobot-cli[peft]'"),
-])
+@pytest.mark.parametrize(
+    ("blocked", "flags", "line"),
+    [
+        (
+            "transformers",
+            ["--policy.type=pi0"],
+            (
+                "--policy.type=pi0 needs lerobot-cli[pi] (transformers is not installed): "
+                "pip install 'lerobot-cli[pi]'"
+            ),
+        ),
+        (
+            "transformers",
+            ["--policy.type=pi05"],
+            (
+                "--policy.type=pi05 needs lerobot-cli[pi] (transformers is not installed): "
+                "pip install 'lerobot-cli[pi]'"
+            ),
+        ),
+        (
+            "peft",
+            ["--policy.type=mlp", "--peft.r=4"],
+            "--peft.* needs lerobot-cli[peft] (peft is not installed): pip install 'lerobot-cli[peft]'",
+        ),
+    ],
+)
 def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, flags, line):
     res = train_without(tmp_path, {blocked}, *flags)
     assert res.returncode == 2, res.stderr[-3000:]
@@ -64,11 +91,25 @@ def test_a_saved_peft_adapter_as_policy_path_needs_the_peft_extra(tmp_path):
     loads through peft: without it the run stops before any work, naming the extra (the adapter here is a
     real one, trained on a real base, so nothing else stands in the way)."""
     base = tmp_path / "base"
-    subprocess.run([TRAIN, *DATA, "--policy.type=mlp", f"--output_dir={base}"], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [TRAIN, *DATA, "--policy.type=mlp", f"--output_dir={base}"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     adapter = tmp_path / "lora"
-    subprocess.run([TRAIN, *DATA, f"--policy.path={base}/checkpoints/last/pretrained_model", "--peft.r=4",
-                    f"--output_dir={adapter}"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            TRAIN,
+            *DATA,
+            f"--policy.path={base}/checkpoints/last/pretrained_model",
+            "--peft.r=4",
+            f"--output_dir={adapter}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     saved = (adapter / "checkpoints/last/pretrained_model").resolve()
     assert (saved / "adapter_config.json").is_file()
 
@@ -76,8 +117,10 @@ def test_a_saved_peft_adapter_as_policy_path_needs_the_peft_extra(tmp_path):
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr[-3000:]
-    assert (f"--policy.path={saved} (a PEFT adapter) needs lerobot-cli[peft] (peft is not installed): "
-            "pip install 'lerobot-cli[peft]'") in lines[0], lines[0]
+    assert (
+        f"--policy.path={saved} (a PEFT adapter) needs lerobot-cli[peft] (peft is not installed): "
+        "pip install 'lerobot-cli[peft]'"
+    ) in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
 
 
@@ -86,27 +129,53 @@ def test_a_run_that_needs_no_extra_trains_without_them(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-def check_extra_without(tmp_path: Path, blocked: set[str], extra: str, needed_by: str) -> subprocess.CompletedProcess:
+def check_extra_without(
+    tmp_path: Path, blocked: set[str], extra: str, needed_by: str
+) -> subprocess.CompletedProcess:
     """``missing_extra_message(extra, needed_by)`` printed by a fresh interpreter that cannot see ``blocked``
     (for extras whose policy is not a ``--policy.type`` yet: the line the CLI check would stop with)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCKER.format(names=blocked))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    code = ("import sys; from lerobot_cli.extras import missing_extra_message as m; "
-            "print(m(sys.argv[1], sys.argv[2]))")
-    return subprocess.run([sys.executable, "-c", code, extra, needed_by], check=False, env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+    }
+    code = (
+        "import sys; from lerobot_cli.extras import missing_extra_message as m; "
+        "print(m(sys.argv[1], sys.argv[2]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, extra, needed_by],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 # FastWAM brings two packages: either one missing names the extra (and that package).
-@pytest.mark.parametrize(("blocked", "line"), [
-    ({"diffusers"}, ("--policy.type=fastwam needs lerobot-cli[fastwam] (diffusers is not installed): "
-                     "pip install 'lerobot-cli[fastwam]'")),
-    ({"transformers"}, ("--policy.type=fastwam needs lerobot-cli[fastwam] (transformers is not installed): "
-                        "pip install 'lerobot-cli[fastwam]'")),
-    (set(), "None"),
-])
+@pytest.mark.parametrize(
+    ("blocked", "line"),
+    [
+        (
+            {"diffusers"},
+            (
+                "--policy.type=fastwam needs lerobot-cli[fastwam] (diffusers is not installed): "
+                "pip install 'lerobot-cli[fastwam]'"
+            ),
+        ),
+        (
+            {"transformers"},
+            (
+                "--policy.type=fastwam needs lerobot-cli[fastwam] (transformers is not installed): "
+                "pip install 'lerobot-cli[fastwam]'"
+            ),
+        ),
+        (set(), "None"),
+    ],
+)
 def test_the_fastwam_extra_names_each_of_its_packages(tmp_path, blocked, line):
     res = check_extra_without(tmp_path, blocked, "fastwam", "--policy.type=fastwam")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -20,7 +20,13 @@ def params(device="cpu", dtype=torch.float32):
 def test_unset_keeps_torchs_choice_and_the_lerobot_defaults():
     cfg = OptimizerConfig()
     assert (cfg.fused, cfg.foreach) == (None, None)
-    assert (cfg.type, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay) == ("adamw", 1e-4, (0.9, 0.999), 1e-8, 0.0)
+    assert (cfg.type, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay) == (
+        "adamw",
+        1e-4,
+        (0.9, 0.999),
+        1e-8,
+        0.0,
+    )
     opt = build_optimizer(cfg, params())
     assert opt.defaults["fused"] is None and opt.defaults["foreach"] is None
 
@@ -43,7 +49,9 @@ def test_fused_on_a_device_without_kernels_is_one_sentence_naming_the_flag():
     assert message.startswith("--optimizer.fused=true needs floating-point parameters on a device with fused")
     assert "torch.float32 on meta" in message and "cuda" in message and message.count(". ") == 0
     with pytest.raises(UsageError, match="torch.int64 on cpu"):
-        build_optimizer(OptimizerConfig(type="adam", fused=True), [{"params": [torch.zeros(2, dtype=torch.int64)]}])
+        build_optimizer(
+            OptimizerConfig(type="adam", fused=True), [{"params": [torch.zeros(2, dtype=torch.int64)]}]
+        )
     build_optimizer(OptimizerConfig(fused=False), params(device="meta"))  # only true is checked
 
 

@@ -47,7 +47,8 @@ def test_peak_lr_scales_every_group_relative_to_its_own_lr():
 
 
 def test_diffuser_cosine_is_diffusers_get_scheduler_cosine():
-    """diffusers' get_cosine_schedule_with_warmup (num_cycles 0.5), written out: LeRobot's diffusion preset."""
+    """diffusers' get_cosine_schedule_with_warmup (num_cycles 0.5), written out:
+    LeRobot's diffusion preset."""
     warmup, total = 5, 20
 
     def diffusers(step):

@@ -1,4 +1,5 @@
-"""PEFT wrapping in one process: flags → LoraConfig, base dtype rules, adapter files, load back, plan names."""
+"""PEFT wrapping in one process: flags → LoraConfig, base dtype rules, adapter files, load back,
+plan names."""
 
 from __future__ import annotations
 
@@ -35,8 +36,12 @@ from safetensors.torch import save_file
 
 
 def _config() -> MLPConfig:
-    return MLPConfig(input_features={"observation.state": PolicyFeature("STATE", (4,))},
-                     output_features={"action": PolicyFeature("ACTION", (3,))}, hidden_dim=16, n_blocks=2)
+    return MLPConfig(
+        input_features={"observation.state": PolicyFeature("STATE", (4,))},
+        output_features={"action": PolicyFeature("ACTION", (3,))},
+        hidden_dim=16,
+        n_blocks=2,
+    )
 
 
 @pytest.fixture
@@ -55,24 +60,41 @@ def test_flags_become_a_lora_config():
     default = lora_config(PeftConfig(r=8), policy.config)
     assert default.r == 8 and default.lora_alpha == 8 and default.target_modules == r"blocks\.\d+\.linear"
     assert default.modules_to_save is None and default.init_lora_weights is True
-    explicit = lora_config(PeftConfig(r=4, lora_alpha=16, lora_dropout=0.1, target_modules=("linear", "input_proj"),
-                                      full_training_modules=("action_head",), init_type="gaussian"), policy.config)
+    explicit = lora_config(
+        PeftConfig(
+            r=4,
+            lora_alpha=16,
+            lora_dropout=0.1,
+            target_modules=("linear", "input_proj"),
+            full_training_modules=("action_head",),
+            init_type="gaussian",
+        ),
+        policy.config,
+    )
     assert explicit.lora_alpha == 16 and explicit.lora_dropout == 0.1
-    assert set(explicit.target_modules) == {"linear", "input_proj"} and explicit.modules_to_save == ["action_head"]
+    assert set(explicit.target_modules) == {"linear", "input_proj"} and explicit.modules_to_save == [
+        "action_head"
+    ]
     assert explicit.init_lora_weights == "gaussian"
     assert lora_config(PeftConfig(init_type="false"), policy.config).init_lora_weights is False
 
 
 def test_a_policy_without_default_targets_asks_for_the_flag():
-    with pytest.raises(PeftSetupError, match="--policy.type=diffusion declares no default LoRA targets: pass "
-                                             "--peft.target_modules"):
+    with pytest.raises(
+        PeftSetupError,
+        match="--policy.type=diffusion declares no default LoRA targets: pass --peft.target_modules",
+    ):
         default_target_modules(DiffusionConfig())
 
 
 def test_only_adapters_train_and_the_files_round_trip(base, tmp_path):
     _, policy = load_pretrained(base)
-    model = wrap_with_peft(policy.train(), PeftConfig(r=2, full_training_modules=("action_head",)), base_dir=base,
-                           mixed_precision="no")
+    model = wrap_with_peft(
+        policy.train(),
+        PeftConfig(r=2, full_training_modules=("action_head",)),
+        base_dir=base,
+        mixed_precision="no",
+    )
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_" in n or ".modules_to_save." in n for n in trainable)
     optimizer = torch.optim.AdamW([p for g in model.get_optim_params() for p in g["params"]], lr=0.05)
@@ -104,8 +126,12 @@ def test_a_bf16_base_keeps_its_dtype_under_mixed_precision_and_is_refused_withou
     assert stored_float_dtype(weights) == "bfloat16"
     with pytest.raises(PeftSetupError, match="--accelerator.mixed_precision=bf16"):
         wrap_with_peft(load_pretrained(base)[1], PeftConfig(r=2), base_dir=base, mixed_precision="no")
-    model = wrap_with_peft(load_pretrained(base)[1], PeftConfig(r=2, full_training_modules=("action_head",)),
-                           base_dir=base, mixed_precision="bf16")
+    model = wrap_with_peft(
+        load_pretrained(base)[1],
+        PeftConfig(r=2, full_training_modules=("action_head",)),
+        base_dir=base,
+        mixed_precision="bf16",
+    )
     dtypes = {p.requires_grad: set() for p in model.parameters()}
     for p in model.parameters():
         dtypes[p.requires_grad].add(p.dtype)
@@ -113,7 +139,9 @@ def test_a_bf16_base_keeps_its_dtype_under_mixed_precision_and_is_refused_withou
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, _ = model(_batch())
     loss.backward()
-    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+    assert all(
+        p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters() if p.requires_grad
+    )
 
 
 def test_base_reference_names_the_hub_repo_of_a_cached_snapshot(tmp_path):

@@ -31,8 +31,13 @@ def test_resnet18_feature_map_shape_and_torchvision_names():
     assert net.out_channels == 512
     assert net(torch.rand(1, 3, 64, 64)).shape == (1, 512, 2, 2)  # stride 32
     names = set(net.state_dict())
-    assert {"conv1.weight", "bn1.running_var", "layer4.1.conv2.weight", "layer2.0.downsample.0.weight",
-            "layer2.0.downsample.1.running_mean"} <= names
+    assert {
+        "conv1.weight",
+        "bn1.running_var",
+        "layer4.1.conv2.weight",
+        "layer2.0.downsample.0.weight",
+        "layer2.0.downsample.1.running_mean",
+    } <= names
     assert not any(n.startswith(("fc.", "avgpool")) for n in names)
 
 
@@ -46,8 +51,13 @@ def test_dilated_bottleneck_keeps_stride_16():
 def _torchvision_style_state(seed: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
     state = {k: torch.randn_like(v) for k, v in ResNetFeatureMap("resnet18").state_dict().items()}
-    state.update({"fc.weight": torch.randn(1000, 512), "fc.bias": torch.randn(1000),
-                  "bn1.num_batches_tracked": torch.tensor(7)})
+    state.update(
+        {
+            "fc.weight": torch.randn(1000, 512),
+            "fc.bias": torch.randn(1000),
+            "bn1.num_batches_tracked": torch.tensor(7),
+        }
+    )
     return state
 
 

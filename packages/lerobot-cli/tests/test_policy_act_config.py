@@ -13,11 +13,26 @@ from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 
 # LeRobot 0.6.1's ACTConfig defaults (pretrained_backbone_weights differs on purpose: we never download).
 LEROBOT_DEFAULTS = {
-    "n_obs_steps": 1, "chunk_size": 100, "n_action_steps": 100, "vision_backbone": "resnet18",
-    "replace_final_stride_with_dilation": False, "pre_norm": False, "dim_model": 512, "n_heads": 8,
-    "dim_feedforward": 3200, "feedforward_activation": "relu", "n_encoder_layers": 4, "n_decoder_layers": 1,
-    "use_vae": True, "latent_dim": 32, "n_vae_encoder_layers": 4, "temporal_ensemble_coeff": None,
-    "dropout": 0.1, "kl_weight": 10.0, "optimizer_lr": 1e-5, "optimizer_weight_decay": 1e-4,
+    "n_obs_steps": 1,
+    "chunk_size": 100,
+    "n_action_steps": 100,
+    "vision_backbone": "resnet18",
+    "replace_final_stride_with_dilation": False,
+    "pre_norm": False,
+    "dim_model": 512,
+    "n_heads": 8,
+    "dim_feedforward": 3200,
+    "feedforward_activation": "relu",
+    "n_encoder_layers": 4,
+    "n_decoder_layers": 1,
+    "use_vae": True,
+    "latent_dim": 32,
+    "n_vae_encoder_layers": 4,
+    "temporal_ensemble_coeff": None,
+    "dropout": 0.1,
+    "kl_weight": 10.0,
+    "optimizer_lr": 1e-5,
+    "optimizer_weight_decay": 1e-4,
     "optimizer_lr_backbone": 1e-5,
 }
 
@@ -27,16 +42,30 @@ def test_defaults_equal_lerobot_backbone_weights_included():
     assert {k: getattr(cfg, k) for k in LEROBOT_DEFAULTS} == LEROBOT_DEFAULTS
     assert cfg.pretrained_backbone_weights == "ResNet18_Weights.IMAGENET1K_V1"  # LeRobot's ImageNet default
     assert cfg.normalization_mapping == {
-        "VISUAL": NormalizationMode.MEAN_STD, "STATE": NormalizationMode.MEAN_STD,
+        "VISUAL": NormalizationMode.MEAN_STD,
+        "STATE": NormalizationMode.MEAN_STD,
         "ACTION": NormalizationMode.MEAN_STD,
     }
 
 
 def test_field_set_is_lerobot_base_plus_act_fields():
     # Extra fields would make LeRobot's draccus reject our config.json.
-    lerobot_base = {"n_obs_steps", "normalization_mapping", "input_features", "output_features", "device",
-                    "use_amp", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path", "pretrained_revision",
-                    "use_peft"}
+    lerobot_base = {
+        "n_obs_steps",
+        "normalization_mapping",
+        "input_features",
+        "output_features",
+        "device",
+        "use_amp",
+        "push_to_hub",
+        "repo_id",
+        "private",
+        "tags",
+        "license",
+        "pretrained_path",
+        "pretrained_revision",
+        "use_peft",
+    }
     names = {a.name for a in attrs.fields(ACTConfig)}
     assert names == lerobot_base | set(LEROBOT_DEFAULTS) | {"pretrained_backbone_weights"}
 
@@ -79,9 +108,14 @@ def test_invalid_values_name_the_flag(kwargs, flag):
 @pytest.mark.parametrize(
     ("kwargs", "neighbour"),
     [  # each accepted edge, and the step just past it that is refused
-        ({"temporal_ensemble_coeff": 0.01, "n_action_steps": 1}, {"temporal_ensemble_coeff": 0.01, "n_action_steps": 2}),
-        ({"vision_backbone": "resnet50", "replace_final_stride_with_dilation": True},
-         {"vision_backbone": "resnet18", "replace_final_stride_with_dilation": True}),
+        (
+            {"temporal_ensemble_coeff": 0.01, "n_action_steps": 1},
+            {"temporal_ensemble_coeff": 0.01, "n_action_steps": 2},
+        ),
+        (
+            {"vision_backbone": "resnet50", "replace_final_stride_with_dilation": True},
+            {"vision_backbone": "resnet18", "replace_final_stride_with_dilation": True},
+        ),
         ({"use_vae": False, "n_vae_encoder_layers": 0}, {"use_vae": True, "n_vae_encoder_layers": 0}),
         ({"n_action_steps": 100}, {"n_action_steps": 101}),
     ],
@@ -99,9 +133,13 @@ def test_validate_features_needs_camera_or_env_and_action():
     with pytest.raises(ValueError, match="camera"):
         ACTConfig(input_features=state, output_features=action).validate_features()
     with pytest.raises(ValueError, match="action"):
-        ACTConfig(input_features={"observation.environment_state": PolicyFeature("ENV", (3,))}).validate_features()
-    ACTConfig(input_features={**state, "observation.images.top": PolicyFeature("VISUAL", (3, 8, 8))},
-              output_features=action).validate_features()
+        ACTConfig(
+            input_features={"observation.environment_state": PolicyFeature("ENV", (3,))}
+        ).validate_features()
+    ACTConfig(
+        input_features={**state, "observation.images.top": PolicyFeature("VISUAL", (3, 8, 8))},
+        output_features=action,
+    ).validate_features()
 
 
 def test_config_modules_do_not_import_torch():

@@ -28,12 +28,22 @@ def _expected_keys() -> list[tuple[str, str]]:
 
 def test_state_dict_keys_and_shapes_equal_lerobot():
     cfg = ACTConfig(
-        input_features={"observation.state": PolicyFeature("STATE", (4,)),
-                        "observation.environment_state": PolicyFeature("ENV", (3,)),
-                        "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))},
+        input_features={
+            "observation.state": PolicyFeature("STATE", (4,)),
+            "observation.environment_state": PolicyFeature("ENV", (3,)),
+            "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32)),
+        },
         output_features={"action": PolicyFeature("ACTION", (2,))},
-        chunk_size=5, n_action_steps=5, dim_model=32, n_heads=4, dim_feedforward=64, n_encoder_layers=2,
-        n_decoder_layers=1, n_vae_encoder_layers=2, latent_dim=8, pretrained_backbone_weights=None,
+        chunk_size=5,
+        n_action_steps=5,
+        dim_model=32,
+        n_heads=4,
+        dim_feedforward=64,
+        n_encoder_layers=2,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=2,
+        latent_dim=8,
+        pretrained_backbone_weights=None,
     )
     ours = [(k, str(tuple(v.shape))) for k, v in ACTPolicy(cfg).state_dict().items()]
     expected = _expected_keys()

@@ -11,8 +11,18 @@ from lerobot_cli.policies.act.modeling import ACTPolicy
 from lerobot_cli.policies.features import PolicyFeature
 
 CHUNK, B = 5, 2
-SMALL = {"pretrained_backbone_weights": None, "chunk_size": CHUNK, "n_action_steps": CHUNK, "dim_model": 32, "n_heads": 4, "dim_feedforward": 64,
-         "n_encoder_layers": 2, "n_decoder_layers": 1, "n_vae_encoder_layers": 2, "latent_dim": 8}
+SMALL = {
+    "pretrained_backbone_weights": None,
+    "chunk_size": CHUNK,
+    "n_action_steps": CHUNK,
+    "dim_model": 32,
+    "n_heads": 4,
+    "dim_feedforward": 64,
+    "n_encoder_layers": 2,
+    "n_decoder_layers": 1,
+    "n_vae_encoder_layers": 2,
+    "latent_dim": 8,
+}
 CAM = (3, 32, 32)
 
 
@@ -24,14 +34,19 @@ def make_config(state=True, env=True, cameras=1, **overrides) -> ACTConfig:
         inputs["observation.environment_state"] = PolicyFeature("ENV", (3,))
     for i in range(cameras):
         inputs[f"observation.images.cam{i}"] = PolicyFeature("VISUAL", CAM)
-    return ACTConfig(input_features=inputs, output_features={"action": PolicyFeature("ACTION", (2,))},
-                     **{**SMALL, **overrides})
+    return ACTConfig(
+        input_features=inputs,
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+        **{**SMALL, **overrides},
+    )
 
 
 def make_batch(cfg: ACTConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    batch = {k: (torch.rand if f.type.value == "VISUAL" else torch.randn)((B, *f.shape), generator=g)
-             for k, f in cfg.input_features.items()}
+    batch = {
+        k: (torch.rand if f.type.value == "VISUAL" else torch.randn)((B, *f.shape), generator=g)
+        for k, f in cfg.input_features.items()
+    }
     batch["action"] = torch.randn(B, cfg.chunk_size, 2, generator=g)
     batch["action_is_pad"] = torch.zeros(B, cfg.chunk_size, dtype=torch.bool)
     batch["action_is_pad"][0, -2:] = True
@@ -87,17 +102,27 @@ def test_the_eval_loss_is_the_l1_alone_and_the_banner_says_so():
     assert set(info) == {"l1_loss"} and torch.equal(loss, info["l1_loss"])
 
     def banner(policy_cfg, eval_steps):
-        run = TrainConfig(dataset=DatasetConfig(repo_id="a/b", eval_split=0.1), policy=policy_cfg,
-                          eval_steps=eval_steps, job_name="j", output_dir="o")
+        run = TrainConfig(
+            dataset=DatasetConfig(repo_id="a/b", eval_split=0.1),
+            policy=policy_cfg,
+            eval_steps=eval_steps,
+            job_name="j",
+            output_dir="o",
+        )
         lines = banner_lines(run, ParallelRuntime.single("cpu"), policy, 10, 2)
         return [ln for ln in lines if ln.startswith("Eval loss")]
 
-    assert banner(cfg, 5) == [("Eval loss: eval/loss is the L1 action loss alone (= eval/l1_loss): the training loss "
-                               "adds kl_weight (10) x the KL of the VAE encoder, which runs in training only (eval "
-                               "mode predicts from a zero latent), so compare eval/loss with the training l1_loss, not "
-                               "with the training loss")]
+    assert banner(cfg, 5) == [
+        (
+            "Eval loss: eval/loss is the L1 action loss alone (= eval/l1_loss): the training loss "
+            "adds kl_weight (10) x the KL of the VAE encoder, which runs in training only (eval "
+            "mode predicts from a zero latent), so compare eval/loss with the training l1_loss, not "
+            "with the training loss"
+        )
+    ]
     assert banner(make_config(use_vae=False), 5) == [
-        "Eval loss: eval/loss is the training loss and its parts, computed in eval mode (no dropout)"]
+        "Eval loss: eval/loss is the training loss and its parts, computed in eval mode (no dropout)"
+    ]
     assert banner(cfg, 0) == []
 
 

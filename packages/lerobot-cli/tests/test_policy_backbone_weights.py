@@ -102,8 +102,10 @@ def test_offline_says_how_to_go_on(tmp_path, monkeypatch):
         bw.resolve_backbone_weights("ResNet18_Weights.IMAGENET1K_V1")
     message = str(err.value)
     assert "not in the torch hub cache" in message and "the download from http://127.0.0.1" in message
-    assert "pass --policy.pretrained_backbone_weights=null for a randomly initialised backbone, or the path of a " \
-           "local torchvision ResNet file" in message
+    assert (
+        "pass --policy.pretrained_backbone_weights=null for a randomly initialised backbone, "
+        "or the path of a local torchvision ResNet file" in message
+    )
     with pytest.raises(bw.BackboneWeightsUnavailable, match="does not download it"):
         bw.resolve_backbone_weights("ResNet18_Weights.IMAGENET1K_V1", download=False)
 

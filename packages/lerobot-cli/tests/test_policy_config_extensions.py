@@ -26,17 +26,35 @@ from lerobot_cli.policies.serialization import (
 
 LEROBOT = json.loads((Path(__file__).parent / "data" / "lerobot_config_fields.json").read_text())
 # The fields of ours that LeRobot's class of the same type lacks, pinned: a new one must be a decision.
-EXTENSIONS = {"act": (), "diffusion": (), "mlp": (), "pi0": ("tokenizer_name", "vision_variant"),
-              "pi05": ("tokenizer_name", "vision_variant")}
-FEATURES = {"input_features": {"observation.state": PolicyFeature("STATE", (6,)),
-                               "observation.wrist_rgb": PolicyFeature("VISUAL", (3, 56, 56)),
-                               "observation.top": PolicyFeature("VISUAL", (3, 56, 56))},
-            "output_features": {"action": PolicyFeature("ACTION", (6,))}}
-TINY_VLA = {"paligemma_variant": "gemma_tiny", "action_expert_variant": "gemma_tiny", "vision_variant": "tiny",
-            "image_resolution": (56, 56)}
+EXTENSIONS = {
+    "act": (),
+    "diffusion": (),
+    "mlp": (),
+    "pi0": ("tokenizer_name", "vision_variant"),
+    "pi05": ("tokenizer_name", "vision_variant"),
+}
+FEATURES = {
+    "input_features": {
+        "observation.state": PolicyFeature("STATE", (6,)),
+        "observation.wrist_rgb": PolicyFeature("VISUAL", (3, 56, 56)),
+        "observation.top": PolicyFeature("VISUAL", (3, 56, 56)),
+    },
+    "output_features": {"action": PolicyFeature("ACTION", (6,))},
+}
+TINY_VLA = {
+    "paligemma_variant": "gemma_tiny",
+    "action_expert_variant": "gemma_tiny",
+    "vision_variant": "tiny",
+    "image_resolution": (56, 56),
+}
 # Settings per policy, the ones that used to break LeRobot's parser first.
 SETTINGS = {
-    "pi0": [{"tokenizer_name": "/data/tokenizers/paligemma_local"}, TINY_VLA, {"tokenizer_name": "me/tok"}, {}],
+    "pi0": [
+        {"tokenizer_name": "/data/tokenizers/paligemma_local"},
+        TINY_VLA,
+        {"tokenizer_name": "me/tok"},
+        {},
+    ],
     "pi05": [{"tokenizer_name": "/data/tokenizers/paligemma_local"}, TINY_VLA, {}],
     "act": [{}, {"pre_norm": True, "use_vae": False, "pretrained_backbone_weights": None}],
     "diffusion": [{}, {"noise_scheduler_type": "DDIM", "resize_shape": (48, 48), "crop_ratio": 0.8}],
@@ -82,7 +100,9 @@ def test_config_json_holds_only_lerobots_fields_for_every_setting(tmp_path, poli
         assert extra == policy_config_extensions(cfg)
     # the cameras stay in the config's order, whatever their names
     assert [k for k, f in written["input_features"].items() if f["type"] == "VISUAL"] == [
-        "observation.wrist_rgb", "observation.top"]
+        "observation.wrist_rgb",
+        "observation.top",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_policy_config(tmp_path) == cfg
@@ -95,7 +115,9 @@ def _pi0(**setting):
 def test_a_checkpoint_without_the_sidecar_loads_with_those_fields_defaults(tmp_path):
     cfg = _pi0(tokenizer_name="/data/tokenizers/paligemma_local")
     save_policy_config(cfg, tmp_path)
-    (tmp_path / "config_extensions.json").unlink()  # LeRobot's own checkpoints, or a copy of config.json alone
+    (
+        tmp_path / "config_extensions.json"
+    ).unlink()  # LeRobot's own checkpoints, or a copy of config.json alone
     assert load_policy_config(tmp_path) == attrs.evolve(cfg, tokenizer_name="google/paligemma-3b-pt-224")
 
 
@@ -113,13 +135,23 @@ def _write(directory: Path, config: dict, sidecar: dict) -> None:
     (directory / "config_extensions.json").write_text(json.dumps(sidecar))
 
 
-@pytest.mark.parametrize(("config", "sidecar", "message"), [
-    ({"vision_variant": "so400m"}, {"type": "pi0", "vision_variant": "tiny"},
-     r"vision_variant is 'so400m' in .*config\.json but 'tiny' in .*config_extensions\.json"),
-    ({}, {"type": "pi05", "vision_variant": "tiny"}, r"is for policy type 'pi05' but .* is 'pi0'"),
-    ({}, {"vision_variant": "tiny"}, r"is for policy type None"),
-    ({}, {"type": "pi0", "chunk_size": 7}, r"chunk_size belongs in config\.json \(LeRobot's pi0 config has it\)"),
-])
+@pytest.mark.parametrize(
+    ("config", "sidecar", "message"),
+    [
+        (
+            {"vision_variant": "so400m"},
+            {"type": "pi0", "vision_variant": "tiny"},
+            r"vision_variant is 'so400m' in .*config\.json but 'tiny' in .*config_extensions\.json",
+        ),
+        ({}, {"type": "pi05", "vision_variant": "tiny"}, r"is for policy type 'pi05' but .* is 'pi0'"),
+        ({}, {"vision_variant": "tiny"}, r"is for policy type None"),
+        (
+            {},
+            {"type": "pi0", "chunk_size": 7},
+            r"chunk_size belongs in config\.json \(LeRobot's pi0 config has it\)",
+        ),
+    ],
+)
 def test_a_sidecar_that_disagrees_with_config_json_is_refused(tmp_path, config, sidecar, message):
     _write(tmp_path, {**policy_config_to_dict(_pi0()), **config}, sidecar)
     with pytest.raises(ValueError, match=message):
@@ -127,8 +159,12 @@ def test_a_sidecar_that_disagrees_with_config_json_is_refused(tmp_path, config, 
 
 
 def test_sidecar_keys_the_policy_does_not_define_are_ignored_with_a_warning(tmp_path):
-    _write(tmp_path, policy_config_to_dict(_pi0()), {"type": "pi0", "tokenizer_name": "me/tok", "future_knob": 1})
-    with pytest.warns(UnknownConfigKeysWarning, match="config_extensions.json: ignoring keys .*: future_knob"):
+    _write(
+        tmp_path, policy_config_to_dict(_pi0()), {"type": "pi0", "tokenizer_name": "me/tok", "future_knob": 1}
+    )
+    with pytest.warns(
+        UnknownConfigKeysWarning, match="config_extensions.json: ignoring keys .*: future_knob"
+    ):
         assert load_policy_config(tmp_path) == _pi0(tokenizer_name="me/tok")
 
 
@@ -151,16 +187,22 @@ def test_saving_a_policy_without_extensions_removes_a_stale_sidecar(tmp_path):
 
 def test_a_tiny_siglip_needs_the_tiny_gemma_so_lerobot_refuses_its_config_json():
     """vision_variant is not in config.json: with a full-size Gemma, LeRobot would read the file as a so400m
-    model (and its pi0 loader keeps random weights when ours do not fit). gemma_tiny makes LeRobot refuse it."""
-    with pytest.raises(ValueError, match=r"--policy.vision_variant=tiny needs --policy.paligemma_variant=gemma_tiny"):
+    model (and its pi0 loader keeps random weights when ours do not fit). gemma_tiny makes LeRobot refuse
+    it."""
+    with pytest.raises(
+        ValueError, match=r"--policy.vision_variant=tiny needs --policy.paligemma_variant=gemma_tiny"
+    ):
         _pi0(vision_variant="tiny", image_resolution=(56, 56))
     assert policy_config_to_dict(_pi0(**TINY_VLA))["paligemma_variant"] == "gemma_tiny"
 
 
-@pytest.mark.parametrize(("rtc", "message"), [
-    ({}, r"enabled=true \(LeRobot's default when the key is missing\)"),
-    ({"enabled": False, "horizon": 3}, r"--policy.rtc_config: unknown keys horizon"),
-])
+@pytest.mark.parametrize(
+    ("rtc", "message"),
+    [
+        ({}, r"enabled=true \(LeRobot's default when the key is missing\)"),
+        ({"enabled": False, "horizon": 3}, r"--policy.rtc_config: unknown keys horizon"),
+    ],
+)
 def test_rtc_config_means_to_us_what_it_means_to_lerobot(rtc, message):
     """LeRobot reads {} as RTCConfig(enabled=True) and refuses keys RTCConfig lacks."""
     with pytest.raises(ValueError, match=message):
@@ -169,8 +211,8 @@ def test_rtc_config_means_to_us_what_it_means_to_lerobot(rtc, message):
 
 
 def test_policy_path_reads_the_sidecar_and_flags_override_it(tmp_path):
-    """--policy.path takes our settings from config_extensions.json (train_config.json then records them), and a
-    sidecar key the policy lacks is one warning naming the file, as for config.json."""
+    """--policy.path takes our settings from config_extensions.json (train_config.json then records them), and
+    a sidecar key the policy lacks is one warning naming the file, as for config.json."""
     from lerobot_cli.cli.argv import split_argv
     from lerobot_cli.cli.build import build_train_config
 
@@ -178,9 +220,18 @@ def test_policy_path_reads_the_sidecar_and_flags_override_it(tmp_path):
     save_policy_config(_pi0(**TINY_VLA, tokenizer_name="/data/tok"), pretrained)
     extra = json.loads((pretrained / "config_extensions.json").read_text())
     (pretrained / "config_extensions.json").write_text(json.dumps({**extra, "future_knob": 1}))
-    result = build_train_config(split_argv(["--dataset.repo_id=a/b", f"--policy.path={tmp_path}",
-                                            "--policy.tokenizer_name=/other/tok"]).flags)
+    result = build_train_config(
+        split_argv(
+            ["--dataset.repo_id=a/b", f"--policy.path={tmp_path}", "--policy.tokenizer_name=/other/tok"]
+        ).flags
+    )
     policy = result.config.policy
-    assert (policy.vision_variant, policy.paligemma_variant, policy.tokenizer_name) == ("tiny", "gemma_tiny", "/other/tok")
-    assert any("config_extensions.json: ignoring keys the pi0 policy does not define: future_knob" in w
-               for w in result.warnings)
+    assert (policy.vision_variant, policy.paligemma_variant, policy.tokenizer_name) == (
+        "tiny",
+        "gemma_tiny",
+        "/other/tok",
+    )
+    assert any(
+        "config_extensions.json: ignoring keys the pi0 policy does not define: future_knob" in w
+        for w in result.warnings
+    )

@@ -15,8 +15,14 @@ from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.cli.errors import UsageError
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
-PI0 = ["--policy.type=pi0", "--policy.paligemma_variant=gemma_tiny", "--policy.action_expert_variant=gemma_tiny",
-       "--policy.vision_variant=tiny", "--policy.image_resolution=[56,56]", "--policy.tokenizer_name=x/y"]
+PI0 = [
+    "--policy.type=pi0",
+    "--policy.paligemma_variant=gemma_tiny",
+    "--policy.action_expert_variant=gemma_tiny",
+    "--policy.vision_variant=tiny",
+    "--policy.image_resolution=[56,56]",
+    "--policy.tokenizer_name=x/y",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +46,25 @@ def test_pi_without_a_camera_names_empty_cameras_before_torch(no_camera, kind):
     flags[2] = f"--policy.type={kind}"
     with pytest.raises(UsageError) as exc:
         check_runnable(config(*flags), None)
-    assert str(exc.value).startswith(f"{kind} needs a camera, but the dataset has none (no observation.images.*")
+    assert str(exc.value).startswith(
+        f"{kind} needs a camera, but the dataset has none (no observation.images.*"
+    )
     assert "pass --policy.empty_cameras=1" in str(exc.value) and "\n" not in str(exc.value)
     check_runnable(config(*flags, "--policy.empty_cameras=1"), None)  # the way out it names works
 
 
 def test_diffusion_crop_larger_than_the_images_before_torch():
-    flags = [f"--dataset.root={DEMO}", "--dataset.repo_id=a/b", "--policy.type=diffusion",
-             "--policy.pretrained_backbone_weights=null"]
-    with pytest.raises(UsageError, match=r"^--policy.crop_shape \[100, 90\] does not fit inside observation.images.top "
-                                         r"\(64x64\): give at most \[64, 64\], or null for no crop$"):
+    flags = [
+        f"--dataset.root={DEMO}",
+        "--dataset.repo_id=a/b",
+        "--policy.type=diffusion",
+        "--policy.pretrained_backbone_weights=null",
+    ]
+    with pytest.raises(
+        UsageError,
+        match=r"^--policy.crop_shape \[100, 90\] does not fit inside observation.images.top "
+        r"\(64x64\): give at most \[64, 64\], or null for no crop$",
+    ):
         check_runnable(config(*flags, "--policy.crop_shape=[100,90]"), None)
     check_runnable(config(*flags, "--policy.crop_shape=[60,60]"), None)
 

@@ -23,51 +23,138 @@ DEMO = "data/lerobot/demo_reach"
 
 # LeRobot 0.6.1's DiffusionConfig defaults (configuration_diffusion.py).
 LEROBOT_DEFAULTS = {
-    "n_obs_steps": 2, "horizon": 64, "n_action_steps": 32, "drop_n_last_frames": 7, "vision_backbone": "resnet18",
-    "resize_shape": None, "crop_ratio": 1.0, "crop_shape": None, "crop_is_random": True,
-    "pretrained_backbone_weights": "ResNet18_Weights.IMAGENET1K_V1", "use_group_norm": False,
-    "spatial_softmax_num_keypoints": 32, "use_separate_rgb_encoder_per_camera": True,
-    "down_dims": (512, 1024, 2048), "kernel_size": 5, "n_groups": 8, "diffusion_step_embed_dim": 128,
-    "use_film_scale_modulation": True, "gradient_checkpointing": False, "noise_scheduler_type": "DDPM",
-    "num_train_timesteps": 100, "beta_schedule": "squaredcos_cap_v2", "beta_start": 0.0001, "beta_end": 0.02,
-    "prediction_type": "epsilon", "clip_sample": True, "clip_sample_range": 1.0, "num_inference_steps": None,
-    "compile_model": False, "compile_mode": "reduce-overhead", "do_mask_loss_for_padding": False,
-    "optimizer_lr": 1e-4, "optimizer_betas": (0.95, 0.999), "optimizer_eps": 1e-8, "optimizer_weight_decay": 1e-6,
-    "scheduler_name": "cosine", "scheduler_warmup_steps": 500,
+    "n_obs_steps": 2,
+    "horizon": 64,
+    "n_action_steps": 32,
+    "drop_n_last_frames": 7,
+    "vision_backbone": "resnet18",
+    "resize_shape": None,
+    "crop_ratio": 1.0,
+    "crop_shape": None,
+    "crop_is_random": True,
+    "pretrained_backbone_weights": "ResNet18_Weights.IMAGENET1K_V1",
+    "use_group_norm": False,
+    "spatial_softmax_num_keypoints": 32,
+    "use_separate_rgb_encoder_per_camera": True,
+    "down_dims": (512, 1024, 2048),
+    "kernel_size": 5,
+    "n_groups": 8,
+    "diffusion_step_embed_dim": 128,
+    "use_film_scale_modulation": True,
+    "gradient_checkpointing": False,
+    "noise_scheduler_type": "DDPM",
+    "num_train_timesteps": 100,
+    "beta_schedule": "squaredcos_cap_v2",
+    "beta_start": 0.0001,
+    "beta_end": 0.02,
+    "prediction_type": "epsilon",
+    "clip_sample": True,
+    "clip_sample_range": 1.0,
+    "num_inference_steps": None,
+    "compile_model": False,
+    "compile_mode": "reduce-overhead",
+    "do_mask_loss_for_padding": False,
+    "optimizer_lr": 1e-4,
+    "optimizer_betas": (0.95, 0.999),
+    "optimizer_eps": 1e-8,
+    "optimizer_weight_decay": 1e-6,
+    "scheduler_name": "cosine",
+    "scheduler_warmup_steps": 500,
 }
 # The keys of the config.json LeRobot 0.6.1 writes for a DiffusionPolicy.
 LEROBOT_CONFIG_KEYS = [
-    "type", "n_obs_steps", "input_features", "output_features", "device", "use_amp", "use_peft", "push_to_hub",
-    "repo_id", "private", "tags", "license", "pretrained_path", "pretrained_revision", "horizon", "n_action_steps",
-    "normalization_mapping", "drop_n_last_frames", "vision_backbone", "resize_shape", "crop_ratio", "crop_shape",
-    "crop_is_random", "pretrained_backbone_weights", "use_group_norm", "spatial_softmax_num_keypoints",
-    "use_separate_rgb_encoder_per_camera", "down_dims", "kernel_size", "n_groups", "diffusion_step_embed_dim",
-    "use_film_scale_modulation", "gradient_checkpointing", "noise_scheduler_type", "num_train_timesteps",
-    "beta_schedule", "beta_start", "beta_end", "prediction_type", "clip_sample", "clip_sample_range",
-    "num_inference_steps", "compile_model", "compile_mode", "do_mask_loss_for_padding", "optimizer_lr",
-    "optimizer_betas", "optimizer_eps", "optimizer_weight_decay", "scheduler_name", "scheduler_warmup_steps",
+    "type",
+    "n_obs_steps",
+    "input_features",
+    "output_features",
+    "device",
+    "use_amp",
+    "use_peft",
+    "push_to_hub",
+    "repo_id",
+    "private",
+    "tags",
+    "license",
+    "pretrained_path",
+    "pretrained_revision",
+    "horizon",
+    "n_action_steps",
+    "normalization_mapping",
+    "drop_n_last_frames",
+    "vision_backbone",
+    "resize_shape",
+    "crop_ratio",
+    "crop_shape",
+    "crop_is_random",
+    "pretrained_backbone_weights",
+    "use_group_norm",
+    "spatial_softmax_num_keypoints",
+    "use_separate_rgb_encoder_per_camera",
+    "down_dims",
+    "kernel_size",
+    "n_groups",
+    "diffusion_step_embed_dim",
+    "use_film_scale_modulation",
+    "gradient_checkpointing",
+    "noise_scheduler_type",
+    "num_train_timesteps",
+    "beta_schedule",
+    "beta_start",
+    "beta_end",
+    "prediction_type",
+    "clip_sample",
+    "clip_sample_range",
+    "num_inference_steps",
+    "compile_model",
+    "compile_mode",
+    "do_mask_loss_for_padding",
+    "optimizer_lr",
+    "optimizer_betas",
+    "optimizer_eps",
+    "optimizer_weight_decay",
+    "scheduler_name",
+    "scheduler_warmup_steps",
 ]
 # LeRobot 0.6.1's full default DiffusionPolicy (state 2, one 3x96x96 camera, action 2; PushT's features),
 # measured in its environment: `diffusion_lerobot_interop.py lerobot-sizes`.
 LEROBOT_FULL_KEYS, LEROBOT_FULL_PARAMS = 273, 262_709_026
 
-FEATURES = {"observation.state": PolicyFeature("STATE", (4,)), "observation.environment_state": PolicyFeature("ENV", (3,)),
-            "observation.images.top": PolicyFeature("VISUAL", (3, 40, 48))}  # a 2x2 feature map
+FEATURES = {
+    "observation.state": PolicyFeature("STATE", (4,)),
+    "observation.environment_state": PolicyFeature("ENV", (3,)),
+    "observation.images.top": PolicyFeature("VISUAL", (3, 40, 48)),
+}  # a 2x2 feature map
 ACTION = {"action": PolicyFeature("ACTION", (2,))}
-TINY = {"down_dims": (16, 32), "horizon": 8, "n_action_steps": 4, "spatial_softmax_num_keypoints": 4,
-        "diffusion_step_embed_dim": 8, "num_train_timesteps": 10, "pretrained_backbone_weights": None}
+TINY = {
+    "down_dims": (16, 32),
+    "horizon": 8,
+    "n_action_steps": 4,
+    "spatial_softmax_num_keypoints": 4,
+    "diffusion_step_embed_dim": 8,
+    "num_train_timesteps": 10,
+    "pretrained_backbone_weights": None,
+}
 
 
 def tiny_config(**overrides) -> DiffusionConfig:
-    return DiffusionConfig(input_features=overrides.pop("input_features", FEATURES), output_features=ACTION,
-                           **{**TINY, **overrides})
+    return DiffusionConfig(
+        input_features=overrides.pop("input_features", FEATURES),
+        output_features=ACTION,
+        **{**TINY, **overrides},
+    )
 
 
 def tiny_batch(cfg: DiffusionConfig, b: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     s = cfg.n_obs_steps
-    batch = {key: (torch.rand((b, s, *f.shape), generator=g) if f.type == "VISUAL"
-                   else torch.randn((b, s, *f.shape), generator=g)) for key, f in cfg.input_features.items()}
+    batch = {
+        key: (
+            torch.rand((b, s, *f.shape), generator=g)
+            if f.type == "VISUAL"
+            else torch.randn((b, s, *f.shape), generator=g)
+        )
+        for key, f in cfg.input_features.items()
+    }
     batch["action"] = torch.randn((b, cfg.horizon, 2), generator=g)
     batch["action_is_pad"] = torch.zeros(b, cfg.horizon, dtype=torch.bool)
     return batch
@@ -79,10 +166,15 @@ def tiny_batch(cfg: DiffusionConfig, b: int = 3, seed: int = 0) -> dict[str, tor
 def test_defaults_and_field_set_equal_lerobot():
     cfg = DiffusionConfig()
     assert {k: getattr(cfg, k) for k in LEROBOT_DEFAULTS} == LEROBOT_DEFAULTS
-    assert cfg.normalization_mapping == {"VISUAL": NormalizationMode.MEAN_STD, "STATE": NormalizationMode.MIN_MAX,
-                                         "ACTION": NormalizationMode.MIN_MAX}
+    assert cfg.normalization_mapping == {
+        "VISUAL": NormalizationMode.MEAN_STD,
+        "STATE": NormalizationMode.MIN_MAX,
+        "ACTION": NormalizationMode.MIN_MAX,
+    }
     names = {a.name for a in attrs.fields(DiffusionConfig)}
-    assert names == set(LEROBOT_CONFIG_KEYS) - {"type"}  # an extra field would make LeRobot's parser refuse the file
+    assert names == set(LEROBOT_CONFIG_KEYS) - {
+        "type"
+    }  # an extra field would make LeRobot's parser refuse the file
 
 
 def test_config_json_has_lerobot_keys_and_round_trips():
@@ -90,7 +182,9 @@ def test_config_json_has_lerobot_keys_and_round_trips():
 
     cfg = tiny_config(resize_shape=(20, 24), crop_ratio=0.5)
     data = json.loads(json.dumps(policy_config_to_dict(cfg)))
-    assert data["type"] == "diffusion" and sorted(data) == sorted(LEROBOT_CONFIG_KEYS)  # (order is free in JSON)
+    assert data["type"] == "diffusion" and sorted(data) == sorted(
+        LEROBOT_CONFIG_KEYS
+    )  # (order is free in JSON)
     assert data["crop_shape"] == [10, 12] and data["down_dims"] == [16, 32]  # derived as LeRobot does
     assert policy_config_from_dict(data) == cfg
 
@@ -100,49 +194,85 @@ def test_registry_flags_presets_and_delta_indices():
     from lerobot_cli.cli.build import build_train_config
 
     assert config_class("diffusion") is DiffusionConfig
-    flags = split_argv(["--policy.type=diffusion", "--dataset.repo_id=lerobot/demo_reach", "--policy.down_dims=[16,32]",
-                        "--policy.horizon=8", "--policy.n_action_steps=4", "--policy.pretrained_backbone_weights=null",
-                        "--policy.crop_shape=[30,30]"]).flags
+    flags = split_argv(
+        [
+            "--policy.type=diffusion",
+            "--dataset.repo_id=lerobot/demo_reach",
+            "--policy.down_dims=[16,32]",
+            "--policy.horizon=8",
+            "--policy.n_action_steps=4",
+            "--policy.pretrained_backbone_weights=null",
+            "--policy.crop_shape=[30,30]",
+        ]
+    ).flags
     cfg = build_train_config(flags).config
-    assert (cfg.policy.down_dims, cfg.policy.crop_shape, cfg.policy.pretrained_backbone_weights) == ((16, 32), (30, 30), None)
-    assert (cfg.optimizer.type, cfg.optimizer.lr, cfg.optimizer.betas, cfg.optimizer.eps, cfg.optimizer.weight_decay,
-            cfg.optimizer.grad_clip_norm) == ("adam", 1e-4, (0.95, 0.999), 1e-8, 1e-6, 10.0)
+    assert (cfg.policy.down_dims, cfg.policy.crop_shape, cfg.policy.pretrained_backbone_weights) == (
+        (16, 32),
+        (30, 30),
+        None,
+    )
+    assert (
+        cfg.optimizer.type,
+        cfg.optimizer.lr,
+        cfg.optimizer.betas,
+        cfg.optimizer.eps,
+        cfg.optimizer.weight_decay,
+        cfg.optimizer.grad_clip_norm,
+    ) == ("adam", 1e-4, (0.95, 0.999), 1e-8, 1e-6, 10.0)
     assert (cfg.scheduler.type, cfg.scheduler.num_warmup_steps, cfg.scheduler.decay_lr) == (
-        "diffuser_cosine", 500, 0.0)
-    assert DiffusionConfig(scheduler_name="constant_with_warmup").scheduler_preset().type == "constant_with_warmup"
+        "diffuser_cosine",
+        500,
+        0.0,
+    )
+    assert (
+        DiffusionConfig(scheduler_name="constant_with_warmup").scheduler_preset().type
+        == "constant_with_warmup"
+    )
     d = DiffusionConfig(n_obs_steps=3, horizon=16, n_action_steps=8)
     assert d.observation_delta_indices == [-2, -1, 0]
     assert d.action_delta_indices == list(range(-2, 14))
     assert d.reward_delta_indices is None
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"vision_backbone": "vit_b"}, "--policy.vision_backbone: invalid choice 'vit_b'"),
-    ({"prediction_type": "v_prediction"}, "--policy.prediction_type: invalid choice"),
-    ({"noise_scheduler_type": "PNDM"}, "--policy.noise_scheduler_type: invalid choice"),
-    ({"beta_schedule": "sigmoid"}, "--policy.beta_schedule: invalid choice"),
-    ({"scheduler_name": "linear"}, "--policy.scheduler_name: invalid choice"),
-    ({"resize_shape": (0, 10)}, "--policy.resize_shape must be two positive integers"),
-    ({"crop_ratio": 0.0}, "--policy.crop_ratio must be in (0, 1]"),
-    ({"crop_shape": (0, 84)}, "--policy.crop_shape must be two positive integers"),
-    ({"horizon": 20}, "--policy.horizon (20) must be a multiple of 2**len(--policy.down_dims) = 8"),
-    ({"n_action_steps": 64}, "--policy.n_action_steps (64) must be ≤ horizon - n_obs_steps + 1 = 63"),
-    ({"use_group_norm": True}, "pass --policy.pretrained_backbone_weights=null"),
-    ({"down_dims": ()}, "--policy.down_dims must be a non-empty list"),
-    ({"down_dims": (12, 24, 48), "horizon": 8, "n_action_steps": 4}, "multiples of --policy.n_groups (8)"),
-    ({"down_dims": (4, 8), "n_groups": 4, "horizon": 8, "n_action_steps": 4}, "--policy.down_dims[0] must be a multiple of 8"),
-    ({"kernel_size": 4}, "--policy.kernel_size must be odd"),
-    ({"diffusion_step_embed_dim": 7}, "--policy.diffusion_step_embed_dim must be an even integer"),
-    ({"num_inference_steps": 101}, "--policy.num_inference_steps (101) must be ≤ --policy.num_train_timesteps (100)"),
-    ({"num_inference_steps": 0}, "--policy.num_inference_steps must be an integer ≥ 1"),
-    ({"drop_n_last_frames": -1}, "--policy.drop_n_last_frames must be an integer ≥ 0"),
-    ({"beta_end": 1.5}, "--policy.beta_end must be in (0, 1)"),
-    ({"clip_sample_range": 0.0}, "--policy.clip_sample_range must be > 0"),
-    ({"compile_model": True}, "--accelerator.compile.enabled=true"),
-    ({"optimizer_betas": (0.9,)}, "--policy.optimizer_betas must be two numbers"),
-    ({"n_obs_steps": 0}, "--policy.n_obs_steps must be ≥ 1"),
-    ({"horizon": 0}, "--policy.horizon must be an integer ≥ 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"vision_backbone": "vit_b"}, "--policy.vision_backbone: invalid choice 'vit_b'"),
+        ({"prediction_type": "v_prediction"}, "--policy.prediction_type: invalid choice"),
+        ({"noise_scheduler_type": "PNDM"}, "--policy.noise_scheduler_type: invalid choice"),
+        ({"beta_schedule": "sigmoid"}, "--policy.beta_schedule: invalid choice"),
+        ({"scheduler_name": "linear"}, "--policy.scheduler_name: invalid choice"),
+        ({"resize_shape": (0, 10)}, "--policy.resize_shape must be two positive integers"),
+        ({"crop_ratio": 0.0}, "--policy.crop_ratio must be in (0, 1]"),
+        ({"crop_shape": (0, 84)}, "--policy.crop_shape must be two positive integers"),
+        ({"horizon": 20}, "--policy.horizon (20) must be a multiple of 2**len(--policy.down_dims) = 8"),
+        ({"n_action_steps": 64}, "--policy.n_action_steps (64) must be ≤ horizon - n_obs_steps + 1 = 63"),
+        ({"use_group_norm": True}, "pass --policy.pretrained_backbone_weights=null"),
+        ({"down_dims": ()}, "--policy.down_dims must be a non-empty list"),
+        (
+            {"down_dims": (12, 24, 48), "horizon": 8, "n_action_steps": 4},
+            "multiples of --policy.n_groups (8)",
+        ),
+        (
+            {"down_dims": (4, 8), "n_groups": 4, "horizon": 8, "n_action_steps": 4},
+            "--policy.down_dims[0] must be a multiple of 8",
+        ),
+        ({"kernel_size": 4}, "--policy.kernel_size must be odd"),
+        ({"diffusion_step_embed_dim": 7}, "--policy.diffusion_step_embed_dim must be an even integer"),
+        (
+            {"num_inference_steps": 101},
+            "--policy.num_inference_steps (101) must be ≤ --policy.num_train_timesteps (100)",
+        ),
+        ({"num_inference_steps": 0}, "--policy.num_inference_steps must be an integer ≥ 1"),
+        ({"drop_n_last_frames": -1}, "--policy.drop_n_last_frames must be an integer ≥ 0"),
+        ({"beta_end": 1.5}, "--policy.beta_end must be in (0, 1)"),
+        ({"clip_sample_range": 0.0}, "--policy.clip_sample_range must be > 0"),
+        ({"compile_model": True}, "--accelerator.compile.enabled=true"),
+        ({"optimizer_betas": (0.9,)}, "--policy.optimizer_betas must be two numbers"),
+        ({"n_obs_steps": 0}, "--policy.n_obs_steps must be ≥ 1"),
+        ({"horizon": 0}, "--policy.horizon must be an integer ≥ 1"),
+    ],
+)
 def test_bad_values_name_the_flag_in_one_sentence(kwargs, needle):
     with pytest.raises(ValueError) as err:
         DiffusionConfig(**kwargs)
@@ -152,17 +282,27 @@ def test_bad_values_name_the_flag_in_one_sentence(kwargs, needle):
 
 def test_resize_derives_crop_shape_as_lerobot():
     assert DiffusionConfig(resize_shape=(96, 96), crop_ratio=0.9).crop_shape == (86, 86)
-    assert DiffusionConfig(resize_shape=(96, 96), crop_shape=(50, 50)).crop_shape is None  # ratio 1.0: no crop
+    assert (
+        DiffusionConfig(resize_shape=(96, 96), crop_shape=(50, 50)).crop_shape is None
+    )  # ratio 1.0: no crop
     assert DiffusionConfig(crop_shape=(84, 84)).crop_shape == (84, 84)  # legacy crop-only
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"input_features": {"observation.state": PolicyFeature("STATE", (4,))}}, "at least one camera"),
-    ({"input_features": {"observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))}}, "needs observation.state"),
-    ({"input_features": {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 32, 48))}},
-     "every camera at the same shape"),
-    ({"crop_shape": (50, 20)}, "does not fit inside observation.images.top (40x48)"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"input_features": {"observation.state": PolicyFeature("STATE", (4,))}}, "at least one camera"),
+        (
+            {"input_features": {"observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))}},
+            "needs observation.state",
+        ),
+        (
+            {"input_features": {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 32, 48))}},
+            "every camera at the same shape",
+        ),
+        ({"crop_shape": (50, 20)}, "does not fit inside observation.images.top (40x48)"),
+    ],
+)
 def test_feature_rules(kwargs, needle):
     with pytest.raises(ValueError, match=None) as err:
         tiny_config(**kwargs).validate_features()
@@ -170,8 +310,10 @@ def test_feature_rules(kwargs, needle):
 
 
 def test_config_import_stays_torch_free():
-    code = ("import sys; from lerobot_cli.policies import config_class; c = config_class('diffusion')(); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from lerobot_cli.policies import config_class; c = config_class('diffusion')(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -182,25 +324,43 @@ def test_config_import_stays_torch_free():
 def test_full_default_size_on_meta_equals_lerobot_counts():
     from lerobot_cli.policies.diffusion.modeling import DiffusionPolicy
 
-    cfg = DiffusionConfig(input_features={"observation.state": PolicyFeature("STATE", (2,)),
-                                          "observation.images.top": PolicyFeature("VISUAL", (3, 96, 96))},
-                          output_features={"action": PolicyFeature("ACTION", (2,))}, pretrained_backbone_weights=None)
+    cfg = DiffusionConfig(
+        input_features={
+            "observation.state": PolicyFeature("STATE", (2,)),
+            "observation.images.top": PolicyFeature("VISUAL", (3, 96, 96)),
+        },
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+        pretrained_backbone_weights=None,
+    )
     with torch.device("meta"):
         policy = DiffusionPolicy(cfg)
     sd = policy.state_dict()
     assert len(sd) == LEROBOT_FULL_KEYS
     assert sum(p.numel() for p in policy.parameters()) == LEROBOT_FULL_PARAMS
     # LeRobot's names: a Sequential trunk with torchvision's children, trainable BN with its counter
-    for key in ("diffusion.rgb_encoder.0.backbone.0.weight", "diffusion.rgb_encoder.0.backbone.1.running_var",
-                "diffusion.rgb_encoder.0.backbone.1.num_batches_tracked", "diffusion.rgb_encoder.0.backbone.7.1.conv2.weight",
-                "diffusion.rgb_encoder.0.backbone.5.0.downsample.1.weight", "diffusion.rgb_encoder.0.pool.pos_grid",
-                "diffusion.rgb_encoder.0.pool.nets.weight", "diffusion.rgb_encoder.0.out.weight",
-                "diffusion.unet.diffusion_step_encoder.1.weight", "diffusion.unet.down_modules.2.1.cond_encoder.1.weight",
-                "diffusion.unet.down_modules.0.2.weight", "diffusion.unet.mid_modules.1.conv2.block.1.bias",
-                "diffusion.unet.up_modules.1.0.residual_conv.weight", "diffusion.unet.up_modules.1.2.weight",
-                "diffusion.unet.final_conv.0.block.0.weight", "diffusion.unet.final_conv.1.bias"):
+    for key in (
+        "diffusion.rgb_encoder.0.backbone.0.weight",
+        "diffusion.rgb_encoder.0.backbone.1.running_var",
+        "diffusion.rgb_encoder.0.backbone.1.num_batches_tracked",
+        "diffusion.rgb_encoder.0.backbone.7.1.conv2.weight",
+        "diffusion.rgb_encoder.0.backbone.5.0.downsample.1.weight",
+        "diffusion.rgb_encoder.0.pool.pos_grid",
+        "diffusion.rgb_encoder.0.pool.nets.weight",
+        "diffusion.rgb_encoder.0.out.weight",
+        "diffusion.unet.diffusion_step_encoder.1.weight",
+        "diffusion.unet.down_modules.2.1.cond_encoder.1.weight",
+        "diffusion.unet.down_modules.0.2.weight",
+        "diffusion.unet.mid_modules.1.conv2.block.1.bias",
+        "diffusion.unet.up_modules.1.0.residual_conv.weight",
+        "diffusion.unet.up_modules.1.2.weight",
+        "diffusion.unet.final_conv.0.block.0.weight",
+        "diffusion.unet.final_conv.1.bias",
+    ):
         assert key in sd, key
-    assert tuple(sd["diffusion.unet.down_modules.2.1.cond_encoder.1.weight"].shape) == (4096, 128 + 2 * (2 + 64))
+    assert tuple(sd["diffusion.unet.down_modules.2.1.cond_encoder.1.weight"].shape) == (
+        4096,
+        128 + 2 * (2 + 64),
+    )
     assert tuple(sd["diffusion.rgb_encoder.0.pool.pos_grid"].shape) == (9, 2)  # 96 -> 3x3 feature map
 
 
@@ -208,9 +368,13 @@ def test_group_norm_and_shared_encoder_keys():
     from lerobot_cli.policies.diffusion.modeling import DiffusionPolicy
 
     two = {**FEATURES, "observation.images.side": PolicyFeature("VISUAL", (3, 40, 48))}
-    sd = DiffusionPolicy(tiny_config(input_features=two, use_group_norm=True,
-                                     use_separate_rgb_encoder_per_camera=False)).state_dict()
-    assert "diffusion.rgb_encoder.backbone.1.weight" in sd and "diffusion.rgb_encoder.backbone.1.running_mean" not in sd
+    sd = DiffusionPolicy(
+        tiny_config(input_features=two, use_group_norm=True, use_separate_rgb_encoder_per_camera=False)
+    ).state_dict()
+    assert (
+        "diffusion.rgb_encoder.backbone.1.weight" in sd
+        and "diffusion.rgb_encoder.backbone.1.running_mean" not in sd
+    )
     assert not any(".rgb_encoder.0." in k for k in sd)
 
 
@@ -220,14 +384,19 @@ def test_group_norm_and_shared_encoder_keys():
 def test_betas_and_timesteps_equal_diffusers():
     from lerobot_cli.policies.diffusion.schedulers import DDIMScheduler, DDPMScheduler
 
-    # diffusers 0.39's DDPMScheduler/DDIMScheduler values (see diffusion_lerobot_interop.py lerobot-schedulers)
+    # diffusers 0.39's DDPMScheduler/DDIMScheduler values
+    # (see diffusion_lerobot_interop.py lerobot-schedulers)
     ddpm = DDPMScheduler(num_train_timesteps=100, beta_schedule="squaredcos_cap_v2")
     got = [ddpm.alphas_cumprod[i].item() for i in (0, 10, 50, 99)]
-    assert got == pytest.approx([0.9993687272071838, 0.9667166471481323, 0.47826457023620605, 2.4285407107527135e-07],
-                                rel=1e-6, abs=1e-12)
+    assert got == pytest.approx(
+        [0.9993687272071838, 0.9667166471481323, 0.47826457023620605, 2.4285407107527135e-07],
+        rel=1e-6,
+        abs=1e-12,
+    )
     ddim = DDIMScheduler(num_train_timesteps=100, beta_schedule="linear")
     assert [ddim.alphas_cumprod[i].item() for i in (0, 50, 99)] == pytest.approx(
-        [0.9998999834060669, 0.7692912817001343, 0.3635632395744324], rel=1e-6)
+        [0.9998999834060669, 0.7692912817001343, 0.3635632395744324], rel=1e-6
+    )
     ddpm.set_timesteps(7)
     assert ddpm.timesteps.tolist() == [84, 70, 56, 42, 28, 14, 0]
 
@@ -315,7 +484,7 @@ def test_noise_follows_the_dataset_index_so_split_batches_draw_alike():
     cfg = tiny_config(use_group_norm=True)  # no batch statistics: samples are independent
     policy = DiffusionPolicy(cfg).eval()
     batch = {**tiny_batch(cfg, b=4), "index": torch.tensor([7, 3, 11, 5])}
-    halves = [{k: v[i:i + 2] for k, v in batch.items()} for i in (0, 2)]
+    halves = [{k: v[i : i + 2] for k, v in batch.items()} for i in (0, 2)]
     torch.manual_seed(5)
     whole, _ = policy(batch)
     parts = []
@@ -342,8 +511,11 @@ def test_sampling_shapes_queue_and_determinism():
     assert torch.equal(chunk, policy.predict_action_chunk(obs))
     noise = torch.randn(2, 8, 2)
     # the executed actions start at the current (last) observation: index n_obs_steps - 1 of the horizon
-    full = policy.diffusion.conditional_sample(2, policy.diffusion.global_conditioning(
-        policy._with_image_stack(obs, add_time=True)), noise=noise.clone())
+    full = policy.diffusion.conditional_sample(
+        2,
+        policy.diffusion.global_conditioning(policy._with_image_stack(obs, add_time=True)),
+        noise=noise.clone(),
+    )
     torch.testing.assert_close(policy.predict_action_chunk(obs, noise=noise.clone()), full[:, 1:5])
     # select_action: one chunk serves n_action_steps calls, then it replans
     policy.reset()
@@ -431,12 +603,18 @@ def test_backbone_loads_a_torchvision_state_dict(tmp_path):
 
     trunk, _ = resnet_trunk("resnet18", group_norm=False)
     names = {"0": "conv1", "1": "bn1", "4": "layer1", "5": "layer2", "6": "layer3", "7": "layer4"}
-    state = {f"{names[k.split('.')[0]]}.{k.partition('.')[2]}": torch.randn_like(v.float()) if v.is_floating_point()
-             else v for k, v in trunk.state_dict().items()}
+    state = {
+        f"{names[k.split('.')[0]]}.{k.partition('.')[2]}": torch.randn_like(v.float())
+        if v.is_floating_point()
+        else v
+        for k, v in trunk.state_dict().items()
+    }
     state["fc.weight"] = torch.zeros(1000, 512)
     torch.save(state, tmp_path / "r18.pth")
     policy = DiffusionPolicy(tiny_config(pretrained_backbone_weights=str(tmp_path / "r18.pth")))
-    torch.testing.assert_close(policy.diffusion.rgb_encoder[0].backbone[7][1].conv2.weight, state["layer4.1.conv2.weight"])
+    torch.testing.assert_close(
+        policy.diffusion.rgb_encoder[0].backbone[7][1].conv2.weight, state["layer4.1.conv2.weight"]
+    )
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -462,8 +640,12 @@ def test_dataset_delivers_observation_history_and_horizon_with_copy_padding():
 
     meta = load_meta(DEMO)
     cfg = DiffusionConfig(n_obs_steps=2, horizon=16, n_action_steps=8)
-    delta = resolve_delta_timestamps(meta.features, meta.fps, observation_delta_indices=cfg.observation_delta_indices,
-                                     action_delta_indices=cfg.action_delta_indices)
+    delta = resolve_delta_timestamps(
+        meta.features,
+        meta.fps,
+        observation_delta_indices=cfg.observation_delta_indices,
+        action_delta_indices=cfg.action_delta_indices,
+    )
     ds = LeRobotDataset(DEMO, episodes=[0], delta_timestamps=delta)
     first, last = ds[0], ds[len(ds) - 1]
     assert first["observation.state"].shape == (2, meta.features["observation.state"]["shape"][0])
@@ -476,4 +658,6 @@ def test_dataset_delivers_observation_history_and_horizon_with_copy_padding():
     assert first["action_is_pad"].tolist() == [True] + [False] * 15
     # episode end: actions past it repeat the last one
     assert last["action_is_pad"].tolist() == [False, False] + [True] * 14
-    assert torch.equal(last["action"][2], last["action"][-1]) and torch.equal(last["action"][1], last["action"][2])
+    assert torch.equal(last["action"][2], last["action"][-1]) and torch.equal(
+        last["action"][1], last["action"][2]
+    )

@@ -12,11 +12,14 @@ from lerobot_cli.policies.mlp.modeling import MLPBlock, MLPPolicy
 
 def _config(**overrides) -> MLPConfig:
     return MLPConfig(
-        input_features={"observation.state": PolicyFeature("STATE", (4,)),
-                        "observation.environment_state": PolicyFeature("ENV", (2,)),
-                        "observation.images.top": PolicyFeature("VISUAL", (3, 8, 8))},
+        input_features={
+            "observation.state": PolicyFeature("STATE", (4,)),
+            "observation.environment_state": PolicyFeature("ENV", (2,)),
+            "observation.images.top": PolicyFeature("VISUAL", (3, 8, 8)),
+        },
         output_features={"action": PolicyFeature("ACTION", (3,))},
-        hidden_dim=32, **overrides,
+        hidden_dim=32,
+        **overrides,
     )
 
 
@@ -24,8 +27,12 @@ def _task(n=64, seed=0):
     g = torch.Generator().manual_seed(seed)
     state, env = torch.randn(n, 4, generator=g), torch.randn(n, 2, generator=g)
     action = torch.stack([state[:, 0] + env[:, 1], state[:, 1] * 0.5, -state[:, 2]], dim=-1)
-    return {"observation.state": state, "observation.environment_state": env,
-            "observation.images.top": torch.rand(n, 3, 8, 8, generator=g), "action": action}
+    return {
+        "observation.state": state,
+        "observation.environment_state": env,
+        "observation.images.top": torch.rand(n, 3, 8, 8, generator=g),
+        "action": action,
+    }
 
 
 def test_loss_goes_down_on_a_tiny_task():
@@ -83,7 +90,9 @@ def test_protocol():
 
 
 def test_needs_a_state_input():
-    cfg = MLPConfig(input_features={"observation.images.top": PolicyFeature("VISUAL", (3, 8, 8))},
-                    output_features={"action": PolicyFeature("ACTION", (3,))})
+    cfg = MLPConfig(
+        input_features={"observation.images.top": PolicyFeature("VISUAL", (3, 8, 8))},
+        output_features={"action": PolicyFeature("ACTION", (3,))},
+    )
     with pytest.raises(ValueError, match="observation.state"):
         MLPPolicy(cfg)

@@ -18,12 +18,21 @@ from lerobot_cli.policies.serialization import (
 
 PREFIX = "model.paligemma_with_expert."
 FEATURES = {
-    "input_features": {"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
-                       "observation.state": PolicyFeature(FeatureType.STATE, (6,))},
+    "input_features": {
+        "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
+        "observation.state": PolicyFeature(FeatureType.STATE, (6,)),
+    },
     "output_features": {"action": PolicyFeature(FeatureType.ACTION, (6,))},
 }
-TINY = {"paligemma_variant": "gemma_tiny", "action_expert_variant": "gemma_tiny", "vision_variant": "tiny",
-        "image_resolution": (56, 56), "chunk_size": 4, "n_action_steps": 4, "tokenizer_max_length": 8}
+TINY = {
+    "paligemma_variant": "gemma_tiny",
+    "action_expert_variant": "gemma_tiny",
+    "vision_variant": "tiny",
+    "image_resolution": (56, 56),
+    "chunk_size": 4,
+    "n_action_steps": 4,
+    "tokenizer_max_length": 8,
+}
 
 
 def tiny(**overrides) -> PI0Config:
@@ -86,7 +95,10 @@ def test_full_size_bfloat16_keeps_lerobots_fp32_parts():
     with torch.device("meta"):
         policy = PI0Policy(PI0Config(**FEATURES, dtype="bfloat16"))
     dtypes = {n: p.dtype for n, p in policy.named_parameters()}
-    assert dtypes[PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"] == torch.float32
+    assert (
+        dtypes[PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"]
+        == torch.float32
+    )
     assert dtypes[PREFIX + "gemma_expert.model.layers.3.input_layernorm.weight"] == torch.float32
     assert dtypes[PREFIX + "paligemma.model.language_model.norm.weight"] == torch.float32
     assert dtypes[PREFIX + "paligemma.model.language_model.layers.3.mlp.up_proj.weight"] == torch.bfloat16
@@ -132,13 +144,16 @@ def test_cached_prefix_inference_equals_recomputing_the_whole_sequence():
         prefix, pads, starts = model.embed_prefix(images, image_masks, tokens, masks)
         from lerobot_cli.policies.pi0.flow import attention_mask_2d
 
-        _, cache = model.paligemma_with_expert.run([prefix, None], attention_mask_2d(pads, starts),
-                                                   torch.cumsum(pads, dim=1) - 1)
+        _, cache = model.paligemma_with_expert.run(
+            [prefix, None], attention_mask_2d(pads, starts), torch.cumsum(pads, dim=1) - 1
+        )
         cached = model.denoise_step(state, pads, cache, x_t, time)
         suffix, s_pads, s_starts, _ = model.embed_suffix(state, x_t, time)
         all_pads = torch.cat([pads, s_pads], dim=1)
         mask = attention_mask_2d(all_pads, torch.cat([starts.to(s_starts.dtype), s_starts], dim=1))
-        (_, out), _ = model.paligemma_with_expert.run([prefix, suffix], mask, torch.cumsum(all_pads, dim=1) - 1)
+        (_, out), _ = model.paligemma_with_expert.run(
+            [prefix, suffix], mask, torch.cumsum(all_pads, dim=1) - 1
+        )
         joint = model.action_out_proj(out[:, -4:])
     torch.testing.assert_close(cached, joint, rtol=1e-5, atol=1e-6)
 
@@ -151,9 +166,15 @@ def test_missing_camera_becomes_a_masked_minus_one_image():
     assert images[0].shape[-2:] == (56, 56) and images[0].min() >= -1.0 and images[0].max() <= 1.0
 
 
-UNREAD = ("lm_head.weight", "language_model.norm.weight", "language_model.layers.1.self_attn.o_proj.weight",
-          "language_model.layers.1.post_attention_layernorm.weight", "language_model.layers.1.mlp.gate_proj.weight",
-          "language_model.layers.1.mlp.up_proj.weight", "language_model.layers.1.mlp.down_proj.weight")
+UNREAD = (
+    "lm_head.weight",
+    "language_model.norm.weight",
+    "language_model.layers.1.self_attn.o_proj.weight",
+    "language_model.layers.1.post_attention_layernorm.weight",
+    "language_model.layers.1.mlp.gate_proj.weight",
+    "language_model.layers.1.mlp.up_proj.weight",
+    "language_model.layers.1.mlp.down_proj.weight",
+)
 
 
 def test_frozen_parts_take_no_gradient_and_unread_parameters_are_always_frozen():
@@ -163,7 +184,8 @@ def test_frozen_parts_take_no_gradient_and_unread_parameters_are_always_frozen()
     loss, _ = unfrozen(batch())
     loss.backward()
     assert {n for n, p in unfrozen.named_parameters() if not p.requires_grad} == {
-        n for n, _ in unfrozen.named_parameters() if n.endswith(UNREAD)}
+        n for n, _ in unfrozen.named_parameters() if n.endswith(UNREAD)
+    }
     policy = PI0Policy(tiny(freeze_vision_encoder=True))
     loss, _ = policy(batch())
     loss.backward()
@@ -188,18 +210,27 @@ def test_config_json_is_lerobots_when_only_lerobot_settings_are_used():
     assert policy_config_from_dict(json.loads(json.dumps({**ours, **extensions}))) == tiny()
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"paligemma_variant": "gemma_7b"}, r"--policy.paligemma_variant: invalid choice 'gemma_7b'"),
-    ({"image_resolution": (56, 42)}, r"--policy.image_resolution must be square"),
-    ({"image_resolution": (50, 50)}, r"multiple of the SigLIP patch size 14"),
-    # passed the modulo test, then divided by zero at step 1 (no patch to attend to)
-    ({"image_resolution": (0, 0)}, r"must be \[N, N\] with N a positive multiple of the SigLIP patch size 14"),
-    ({"image_resolution": (-14, -14)}, r"positive multiple of the SigLIP patch size 14 \(e.g. \[224, 224\]\)"),
-    ({"n_action_steps": 9}, r"n_action_steps \(9\) cannot be greater than --policy.chunk_size \(4\)"),
-    ({"use_relative_actions": True}, r"use_relative_actions=true is not supported here"),
-    ({"compile_model": True}, r"compile_model=true is not supported here"),
-    ({"dtype": "float16"}, r"--policy.dtype: invalid choice 'float16'"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"paligemma_variant": "gemma_7b"}, r"--policy.paligemma_variant: invalid choice 'gemma_7b'"),
+        ({"image_resolution": (56, 42)}, r"--policy.image_resolution must be square"),
+        ({"image_resolution": (50, 50)}, r"multiple of the SigLIP patch size 14"),
+        # passed the modulo test, then divided by zero at step 1 (no patch to attend to)
+        (
+            {"image_resolution": (0, 0)},
+            r"must be \[N, N\] with N a positive multiple of the SigLIP patch size 14",
+        ),
+        (
+            {"image_resolution": (-14, -14)},
+            r"positive multiple of the SigLIP patch size 14 \(e.g. \[224, 224\]\)",
+        ),
+        ({"n_action_steps": 9}, r"n_action_steps \(9\) cannot be greater than --policy.chunk_size \(4\)"),
+        ({"use_relative_actions": True}, r"use_relative_actions=true is not supported here"),
+        ({"compile_model": True}, r"compile_model=true is not supported here"),
+        ({"dtype": "float16"}, r"--policy.dtype: invalid choice 'float16'"),
+    ],
+)
 def test_config_refusals(overrides, message):
     with pytest.raises(ValueError, match=message):
         tiny(**overrides)
@@ -219,7 +250,10 @@ def test_bfloat16_bases_train_with_fp32_vision_and_norms():
     loss.backward()
     grads = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
     assert grads[PREFIX + "gemma_expert.model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
-    assert grads[PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"].dtype == torch.float32
+    assert (
+        grads[PREFIX + "paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"].dtype
+        == torch.float32
+    )
     chunk = policy.predict_action_chunk(batch(), noise=torch.randn(3, 4, 32))
     assert chunk.dtype == torch.float32 and torch.isfinite(chunk).all()
 
@@ -239,7 +273,9 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
 
     deep = attrs.evolve(variants.GEMMA_VARIANTS["gemma_tiny"], depth=6)
     monkeypatch.setitem(variants.GEMMA_VARIANTS, "gemma_tiny", deep)
-    monkeypatch.setitem(variants.VISION_VARIANTS, "tiny", attrs.evolve(variants.VISION_VARIANTS["tiny"], depth=6))
+    monkeypatch.setitem(
+        variants.VISION_VARIANTS, "tiny", attrs.evolve(variants.VISION_VARIANTS["tiny"], depth=6)
+    )
     b, noise, time = batch(), torch.randn(3, 4, 32), torch.full((3,), 0.4)
     runtime = ParallelRuntime.preview(ParallelismConfig())
     grads, saved = [], []
@@ -258,7 +294,9 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
         grads.append({n: p.grad for n, p in policy.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
     for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=0, atol=0, msg=name)  # bitwise: the same ops recomputed
+        torch.testing.assert_close(
+            grads[1][name], g, rtol=0, atol=0, msg=name
+        )  # bitwise: the same ops recomputed
     assert len(policy.model.paligemma_with_expert.expert_model.layers) == 6
     # measured: full keeps 8 % of the bytes, selective 42 %
     assert saved[1] <= 0.5 * saved[0], saved
@@ -266,7 +304,8 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
 
 def test_openpi_layout_files_load_like_lerobot_loads_them(tmp_path):
     """A converted openpi file: no ``model.`` prefix, older time-MLP names, no token embedding (tied to
-    lm_head there), a SigLIP without the vision_model level. LeRobot's from_pretrained accepts it; so do we."""
+    lm_head there), a SigLIP without the vision_model level. LeRobot's from_pretrained accepts it; so do
+    we."""
     from lerobot_cli.policies.registry import state_dict_adapter
     from lerobot_cli.policies.weights import load_weights
     from safetensors.torch import save_file
@@ -277,7 +316,9 @@ def test_openpi_layout_files_load_like_lerobot_loads_them(tmp_path):
     head = "paligemma_with_expert.paligemma.lm_head.weight"
     openpi = {}
     for key, value in source.state_dict().items():
-        key = key.removeprefix("model.").replace("action_time_mlp_", "time_mlp_").replace(".vision_model.", ".")
+        key = (
+            key.removeprefix("model.").replace("action_time_mlp_", "time_mlp_").replace(".vision_model.", ".")
+        )
         if key != embed:
             openpi[key] = value.clone()
     openpi[head] = source.state_dict()["model." + embed].clone()
@@ -298,8 +339,10 @@ def test_a_pretrained_directory_in_openpis_layout_loads_through_the_spec(tmp_pat
 
     torch.manual_seed(0)
     source = PI0Policy(tiny())
-    state = {k.removeprefix("model.").replace("action_time_mlp_", "time_mlp_"): v.clone()
-             for k, v in source.state_dict().items()}
+    state = {
+        k.removeprefix("model.").replace("action_time_mlp_", "time_mlp_"): v.clone()
+        for k, v in source.state_dict().items()
+    }
     save_file(state, str(tmp_path / "model.safetensors"))
     save_policy_config(source.config, tmp_path)
     _, loaded = load_policy(tmp_path)
@@ -315,7 +358,10 @@ def test_pi05_drops_pi0s_state_proj_and_renames_the_time_mlp_as_lerobot_does(tmp
 
     config = PI05Config(**{**TINY, **FEATURES})
     source = PI05Policy(config)
-    state = {k.replace("model.time_mlp_", "model.action_time_mlp_"): v.clone() for k, v in source.state_dict().items()}
+    state = {
+        k.replace("model.time_mlp_", "model.action_time_mlp_"): v.clone()
+        for k, v in source.state_dict().items()
+    }
     state["model.state_proj.weight"] = torch.zeros(32, 32)
     save_file(state, str(tmp_path / "model.safetensors"))
     target = PI05Policy(config)
@@ -334,6 +380,8 @@ def test_size_based_units_never_pick_modules_whose_forward_is_not_called():
     plan = build_plan(policy, fsdp2, AcceleratorConfig(fsdp=FSDPConfig(min_num_params=2000)))
     classes = {c for u in plan.units for c in u.class_name.split("+")}
     assert not classes & set(PI0Policy._fsdp_no_forward_modules), classes
-    assert all(u.members for u in plan.units if "PaliGemmaLayer" in u.class_name or "ExpertLayer" in u.class_name)
+    assert all(
+        u.members for u in plan.units if "PaliGemmaLayer" in u.class_name or "ExpertLayer" in u.class_name
+    )
     with pytest.raises(ShardingError, match="GemmaModel never runs its forward"):
         build_plan(policy, fsdp2, AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("GemmaModel",))))

@@ -25,21 +25,65 @@ from lerobot_cli.policies.serialization import (
 _spec = importlib.util.spec_from_file_location("_pi0_cases", Path(__file__).with_name("test_policy_pi0.py"))
 pi0_cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pi0_cases)
-PREFIX, FEATURES, TINY, UNREAD, batch = (pi0_cases.PREFIX, pi0_cases.FEATURES, pi0_cases.TINY, pi0_cases.UNREAD,
-                                         pi0_cases.batch)
+PREFIX, FEATURES, TINY, UNREAD, batch = (
+    pi0_cases.PREFIX,
+    pi0_cases.FEATURES,
+    pi0_cases.TINY,
+    pi0_cases.UNREAD,
+    pi0_cases.batch,
+)
 EXPERT = PREFIX + "gemma_expert.model."
 
 # LeRobot 0.6.1's PI05Config fields (dataclasses.fields, PreTrainedConfig's included), in its order.
 LEROBOT_PI05_FIELDS = (
-    "n_obs_steps", "input_features", "output_features", "device", "use_amp", "use_peft", "push_to_hub", "repo_id",
-    "private", "tags", "license", "pretrained_path", "pretrained_revision", "paligemma_variant",
-    "action_expert_variant", "dtype", "chunk_size", "n_action_steps", "max_state_dim", "max_action_dim",
-    "num_inference_steps", "time_sampling_beta_alpha", "time_sampling_beta_beta", "time_sampling_scale",
-    "time_sampling_offset", "min_period", "max_period", "use_relative_actions", "relative_exclude_joints",
-    "action_feature_names", "rtc_config", "image_resolution", "empty_cameras", "tokenizer_max_length",
-    "normalization_mapping", "gradient_checkpointing", "compile_model", "compile_mode", "freeze_vision_encoder",
-    "train_expert_only", "optimizer_lr", "optimizer_betas", "optimizer_eps", "optimizer_weight_decay",
-    "optimizer_grad_clip_norm", "scheduler_warmup_steps", "scheduler_decay_steps", "scheduler_decay_lr",
+    "n_obs_steps",
+    "input_features",
+    "output_features",
+    "device",
+    "use_amp",
+    "use_peft",
+    "push_to_hub",
+    "repo_id",
+    "private",
+    "tags",
+    "license",
+    "pretrained_path",
+    "pretrained_revision",
+    "paligemma_variant",
+    "action_expert_variant",
+    "dtype",
+    "chunk_size",
+    "n_action_steps",
+    "max_state_dim",
+    "max_action_dim",
+    "num_inference_steps",
+    "time_sampling_beta_alpha",
+    "time_sampling_beta_beta",
+    "time_sampling_scale",
+    "time_sampling_offset",
+    "min_period",
+    "max_period",
+    "use_relative_actions",
+    "relative_exclude_joints",
+    "action_feature_names",
+    "rtc_config",
+    "image_resolution",
+    "empty_cameras",
+    "tokenizer_max_length",
+    "normalization_mapping",
+    "gradient_checkpointing",
+    "compile_model",
+    "compile_mode",
+    "freeze_vision_encoder",
+    "train_expert_only",
+    "optimizer_lr",
+    "optimizer_betas",
+    "optimizer_eps",
+    "optimizer_weight_decay",
+    "optimizer_grad_clip_norm",
+    "scheduler_warmup_steps",
+    "scheduler_decay_steps",
+    "scheduler_decay_lr",
 )
 
 
@@ -64,7 +108,9 @@ def test_full_size_has_lerobot_keys_shapes_and_count(full_size):
         EXPERT + "layers.17.post_attention_layernorm.dense.bias": (3072,),
         EXPERT + "norm.dense.weight": (3072, 1024),
         EXPERT + "norm.dense.bias": (3072,),
-        PREFIX + "paligemma.model.language_model.layers.3.input_layernorm.weight": (2048,),  # the VLM's stay plain
+        PREFIX + "paligemma.model.language_model.layers.3.input_layernorm.weight": (
+            2048,
+        ),  # the VLM's stay plain
         PREFIX + "paligemma.model.language_model.norm.weight": (2048,),
         "model.time_mlp_in.weight": (1024, 1024),
         "model.time_mlp_out.bias": (1024,),
@@ -173,14 +219,16 @@ def test_cached_prefix_inference_equals_recomputing_the_whole_sequence():
     x_t, time = torch.randn(3, 4, 32), torch.full((3,), 0.3)
     with torch.no_grad():
         prefix, pads, starts = model.embed_prefix(images, image_masks, tokens, masks)
-        _, cache = model.paligemma_with_expert.run([prefix, None], attention_mask_2d(pads, starts),
-                                                   torch.cumsum(pads, dim=1) - 1)
+        _, cache = model.paligemma_with_expert.run(
+            [prefix, None], attention_mask_2d(pads, starts), torch.cumsum(pads, dim=1) - 1
+        )
         cached = model.denoise_step(None, pads, cache, x_t, time)
         suffix, s_pads, s_starts, cond = model.embed_suffix(None, x_t, time)
         all_pads = torch.cat([pads, s_pads], dim=1)
         mask = attention_mask_2d(all_pads, torch.cat([starts.to(s_starts.dtype), s_starts], dim=1))
-        (_, out), _ = model.paligemma_with_expert.run([prefix, suffix], mask, torch.cumsum(all_pads, dim=1) - 1,
-                                                      (None, cond))
+        (_, out), _ = model.paligemma_with_expert.run(
+            [prefix, suffix], mask, torch.cumsum(all_pads, dim=1) - 1, (None, cond)
+        )
         joint = model.action_out_proj(out[:, -4:])
     torch.testing.assert_close(cached, joint, rtol=1e-5, atol=1e-6)
 
@@ -200,8 +248,10 @@ def test_frozen_parts_take_no_gradient_and_unread_parameters_are_always_frozen()
     no_grad = {n for n, p in everything.named_parameters() if p.grad is None}
     assert no_grad == {n for n, _ in everything.named_parameters() if n.endswith(UNREAD)}
     zero = {n for n, p in everything.named_parameters() if p.grad is not None and not p.grad.any()}
-    assert zero == {PREFIX + "paligemma.model.language_model.layers.1.self_attn.q_proj.weight",
-                    *(f"model.time_mlp_{io}.{p}" for io in ("in", "out") for p in ("weight", "bias"))}
+    assert zero == {
+        PREFIX + "paligemma.model.language_model.layers.1.self_attn.q_proj.weight",
+        *(f"model.time_mlp_{io}.{p}" for io in ("in", "out") for p in ("weight", "bias")),
+    }
 
     unfrozen = PI05Policy(tiny())
     assert {n for n, p in unfrozen.named_parameters() if not p.requires_grad} == no_grad
@@ -223,15 +273,23 @@ def test_default_lora_targets_are_lerobots():
     from peft import LoraConfig, get_peft_model
 
     # LeRobot 0.6.1's PI05Policy._get_default_peft_targets, verbatim (it kept pi0's names).
-    lerobot = (r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
-               r"action_time_mlp_in|action_time_mlp_out))")
+    lerobot = (
+        r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    )
     policy = PI05Policy(tiny())
     assert default_target_modules(policy.config) == lerobot
     model = get_peft_model(policy, LoraConfig(r=2, target_modules=lerobot))
-    adapted = {n.removesuffix(".lora_A.default.weight").removeprefix("base_model.model.")
-               for n, _ in model.named_parameters() if n.endswith(".lora_A.default.weight")}
-    assert adapted == {"model.action_in_proj", "model.action_out_proj",
-                       *(f"{EXPERT}layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in ("q", "v"))}
+    adapted = {
+        n.removesuffix(".lora_A.default.weight").removeprefix("base_model.model.")
+        for n, _ in model.named_parameters()
+        if n.endswith(".lora_A.default.weight")
+    }
+    assert adapted == {
+        "model.action_in_proj",
+        "model.action_out_proj",
+        *(f"{EXPERT}layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in ("q", "v")),
+    }
 
 
 def test_config_json_is_lerobots_when_only_lerobot_settings_are_used():
@@ -240,7 +298,11 @@ def test_config_json_is_lerobots_when_only_lerobot_settings_are_used():
     assert set(data) - {"type"} <= set(LEROBOT_PI05_FIELDS)
     assert set(LEROBOT_PI05_FIELDS) == set(data) - {"type"}
     assert data["tokenizer_max_length"] == 200 and data["paligemma_variant"] == "gemma_2b"
-    assert data["normalization_mapping"] == {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}
+    assert data["normalization_mapping"] == {
+        "VISUAL": "IDENTITY",
+        "STATE": "QUANTILES",
+        "ACTION": "QUANTILES",
+    }
     # Everything else is pi0's default (LeRobot's PI05Config differs from its PI0Config in those two only).
     pi0 = policy_config_to_dict(PI0Config(**FEATURES))
     assert {k for k in data if data[k] != pi0[k]} == {"type", "tokenizer_max_length", "normalization_mapping"}
@@ -256,9 +318,14 @@ def test_registered_with_pi05s_processors():
     assert type(config) is PI05Config and registry.policy_class(config) is PI05Policy
     from lerobot_cli.processors.factory import make_pre_post_processors
 
-    stats = {k: {s: torch.zeros(6) if s.startswith("q0") else torch.ones(6) for s in ("q01", "q99")}
-             for k in ("observation.state", "action")}
+    stats = {
+        k: {s: torch.zeros(6) if s.startswith("q0") else torch.ones(6) for s in ("q01", "q99")}
+        for k in ("observation.state", "action")
+    }
     pre, _ = make_pre_post_processors(config, stats)
     names = [type(step).registry_name for step in pre.steps]
-    assert names.index("normalizer_processor") < names.index("pi05_prepare_state_tokenizer_processor_step") \
+    assert (
+        names.index("normalizer_processor")
+        < names.index("pi05_prepare_state_tokenizer_processor_step")
         < names.index("tokenizer_processor")
+    )

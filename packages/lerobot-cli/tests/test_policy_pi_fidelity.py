@@ -21,25 +21,41 @@ from safetensors import safe_open
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
 TOWERS = "model.paligemma_with_expert."
-TINY = {"paligemma_variant": "gemma_tiny", "action_expert_variant": "gemma_tiny", "vision_variant": "tiny",
-        "image_resolution": (56, 56), "chunk_size": 4, "n_action_steps": 4, "tokenizer_max_length": 8}
-STATE_ACTION = {"input_features": {"observation.state": PolicyFeature(FeatureType.STATE, (6,))},
-                "output_features": {"action": PolicyFeature(FeatureType.ACTION, (6,))}}
+TINY = {
+    "paligemma_variant": "gemma_tiny",
+    "action_expert_variant": "gemma_tiny",
+    "vision_variant": "tiny",
+    "image_resolution": (56, 56),
+    "chunk_size": 4,
+    "n_action_steps": 4,
+    "tokenizer_max_length": 8,
+}
+STATE_ACTION = {
+    "input_features": {"observation.state": PolicyFeature(FeatureType.STATE, (6,))},
+    "output_features": {"action": PolicyFeature(FeatureType.ACTION, (6,))},
+}
 KINDS = {"pi0": (PI0Config, PI0Policy), "pi05": (PI05Config, PI05Policy)}
 
 
 def _config(kind: str, cameras: dict[str, tuple[int, int, int]], **overrides):
     inputs = {key: PolicyFeature(FeatureType.VISUAL, shape) for key, shape in cameras.items()}
-    return KINDS[kind][0](**TINY, input_features={**inputs, **STATE_ACTION["input_features"]},
-                          output_features=STATE_ACTION["output_features"], **overrides)
+    return KINDS[kind][0](
+        **TINY,
+        input_features={**inputs, **STATE_ACTION["input_features"]},
+        output_features=STATE_ACTION["output_features"],
+        **overrides,
+    )
 
 
 def _batch(cameras: dict[str, tuple[int, int, int]], seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {**{key: torch.rand(2, *shape, generator=g) for key, shape in cameras.items()},
-            "observation.state": torch.randn(2, 6, generator=g), "action": torch.randn(2, 4, 6, generator=g),
-            "observation.language.tokens": torch.randint(0, 300, (2, 8), generator=g),
-            "observation.language.attention_mask": torch.arange(8)[None] < torch.tensor([[8], [1]])}
+    return {
+        **{key: torch.rand(2, *shape, generator=g) for key, shape in cameras.items()},
+        "observation.state": torch.randn(2, 6, generator=g),
+        "action": torch.randn(2, 4, 6, generator=g),
+        "observation.language.tokens": torch.randint(0, 300, (2, 8), generator=g),
+        "observation.language.attention_mask": torch.arange(8)[None] < torch.tensor([[8], [1]]),
+    }
 
 
 def lerobot_bf16_dtype(key: str) -> torch.dtype:
@@ -50,8 +66,12 @@ def lerobot_bf16_dtype(key: str) -> torch.dtype:
     if not key.startswith(TOWERS):
         return torch.float32
     inside = key.removeprefix(TOWERS)
-    fp32 = ("vision_tower." in inside or "multi_modal_projector." in inside or "layernorm." in inside
-            or inside.endswith(("model.norm.weight", "model.norm.dense.weight", "model.norm.dense.bias")))
+    fp32 = (
+        "vision_tower." in inside
+        or "multi_modal_projector." in inside
+        or "layernorm." in inside
+        or inside.endswith(("model.norm.weight", "model.norm.dense.weight", "model.norm.dense.bias"))
+    )
     return torch.float32 if fp32 else torch.bfloat16
 
 
@@ -102,11 +122,17 @@ def test_every_visual_input_is_a_camera_in_the_configs_order_whatever_its_name(k
 def _lerobot_style_checkpoint(directory: Path, tokenizer: Path, extra_camera: str) -> Path:
     """A pi0 ``pretrained_model/`` for the demo dataset as LeRobot writes one trained with
     ``--policy.empty_cameras=1``: its ``validate_features`` put the placeholder into ``input_features``."""
-    config = PI0Config(**TINY, empty_cameras=1, tokenizer_name=str(tokenizer),
-                       input_features={"observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 64, 64)),
-                                       "observation.state": PolicyFeature(FeatureType.STATE, (2,)),
-                                       extra_camera: PolicyFeature(FeatureType.VISUAL, (3, 56, 56))},
-                       output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))})
+    config = PI0Config(
+        **TINY,
+        empty_cameras=1,
+        tokenizer_name=str(tokenizer),
+        input_features={
+            "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 64, 64)),
+            "observation.state": PolicyFeature(FeatureType.STATE, (2,)),
+            extra_camera: PolicyFeature(FeatureType.VISUAL, (3, 56, 56)),
+        },
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))},
+    )
     torch.manual_seed(0)
     save_pretrained(PI0Policy(config), config, directory)
     assert extra_camera in json.loads((directory / "config.json").read_text())["input_features"]
@@ -117,7 +143,11 @@ def _workload(checkpoint: Path):
     from lerobot_cli.cli.build import build_train_config
     from lerobot_cli.workload import build_workload
 
-    flags = {"dataset.repo_id": "lerobot/demo_reach", "dataset.root": str(DEMO), "policy.path": str(checkpoint)}
+    flags = {
+        "dataset.repo_id": "lerobot/demo_reach",
+        "dataset.root": str(DEMO),
+        "policy.path": str(checkpoint),
+    }
     return build_workload(build_train_config(flags).config.finalized(), device="cpu")
 
 
@@ -125,10 +155,14 @@ def test_lerobot_checkpoint_with_an_empty_camera_trains_on_its_own_dataset(tmp_p
     """Before: --policy.path refused it ('observation.images.empty_camera_0 is missing; use the dataset
     that policy was trained on') on the very dataset it was trained on; LeRobot's make_policy accepts it
     and masks the absent camera, and so do we. A real camera the dataset lacks is still refused."""
-    checkpoint = _lerobot_style_checkpoint(tmp_path / "lerobot", tiny_tokenizer_dir, "observation.images.empty_camera_0")
+    checkpoint = _lerobot_style_checkpoint(
+        tmp_path / "lerobot", tiny_tokenizer_dir, "observation.images.empty_camera_0"
+    )
     workload = _workload(checkpoint)
     sample = workload.dataset[0]
-    batch = workload.preprocessor({k: v[None] if isinstance(v, torch.Tensor) else [v] for k, v in sample.items()})
+    batch = workload.preprocessor(
+        {k: v[None] if isinstance(v, torch.Tensor) else [v] for k, v in sample.items()}
+    )
     images, masks = workload.policy._images(batch)
     assert len(images) == 2 and bool(masks[0].all()) and not bool(masks[1].any())
     assert torch.isfinite(workload.policy.train()(batch)[0])
@@ -136,7 +170,9 @@ def test_lerobot_checkpoint_with_an_empty_camera_trains_on_its_own_dataset(tmp_p
     wrong = _lerobot_style_checkpoint(tmp_path / "wrist", tiny_tokenizer_dir, "observation.images.wrist")
     from lerobot_cli.datasets import DatasetError
 
-    with pytest.raises(DatasetError, match=r"observation.images.wrist is missing; use the dataset that policy was"):
+    with pytest.raises(
+        DatasetError, match=r"observation.images.wrist is missing; use the dataset that policy was"
+    ):
         _workload(wrong)
 
 
@@ -150,9 +186,14 @@ def test_banner_says_when_trainable_parameters_have_no_fp32_masters(tiny_tokeniz
     from lerobot_cli.datasets import load_meta
     from lerobot_cli.workload import build_policy_for
 
-    flags = {"dataset.repo_id": "lerobot/demo_reach", "dataset.root": str(DEMO), "policy.type": "pi0",
-             **{f"policy.{k}": json.dumps(list(v)) if isinstance(v, tuple) else str(v) for k, v in TINY.items()},
-             "policy.tokenizer_name": str(tiny_tokenizer_dir), "policy.dtype": "bfloat16"}
+    flags = {
+        "dataset.repo_id": "lerobot/demo_reach",
+        "dataset.root": str(DEMO),
+        "policy.type": "pi0",
+        **{f"policy.{k}": json.dumps(list(v)) if isinstance(v, tuple) else str(v) for k, v in TINY.items()},
+        "policy.tokenizer_name": str(tiny_tokenizer_dir),
+        "policy.dtype": "bfloat16",
+    }
     features = load_meta(DEMO).features
     for mixed_precision in ("no", "bf16"):
         cfg = build_train_config({**flags, "accelerator.mixed_precision": mixed_precision}).config.finalized()
@@ -162,9 +203,15 @@ def test_banner_says_when_trainable_parameters_have_no_fp32_masters(tiny_tokeniz
         line = precision_line(mixed_precision, policy)
         if mixed_precision == "no":
             assert trainable == {torch.bfloat16, torch.float32}
-            assert line.startswith("Precision: no; ") and " trainable parameters are bfloat16 without fp32 master " \
-                "weights" in line and line.endswith("; --accelerator.mixed_precision=bf16 keeps fp32 masters"), line
+            assert (
+                line.startswith("Precision: no; ")
+                and " trainable parameters are bfloat16 without fp32 master weights" in line
+                and line.endswith("; --accelerator.mixed_precision=bf16 keeps fp32 masters")
+            ), line
         else:
             assert trainable == {torch.float32} and torch.bfloat16 in frozen  # the unread lm_heads keep bf16
             assert line == "Precision: bf16 (autocast, fp32 master weights)"
-    assert precision_line("no", PI0Policy(_config("pi0", {"observation.images.top": (3, 56, 56)}))) == "Precision: no"
+    assert (
+        precision_line("no", PI0Policy(_config("pi0", {"observation.images.top": (3, 56, 56)})))
+        == "Precision: no"
+    )

@@ -24,19 +24,30 @@ from torch import nn
 
 def _act_config(**overrides) -> ACTConfig:
     return ACTConfig(
-        input_features={"observation.state": PolicyFeature("STATE", (4,)),
-                        "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32))},
+        input_features={
+            "observation.state": PolicyFeature("STATE", (4,)),
+            "observation.images.top": PolicyFeature("VISUAL", (3, 32, 32)),
+        },
         output_features={"action": PolicyFeature("ACTION", (2,))},
-        chunk_size=4, n_action_steps=4, dim_model=16, n_heads=2, dim_feedforward=32, n_encoder_layers=1,
-        n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=4,
+        chunk_size=4,
+        n_action_steps=4,
+        dim_model=16,
+        n_heads=2,
+        dim_feedforward=32,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=1,
+        latent_dim=4,
         **{"pretrained_backbone_weights": None, **overrides},
     )
 
 
 def _obs(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"observation.state": torch.randn(2, 4, generator=g),
-            "observation.images.top": torch.rand(2, 3, 32, 32, generator=g)}
+    return {
+        "observation.state": torch.randn(2, 4, generator=g),
+        "observation.images.top": torch.rand(2, 3, 32, 32, generator=g),
+    }
 
 
 def test_act_round_trip_gives_identical_outputs(tmp_path):
@@ -75,8 +86,10 @@ def test_config_json_is_lerobot_shaped_and_drops_the_init_file(tmp_path):
 
 
 def test_state_dict_argument_replaces_the_module(tmp_path):
-    cfg = MLPConfig(input_features={"observation.state": PolicyFeature("STATE", (3,))},
-                    output_features={"action": PolicyFeature("ACTION", (2,))})
+    cfg = MLPConfig(
+        input_features={"observation.state": PolicyFeature("STATE", (3,))},
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+    )
     policy = build_policy(cfg)
     state = {k: torch.full_like(v, 0.5) for k, v in policy.state_dict().items()}
     save_pretrained(None, cfg, tmp_path, state_dict=state)
@@ -110,8 +123,10 @@ def test_partially_overlapping_views_get_their_own_copy():
 
 
 def test_mismatched_weights_fail_clearly(tmp_path):
-    cfg = MLPConfig(input_features={"observation.state": PolicyFeature("STATE", (3,))},
-                    output_features={"action": PolicyFeature("ACTION", (2,))})
+    cfg = MLPConfig(
+        input_features={"observation.state": PolicyFeature("STATE", (3,))},
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+    )
     save_pretrained(build_policy(cfg), cfg, tmp_path)
     other = MLPConfig(input_features=cfg.input_features, output_features=cfg.output_features, n_blocks=3)
     with pytest.raises(ValueError, match="missing keys"):

@@ -23,7 +23,9 @@ def test_readme_example_policy_trains(tmp_path):
         f" '--dataset.root={DEMO}', '--num_workers=0', '--steps=30', '--log_freq=10', '--optimizer.lr=0.05',"
         f" '--output_dir={out}']))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=False, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, check=False, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and losses[-1] < losses[0], losses

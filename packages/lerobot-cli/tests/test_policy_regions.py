@@ -21,17 +21,26 @@ CAM = (3, 64, 64)  # the demo dataset's camera
 
 
 def act_config(**overrides) -> ACTConfig:
-    inputs = {"observation.state": PolicyFeature("STATE", (2,)), "observation.images.top": PolicyFeature("VISUAL", CAM)}
-    return ACTConfig(input_features=inputs, output_features={"action": PolicyFeature("ACTION", (2,))},
-                     pretrained_backbone_weights=None, **overrides)
+    inputs = {
+        "observation.state": PolicyFeature("STATE", (2,)),
+        "observation.images.top": PolicyFeature("VISUAL", CAM),
+    }
+    return ACTConfig(
+        input_features=inputs,
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+        pretrained_backbone_weights=None,
+        **overrides,
+    )
 
 
 def act_batch(cfg: ACTConfig, batch_size: int = 2) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"observation.state": torch.randn(batch_size, 2, generator=g),
-            "observation.images.top": torch.rand(batch_size, *CAM, generator=g),
-            "action": torch.randn(batch_size, cfg.chunk_size, 2, generator=g),
-            "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool)}
+    return {
+        "observation.state": torch.randn(batch_size, 2, generator=g),
+        "observation.images.top": torch.rand(batch_size, *CAM, generator=g),
+        "action": torch.randn(batch_size, cfg.chunk_size, 2, generator=g),
+        "action_is_pad": torch.zeros(batch_size, cfg.chunk_size, dtype=torch.bool),
+    }
 
 
 def train_once(model_fn, accelerator: AcceleratorConfig, batch, seed: int = 0):
@@ -62,7 +71,9 @@ def test_act_default_checkpointing_keeps_gradients_and_halves_saved_bytes(mode):
     assert loss1 == loss0
     assert grads1.keys() == grads0.keys()
     for name, g in grads0.items():
-        torch.testing.assert_close(grads1[name], g, rtol=0, atol=0, msg=name)  # bitwise: the same ops recomputed
+        torch.testing.assert_close(
+            grads1[name], g, rtol=0, atol=0, msg=name
+        )  # bitwise: the same ops recomputed
     assert bytes1 <= 0.5 * bytes0, (bytes0, bytes1)
 
 
@@ -91,7 +102,9 @@ def test_checkpointing_with_lora_trains_only_adapters_with_the_same_gradients():
     assert plan.blocks and all(b.path.startswith("base_model.model.") for b in plan.blocks)
     assert plain.keys() == checkpointed.keys() and all("lora_" in n for n in plain)
     for name, g in plain.items():
-        torch.testing.assert_close(checkpointed[name], g, rtol=0, atol=0, msg=name)  # bitwise: the same ops recomputed
+        torch.testing.assert_close(
+            checkpointed[name], g, rtol=0, atol=0, msg=name
+        )  # bitwise: the same ops recomputed
 
 
 @pytest.mark.parametrize("regional", [True, False])
@@ -100,8 +113,10 @@ def test_compiled_act_matches_eager(regional):
     lerobot-parallel's tests, at ~15 s per graph on 2 cores); tolerance 1e-5 relative/absolute."""
     cfg = act_config(dim_model=32, n_heads=4, dim_feedforward=64, chunk_size=5, n_action_steps=5, dropout=0.0)
     batch = act_batch(cfg)
-    compiled = AcceleratorConfig(compile=CompileConfig(enabled=True, backend="aot_eager", regional=regional),
-                                 activation_checkpointing=ActivationCheckpointingConfig("full" if regional else "none"))
+    compiled = AcceleratorConfig(
+        compile=CompileConfig(enabled=True, backend="aot_eager", regional=regional),
+        activation_checkpointing=ActivationCheckpointingConfig("full" if regional else "none"),
+    )
     import torch._dynamo
 
     loss0, grads0, _, _ = train_once(lambda: ACTPolicy(cfg), AcceleratorConfig(), batch)
@@ -111,8 +126,9 @@ def test_compiled_act_matches_eager(regional):
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     assert graphs >= (3 if regional else 1), graphs  # the encoder, VAE encoder and decoder layers did compile
-    assert plan.describe_regions()[-1].endswith("each of 9 block(s) (ACTEncoderLayer x8, ACTDecoderLayer x1)"
-                                                if regional else "the whole policy")
+    assert plan.describe_regions()[-1].endswith(
+        "each of 9 block(s) (ACTEncoderLayer x8, ACTDecoderLayer x1)" if regional else "the whole policy"
+    )
     assert loss1 == pytest.approx(loss0, rel=1e-5, abs=1e-6)
     for name, g in grads0.items():
         torch.testing.assert_close(grads1[name], g, rtol=1e-5, atol=1e-5, msg=name)
@@ -124,9 +140,16 @@ def test_policy_gradient_checkpointing_flag_is_the_engine_full_mode():
     from lerobot_cli.workload import effective_accelerator
 
     def cfg(*flags):
-        return build_train_config(split_argv(["--policy.type=pi0", "--dataset.repo_id=x/y", *flags]).flags).config
+        return build_train_config(
+            split_argv(["--policy.type=pi0", "--dataset.repo_id=x/y", *flags]).flags
+        ).config
 
     assert effective_accelerator(cfg()).activation_checkpointing.mode == "none"
-    assert effective_accelerator(cfg("--policy.gradient_checkpointing=true")).activation_checkpointing.mode == "full"
-    explicit = cfg("--policy.gradient_checkpointing=true", "--accelerator.activation_checkpointing.mode=selective")
+    assert (
+        effective_accelerator(cfg("--policy.gradient_checkpointing=true")).activation_checkpointing.mode
+        == "full"
+    )
+    explicit = cfg(
+        "--policy.gradient_checkpointing=true", "--accelerator.activation_checkpointing.mode=selective"
+    )
     assert effective_accelerator(explicit).activation_checkpointing.mode == "selective"

@@ -27,11 +27,17 @@ LEROBOT_DIR = Path(__file__).parent / "data" / "lerobot_act_env"
 
 def _act() -> ACTConfig:
     return ACTConfig(
-        input_features={"observation.state": PolicyFeature(FeatureType.STATE, (4,)),
-                        "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 32, 32))},
+        input_features={
+            "observation.state": PolicyFeature(FeatureType.STATE, (4,)),
+            "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 32, 32)),
+        },
         output_features={"action": PolicyFeature(FeatureType.ACTION, (2,))},
-        chunk_size=5, n_action_steps=3, normalization_mapping={"STATE": NormalizationMode.MIN_MAX},
-        tags=["a"], temporal_ensemble_coeff=None, pretrained_backbone_weights=None,
+        chunk_size=5,
+        n_action_steps=3,
+        normalization_mapping={"STATE": NormalizationMode.MIN_MAX},
+        tags=["a"],
+        temporal_ensemble_coeff=None,
+        pretrained_backbone_weights=None,
     )
 
 

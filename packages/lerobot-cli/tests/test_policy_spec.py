@@ -74,8 +74,9 @@ class SpecOnlyPolicy(nn.Module):
 @define(frozen=True, kw_only=True)
 class SpecOnlyConfig(PolicyConfig):
     type: ClassVar[str] = "spec_only_test"
-    spec: ClassVar[PolicySpec] = PolicySpec(model="spec_test:SpecOnlyPolicy", wrap_units=("Block",),
-                                            peft_targets=r"blocks\.\d+\.linear")
+    spec: ClassVar[PolicySpec] = PolicySpec(
+        model="spec_test:SpecOnlyPolicy", wrap_units=("Block",), peft_targets=r"blocks\.\d+\.linear"
+    )
 
 
 def test_the_sharding_plan_takes_the_wrap_units_from_the_spec():
@@ -108,7 +109,9 @@ class AttributesOnlyPolicy(SpecOnlyPolicy):
 @define(frozen=True, kw_only=True)
 class NoUnitsConfig(PolicyConfig):
     type: ClassVar[str] = "no_units_test"
-    spec: ClassVar[PolicySpec] = PolicySpec(model="spec_test:AttributesOnlyPolicy", no_forward_modules=("Block",))
+    spec: ClassVar[PolicySpec] = PolicySpec(
+        model="spec_test:AttributesOnlyPolicy", no_forward_modules=("Block",)
+    )
 
 
 def test_the_sharding_plan_reads_no_fsdp_attribute_of_the_model_class():
@@ -120,13 +123,19 @@ def test_the_sharding_plan_reads_no_fsdp_attribute_of_the_model_class():
     with pytest.raises(ShardingError) as err:
         sharding_plan(cfg, AttributesOnlyPolicy(config), FSDP2)
     line = as_flags(str(err.value))
-    assert "AttributesOnlyPolicy gives none: the no_units_test policy's PolicySpec.wrap_units lists no block " \
-           "class and neither --accelerator.fsdp.wrap_modules nor --accelerator.fsdp.min_num_params" in line, line
+    assert (
+        "AttributesOnlyPolicy gives none: the no_units_test policy's PolicySpec.wrap_units lists no block "
+        "class and neither --accelerator.fsdp.wrap_modules nor --accelerator.fsdp.min_num_params" in line
+    ), line
     assert "_fsdp_wrap_modules" not in line and "\n" not in line
-    by_name = SimpleNamespace(policy=config, accelerator=AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("Block",))))
+    by_name = SimpleNamespace(
+        policy=config, accelerator=AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=("Block",)))
+    )
     with pytest.raises(ShardingError, match=r"Block never runs its forward\(\) in AttributesOnlyPolicy"):
         sharding_plan(by_name, AttributesOnlyPolicy(config), FSDP2)
-    by_size = SimpleNamespace(policy=config, accelerator=AcceleratorConfig(fsdp=FSDPConfig(min_num_params=10)))
+    by_size = SimpleNamespace(
+        policy=config, accelerator=AcceleratorConfig(fsdp=FSDPConfig(min_num_params=10))
+    )
     plan = sharding_plan(by_size, AttributesOnlyPolicy(config), FSDP2)  # Linear is a unit: the spec allows it
     assert [u.path for u in plan.units] == ["blocks.0.linear", "blocks.1.linear", "blocks.2.linear", "head"]
 
@@ -153,9 +162,14 @@ def test_every_config_hook_is_in_the_readmes_list_of_hooks():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    hooks_text = readme[readme.index("Hooks, each declared on `PolicyConfig`"):readme.index("- the **spec**")]
-    hooks = [name for name, value in vars(PolicyConfig).items()
-             if callable(value) and not name.startswith("_") and name != "features_of"]
+    hooks_text = readme[
+        readme.index("Hooks, each declared on `PolicyConfig`") : readme.index("- the **spec**")
+    ]
+    hooks = [
+        name
+        for name, value in vars(PolicyConfig).items()
+        if callable(value) and not name.startswith("_") and name != "features_of"
+    ]
     assert "eval_loss_description" in hooks and "optimizer_preset" in hooks
     missing = [name for name in hooks if f"`{name}()`" not in hooks_text]
     assert not missing, f"PolicyConfig hooks missing from the README's list: {missing}"

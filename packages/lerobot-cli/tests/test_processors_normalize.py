@@ -21,18 +21,29 @@ from lerobot_cli.processors import (
 )
 
 LEROBOT_DIR = Path(__file__).parent / "data" / "lerobot_act_env"
-FEATURES_IN = {"observation.state": PolicyFeature("STATE", (3,)),
-               "observation.images.top": PolicyFeature("VISUAL", (3, 4, 4))}
+FEATURES_IN = {
+    "observation.state": PolicyFeature("STATE", (3,)),
+    "observation.images.top": PolicyFeature("VISUAL", (3, 4, 4)),
+}
 FEATURES_OUT = {"action": PolicyFeature("ACTION", (2,))}
 
 
 def _stats():
     # Mixed input types on purpose: dataset stats arrive as lists (stats.json), arrays or tensors.
     return {
-        "observation.state": {"mean": [1.0, 2.0, 3.0], "std": np.array([2.0, 4.0, 0.5]),
-                              "min": [0.0, 0.0, 0.0], "max": [2.0, 4.0, 0.0], "count": [10]},
-        "observation.images.top": {"mean": torch.tensor([0.5, 0.4, 0.3]), "std": [[[0.2]], [[0.2]], [[0.1]]],
-                                   "min": [0.0] * 3, "max": [1.0] * 3},
+        "observation.state": {
+            "mean": [1.0, 2.0, 3.0],
+            "std": np.array([2.0, 4.0, 0.5]),
+            "min": [0.0, 0.0, 0.0],
+            "max": [2.0, 4.0, 0.0],
+            "count": [10],
+        },
+        "observation.images.top": {
+            "mean": torch.tensor([0.5, 0.4, 0.3]),
+            "std": [[[0.2]], [[0.2]], [[0.1]]],
+            "min": [0.0] * 3,
+            "max": [1.0] * 3,
+        },
         "action": {"mean": [0.5, -1.0], "std": [2.0, 0.25], "min": [-1.0, -2.0], "max": [3.0, 2.0]},
         "timestamp": {"mean": [0.0], "std": [1.0]},  # not a policy feature: ignored
     }
@@ -45,30 +56,43 @@ def _config(mapping=None) -> ACTConfig:
 
 def _batch(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"observation.state": torch.randn(2, 3, generator=g),
-            "observation.images.top": torch.rand(2, 3, 4, 4, generator=g),
-            "action": torch.randn(2, 5, 2, generator=g),
-            "action_is_pad": torch.zeros(2, 5, dtype=torch.bool), "task": ["reach", "reach"]}
+    return {
+        "observation.state": torch.randn(2, 3, generator=g),
+        "observation.images.top": torch.rand(2, 3, 4, 4, generator=g),
+        "action": torch.randn(2, 5, 2, generator=g),
+        "action_is_pad": torch.zeros(2, 5, dtype=torch.bool),
+        "task": ["reach", "reach"],
+    }
 
 
 def test_mean_std_formula_and_untouched_keys():
     pre, _ = make_pre_post_processors(_config(), _stats())
     batch = _batch()
     out = pre(batch)
-    torch.testing.assert_close(out["observation.state"],
-                               (batch["observation.state"] - torch.tensor([1.0, 2.0, 3.0]))
-                               / (torch.tensor([2.0, 4.0, 0.5]) + 1e-8))
-    img_mean, img_std = torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1), torch.tensor([0.2, 0.2, 0.1]).view(3, 1, 1)
-    torch.testing.assert_close(out["observation.images.top"],
-                               (batch["observation.images.top"] - img_mean) / (img_std + 1e-8))
-    torch.testing.assert_close(out["action"], (batch["action"] - torch.tensor([0.5, -1.0])) / torch.tensor([2.0, 0.25]))
+    torch.testing.assert_close(
+        out["observation.state"],
+        (batch["observation.state"] - torch.tensor([1.0, 2.0, 3.0])) / (torch.tensor([2.0, 4.0, 0.5]) + 1e-8),
+    )
+    img_mean, img_std = (
+        torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1),
+        torch.tensor([0.2, 0.2, 0.1]).view(3, 1, 1),
+    )
+    torch.testing.assert_close(
+        out["observation.images.top"], (batch["observation.images.top"] - img_mean) / (img_std + 1e-8)
+    )
+    torch.testing.assert_close(
+        out["action"], (batch["action"] - torch.tensor([0.5, -1.0])) / torch.tensor([2.0, 0.25])
+    )
     assert out["task"] == batch["task"] and out["action_is_pad"] is batch["action_is_pad"]
     assert batch["observation.state"] is not out["observation.state"]  # input batch not modified
 
 
 def test_min_max_and_identity_modes():
-    mapping = {"STATE": NormalizationMode.MIN_MAX, "VISUAL": NormalizationMode.IDENTITY,
-               "ACTION": NormalizationMode.MIN_MAX}
+    mapping = {
+        "STATE": NormalizationMode.MIN_MAX,
+        "VISUAL": NormalizationMode.IDENTITY,
+        "ACTION": NormalizationMode.MIN_MAX,
+    }
     pre, post = make_pre_post_processors(_config(mapping), _stats())
     batch = _batch()
     out = pre(batch)
@@ -105,12 +129,15 @@ def test_unbatched_observation_gets_a_batch_dim_and_dtype_cast():
     out = pre(obs)
     assert out["observation.state"].shape == (1, 3) and out["observation.images.top"].shape == (1, 3, 4, 4)
     assert out["task"] == ["go"]
-    half = DeviceStep("cpu", float_dtype="bfloat16")({"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.long)})
+    half = DeviceStep("cpu", float_dtype="bfloat16")(
+        {"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.long)}
+    )
     assert half["a"].dtype == torch.bfloat16 and half["b"].dtype == torch.long
 
 
 def test_device_step_keeps_the_dataset_index_on_the_host():
-    """Policies read ``index`` on the host (per-sample noise seeds): a device copy would be read back each step."""
+    """Policies read ``index`` on the host (per-sample noise seeds):
+    a device copy would be read back each step."""
     moved = DeviceStep("meta")({"index": torch.arange(3), "action": torch.zeros(3, 2)})
     assert moved["action"].device.type == "meta" and moved["index"].device.type == "cpu"
 
@@ -118,14 +145,22 @@ def test_device_step_keeps_the_dataset_index_on_the_host():
 def test_saved_files_use_lerobot_names_and_step_layout(tmp_path):
     pre, post = make_pre_post_processors(_config(), _stats(), device="cpu")
     written = save_processors(pre, post, tmp_path)
-    assert sorted(p.name for p in written) == sorted([
-        "policy_preprocessor.json", "policy_preprocessor_step_3_normalizer_processor.safetensors",
-        "policy_postprocessor.json", "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
-    ])
+    assert sorted(p.name for p in written) == sorted(
+        [
+            "policy_preprocessor.json",
+            "policy_preprocessor_step_3_normalizer_processor.safetensors",
+            "policy_postprocessor.json",
+            "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        ]
+    )
     pre_json = json.loads((tmp_path / "policy_preprocessor.json").read_text())
     assert pre_json["name"] == "policy_preprocessor"
     assert [s["registry_name"] for s in pre_json["steps"]] == [
-        "rename_observations_processor", "to_batch_processor", "device_processor", "normalizer_processor"]
+        "rename_observations_processor",
+        "to_batch_processor",
+        "device_processor",
+        "normalizer_processor",
+    ]
     assert pre_json["steps"][2]["config"] == {"device": "cpu", "float_dtype": None}
     norm = pre_json["steps"][3]
     assert norm["config"]["eps"] == 1e-8 and norm["config"]["norm_map"]["ACTION"] == "MEAN_STD"
@@ -143,23 +178,33 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path):
     for key in ("observation.state", "observation.images.top", "action"):
         assert torch.equal(a[key], b[key])
     assert torch.equal(post(a["action"]), post2(b["action"]))
-    assert set(pre2.step("normalizer_processor").state_dict()) == set(pre.step("normalizer_processor").state_dict())
+    assert set(pre2.step("normalizer_processor").state_dict()) == set(
+        pre.step("normalizer_processor").state_dict()
+    )
 
 
 def test_lerobot_written_pipelines_load():
     pre, _ = load_processors(LEROBOT_DIR)
     assert [s.registry_name for s in pre.steps] == [
-        "rename_observations_processor", "to_batch_processor", "device_processor", "normalizer_processor"]
+        "rename_observations_processor",
+        "to_batch_processor",
+        "device_processor",
+        "normalizer_processor",
+    ]
     normalizer = pre.step("normalizer_processor")
     assert isinstance(normalizer, NormalizerStep)
     assert {"observation.state", "observation.environment_state", "action"} <= set(normalizer.stats)
     state = torch.zeros(1, 4)
     mean, std = normalizer.stats["observation.state"]["mean"], normalizer.stats["observation.state"]["std"]
-    torch.testing.assert_close(pre({"observation.state": state})["observation.state"], (state - mean) / (std + 1e-8))
+    torch.testing.assert_close(
+        pre({"observation.state": state})["observation.state"], (state - mean) / (std + 1e-8)
+    )
 
 
 def test_unknown_step_and_missing_state_file_fail_clearly(tmp_path):
-    (tmp_path / "p.json").write_text(json.dumps({"name": "p", "steps": [{"registry_name": "tokenizer_processor"}]}))
+    (tmp_path / "p.json").write_text(
+        json.dumps({"name": "p", "steps": [{"registry_name": "tokenizer_processor"}]})
+    )
     with pytest.raises(ValueError, match="tokenizer_processor"):
         ProcessorPipeline.from_pretrained(tmp_path, "p.json")
     pre, post = make_pre_post_processors(_config(), _stats())
@@ -167,8 +212,13 @@ def test_unknown_step_and_missing_state_file_fail_clearly(tmp_path):
     (tmp_path / "policy_preprocessor_step_3_normalizer_processor.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="normalizer_processor"):
         load_processors(tmp_path)
-    assert {"normalizer_processor", "unnormalizer_processor", "device_processor", "to_batch_processor",
-            "rename_observations_processor"} <= set(STEP_REGISTRY)
+    assert {
+        "normalizer_processor",
+        "unnormalizer_processor",
+        "device_processor",
+        "to_batch_processor",
+        "rename_observations_processor",
+    } <= set(STEP_REGISTRY)
 
 
 def test_every_pipeline_file_problem_is_a_checkpoint_error_naming_the_file(tmp_path):
@@ -178,11 +228,18 @@ def test_every_pipeline_file_problem_is_a_checkpoint_error_naming_the_file(tmp_p
 
     file = tmp_path / "p.json"
     cases = [
-        ({"steps": [{"class": "os.system", "config": {"command": "touch RAN"}}]},
-         r"p.json: step 0 names the Python class 'os.system', which is never imported"),
-        ({"steps": [{"registry_name": "device_processor", "config": {"devise": "cpu"}}]},
-         r"p.json: step 0 \(device_processor\): .*devise"),
-        ({"steps": {"registry_name": "device_processor"}}, r"p.json must hold a JSON object with a 'steps' list"),
+        (
+            {"steps": [{"class": "os.system", "config": {"command": "touch RAN"}}]},
+            r"p.json: step 0 names the Python class 'os.system', which is never imported",
+        ),
+        (
+            {"steps": [{"registry_name": "device_processor", "config": {"devise": "cpu"}}]},
+            r"p.json: step 0 \(device_processor\): .*devise",
+        ),
+        (
+            {"steps": {"registry_name": "device_processor"}},
+            r"p.json must hold a JSON object with a 'steps' list",
+        ),
         ("{not json", r"p.json is not a readable JSON file"),
     ]
     for content, message in cases:
@@ -194,13 +251,16 @@ def test_every_pipeline_file_problem_is_a_checkpoint_error_naming_the_file(tmp_p
     save_processors(pre, post, tmp_path)
     state = tmp_path / "policy_preprocessor_step_3_normalizer_processor.safetensors"
     state.write_bytes(state.read_bytes()[:40])  # truncated: the weights' own sentence (read_tensors)
-    with pytest.raises(CorruptCheckpointError, match=r"normalizer_processor.safetensors: not a readable safetensors"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"normalizer_processor.safetensors: not a readable safetensors"
+    ):
         load_processors(tmp_path)
 
 
 def test_rename_and_device_override(tmp_path):
-    pre, post = make_pre_post_processors(_config(), _stats(), device="cuda:1",
-                                         rename_map={"observation.images.cam": "observation.images.top"})
+    pre, post = make_pre_post_processors(
+        _config(), _stats(), device="cuda:1", rename_map={"observation.images.cam": "observation.images.top"}
+    )
     save_processors(pre, post, tmp_path)  # saved on a GPU machine ...
     pre2, _ = load_processors(tmp_path, device="cpu")  # ... used on a CPU one
     assert pre2.step("device_processor").get_config()["device"] == "cpu"

@@ -14,9 +14,13 @@ from lerobot_trainloop import EmaConfig
 def test_changed_settings_are_listed_only_when_both_runs_keep_an_ema():
     on = TrainConfig(ema=EmaConfig(enable=True))
     assert ema_changes(TrainConfig(ema=EmaConfig(enable=True, power=0.5, update_after_step=3)), on) == [
-        "ema.update_after_step: 0 → 3", "ema.power: 0.75 → 0.5"]
+        "ema.update_after_step: 0 → 3",
+        "ema.power: 0.75 → 0.5",
+    ]
     assert ema_changes(on, on) == []
-    assert ema_changes(TrainConfig(ema=EmaConfig(enable=True, power=0.5)), TrainConfig()) == []  # saved had none
+    assert (
+        ema_changes(TrainConfig(ema=EmaConfig(enable=True, power=0.5)), TrainConfig()) == []
+    )  # saved had none
     assert ema_changes(on, None) == []
 
 

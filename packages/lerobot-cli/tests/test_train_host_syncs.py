@@ -39,9 +39,19 @@ def test_lerobot_train_reads_the_device_only_at_log_and_save_steps(tmp_path, mon
 
     # SGD: AdamW's single-tensor CPU path reads its CPU step counters with .item(), which on CUDA are
     # host tensors too (or device ones under --optimizer.fused=true): not a device sync, but counted here.
-    argv = ["--dataset.repo_id=lerobot/demo_reach", f"--dataset.root={DEMO}", "--num_workers=0",
-            "--policy.type=mlp", "--policy.hidden_dim=32", "--optimizer.type=sgd", "--batch_size=4",
-            "--steps=20", "--log_freq=10", "--save_freq=15", f"--output_dir={tmp_path / 'run'}"]
+    argv = [
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={DEMO}",
+        "--num_workers=0",
+        "--policy.type=mlp",
+        "--policy.hidden_dim=32",
+        "--optimizer.type=sgd",
+        "--batch_size=4",
+        "--steps=20",
+        "--log_freq=10",
+        "--save_freq=15",
+        f"--output_dir={tmp_path / 'run'}",
+    ]
     with HostSyncCounter(label=label) as counter:
         assert main(argv) == 0
     out = capsys.readouterr().out

@@ -31,8 +31,11 @@ def build_tiny_umt5_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", EOS_ID)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", EOS_ID)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
 
 def save_tiny_umt5_tokenizer(directory: str | Path) -> Path:

@@ -51,23 +51,31 @@ def test_unresolved_world_size_is_an_error():
         ParallelismConfig(dp_shard=-1).dp_world_size  # noqa: B018 - the property raises
 
 
-@pytest.mark.parametrize("kwargs", [{"dp_replicate": 0}, {"dp_replicate": -1}, {"dp_shard": 0}, {"dp_shard": -2}])
+@pytest.mark.parametrize(
+    "kwargs", [{"dp_replicate": 0}, {"dp_replicate": -1}, {"dp_shard": 0}, {"dp_shard": -2}]
+)
 def test_degree_validators(kwargs):
     with pytest.raises(ParallelismError, match=r"^parallelism\.dp_\w+ must be ≥ 1"):
         ParallelismConfig(**kwargs)
 
 
-@pytest.mark.parametrize(("build", "path"), [
-    (lambda: ParallelismConfig(dp_shard=-3), "parallelism.dp_shard"),
-    (lambda: ParallelismConfig(dp_replicate=2, dp_shard=3).resolve(4), "parallelism.dp_replicate=2"),
-    (lambda: GradientAccumulationConfig(steps=0), "accelerator.gradient_accumulation.steps"),
-    (lambda: AcceleratorConfig(mixed_precision="fp8"), "accelerator.mixed_precision"),
-    (lambda: AcceleratorConfig(timeout_s=0), "accelerator.timeout_s"),
-    (lambda: FSDPConfig(min_num_params=0), "accelerator.fsdp.min_num_params"),
-    (lambda: FSDPConfig(wrap_modules=[]), "accelerator.fsdp.wrap_modules"),
-    (lambda: FSDPConfig(ignored_modules="("), "accelerator.fsdp.ignored_modules"),
-    (lambda: MixedPrecisionPolicyConfig(param_dtype="float8"), "accelerator.fsdp.mixed_precision_policy.param_dtype"),
-])
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        (lambda: ParallelismConfig(dp_shard=-3), "parallelism.dp_shard"),
+        (lambda: ParallelismConfig(dp_replicate=2, dp_shard=3).resolve(4), "parallelism.dp_replicate=2"),
+        (lambda: GradientAccumulationConfig(steps=0), "accelerator.gradient_accumulation.steps"),
+        (lambda: AcceleratorConfig(mixed_precision="fp8"), "accelerator.mixed_precision"),
+        (lambda: AcceleratorConfig(timeout_s=0), "accelerator.timeout_s"),
+        (lambda: FSDPConfig(min_num_params=0), "accelerator.fsdp.min_num_params"),
+        (lambda: FSDPConfig(wrap_modules=[]), "accelerator.fsdp.wrap_modules"),
+        (lambda: FSDPConfig(ignored_modules="("), "accelerator.fsdp.ignored_modules"),
+        (
+            lambda: MixedPrecisionPolicyConfig(param_dtype="float8"),
+            "accelerator.fsdp.mixed_precision_policy.param_dtype",
+        ),
+    ],
+)
 def test_messages_name_config_paths_not_flags(build, path):
     """A foreign trainer has no flags: errors name the config field, and a CLI respells it."""
     with pytest.raises(ParallelismError) as err:
@@ -119,7 +127,9 @@ def test_wrap_modules_non_empty_names():
 
 
 def test_ignored_modules_compiled_at_validation():
-    assert FSDPConfig(ignored_modules=r".*\.backbone").ignored_modules_pattern.fullmatch("base_model.model.backbone")
+    assert FSDPConfig(ignored_modules=r".*\.backbone").ignored_modules_pattern.fullmatch(
+        "base_model.model.backbone"
+    )
     with pytest.raises(ValueError, match="not a valid regular expression"):
         FSDPConfig(ignored_modules="(")
 

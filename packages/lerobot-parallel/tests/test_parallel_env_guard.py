@@ -27,18 +27,42 @@ DYNAMO = {
     "ACCELERATE_DYNAMO_USE_FULLGRAPH": "False",
     "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "False",
 }
-SIMPLE_LAUNCH = {**DYNAMO, "ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_CPU": "False",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1"}
-CPU_LAUNCH = {**SIMPLE_LAUNCH, "ACCELERATE_USE_CPU": "True", "KMP_AFFINITY": "granularity=fine,compact,1,0",
-              "KMP_BLOCKTIME": "1"}
-MULTI_GPU_LAUNCH = {**DYNAMO, "ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_CPU": "true",
-                    "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                    "GROUP_RANK": "0", "ROLE_RANK": "1", "TORCHELASTIC_RUN_ID": "none",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1",
-                    "ACCELERATE_DEBUG_MODE": "true", "ACCELERATE_CPU_AFFINITY": "1"}
+SIMPLE_LAUNCH = {
+    **DYNAMO,
+    "ACCELERATE_MIXED_PRECISION": "no",
+    "ACCELERATE_USE_CPU": "False",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "OMP_NUM_THREADS": "1",
+}
+CPU_LAUNCH = {
+    **SIMPLE_LAUNCH,
+    "ACCELERATE_USE_CPU": "True",
+    "KMP_AFFINITY": "granularity=fine,compact,1,0",
+    "KMP_BLOCKTIME": "1",
+}
+MULTI_GPU_LAUNCH = {
+    **DYNAMO,
+    "ACCELERATE_MIXED_PRECISION": "no",
+    "ACCELERATE_USE_CPU": "true",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "0",
+    "ROLE_RANK": "1",
+    "TORCHELASTIC_RUN_ID": "none",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "OMP_NUM_THREADS": "1",
+    "ACCELERATE_DEBUG_MODE": "true",
+    "ACCELERATE_CPU_AFFINITY": "1",
+}
 
 
-@pytest.mark.parametrize("env", [SIMPLE_LAUNCH, CPU_LAUNCH, MULTI_GPU_LAUNCH, {}], ids=["simple", "cpu", "multi", "empty"])
+@pytest.mark.parametrize(
+    "env", [SIMPLE_LAUNCH, CPU_LAUNCH, MULTI_GPU_LAUNCH, {}], ids=["simple", "cpu", "multi", "empty"]
+)
 def test_plain_launch_environments_pass(env):
     result = check_accelerate_env("no", env)
     assert result.clean and result.may_proceed and result.offending == ()
@@ -80,9 +104,15 @@ def test_switches_set_to_false_configure_nothing(value):
 @pytest.mark.parametrize(
     "theirs,ours,refused",
     [
-        ("no", "no", False), ("no", "bf16", False), ("no", "fp16", False),
-        ("bf16", "bf16", False), ("FP16", "fp16", False),
-        ("bf16", "no", True), ("fp16", "bf16", True), ("fp8", "bf16", True), ("fp8", "no", True),
+        ("no", "no", False),
+        ("no", "bf16", False),
+        ("no", "fp16", False),
+        ("bf16", "bf16", False),
+        ("FP16", "fp16", False),
+        ("bf16", "no", True),
+        ("fp16", "bf16", True),
+        ("fp8", "bf16", True),
+        ("fp8", "no", True),
     ],
 )
 def test_mixed_precision_refused_only_when_it_disagrees(theirs, ours, refused):
@@ -90,9 +120,21 @@ def test_mixed_precision_refused_only_when_it_disagrees(theirs, ours, refused):
     assert (result.names == ("ACCELERATE_MIXED_PRECISION",)) is refused
 
 
-@pytest.mark.parametrize("value,allowed", [("1", True), ("true", True), ("TRUE", True), (" Yes ", True),
-                                           ("0", False), ("false", False), ("", False), ("2", False),
-                                           ("on", False), (None, False)])
+@pytest.mark.parametrize(
+    "value,allowed",
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        (" Yes ", True),
+        ("0", False),
+        ("false", False),
+        ("", False),
+        ("2", False),
+        ("on", False),
+        (None, False),
+    ],
+)
 def test_allow_values(value, allowed):
     assert is_allow_value(value) is allowed
     env = {"FSDP_VERSION": "2"} | ({} if value is None else {ALLOW_ENV_VAR: value})
@@ -138,7 +180,9 @@ def test_packages_import_without_torch():
         "lerobot_parallel.ParallelismConfig().resolve(2); lerobot_parallel.check_accelerate_env()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -147,12 +191,18 @@ def test_lazy_names_resolve_to_the_torch_modules():
     import lerobot_trainloop
     from lerobot_parallel import precision, runtime, teardown, wrap
 
-    assert lerobot_parallel.wrap_model is wrap.wrap_model and lerobot_parallel.init_runtime is runtime.init_runtime
+    assert (
+        lerobot_parallel.wrap_model is wrap.wrap_model
+        and lerobot_parallel.init_runtime is runtime.init_runtime
+    )
     assert lerobot_parallel.parallel_session is teardown.parallel_session
     assert lerobot_parallel.build_precision is precision.build_precision
     assert lerobot_trainloop.effective_batch_line is lerobot_parallel.effective_batch_line
     assert set(lerobot_parallel._LAZY) <= set(lerobot_parallel.__all__)
     for name in lerobot_parallel.__all__ + lerobot_trainloop.__all__:
-        assert getattr(lerobot_parallel if name in lerobot_parallel.__all__ else lerobot_trainloop, name) is not None
+        assert (
+            getattr(lerobot_parallel if name in lerobot_parallel.__all__ else lerobot_trainloop, name)
+            is not None
+        )
     with pytest.raises(AttributeError):
         getattr(lerobot_parallel, "no_such_name")  # noqa: B009

@@ -35,5 +35,6 @@ def test_parameters_without_gradients_are_skipped():
     model = _model()
     frozen = torch.nn.Parameter(torch.ones(3))
     assert float(clip_grad_norm([*model.parameters(), frozen], 1e6)) == pytest.approx(
-        float(total_grad_norm(model.parameters())))
+        float(total_grad_norm(model.parameters()))
+    )
     assert float(total_grad_norm([frozen])) == 0.0

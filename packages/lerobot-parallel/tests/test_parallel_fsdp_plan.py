@@ -36,14 +36,23 @@ def test_fsdp_plan_lists_units_counts_and_checks():
     plan = build_plan(BlockRegressor(), FSDP2)
     assert (plan.mode, plan.mesh_dim_names, plan.mesh_shape) == ("fsdp", ("dp_shard",), (2,))
     assert [(u.path, u.class_name, u.num_params) for u in plan.units] == [
-        (f"blocks.{i}", "Block", 634) for i in range(3)]
+        (f"blocks.{i}", "Block", 634) for i in range(3)
+    ]
     assert (plan.root.class_name, plan.root.num_params) == ("BlockRegressor", 117 + 82)
     assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(
-        p.numel() for p in BlockRegressor().parameters())
+        p.numel() for p in BlockRegressor().parameters()
+    )
     text = "\n".join(plan.describe())
-    for expected in ("fsdp on mesh (dp_shard=2)", "blocks.2 (Block): 634 params", "<root> (BlockRegressor): 199",
-                     "Ignored modules: none", "Tied weights: none", "Estimated per-rank memory",
-                     "BlockRegressor._fsdp_wrap_modules", "CPU offload: no"):
+    for expected in (
+        "fsdp on mesh (dp_shard=2)",
+        "blocks.2 (Block): 634 params",
+        "<root> (BlockRegressor): 199",
+        "Ignored modules: none",
+        "Tied weights: none",
+        "Estimated per-rank memory",
+        "BlockRegressor._fsdp_wrap_modules",
+        "CPU offload: no",
+    ):
         assert expected in text, (expected, text)
 
 
@@ -77,7 +86,9 @@ def test_padded_shard_sizes():
 def test_memory_estimate_arithmetic():
     lin = nn.Linear(4, 6)  # weight (6,4)=24, bias 6, fp32
     frozen = nn.Linear(4, 3).requires_grad_(False)  # 15 elements, no grads or optimizer state
-    est = estimate_memory([*lin.parameters(), *frozen.parameters(), lin.weight], dp_shard=4)  # duplicate ignored
+    est = estimate_memory(
+        [*lin.parameters(), *frozen.parameters(), lin.weight], dp_shard=4
+    )  # duplicate ignored
     # per rank: weight 2x4=8, bias 2, frozen weight 1x4=4 + bias 1 -> params 15 elements
     assert est.params == 15 * 4 and est.grads == 10 * 4 and est.optimizer == 2 * 10 * 4
     assert est.unsharded_params == 45 * 4 and est.unsharded_grads == 30 * 4
@@ -105,7 +116,9 @@ def test_plan_with_ignored_modules_and_precision():
 
 
 def test_units_inside_ignored_modules_are_dropped_and_all_ignored_is_refused():
-    plan = build_plan(BlockRegressor(), FSDP2, fsdp_settings(wrap_modules=("Block", "Head"), ignored_modules="head"))
+    plan = build_plan(
+        BlockRegressor(), FSDP2, fsdp_settings(wrap_modules=("Block", "Head"), ignored_modules="head")
+    )
     assert [u.path for u in plan.units] == ["blocks.0", "blocks.1", "blocks.2"]
     with pytest.raises(ShardingError, match="lies inside"):
         build_plan(BlockRegressor(), FSDP2, fsdp_settings(ignored_modules="blocks"))
@@ -127,6 +140,7 @@ def test_many_units_are_grouped_by_class():
 
 # ---- precision rules ----------------------------------------------------------------------------
 
+
 def test_no_mixed_precision_means_no_policy_and_no_upcast():
     sp = resolve_sharded_precision("no")
     assert sp.source == "none" and not sp.upcast_trainable
@@ -136,8 +150,12 @@ def test_no_mixed_precision_means_no_policy_and_no_upcast():
 @pytest.mark.parametrize(("mode", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_derived_policy(mode, dtype):
     unit, root = resolve_sharded_precision(mode).policies()
-    assert unit == MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
-    assert root == MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    assert unit == MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True
+    )
+    assert root == MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
     assert resolve_sharded_precision(mode).upcast_trainable
 
 
@@ -147,24 +165,31 @@ def test_explicit_policy_is_built_from_its_fields_only():
     unit, root = sp.policies()
     assert unit == root == MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # reduce_dtype left to torch
     assert sp.upcast_trainable and "torch" in sp.describe() and "default" in sp.describe()
-    full = MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype="float32", output_dtype="float32",
-                                      cast_forward_inputs=False)
+    full = MixedPrecisionPolicyConfig(
+        param_dtype="bfloat16", reduce_dtype="float32", output_dtype="float32", cast_forward_inputs=False
+    )
     assert resolve_sharded_precision("no", full).policies()[0] == MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32,
-        cast_forward_inputs=False)
+        param_dtype=torch.bfloat16,
+        reduce_dtype=torch.float32,
+        output_dtype=torch.float32,
+        cast_forward_inputs=False,
+    )
 
 
 def test_explicit_policy_needs_param_dtype_and_float16_needs_fp16():
     with pytest.raises(ValueError, match="param_dtype must be set"):
         MixedPrecisionPolicyConfig(reduce_dtype="float32")
     with pytest.raises(ValueError, match="needs accelerator.mixed_precision=fp16"):
-        AcceleratorConfig(mixed_precision="bf16", fsdp=FSDPConfig(
-            mixed_precision_policy=MixedPrecisionPolicyConfig(param_dtype="float16")))
+        AcceleratorConfig(
+            mixed_precision="bf16",
+            fsdp=FSDPConfig(mixed_precision_policy=MixedPrecisionPolicyConfig(param_dtype="float16")),
+        )
     with pytest.raises(ValueError, match="needs accelerator.mixed_precision=fp16"):
-        resolve_sharded_precision("no", MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype="float16"))
+        resolve_sharded_precision(
+            "no", MixedPrecisionPolicyConfig(param_dtype="bfloat16", reduce_dtype="float16")
+        )
     unit, _ = resolve_sharded_precision("fp16", MixedPrecisionPolicyConfig(param_dtype="float16")).policies()
     assert unit.param_dtype == torch.float16
-
 
 
 def test_grouped_units_pair_the_towers_layer_by_layer():
@@ -172,8 +197,12 @@ def test_grouped_units_pair_the_towers_layer_by_layer():
 
     plan = build_plan(JointTowers(), FSDP2)
     assert [(u.paths, u.class_name) for u in plan.units] == [
-        (("main.0", "side.0"), "MainTowerLayer+SideTowerLayer"), (("main.1", "side.1"), "MainTowerLayer+SideTowerLayer")]
-    assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(p.numel() for p in JointTowers().parameters())
+        (("main.0", "side.0"), "MainTowerLayer+SideTowerLayer"),
+        (("main.1", "side.1"), "MainTowerLayer+SideTowerLayer"),
+    ]
+    assert sum(u.num_params for u in plan.units) + plan.root.num_params == sum(
+        p.numel() for p in JointTowers().parameters()
+    )
     assert "main.1 + side.1 (MainTowerLayer+SideTowerLayer)" in "\n".join(plan.describe())
     # Naming only the side tower (the naive wrap) still shards each pair as one unit.
     naive = build_plan(JointTowers(), FSDP2, fsdp_settings(wrap_modules=("SideTowerLayer",)))
@@ -187,7 +216,9 @@ def test_grouped_units_refusals():
     lopsided.side.append(type(lopsided.side[0])(11))
     with pytest.raises(ShardingError, match=r"MainTowerLayer x2, SideTowerLayer x3"):
         build_plan(lopsided, FSDP2)
-    with pytest.raises(ShardingError, match=r"covers side\.0 but not the rest of its grouped unit \(main\.0 \+ side\.0\)"):
+    with pytest.raises(
+        ShardingError, match=r"covers side\.0 but not the rest of its grouped unit \(main\.0 \+ side\.0\)"
+    ):
         build_plan(JointTowers(), FSDP2, fsdp_settings(ignored_modules=r"side\.0"))
 
 
@@ -206,8 +237,11 @@ def test_tied_weights_inside_a_grouped_unit_are_fine_across_groups_refused():
 def test_mixed_trainable_dtypes_in_one_unit_are_refused_unless_masters_are_fp32():
     model = BlockRegressor()
     model.blocks[1].fc2.to(torch.bfloat16)
-    with pytest.raises(ShardingError, match=r"FSDP unit blocks\.1 holds trainable parameters of several dtypes: "
-                                            r"bfloat16 \(blocks\.1\.fc2\.weight\), float32 \(blocks\.1\.fc1\.weight\)"):
+    with pytest.raises(
+        ShardingError,
+        match=r"FSDP unit blocks\.1 holds trainable parameters of several dtypes: "
+        r"bfloat16 \(blocks\.1\.fc2\.weight\), float32 \(blocks\.1\.fc1\.weight\)",
+    ):
         build_plan(model, FSDP2)
     assert build_plan(model, FSDP2, fsdp_settings("bf16")).units  # bf16 mixed precision: fp32 masters
     model.blocks[1].fc2.requires_grad_(False)

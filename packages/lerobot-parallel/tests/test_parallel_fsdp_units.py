@@ -50,8 +50,12 @@ def test_policy_attribute_needs_only_one_match_and_reports_the_rest():
 def test_default_wrap_modules_argument_replaces_the_attribute():
     sel = select_units(PlainRegressor(), FSDPConfig(), default_wrap_modules=["Head"])
     assert sel.paths == ("head",) and sel.source == "default_wrap_modules"
-    sel = select_units(BlockRegressor(), FSDPConfig(), default_wrap_modules=["Head"],
-                       default_wrap_modules_source="MyConfig.units")
+    sel = select_units(
+        BlockRegressor(),
+        FSDPConfig(),
+        default_wrap_modules=["Head"],
+        default_wrap_modules_source="MyConfig.units",
+    )
     assert sel.paths == ("head",) and sel.source == "MyConfig.units"  # the attribute's Block is not read
 
 
@@ -59,17 +63,24 @@ def test_an_empty_default_list_is_the_callers_answer_and_the_refusal_names_its_s
     """A caller that keeps the policy's units in its config passes them even when empty: the class
     attribute (BlockRegressor declares Block) is not consulted, and the refusal names the caller's field."""
     with pytest.raises(ShardingError) as err:
-        select_units(BlockRegressor(), FSDPConfig(), default_wrap_modules=(),
-                     default_wrap_modules_source="MyConfig.units")
+        select_units(
+            BlockRegressor(),
+            FSDPConfig(),
+            default_wrap_modules=(),
+            default_wrap_modules_source="MyConfig.units",
+        )
     msg = str(err.value)
     assert "BlockRegressor gives none: MyConfig.units lists no block class" in msg, msg
     assert "or name the block classes in MyConfig.units." in msg and "_fsdp_wrap_modules" not in msg
     assert "accelerator.fsdp.wrap_modules=" in msg and "accelerator.fsdp.min_num_params=N" in msg
-    plan = build_plan(BlockRegressor(), FSDP2, default_wrap_modules=["Block"],
-                      default_wrap_modules_source="MyConfig.units")
+    plan = build_plan(
+        BlockRegressor(), FSDP2, default_wrap_modules=["Block"], default_wrap_modules_source="MyConfig.units"
+    )
     assert plan.unit_source == "MyConfig.units"
     with pytest.raises(ShardingError, match="MyConfig.units lists no block class"):
-        build_plan(BlockRegressor(), FSDP2, default_wrap_modules=[], default_wrap_modules_source="MyConfig.units")
+        build_plan(
+            BlockRegressor(), FSDP2, default_wrap_modules=[], default_wrap_modules_source="MyConfig.units"
+        )
 
 
 class HeadNeverForwarded(BlockRegressor):
@@ -85,22 +96,40 @@ def test_no_forward_classes_come_from_the_argument_else_from_the_class_attribute
         select_units(BlockRegressor(), by_name, no_forward=["Head"])
     # the size rule passes over them: Head (82) would be a unit at 80, its parameters go to the root instead
     assert "head" in select_units(BlockRegressor(), FSDPConfig(min_num_params=80)).paths
-    assert "head" not in select_units(BlockRegressor(), FSDPConfig(min_num_params=80), no_forward=["Head"]).paths
+    assert (
+        "head" not in select_units(BlockRegressor(), FSDPConfig(min_num_params=80), no_forward=["Head"]).paths
+    )
     # build_plan hands its argument down, sharded and unsharded (activation checkpointing's blocks)
     with pytest.raises(ShardingError, match=r"Head never runs its forward\(\)"):
-        build_plan(BlockRegressor(), FSDP2, AcceleratorConfig(fsdp=by_name), default_no_forward_modules=["Head"])
-    assert build_plan(HeadNeverForwarded(), FSDP2, AcceleratorConfig(fsdp=by_name),
-                      default_no_forward_modules=[]).units[0].path == "head"
-    checkpointed = AcceleratorConfig(fsdp=by_name, activation_checkpointing=ActivationCheckpointingConfig(mode="full"))
+        build_plan(
+            BlockRegressor(), FSDP2, AcceleratorConfig(fsdp=by_name), default_no_forward_modules=["Head"]
+        )
+    assert (
+        build_plan(
+            HeadNeverForwarded(), FSDP2, AcceleratorConfig(fsdp=by_name), default_no_forward_modules=[]
+        )
+        .units[0]
+        .path
+        == "head"
+    )
+    checkpointed = AcceleratorConfig(
+        fsdp=by_name, activation_checkpointing=ActivationCheckpointingConfig(mode="full")
+    )
     with pytest.raises(ShardingError, match=r"Head never runs its forward\(\)"):
-        build_plan(BlockRegressor(), ParallelRuntime.single(), checkpointed, default_no_forward_modules=["Head"])
+        build_plan(
+            BlockRegressor(), ParallelRuntime.single(), checkpointed, default_no_forward_modules=["Head"]
+        )
 
 
 def test_no_source_fails_naming_the_three_ways():
     with pytest.raises(ShardingError) as err:
         select_units(PlainRegressor(), FSDPConfig())
     msg = str(err.value)
-    assert "accelerator.fsdp.wrap_modules=" in msg and "accelerator.fsdp.min_num_params=N" in msg and "--" not in msg
+    assert (
+        "accelerator.fsdp.wrap_modules=" in msg
+        and "accelerator.fsdp.min_num_params=N" in msg
+        and "--" not in msg
+    )
     assert "_fsdp_wrap_modules" in msg and "PlainRegressor" in msg
 
 
@@ -113,7 +142,9 @@ def test_root_only_and_containers_are_refused():
 
 def test_min_num_params_is_bottom_up_and_non_overlapping():
     model = BlockRegressor()  # inp 117, each fc1 322 / fc2 312 (Block 634), head 82 (norm 26 + proj 56)
-    assert select_by_size(model, 300).paths == tuple(f"blocks.{i}.{fc}" for i in range(3) for fc in ("fc1", "fc2"))
+    assert select_by_size(model, 300).paths == tuple(
+        f"blocks.{i}.{fc}" for i in range(3) for fc in ("fc1", "fc2")
+    )
     # 400: no Linear qualifies, each Block does (634); the ModuleList never; the root is not a unit
     assert select_by_size(model, 400).paths == ("blocks.0", "blocks.1", "blocks.2")
     # 80: the head's proj (56) and norm (26) are too small alone, the Head (82) takes both
@@ -134,9 +165,14 @@ def test_ignored_modules_match_whole_paths():
     pattern = FSDPConfig(ignored_modules="head").ignored_modules_pattern
     assert select_ignored(model, pattern) == ("head",)  # not head.norm / head.proj separately
     assert select_ignored(model, FSDPConfig(ignored_modules=r".*\.fc2").ignored_modules_pattern) == (
-        "blocks.0.fc2", "blocks.1.fc2", "blocks.2.fc2")
+        "blocks.0.fc2",
+        "blocks.1.fc2",
+        "blocks.2.fc2",
+    )
     with pytest.raises(ShardingError, match="matches no module path") as err:
-        select_ignored(model, FSDPConfig(ignored_modules="fc2").ignored_modules_pattern)  # fullmatch, not search
+        select_ignored(
+            model, FSDPConfig(ignored_modules="fc2").ignored_modules_pattern
+        )  # fullmatch, not search
     assert "blocks.0.fc2" in str(err.value)
     assert select_ignored(model, None) == ()
 

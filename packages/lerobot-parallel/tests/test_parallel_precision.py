@@ -20,7 +20,9 @@ class Probe(torch.nn.Module):
         return y.float().pow(2).mean()
 
 
-@pytest.mark.parametrize("mode,dtype", [("no", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+@pytest.mark.parametrize(
+    "mode,dtype", [("no", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)]
+)
 def test_autocast_dtype_and_fp32_params(mode, dtype):
     model, precision = Probe(), build_precision(mode, "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

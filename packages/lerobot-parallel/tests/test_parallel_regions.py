@@ -26,8 +26,9 @@ SINGLE = ParallelRuntime.preview(ParallelismConfig())
 
 
 def accelerator(mode: str = "none", **compile_fields) -> AcceleratorConfig:
-    return AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig(mode),
-                             compile=CompileConfig(**compile_fields))
+    return AcceleratorConfig(
+        activation_checkpointing=ActivationCheckpointingConfig(mode), compile=CompileConfig(**compile_fields)
+    )
 
 
 def regression_batch() -> dict[str, torch.Tensor]:
@@ -36,7 +37,8 @@ def regression_batch() -> dict[str, torch.Tensor]:
 
 
 def run(model: torch.nn.Module, acc: AcceleratorConfig, batch: dict) -> tuple[float, dict, int, object]:
-    """One forward+backward through ``wrap_model``: loss, gradients by name, bytes saved for backward, plan."""
+    """One forward+backward through ``wrap_model``: loss, gradients by name,
+    bytes saved for backward, plan."""
     plan = build_plan(model, SINGLE, acc)
     wrapped = wrap_model(model, SINGLE, plan).model
     (loss, _), saved = saved_tensor_bytes(lambda: wrapped(batch))
@@ -45,8 +47,11 @@ def run(model: torch.nn.Module, acc: AcceleratorConfig, batch: dict) -> tuple[fl
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
-@pytest.mark.parametrize("model_fn", [lambda: BlockRegressor(depth=6), lambda: JointTowers(depth=4)],
-                         ids=["blocks", "joint-towers"])
+@pytest.mark.parametrize(
+    "model_fn",
+    [lambda: BlockRegressor(depth=6), lambda: JointTowers(depth=4)],
+    ids=["blocks", "joint-towers"],
+)
 def test_checkpointing_keeps_gradients_and_saves_fewer_bytes(mode, model_fn):
     batch = regression_batch() if not isinstance(model_fn(), JointTowers) else JointTowers.batch(8, 0)
     loss0, grads0, bytes0, _ = run(model_fn(), accelerator(), batch)
@@ -62,7 +67,11 @@ def test_checkpointing_keeps_gradients_and_saves_fewer_bytes(mode, model_fn):
 def test_grouped_units_are_one_region_and_the_joint_method_is_checkpointed():
     model = JointTowers(depth=3)
     plan = build_plan(model, SINGLE, accelerator("full"))
-    assert [b.paths for b in plan.blocks] == [("main.0", "side.0"), ("main.1", "side.1"), ("main.2", "side.2")]
+    assert [b.paths for b in plan.blocks] == [
+        ("main.0", "side.0"),
+        ("main.1", "side.1"),
+        ("main.2", "side.2"),
+    ]
     keys = list(model.state_dict())
     wrap_model(model, SINGLE, plan)
     assert list(model.state_dict()) == keys  # nothing re-parented: checkpoints keep their names
@@ -74,7 +83,8 @@ def test_grouped_units_are_one_region_and_the_joint_method_is_checkpointed():
 
 
 def test_a_deep_copy_runs_its_own_weights():
-    """An EMA shadow is a deep copy: its checkpointed blocks must run the copy's parameters, not the original's."""
+    """An EMA shadow is a deep copy: its checkpointed blocks must run the copy's parameters,
+    not the original's."""
     model = BlockRegressor(depth=2)
     wrap_model(model, SINGLE, build_plan(model, SINGLE, accelerator("full")))
     shadow = copy.deepcopy(model)
@@ -116,53 +126,81 @@ def test_inductor_regional_compile_on_cpu_matches_eager(fresh_dynamo):
     assert compiled_graphs() == 1  # one graph for both blocks: identical blocks share it
     assert plan.describe_regions() == [
         "Activation checkpointing: full, on 2 block(s) (MainTowerLayer+SideTowerLayer x2)",
-        ("Compile: torch.compile backend=inductor mode=default, regional, each of 2 block(s) "
-        "(MainTowerLayer+SideTowerLayer x2)")]
+        (
+            "Compile: torch.compile backend=inductor mode=default, regional, each of 2 block(s) "
+            "(MainTowerLayer+SideTowerLayer x2)"
+        ),
+    ]
     assert loss1 == pytest.approx(loss0, rel=1e-5)
     for name, g in grads0.items():
         torch.testing.assert_close(grads1[name], g, rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_identical_blocks_share_one_compiled_graph(fresh_dynamo):
-    run(JointTowers(depth=5), accelerator("selective", enabled=True, backend="aot_eager"), JointTowers.batch(8, 0))
+    run(
+        JointTowers(depth=5),
+        accelerator("selective", enabled=True, backend="aot_eager"),
+        JointTowers.batch(8, 0),
+    )
     assert compiled_graphs() == 1
 
 
 def test_unsharded_regions_need_declared_blocks():
-    with pytest.raises(ShardingError, match=r"^accelerator\.activation_checkpointing\.mode=full apply to the "
-                                            r"policy's blocks, and none could be chosen: FSDP needs wrap units"):
+    with pytest.raises(
+        ShardingError,
+        match=r"^accelerator\.activation_checkpointing\.mode=full apply to the "
+        r"policy's blocks, and none could be chosen: FSDP needs wrap units",
+    ):
         build_plan(PlainRegressor(), SINGLE, accelerator("full"))
     # the unit flags choose them as they choose FSDP units
-    acc = AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig("full"),
-                            fsdp=FSDPConfig(wrap_modules=["Head"]))
+    acc = AcceleratorConfig(
+        activation_checkpointing=ActivationCheckpointingConfig("full"), fsdp=FSDPConfig(wrap_modules=["Head"])
+    )
     assert [b.path for b in build_plan(PlainRegressor(), SINGLE, acc).blocks] == ["head"]
     assert build_plan(PlainRegressor(), SINGLE, accelerator()).blocks == ()
 
 
 def test_nested_units_checkpoint_only_the_outermost():
-    acc = AcceleratorConfig(activation_checkpointing=ActivationCheckpointingConfig("full"),
-                            fsdp=FSDPConfig(wrap_modules=["Head", "LayerNorm"]))
+    acc = AcceleratorConfig(
+        activation_checkpointing=ActivationCheckpointingConfig("full"),
+        fsdp=FSDPConfig(wrap_modules=["Head", "LayerNorm"]),
+    )
     plan = build_plan(BlockRegressor(), SINGLE, acc)
     assert [b.path for b in plan.blocks] == ["head"]
 
 
 def test_refusals_name_the_setting():
-    with pytest.raises(ParallelismError, match=r"accelerator\.activation_checkpointing\.mode: invalid choice 'some'"):
+    with pytest.raises(
+        ParallelismError, match=r"accelerator\.activation_checkpointing\.mode: invalid choice 'some'"
+    ):
         ActivationCheckpointingConfig("some")
     with pytest.raises(ParallelismError, match=r"accelerator\.compile\.mode: invalid choice"):
         CompileConfig(mode="fast")
-    with pytest.raises(ParallelismError, match=r"accelerator\.compile\.mode=reduce-overhead captures CUDA graphs.*"
-                                               r"gradient_accumulation\.steps=2"):
-        AcceleratorConfig(compile=CompileConfig(enabled=True, mode="reduce-overhead"),
-                          gradient_accumulation=GradientAccumulationConfig(steps=2))
-    AcceleratorConfig(compile=CompileConfig(enabled=True, mode="max-autotune-no-cudagraphs"),
-                      gradient_accumulation=GradientAccumulationConfig(steps=2))
-    with pytest.raises(ShardingError, match=r"accelerator\.compile\.backend=nope: torch\.compile has no such backend; "
-                                            r"valid: .*inductor"):
+    with pytest.raises(
+        ParallelismError,
+        match=r"accelerator\.compile\.mode=reduce-overhead captures CUDA graphs.*"
+        r"gradient_accumulation\.steps=2",
+    ):
+        AcceleratorConfig(
+            compile=CompileConfig(enabled=True, mode="reduce-overhead"),
+            gradient_accumulation=GradientAccumulationConfig(steps=2),
+        )
+    AcceleratorConfig(
+        compile=CompileConfig(enabled=True, mode="max-autotune-no-cudagraphs"),
+        gradient_accumulation=GradientAccumulationConfig(steps=2),
+    )
+    with pytest.raises(
+        ShardingError,
+        match=r"accelerator\.compile\.backend=nope: torch\.compile has no such backend; "
+        r"valid: .*inductor",
+    ):
         build_plan(BlockRegressor(), SINGLE, accelerator(enabled=True, backend="nope"))
     fsdp = ParallelRuntime.preview(ParallelismConfig(dp_shard=2))
-    with pytest.raises(ShardingError, match=r"accelerator\.compile\.regional=false compiles the whole policy, which "
-                                            r"fsdp sharding does not support"):
+    with pytest.raises(
+        ShardingError,
+        match=r"accelerator\.compile\.regional=false compiles the whole policy, which "
+        r"fsdp sharding does not support",
+    ):
         build_plan(BlockRegressor(), fsdp, accelerator(enabled=True, regional=False))
     sharded = build_plan(BlockRegressor(), fsdp, accelerator("selective"))
     assert [b.path for b in sharded.blocks] == [u.path for u in sharded.units]

@@ -26,8 +26,15 @@ from lerobot_parallel.runtime import ParallelRuntime, backend_for, init_runtime,
 from lerobot_parallel.teardown import parallel_session, shutdown_process_group
 from lerobot_parallel.wrap import WrappedModel, wrap_model
 
-TORCHRUN_ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}
+TORCHRUN_ENV = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "x",
+}
 
 
 def test_launch_env_from_torchrun():
@@ -39,39 +46,67 @@ def test_launch_env_from_torchrun():
 
 def test_launch_env_plain_accelerate_is_single_process():
     # `accelerate launch --num_processes=2` without GPUs: one process, MASTER_* but no ranks.
-    env = LaunchEnv.from_environ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "ACCELERATE_USE_CPU": "False"})
+    env = LaunchEnv.from_environ(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "ACCELERATE_USE_CPU": "False"}
+    )
     assert (env.rank, env.world_size, env.launcher) == (0, 1, "none")
     assert not env.is_multi_process
 
 
 def test_launch_env_mpi_names():
-    env = LaunchEnv.from_environ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
-                                  "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
-    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.launcher) == (2, 4, 0, 2, "mpi")
+    env = LaunchEnv.from_environ(
+        {
+            "OMPI_COMM_WORLD_RANK": "2",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        }
+    )
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.launcher) == (
+        2,
+        4,
+        0,
+        2,
+        "mpi",
+    )
 
 
-@pytest.mark.parametrize("bad", [{"RANK": "2", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "two"},
-                                 {"WORLD_SIZE": "2", "LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"RANK": "2", "WORLD_SIZE": "2"},
+        {"WORLD_SIZE": "0"},
+        {"WORLD_SIZE": "two"},
+        {"WORLD_SIZE": "2", "LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2"},
+    ],
+)
 def test_launch_env_rejects_inconsistent_values(bad):
     with pytest.raises(ValueError):
         LaunchEnv.from_environ(bad)
 
 
-@pytest.mark.parametrize(("env", "missing"), [
-    ({"WORLD_SIZE": "2"}, "RANK/MASTER_ADDR/MASTER_PORT are not"),
-    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK/MASTER_PORT are not"),
-    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT is not"),
-])
+@pytest.mark.parametrize(
+    ("env", "missing"),
+    [
+        ({"WORLD_SIZE": "2"}, "RANK/MASTER_ADDR/MASTER_PORT are not"),
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "RANK/MASTER_PORT are not"),
+        ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT is not"),
+    ],
+)
 def test_world_size_without_a_launcher_is_a_usage_error_before_any_group(env, missing):
     # Typed by hand or left in a shell: torch would fail in env:// rendezvous, or wait for peers forever.
-    with pytest.raises(LaunchEnvError, match=f"WORLD_SIZE=2 is set but {missing}: start the processes with torchrun"):
+    with pytest.raises(
+        LaunchEnvError, match=f"WORLD_SIZE=2 is set but {missing}: start the processes with torchrun"
+    ):
         LaunchEnv.from_environ(env)
     assert issubclass(LaunchEnvError, ParallelismError)  # a CLI exits 2 on it
 
 
 def test_a_hand_made_complete_launch_env_is_accepted():
     # A batch script exporting all four itself (no TORCHELASTIC_RUN_ID) is a valid env:// launch.
-    env = LaunchEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    env = LaunchEnv.from_environ(
+        {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    )
     assert (env.rank, env.world_size, env.master_port) == (1, 2, 29500)
     assert LaunchEnv.from_environ({"WORLD_SIZE": "1"}).world_size == 1
 
@@ -79,7 +114,14 @@ def test_a_hand_made_complete_launch_env_is_accepted():
 def test_single_process_runtime_has_no_process_group():
     rt = init_runtime(launch=LaunchEnv())
     assert not dist.is_initialized()
-    assert (rt.rank, rt.world_size, rt.dp_rank, rt.dp_world_size, rt.backend, rt.mesh) == (0, 1, 0, 1, None, None)
+    assert (rt.rank, rt.world_size, rt.dp_rank, rt.dp_world_size, rt.backend, rt.mesh) == (
+        0,
+        1,
+        0,
+        1,
+        None,
+        None,
+    )
     assert rt.is_main and not rt.is_distributed and rt.mode == "single" and rt.dp_group is None
     acc = torch.accelerator.current_accelerator(check_available=True)
     assert rt.device == (torch.device("cpu") if acc is None else torch.device(acc.type, 0))
@@ -147,15 +189,26 @@ def test_session_tears_down_its_own_group(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    rt = ParallelRuntime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo",
-                         parallelism=ParallelismConfig(), mesh=None, owns_process_group=True)
+    rt = ParallelRuntime(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        backend="gloo",
+        parallelism=ParallelismConfig(),
+        mesh=None,
+        owns_process_group=True,
+    )
     assert shutdown_process_group(rt, settle_s=0.01)
     assert not dist.is_initialized()
     assert not shutdown_process_group(rt, settle_s=0)  # idempotent
 
 
 def test_session_reraises_and_cleans_up():
-    with pytest.raises(RuntimeError, match="boom"), parallel_session(launch=LaunchEnv(), device="cpu", settle_s=0):
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        parallel_session(launch=LaunchEnv(), device="cpu", settle_s=0),
+    ):
         raise RuntimeError("boom")
     assert not dist.is_initialized()
 
@@ -177,12 +230,25 @@ def test_the_runtime_decides_the_topology_once():
     from lerobot_parallel.testing import BlockRegressor
 
     with pytest.raises(ParallelismError, match="resolved for that world size"):
-        ParallelRuntime(rank=0, world_size=4, local_rank=0, device=torch.device("cpu"), backend=None,
-                        parallelism=ParallelismConfig(dp_shard=2), mesh=None)
-    dims = {(r, s): ParallelRuntime.preview(ParallelismConfig(dp_replicate=r, dp_shard=s)).mesh_dims
-            for r, s in ((1, 1), (2, 1), (1, 2), (2, 2))}
-    assert dims == {(1, 1): (("dp_replicate", 1),), (2, 1): (("dp_replicate", 2),), (1, 2): (("dp_shard", 2),),
-                    (2, 2): (("dp_replicate", 2), ("dp_shard", 2))}
+        ParallelRuntime(
+            rank=0,
+            world_size=4,
+            local_rank=0,
+            device=torch.device("cpu"),
+            backend=None,
+            parallelism=ParallelismConfig(dp_shard=2),
+            mesh=None,
+        )
+    dims = {
+        (r, s): ParallelRuntime.preview(ParallelismConfig(dp_replicate=r, dp_shard=s)).mesh_dims
+        for r, s in ((1, 1), (2, 1), (1, 2), (2, 2))
+    }
+    assert dims == {
+        (1, 1): (("dp_replicate", 1),),
+        (2, 1): (("dp_replicate", 2),),
+        (1, 2): (("dp_shard", 2),),
+        (2, 2): (("dp_replicate", 2), ("dp_shard", 2)),
+    }
     preview = ParallelRuntime.preview(ParallelismConfig(dp_replicate=2, dp_shard=2))
     assert (preview.world_size, preview.mesh, preview.mode) == (4, None, "hsdp")
     plan = build_plan(BlockRegressor(), preview)
@@ -199,8 +265,15 @@ def test_sharded_request_is_checked_before_any_collective(degrees):
     from lerobot_parallel.testing import BlockRegressor
 
     r, s = degrees
-    rt = ParallelRuntime(rank=0, world_size=r * s, local_rank=0, device=torch.device("cpu"), backend="gloo",
-                         parallelism=ParallelismConfig(dp_replicate=r, dp_shard=s), mesh=None)
+    rt = ParallelRuntime(
+        rank=0,
+        world_size=r * s,
+        local_rank=0,
+        device=torch.device("cpu"),
+        backend="gloo",
+        parallelism=ParallelismConfig(dp_replicate=r, dp_shard=s),
+        mesh=None,
+    )
     with pytest.raises(ParallelismError, match="needs wrap units"):
         build_plan(torch.nn.Linear(2, 2), rt)
     other = build_plan(BlockRegressor(), ParallelRuntime.preview(ParallelismConfig(dp_shard=8)))

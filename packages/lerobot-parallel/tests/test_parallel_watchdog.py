@@ -75,13 +75,20 @@ print(json.dumps({"exit_code": code, "after_s": time.monotonic() - t0}), flush=T
 
 def _orphan(mode: str) -> tuple[dict, str]:
     rank = RANK.format(interval=INTERVAL_S)
-    res = subprocess.run([sys.executable, "-c", HARNESS, LAUNCHER, rank, mode], check=False, capture_output=True,
-                         text=True, timeout=90)
+    res = subprocess.run(
+        [sys.executable, "-c", HARNESS, LAUNCHER, rank, mode],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1]), res.stderr
 
 
-needs_subreaper = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux-only")
+needs_subreaper = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux-only"
+)
 
 
 @needs_subreaper
@@ -125,12 +132,23 @@ def test_stop_ends_the_thread_without_firing():
     assert not watch.running and fired == []
 
 
-@pytest.mark.parametrize(("launch", "environ", "wanted"), [
-    (LaunchEnv(), {}, False),  # one process, no launcher: its parent is a shell (nohup, a closed terminal)
-    (LaunchEnv(world_size=1), {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, False),  # plain accelerate launch
-    (LaunchEnv(rank=1, world_size=2), {}, True),
-    (LaunchEnv(), {"TORCHELASTIC_RUN_ID": "x"}, True),  # torchrun --nproc-per-node=1
-])
+@pytest.mark.parametrize(
+    ("launch", "environ", "wanted"),
+    [
+        (
+            LaunchEnv(),
+            {},
+            False,
+        ),  # one process, no launcher: its parent is a shell (nohup, a closed terminal)
+        (
+            LaunchEnv(world_size=1),
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+            False,
+        ),  # plain accelerate launch
+        (LaunchEnv(rank=1, world_size=2), {}, True),
+        (LaunchEnv(), {"TORCHELASTIC_RUN_ID": "x"}, True),  # torchrun --nproc-per-node=1
+    ],
+)
 def test_armed_only_under_a_launcher(launch, environ, wanted):
     assert launcher_watch_wanted(launch, environ) is wanted
 
@@ -147,6 +165,8 @@ def test_parallel_session_arms_the_watch_and_stops_it_in_teardown(monkeypatch, w
 
     monkeypatch.setattr(teardown, "start_launcher_watch", start)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    with teardown.parallel_session(launch=LaunchEnv(), device="cpu", settle_s=0, watch_launcher=watch_launcher):
+    with teardown.parallel_session(
+        launch=LaunchEnv(), device="cpu", settle_s=0, watch_launcher=watch_launcher
+    ):
         assert [w.running for w in started] == ([True] if armed else [])
     assert [w.running for w in started] == ([False] if armed else [])

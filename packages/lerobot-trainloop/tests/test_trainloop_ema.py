@@ -26,8 +26,10 @@ def reference_decay(n, update_after_step=0, inv_gamma=1.0, power=0.75, min_decay
     return max(min(1 - (1 + step / inv_gamma) ** -power, max_decay), min_decay)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"update_after_step": 3}, {"inv_gamma": 2.0, "power": 2 / 3},
-                                    {"min_decay": 0.5, "max_decay": 0.9}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"update_after_step": 3}, {"inv_gamma": 2.0, "power": 2 / 3}, {"min_decay": 0.5, "max_decay": 0.9}],
+)
 def test_decay_follows_the_warmup_schedule(kwargs):
     cfg = EmaConfig(enable=True, **kwargs)
     assert [cfg.decay_at(n) for n in range(1, 40)] == [reference_decay(n, **kwargs) for n in range(1, 40)]
@@ -38,15 +40,21 @@ def test_constant_decay_after_the_first_copy():
     assert [cfg.decay_at(n) for n in range(1, 6)] == [0.0, 0.0, 0.0, 0.99, 0.99]
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"decay": 1.5}, "ema.decay must be a number in [0, 1]"),
-    ({"update_after_step": -1}, "ema.update_after_step must be an integer ≥ 0"),
-    ({"inv_gamma": 0}, "ema.inv_gamma must be a number > 0"),
-    ({"power": -1.0}, "ema.power must be a number > 0"),
-    ({"min_decay": 0.9, "max_decay": 0.5}, "ema.min_decay must be ≤ ema.max_decay"),
-    ({"decay": 0.99, "max_decay": 0.9}, "ema.decay \\(a constant decay\\) excludes changed ema.min_decay"),
-    ({"enable": "yes"}, "ema.enable must be true or false"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"decay": 1.5}, "ema.decay must be a number in [0, 1]"),
+        ({"update_after_step": -1}, "ema.update_after_step must be an integer ≥ 0"),
+        ({"inv_gamma": 0}, "ema.inv_gamma must be a number > 0"),
+        ({"power": -1.0}, "ema.power must be a number > 0"),
+        ({"min_decay": 0.9, "max_decay": 0.5}, "ema.min_decay must be ≤ ema.max_decay"),
+        (
+            {"decay": 0.99, "max_decay": 0.9},
+            "ema.decay \\(a constant decay\\) excludes changed ema.min_decay",
+        ),
+        ({"enable": "yes"}, "ema.enable must be true or false"),
+    ],
+)
 def test_invalid_settings_are_refused_by_name(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
         EmaConfig(**kwargs)
@@ -124,21 +132,26 @@ def test_loop_updates_once_per_optimizer_update_and_saves_the_counter():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     ema = ModelEma(model, EmaConfig(enable=True, decay=0.9))
     acc = AcceleratorConfig(gradient_accumulation=GradientAccumulationConfig(2))
-    loop = TrainLoop(wrap_model(model, RT, build_plan(model, RT)), opt, accelerator=acc, sampler=sampler, ema=ema)
+    loop = TrainLoop(
+        wrap_model(model, RT, build_plan(model, RT)), opt, accelerator=acc, sampler=sampler, ema=ema
+    )
     seen = []
     loop.add_hook(lambda e: seen.append(ema.updates), every=1, check_finite=False)
     loop.run((ds.batch(ix) for ix in sampler), 6)
     assert seen == [0, 1, 1, 2, 2, 3]  # only the window's last micro-batch updates
     assert loop.state_dict()["ema_updates"] == 3
     fresh = ModelEma(TinyRegressor(seed=2), EmaConfig(enable=True, decay=0.9))
-    other = TrainLoop(wrap_model(TinyRegressor(seed=2), RT, build_plan(model, RT)), opt, accelerator=acc, ema=fresh)
+    other = TrainLoop(
+        wrap_model(TinyRegressor(seed=2), RT, build_plan(model, RT)), opt, accelerator=acc, ema=fresh
+    )
     other.load_state_dict(loop.state_dict())
     assert fresh.updates == 3 and fresh.decay == 0.9
 
 
 def test_an_update_the_fp16_scaler_skipped_is_not_an_ema_update():
     """The guide: the EMA steps "after every optimizer update". An update the loss scaler skipped (inf
-    gradients at a huge initial scale) left the weights as they were: no EMA step, no count in the schedule."""
+    gradients at a huge initial scale) left the weights as they were: no EMA step, no count in the
+    schedule."""
     from lerobot_parallel.precision import build_precision
 
     ds = SyntheticRegression(64, seed=1)
@@ -147,11 +160,22 @@ def test_an_update_the_fp16_scaler_skipped_is_not_an_ema_update():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     ema = ModelEma(model, EmaConfig(enable=True, decay=0.5))
     precision = build_precision("fp16", "cpu", init_scale=2.0**40, backoff_factor=2.0**-32)
-    loop = TrainLoop(wrap_model(model, RT, build_plan(model, RT)), opt, accelerator=AcceleratorConfig(mixed_precision="fp16"),
-                     precision=precision, sampler=sampler, ema=ema)
+    loop = TrainLoop(
+        wrap_model(model, RT, build_plan(model, RT)),
+        opt,
+        accelerator=AcceleratorConfig(mixed_precision="fp16"),
+        precision=precision,
+        sampler=sampler,
+        ema=ema,
+    )
     seen = []
-    loop.add_hook(lambda e: seen.append((e.output.skipped, ema.updates, {k: v.clone() for k, v in ema.state().items()})),
-                  every=1, check_finite=False)
+    loop.add_hook(
+        lambda e: seen.append(
+            (e.output.skipped, ema.updates, {k: v.clone() for k, v in ema.state().items()})
+        ),
+        every=1,
+        check_finite=False,
+    )
     start = {k: v.clone() for k, v in ema.state().items()}
     loop.run((ds.batch(ix) for ix in sampler), 3)
     assert [(skipped, updates) for skipped, updates, _ in seen] == [(True, 0), (False, 1), (False, 2)]

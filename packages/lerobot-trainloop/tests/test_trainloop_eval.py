@@ -37,7 +37,9 @@ def test_sharding_is_even_in_batches_and_exact_in_samples(n, batch, world):
 
 
 def model_and_loop(model: nn.Module) -> TrainLoop:
-    return TrainLoop(wrap_model(model, RT, build_plan(model, RT)), torch.optim.SGD(model.parameters(), lr=0.1))
+    return TrainLoop(
+        wrap_model(model, RT, build_plan(model, RT)), torch.optim.SGD(model.parameters(), lr=0.1)
+    )
 
 
 def reference_loss(model, ds, indices):
@@ -81,8 +83,12 @@ def train(with_eval: bool):
     model = Dropout()
     sampler = ShardedBatchSampler(len(ds), 4, seed=0)
     ema = ModelEma(model, EmaConfig(enable=True, decay=0.5))
-    loop = TrainLoop(wrap_model(model, RT, build_plan(model, RT)), torch.optim.SGD(model.parameters(), lr=0.1),
-                     sampler=sampler, ema=ema)
+    loop = TrainLoop(
+        wrap_model(model, RT, build_plan(model, RT)),
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        sampler=sampler,
+        ema=ema,
+    )
     seen = []
     if with_eval:
         held = EvalBatches(list(range(8)), 3)
@@ -91,6 +97,7 @@ def train(with_eval: bool):
             assert model.training
             seen.append(evaluate(loop, (ds.batch(b) for b in held), held.weights(), ema=ema)["loss"])
             assert model.training  # back to training mode after it
+
         loop.add_hook(hook, every=2)
     loop.run((ds.batch(ix) for ix in sampler), 6)
     return model, ema, seen
@@ -101,14 +108,18 @@ def test_eval_does_not_disturb_training_and_evaluates_the_ema():
     evaluated, ema, seen = train(True)
     assert len(seen) == 3
     # dropout draws and every update identical to a run without evals: RNG forked, eval mode, weights restored
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), evaluated.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain.state_dict().values(), evaluated.state_dict().values())
+    )
     assert all(torch.equal(a, b) for a, b in zip(plain_ema.state().values(), ema.state().values()))
     # the value is the EMA weights' (eval mode: no dropout)
     ds = SyntheticRegression(32, seed=1)
     with ema.swapped():
         expected = reference_loss(evaluated, ds, list(range(8)))
     assert abs(seen[-1] - expected) < 1e-6
-    assert abs(reference_loss(evaluated, ds, list(range(8))) - expected) > 1e-6  # live weights give another value
+    assert (
+        abs(reference_loss(evaluated, ds, list(range(8))) - expected) > 1e-6
+    )  # live weights give another value
 
 
 def test_an_empty_set_is_refused():
@@ -122,8 +133,9 @@ class Noisy(TinyRegressor):
 
     def forward(self, batch):
         base = int(torch.randint(0, 2**31 - 1, ()).item())
-        noise = torch.stack([torch.randn((), generator=torch.Generator().manual_seed(base + int(i)))
-                             for i in batch["index"]])
+        noise = torch.stack(
+            [torch.randn((), generator=torch.Generator().manual_seed(base + int(i))) for i in batch["index"]]
+        )
         pred = self.net(batch["x"])
         per_sample = ((pred - batch["y"]) ** 2).mean(dim=1) + noise
         return per_sample.mean(), {}

@@ -24,7 +24,9 @@ def test_an_iterator_does_not_shift_the_global_rng():
 
 def test_the_sampler_decides_the_order():
     data = list(range(20))
-    sampler = ShardedBatchSampler(len(data), 4, dp_rank=1, dp_world_size=2, seed=3, max_batches=5)  # else endless
+    sampler = ShardedBatchSampler(
+        len(data), 4, dp_rank=1, dp_world_size=2, seed=3, max_batches=5
+    )  # else endless
     expected = [list(map(int, b)) for b in sampler]
     assert [b.tolist() for b in resumable_loader(data, sampler, seed=0)] == expected
     with pytest.raises(TypeError, match="sets batch_sampler itself"):

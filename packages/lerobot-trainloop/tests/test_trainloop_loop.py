@@ -32,15 +32,35 @@ def params(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def run(batch_size, k, steps, *, lr=0.05, clip=None, scheduler=False, mp="no", precision=None, model=None,
-        allow_nonfinite=False, seed=0):
+def run(
+    batch_size,
+    k,
+    steps,
+    *,
+    lr=0.05,
+    clip=None,
+    scheduler=False,
+    mp="no",
+    precision=None,
+    model=None,
+    allow_nonfinite=False,
+    seed=0,
+):
     ds = SyntheticRegression(64, seed=1)
     sampler = ShardedBatchSampler(len(ds), batch_size, seed=seed)
     model = model or TinyRegressor(seed=2)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if scheduler else None
-    loop = TrainLoop(wrapped(model), opt, scheduler=sched, accelerator=acc(k, mp), grad_clip_norm=clip, sampler=sampler,
-                     precision=precision, allow_nonfinite_loss=allow_nonfinite)
+    loop = TrainLoop(
+        wrapped(model),
+        opt,
+        scheduler=sched,
+        accelerator=acc(k, mp),
+        grad_clip_norm=clip,
+        sampler=sampler,
+        precision=precision,
+        allow_nonfinite_loss=allow_nonfinite,
+    )
     outs = []
     loop.add_hook(lambda e: outs.append(e.output), every=1)
     loop.run((ds.batch(ix) for ix in sampler), steps)
@@ -127,7 +147,9 @@ def test_hooks_schedule_and_metrics_window():
     ds = SyntheticRegression(64, seed=1)
     sampler = ShardedBatchSampler(len(ds), 8)
     model = TinyRegressor()
-    loop = TrainLoop(wrapped(model), torch.optim.SGD(model.parameters(), lr=0.01), sampler=sampler, grad_clip_norm=10.0)
+    loop = TrainLoop(
+        wrapped(model), torch.optim.SGD(model.parameters(), lr=0.01), sampler=sampler, grad_clip_norm=10.0
+    )
     logged, saved = [], []
     loop.add_hook(lambda e: logged.append((e.step, e.metrics)), every=3, metrics=True)
     loop.add_hook(lambda e: saved.append((e.step, e.metrics, sampler.state_dict()["offset"])), at=[2, 7])
@@ -137,8 +159,18 @@ def test_hooks_schedule_and_metrics_window():
     assert [(s, m) for s, m, _ in saved] == [(2, None), (7, None)]
     assert [off for _, _, off in saved] == [16, 56]  # the sampler counts the step a hook sees
     m = logged[0][1]
-    assert {"loss", "mse", "l1", "data_s", "step_s", "update_s", "samples", "lr", "grad_norm",
-            "samples_per_s"} <= set(m)
+    assert {
+        "loss",
+        "mse",
+        "l1",
+        "data_s",
+        "step_s",
+        "update_s",
+        "samples",
+        "lr",
+        "grad_norm",
+        "samples_per_s",
+    } <= set(m)
     assert m["samples"] == 8 and m["samples_per_s"] == pytest.approx(8 / m["step_s"])
     assert m["lr"] == 0.01 and m["mse"] == pytest.approx(m["loss"])
 
@@ -156,8 +188,16 @@ def test_run_reiterates_finite_data_and_rejects_empty():
 def test_state_round_trip_at_a_window_boundary():
     loop, _, _ = run(4, 2, 4)
     state = loop.state_dict()
-    assert state == {"step": 4, "optimizer_steps": 2, "skipped_updates": 0, "grad_accum_steps": 2, "accumulated": 0}
-    fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(2))
+    assert state == {
+        "step": 4,
+        "optimizer_steps": 2,
+        "skipped_updates": 0,
+        "grad_accum_steps": 2,
+        "accumulated": 0,
+    }
+    fresh = TrainLoop(
+        wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(2)
+    )
     assert fresh.load_state_dict(state) == []
     assert fresh.state_dict() == state
     assert not fresh.is_sync_step() and fresh.is_sync_step(6)
@@ -167,24 +207,35 @@ def test_state_saved_inside_a_window_restarts_a_full_window_and_says_what_was_lo
     loop, _, _ = run(4, 2, 3)
     state = loop.state_dict()
     assert (state["step"], state["optimizer_steps"], state["accumulated"]) == (3, 1, 1)
-    fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(2))
+    fresh = TrainLoop(
+        wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(2)
+    )
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         notes = fresh.load_state_dict(state)
     assert caplog.text == ""  # the caller says it, once
     assert len(notes) == 2 and "inside a 2-step gradient-accumulation window" in notes[0]
     assert "last 1 micro-batch(es) (steps 3-3) were not saved" in notes[0]
-    assert "the first update after the resume (at step 4) uses the 1 micro-batch(es) of steps 4-4, not 2" in notes[1]
+    assert (
+        "the first update after the resume (at step 4) uses the 1 micro-batch(es) of steps 4-4, not 2"
+        in notes[1]
+    )
     assert fresh.step == 3 and fresh.optimizer_steps == 1 and not fresh.at_window_boundary
     assert fresh.is_sync_step()  # windows stay aligned to multiples of K: step 4 closes this one
 
 
 def test_state_resumed_with_another_accumulation_says_the_first_window_is_short():
     loop, _, _ = run(4, 2, 6)  # boundary under K=2
-    fresh = TrainLoop(wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(4))
+    fresh = TrainLoop(
+        wrapped(TinyRegressor()), torch.optim.SGD(TinyRegressor().parameters(), lr=0.1), accelerator=acc(4)
+    )
     notes = fresh.load_state_dict(loop.state_dict())
-    assert notes == [("the first update after the resume (at step 8) uses the 2 micro-batch(es) of steps 7-8, not 4: "
-                      "step 6 is not a multiple of the 4 accumulation steps")]
+    assert notes == [
+        (
+            "the first update after the resume (at step 8) uses the 2 micro-batch(es) of steps 7-8, not 4: "
+            "step 6 is not a multiple of the 4 accumulation steps"
+        )
+    ]
     assert fresh.optimizer_steps == 3 and not fresh.is_sync_step() and fresh.is_sync_step(8)
 
 

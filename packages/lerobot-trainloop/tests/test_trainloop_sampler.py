@@ -34,7 +34,7 @@ def test_disjoint_and_full_coverage_per_epoch(n, b, w):
         # (a batch straddling two epochs may hold a sample once from each: documented)
         stream.extend(global_batch)
     for e in range(3):
-        epoch = stream[e * n:(e + 1) * n]
+        epoch = stream[e * n : (e + 1) * n]
         assert sorted(epoch) == list(range(n)), f"epoch {e} does not cover every sample exactly once"
         assert epoch == epoch_permutation(n, 5, e).tolist()
 
@@ -145,5 +145,5 @@ def test_endless_without_max_batches_and_argument_checks():
 def test_set_epoch_for_epoch_style_trainers():
     s = ShardedBatchSampler(10, 3, seed=0, max_batches=3)
     s.set_epoch(2)
-    assert take(s, 3) == [epoch_permutation(10, 0, 2).tolist()[i:i + 3] for i in (0, 3, 6)]
+    assert take(s, 3) == [epoch_permutation(10, 0, 2).tolist()[i : i + 3] for i in (0, 3, 6)]
     assert torch.equal(s._perm(2), epoch_permutation(10, 0, 2))

@@ -76,9 +76,11 @@ def test_a_download_from_another_device_is_counted(case, expected):
     device_tensor = torch.ones(3, device="meta")
     with HostSyncCounter() as counter:
         try:
-            {"copy": lambda: torch.zeros(3).copy_(device_tensor),
-             "to": lambda: device_tensor.to(torch.device("cpu")),
-             "cpu": lambda: device_tensor.cpu()}[case]()
+            {
+                "copy": lambda: torch.zeros(3).copy_(device_tensor),
+                "to": lambda: device_tensor.to(torch.device("cpu")),
+                "cpu": lambda: device_tensor.cpu(),
+            }[case]()
         except NotImplementedError:
             pass
     assert counter.syncs() == [expected]

@@ -32,8 +32,6 @@ class NaNAt(TinyRegressor):
         return (loss * float("nan") if self.calls in self.bad_calls else loss), info
 
 
-
-
 def batches(n=40):
     ds = SyntheticRegression(64, seed=1)
     sampler = ShardedBatchSampler(len(ds), 8, seed=0, max_batches=n)
@@ -42,8 +40,12 @@ def batches(n=40):
 
 def loop_for(model=None, clip=1.0, allow=False):
     model = model or TinyRegressor(seed=2)
-    return TrainLoop(wrap_model(model, RT, build_plan(model, RT)), torch.optim.SGD(model.parameters(), lr=0.05),
-                     grad_clip_norm=clip, allow_nonfinite_loss=allow)
+    return TrainLoop(
+        wrap_model(model, RT, build_plan(model, RT)),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        grad_clip_norm=clip,
+        allow_nonfinite_loss=allow,
+    )
 
 
 def test_no_host_sync_on_non_log_steps_and_the_counter_sees_the_log_step():
@@ -83,7 +85,9 @@ def test_nan_is_caught_before_the_next_checking_hook_naming_its_step():
     loop = loop_for(NaNAt(3))
     loop.add_hook(lambda e: saved.append(e.step), every=1, check_finite=False)  # reads nothing
     loop.add_hook(lambda e: saved.append(("save", e.step)), at=[2, 6])
-    with pytest.raises(NonFiniteLossError, match=r"rank 0: loss is nan at loop step 3 \(read at loop step 6") as exc:
+    with pytest.raises(
+        NonFiniteLossError, match=r"rank 0: loss is nan at loop step 3 \(read at loop step 6"
+    ) as exc:
         loop.run(batches(), 10)
     assert "allow_nonfinite_loss" in str(exc.value) and "Check the data and learning rate" in str(exc.value)
     assert loop.step == 6 and ("save", 2) in saved and ("save", 6) not in saved

@@ -1,6 +1,7 @@
 """ShieldedDataLoader: its workers survive SIGINT/SIGTERM, even one sent between their fork and their
 init, yet their parent can still terminate them, and they die with it; resumable_loader builds one by
-default (the end-to-end drills, lerobot-train under torchrun, are in the repository's tests/test_interrupt.py)."""
+default (the end-to-end drills, lerobot-train under torchrun, are in the repository's
+tests/test_interrupt.py)."""
 
 from __future__ import annotations
 
@@ -87,8 +88,16 @@ RANK = textwrap.dedent("""
 def ranks():
     """Two processes, each like a rank holding a loader's two running workers: [(process, worker pids)].
     Started together: importing torch is most of their time."""
-    procs = [subprocess.Popen([sys.executable, "-c", RANK], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     try:
         yield [(proc, [int(pid) for pid in proc.stdout.readline().split()]) for proc in procs]
     finally:
@@ -138,7 +147,9 @@ def test_resumable_loader_is_shielded_by_default():
     """Its workers survive a launcher's signals as ShieldedDataLoader's do; shielded=False is torch's own."""
     sampler = ShardedBatchSampler(len(DATA), 4, seed=0, max_batches=6)
     loader = resumable_loader(DATA, sampler, seed=0, num_workers=2, persistent_workers=True)
-    assert isinstance(loader, ShieldedDataLoader) and isinstance(loader.worker_init_fn, worker_signals.ShieldWorker)
+    assert isinstance(loader, ShieldedDataLoader) and isinstance(
+        loader.worker_init_fn, worker_signals.ShieldWorker
+    )
     expected = [list(map(int, b)) for b in sampler]
     it = iter(loader)
     got = [next(it).tolist()]

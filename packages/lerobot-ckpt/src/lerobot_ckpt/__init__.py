@@ -149,8 +149,10 @@ def __getattr__(name: str) -> Any:
         except ModuleNotFoundError as exc:
             if not torch_missing(exc):
                 raise
-            raise ImportError(f"lerobot_ckpt.{name} needs torch, which is not installed: {INSTALL} "
-                              "(lerobot-convert-dcp alone runs without it)") from None
+            raise ImportError(
+                f"lerobot_ckpt.{name} needs torch, which is not installed: {INSTALL} "
+                "(lerobot-convert-dcp alone runs without it)"
+            ) from None
         value = getattr(module, name)
         globals()[name] = value
         return value

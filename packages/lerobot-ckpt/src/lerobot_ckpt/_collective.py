@@ -29,7 +29,9 @@ def _rebuild(kind: str, message: str) -> CheckpointError:
         cls = CheckpointSaveError
     error = cls.__new__(cls)
     Exception.__init__(error, message)
-    if issubclass(cls, errors.MissingCheckpointFileError | errors.CorruptCheckpointError | errors.CheckpointWriteError):
+    if issubclass(
+        cls, errors.MissingCheckpointFileError | errors.CorruptCheckpointError | errors.CheckpointWriteError
+    ):
         error.path = None
     if issubclass(cls, errors.CheckpointWriteError):
         error.os_error = None
@@ -91,7 +93,9 @@ class Collective:
     def barrier(self) -> None:
         """A barrier through a tiny all-reduce (works on NCCL without guessing the device)."""
         if self.distributed:
-            dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=_flag_device(self.group)), group=self.group)
+            dist.all_reduce(
+                torch.zeros(1, dtype=torch.int64, device=_flag_device(self.group)), group=self.group
+            )
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s object on every rank (the staging path a sharded save writes into)."""

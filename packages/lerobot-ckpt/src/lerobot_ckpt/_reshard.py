@@ -14,8 +14,9 @@ shards on an FSDP2/HSDP one. The checkpoint is then read *into* them:
 Everything is checked first (DCP metadata: keys, global shapes, every shard file present, long
 enough and framed as ``torch.save`` records, no record whose pickle could run code; safetensors
 headers; optimizer groups, shapes and the types of param-group settings), so a mismatch, a crafted
-entry or a shard overwritten with other bytes raises before anything changes. After the checks, reading happens in place: an I/O error in the middle of it (a disk
-failing during the resume) can leave a partly loaded model, which the raised error makes visible.
+entry or a shard overwritten with other bytes raises before anything changes. After the checks, reading
+happens in place: an I/O error in the middle of it (a disk failing during the resume) can leave a partly
+loaded model, which the raised error makes visible.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class _SafetensorsSlices:
         except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
             raise CorruptCheckpointError(path, f"not a readable safetensors file: {exc}") from None
         self.names = {k: k for k in shapes}
-        self.names.update({alias: kept for alias, kept in metadata.items() if alias not in shapes and kept in shapes})
+        self.names.update(
+            {alias: kept for alias, kept in metadata.items() if alias not in shapes and kept in shapes}
+        )
         found = {k: shapes[v] for k, v in self.names.items()}
         problem = mismatch(targets, found, subset=subset)
         if problem:
@@ -127,15 +130,25 @@ def _stored_groups(plain: dict) -> list[dict]:
     return [groups[g] for g in sorted(groups)]
 
 
-def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Module | None,
-             adapter_state: AdapterState | None, apply_adapter, collective: bool) -> Step | None:
+def _weights(
+    paths: CheckpointPaths,
+    record: TrainingStepRecord,
+    model: nn.Module | None,
+    adapter_state: AdapterState | None,
+    apply_adapter,
+    collective: bool,
+) -> Step | None:
     art = record.artifacts
     if art.peft_adapter:
         if model is not None and adapter_state is None and apply_adapter is None:
-            raise CheckpointConfigError(f"{paths.root} holds a PEFT adapter, not full weights: pass adapter_state= "
-                                        "(or apply_adapter= for a non-sharded model) to load it")
+            raise CheckpointConfigError(
+                f"{paths.root} holds a PEFT adapter, not full weights: pass adapter_state= "
+                "(or apply_adapter= for a non-sharded model) to load it"
+            )
         if adapter_state is None and apply_adapter is not None and collective:
-            raise CheckpointConfigError("a sharded model loads a PEFT adapter through adapter_state=, not apply_adapter=")
+            raise CheckpointConfigError(
+                "a sharded model loads a PEFT adapter through adapter_state=, not apply_adapter="
+            )
     elif adapter_state is not None or apply_adapter is not None:
         raise CheckpointConfigError(f"an adapter loader was given but {paths.root} holds no PEFT adapter")
     if model is None and apply_adapter is None:
@@ -159,18 +172,26 @@ def _weights(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Modul
     return _SafetensorsSlices(file, model_state(model, adapter_state)).copy
 
 
-def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Module | None,
-               optimizer: torch.optim.Optimizer, collective: bool) -> Step:
+def _optimizer(
+    paths: CheckpointPaths,
+    record: TrainingStepRecord,
+    model: nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    collective: bool,
+) -> Step:
     art = record.artifacts
     if model is None:
-        raise CheckpointConfigError("restoring a sharded or DCP optimizer state needs model= as well (its "
-                                    "state is keyed by parameter names)")
+        raise CheckpointConfigError(
+            "restoring a sharded or DCP optimizer state needs model= as well (its "
+            "state is keyed by parameter names)"
+        )
     params = list(chain.from_iterable(g["params"] for g in optimizer.param_groups))
     fqns = param_fqns(model, optimizer)
     if art.optimizer_dcp:
         index, plain = _checked_index(paths.optimizer_dcp)
-        check_optimizer(index, {f: tuple(p.shape) for f, p in zip(fqns, params, strict=True)},
-                        len(optimizer.param_groups))
+        check_optimizer(
+            index, {f: tuple(p.shape) for f, p in zip(fqns, params, strict=True)}, len(optimizer.param_groups)
+        )
         check_param_groups(index.directory, _stored_groups(plain), optimizer.state_dict()["param_groups"])
         stored = set(stored_optimizer_fqns(index))
 
@@ -194,9 +215,17 @@ def _optimizer(paths: CheckpointPaths, record: TrainingStepRecord, model: nn.Mod
     raise MissingCheckpointFileError(paths.optimizer_state, "the run was saved without optimizer state")
 
 
-def prepare_state(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Module | None,
-                  optimizer: torch.optim.Optimizer | None, adapter_state: AdapterState | None, apply_adapter,
-                  collective: bool, ema: dict[str, torch.Tensor] | None = None) -> PreparedState:
+def prepare_state(
+    paths: CheckpointPaths,
+    record: TrainingStepRecord,
+    *,
+    model: nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
+    adapter_state: AdapterState | None,
+    apply_adapter,
+    collective: bool,
+    ema: dict[str, torch.Tensor] | None = None,
+) -> PreparedState:
     """Check every source against the live objects; nothing is modified until ``apply()``."""
     weights = _weights(paths, record, model, adapter_state, apply_adapter, collective)
     optim = _optimizer(paths, record, model, optimizer, collective) if optimizer is not None else None
@@ -204,8 +233,9 @@ def prepare_state(paths: CheckpointPaths, record: TrainingStepRecord, *, model: 
     return PreparedState(step for step in (weights, optim, shadow) if step is not None)
 
 
-def _ema_targets(model: nn.Module, ema: dict[str, torch.Tensor],
-                 adapter_state: AdapterState | None) -> dict[str, torch.Tensor]:
+def _ema_targets(
+    model: nn.Module, ema: dict[str, torch.Tensor], adapter_state: AdapterState | None
+) -> dict[str, torch.Tensor]:
     """The shadow's tensors under the names the EMA files use: the model's FQNs (one name per tied
     tensor), or the adapter file's keys for a PEFT run (the selection the save made, applied to the
     model's state with the shadow in place)."""
@@ -216,13 +246,22 @@ def _ema_targets(model: nn.Module, ema: dict[str, torch.Tensor],
         return {name: ema[name] for name in first.values()}
     selected = {k: v for k, v in adapter_state(model_state(model, None, ema)).items() if id(v) in first}
     if len({id(v) for v in selected.values()}) != len(first):
-        raise CheckpointConfigError("the EMA shadow covers parameters the PEFT adapter selection does not name: "
-                                    "it must cover the trainable (adapter) parameters only")
+        raise CheckpointConfigError(
+            "the EMA shadow covers parameters the PEFT adapter selection does not name: "
+            "it must cover the trainable (adapter) parameters only"
+        )
     return selected
 
 
-def ema_step(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Module | None,
-             ema: dict[str, torch.Tensor] | None, adapter_state: AdapterState | None, collective: bool) -> Step | None:
+def ema_step(
+    paths: CheckpointPaths,
+    record: TrainingStepRecord,
+    *,
+    model: nn.Module | None,
+    ema: dict[str, torch.Tensor] | None,
+    adapter_state: AdapterState | None,
+    collective: bool,
+) -> Step | None:
     """Checked source of the EMA shadow (``pretrained_model_ema/``) and the in-place read into it;
     None when none is asked for or the checkpoint has none (the caller says so).
 
@@ -233,7 +272,9 @@ def ema_step(paths: CheckpointPaths, record: TrainingStepRecord, *, model: nn.Mo
     if ema is None or not art.ema:
         return None
     if model is None:
-        raise CheckpointConfigError("restoring an EMA shadow needs model= as well (its files are keyed like the model)")
+        raise CheckpointConfigError(
+            "restoring an EMA shadow needs model= as well (its files are keyed like the model)"
+        )
     ema_paths = paths.ema
     targets = _ema_targets(model, dict(ema), adapter_state)
     if art.ema_dcp:

@@ -26,11 +26,18 @@ _ViewKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, str]
 
 
 def _view_key(t: torch.Tensor) -> _ViewKey | None:
-    """Identity of one view of one storage; None for tensors without data (empty ones share a null pointer)."""
+    """Identity of one view of one storage; None for tensors without data
+    (empty ones share a null pointer)."""
     if t.numel() == 0 or isinstance(t, DTensor):
         return None
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype,
-            str(t.device))
+    return (
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.dtype,
+        str(t.device),
+    )
 
 
 def copy_tensor(t: torch.Tensor) -> torch.Tensor:

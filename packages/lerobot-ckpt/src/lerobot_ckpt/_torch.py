@@ -28,5 +28,7 @@ def require_torch(purpose: str) -> ModuleType:
             raise
         from lerobot_ckpt.errors import UnsupportedCheckpointError
 
-        raise UnsupportedCheckpointError(f"{purpose} needs torch, which is not installed: {INSTALL}") from None
+        raise UnsupportedCheckpointError(
+            f"{purpose} needs torch, which is not installed: {INSTALL}"
+        ) from None
     return torch

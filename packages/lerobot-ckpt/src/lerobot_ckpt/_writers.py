@@ -49,7 +49,9 @@ def writing(path: Path) -> Iterator[None]:
     try:
         yield
     except (OSError, SafetensorError) as exc:
-        raise CheckpointWriteError(f"could not write {path}: {describe(exc)}", path=path, os_error=exc) from exc
+        raise CheckpointWriteError(
+            f"could not write {path}: {describe(exc)}", path=path, os_error=exc
+        ) from exc
 
 
 class Writer(Protocol):
@@ -81,7 +83,9 @@ class WholeWeights:
         """The tensors to write and whether they are the adapter's (None: no model given)."""
         if self.model is None:
             return None
-        state = unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else dict(self.model)
+        state = (
+            unwrap_model(self.model).state_dict() if isinstance(self.model, nn.Module) else dict(self.model)
+        )
         state = with_override(state, self.override)
         if self.adapter_state is not None:
             return self.adapter_state(state), True
@@ -95,18 +99,22 @@ class WholeWeights:
         return (StagedWeights(None if state is None else (snapshot(state[0]), state[1])),)
 
 
-def _write_weights(paths: CheckpointPaths, state: tuple[Mapping[str, torch.Tensor], bool] | None) -> Artifacts:
+def _write_weights(
+    paths: CheckpointPaths, state: tuple[Mapping[str, torch.Tensor], bool] | None
+) -> Artifacts:
     if state is not None:
         tensors, adapter = state
         path = paths.adapter_weights if adapter else paths.model_weights
         with writing(path):
             write_tensors(path, tensors)
     if not (paths.model_weights.is_file() or paths.adapter_weights.is_file()):
-            raise CheckpointConfigError(
-                "the checkpoint would hold no weights: pass model=, or write model.safetensors or a PEFT "
-                "adapter (adapter_model.safetensors) from write_pretrained"
-            )
-    return Artifacts(model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file())
+        raise CheckpointConfigError(
+            "the checkpoint would hold no weights: pass model=, or write model.safetensors or a PEFT "
+            "adapter (adapter_model.safetensors) from write_pretrained"
+        )
+    return Artifacts(
+        model_safetensors=paths.model_weights.is_file(), peft_adapter=paths.adapter_weights.is_file()
+    )
 
 
 @define(frozen=True, eq=False)
@@ -176,7 +184,9 @@ class ShardedState:
             aliases = {} if peft else tied_aliases(self.model, state)
             try:
                 with writing(weights):
-                    write_gathered(weights if comm.is_main else None, state, aliases=aliases, is_main=comm.is_main)
+                    write_gathered(
+                        weights if comm.is_main else None, state, aliases=aliases, is_main=comm.is_main
+                    )
             except Exception as exc:  # noqa: BLE001 - raised below, after the remaining collectives
                 held = exc
         del state
@@ -188,8 +198,12 @@ class ShardedState:
                     raise
         if held is not None:
             raise held
-        return Artifacts(model_safetensors=fmt.writes_safetensors and not peft, model_dcp=fmt.writes_dcp,
-                         optimizer_dcp=self.optimizer is not None, peft_adapter=peft)
+        return Artifacts(
+            model_safetensors=fmt.writes_safetensors and not peft,
+            model_dcp=fmt.writes_dcp,
+            optimizer_dcp=self.optimizer is not None,
+            peft_adapter=peft,
+        )
 
     def snapshot(self, comm: Collective) -> tuple[Writer, ...]:
         """The DCP parts as CPU copies of this rank's shards; the gathered file as whole tensors on the
@@ -198,16 +212,32 @@ class ShardedState:
         fmt, peft = self.run.checkpoint_format, self.adapter_state is not None
         out: list[Writer] = []
         if fmt.writes_dcp:
-            out.append(StagedDcp("model_dcp", MODEL_KEY, snapshot(state), Artifacts(model_dcp=True, peft_adapter=peft)))
+            out.append(
+                StagedDcp(
+                    "model_dcp", MODEL_KEY, snapshot(state), Artifacts(model_dcp=True, peft_adapter=peft)
+                )
+            )
         if fmt.writes_safetensors:
             aliases = {} if peft else tied_aliases(self.model, state)
             plan, tensors = gather_to_cpu(state, aliases=aliases, is_main=comm.is_main)
-            out.append(StagedGathered("adapter_weights" if peft else "model_weights", plan, tensors,
-                                      Artifacts(model_safetensors=not peft, peft_adapter=peft)))
+            out.append(
+                StagedGathered(
+                    "adapter_weights" if peft else "model_weights",
+                    plan,
+                    tensors,
+                    Artifacts(model_safetensors=not peft, peft_adapter=peft),
+                )
+            )
         del state
         if self.optimizer is not None:
-            out.append(StagedDcp("optimizer_dcp", OPTIMIZER_KEY, snapshot(optimizer_state(self.model, self.optimizer)),
-                                 Artifacts(optimizer_dcp=True)))
+            out.append(
+                StagedDcp(
+                    "optimizer_dcp",
+                    OPTIMIZER_KEY,
+                    snapshot(optimizer_state(self.model, self.optimizer)),
+                    Artifacts(optimizer_dcp=True),
+                )
+            )
         return tuple(out)
 
 

@@ -110,9 +110,18 @@ class AsyncCheckpointer:
         """The step being written in the background, or None."""
         return None if self._inflight is None else self._inflight.step
 
-    def save(self, output_dir: Path | str, step: int, *, run: RunInfo, objects: TrainingObjects,
-             sampler_state: Mapping[str, Any] | None = None, loop_state: Mapping[str, Any] | None = None,
-             write_pretrained: WritePretrained | None = None, adapter_state: AdapterState | None = None) -> Path:
+    def save(
+        self,
+        output_dir: Path | str,
+        step: int,
+        *,
+        run: RunInfo,
+        objects: TrainingObjects,
+        sampler_state: Mapping[str, Any] | None = None,
+        loop_state: Mapping[str, Any] | None = None,
+        write_pretrained: WritePretrained | None = None,
+        adapter_state: AdapterState | None = None,
+    ) -> Path:
         """:func:`~lerobot_ckpt.save_checkpoint`, asynchronously; returns the step directory it will commit.
 
         Waits for the previous save first (raising its error, if it failed). Raises at once when
@@ -121,15 +130,27 @@ class AsyncCheckpointer:
         """
         self.wait()
         started = time.monotonic()
-        request = SaveRequest(run=run, step=step, objects=objects, sampler_state=sampler_state,
-                              loop_state=loop_state, write_pretrained=write_pretrained,
-                              adapter_state=adapter_state)
+        request = SaveRequest(
+            run=run,
+            step=step,
+            objects=objects,
+            sampler_state=sampler_state,
+            loop_state=loop_state,
+            write_pretrained=write_pretrained,
+            adapter_state=adapter_state,
+        )
         comm = Collective.current()
         request.validate(comm)
-        background = _Transaction(checkpoints_dir(output_dir), request, comm).start(Collective.current(self.group))
+        background = _Transaction(checkpoints_dir(output_dir), request, comm).start(
+            Collective.current(self.group)
+        )
         inflight = _InFlight(step=step, started=started, snapshot_done=time.monotonic())
-        inflight.thread = threading.Thread(target=self._background, args=(inflight, background), daemon=True,
-                                           name=f"lerobot-ckpt-save-{step_dir_name(step)}")
+        inflight.thread = threading.Thread(
+            target=self._background,
+            args=(inflight, background),
+            daemon=True,
+            name=f"lerobot-ckpt-save-{step_dir_name(step)}",
+        )
         self._inflight = inflight
         inflight.thread.start()
         return checkpoints_dir(output_dir) / step_dir_name(step)
@@ -156,12 +177,19 @@ class AsyncCheckpointer:
         if inflight.error is not None:
             error = inflight.error
             if not isinstance(error, CheckpointSaveError):  # a bug, not an I/O failure: still name the step
-                error = CheckpointSaveError(f"checkpoint {step_dir_name(inflight.step)} was not saved (the "
-                                            f"previous checkpoint and `last` are unchanged): {error!r}")
+                error = CheckpointSaveError(
+                    f"checkpoint {step_dir_name(inflight.step)} was not saved (the "
+                    f"previous checkpoint and `last` are unchanged): {error!r}"
+                )
                 error.__cause__ = inflight.error
             raise error
-        self.last = CompletedSave(step=inflight.step, path=inflight.path, started=inflight.started,
-                                  snapshot_done=inflight.snapshot_done, committed=inflight.committed)
+        self.last = CompletedSave(
+            step=inflight.step,
+            path=inflight.path,
+            started=inflight.started,
+            snapshot_done=inflight.snapshot_done,
+            committed=inflight.committed,
+        )
         return self.last
 
     def close(self) -> None:

@@ -41,8 +41,8 @@ def read_last(checkpoints: Path | str) -> Path | None:
     """Where ``checkpoints/last`` points, or None when there is no usable pointer.
 
     A dangling pointer only occurs on file systems without atomic directory exchange (see
-    :mod:`lerobot_ckpt.commit.filesystem`) when a save replacing that very step was killed; callers fall back to
-    the newest step directory.
+    :mod:`lerobot_ckpt.commit.filesystem`) when a save replacing that very step was killed; callers fall back
+    to the newest step directory.
     """
     link = Path(checkpoints) / LAST_LINK
     if link.is_symlink():
@@ -128,7 +128,8 @@ def newer_checkpoints(checkpoints: Path | str, step: int) -> list[Path]:
 
 
 def transient_leftovers(checkpoints: Path | str) -> list[Path]:
-    """Dot-prefixed leftovers of interrupted saves (a staging tree, a half-swapped link), oldest name first."""
+    """Dot-prefixed leftovers of interrupted saves (a staging tree, a half-swapped link),
+    oldest name first."""
     root = Path(checkpoints)
     if not root.is_dir():
         return []

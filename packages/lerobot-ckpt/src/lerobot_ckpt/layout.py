@@ -7,8 +7,8 @@ imports torch.
 
 ``<output_dir>/checkpoints/<step>/pretrained_model/…`` and ``…/training_state/…``, plus
 ``checkpoints/last -> <step>``. A run with an EMA adds ``…/pretrained_model_ema/``, the same files
-with the EMA weights (:attr:`CheckpointPaths.ema` names them). Names starting with a dot inside ``checkpoints/`` are transient
-(staging directories, a symlink being swapped) and never a checkpoint.
+with the EMA weights (:attr:`CheckpointPaths.ema` names them). Names starting with a dot inside
+``checkpoints/`` are transient (staging directories, a symlink being swapped) and never a checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ RUN_LOCK = ".lerobot-run.lock"  # in <output_dir>/: the run holding the director
 ABANDONED_DIR = "abandoned"  # in <output_dir>/: checkpoints (and metrics) a resume set aside, never deleted
 LAST_LINK = "last"
 PRETRAINED_MODEL_DIR = "pretrained_model"
-EMA_PRETRAINED_MODEL_DIR = "pretrained_model_ema"  # LeRobot's: the EMA weights, loadable like pretrained_model/
+EMA_PRETRAINED_MODEL_DIR = (
+    "pretrained_model_ema"  # LeRobot's: the EMA weights, loadable like pretrained_model/
+)
 TRAINING_STATE_DIR = "training_state"
 
 # pretrained_model/

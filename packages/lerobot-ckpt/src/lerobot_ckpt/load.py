@@ -92,7 +92,9 @@ class LoadRequest:
         )
 
 
-def _weight_and_optimizer_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> list[Path]:
+def _weight_and_optimizer_files(
+    paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest
+) -> list[Path]:
     """The whole-file weights and optimizer a non-sharded load reads (the sharded path checks its own)."""
     art, files, objects = record.artifacts, [], request.objects
     if art.peft_adapter:
@@ -113,7 +115,9 @@ def _weight_and_optimizer_files(paths: CheckpointPaths, record: TrainingStepReco
         if art.optimizer_single_file:
             files += [paths.optimizer_state, paths.optimizer_param_groups]
         else:
-            raise MissingCheckpointFileError(paths.optimizer_state, "the run was saved without optimizer state")
+            raise MissingCheckpointFileError(
+                paths.optimizer_state, "the run was saved without optimizer state"
+            )
     return files
 
 
@@ -144,7 +148,9 @@ def _read_rng(paths: CheckpointPaths, rank: int) -> dict[str, torch.Tensor] | No
     flat = read_tensors(paths.rng_state)[0]
     rng = rng_state.unpack(flat, rank)
     if rng is None and rank == 0:
-        raise CorruptCheckpointError(paths.rng_state, f"missing entries among {', '.join(rng_state.REQUIRED)}")
+        raise CorruptCheckpointError(
+            paths.rng_state, f"missing entries among {', '.join(rng_state.REQUIRED)}"
+        )
     return rng
 
 
@@ -163,7 +169,9 @@ class _States:
         scaler = read_state(paths.scaler_state, scaler, "scaler") if paths.scaler_state in files else None
         return cls(scheduler, scaler, _read_rng(paths, request.rank) if request.restore_rng else None)
 
-    def restore(self, paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> ResumeState:
+    def restore(
+        self, paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest
+    ) -> ResumeState:
         """RNG at the very end: nothing may draw after it."""
         if self.scheduler is not None:
             request.objects.scheduler.load_state_dict(self.scheduler)
@@ -171,9 +179,13 @@ class _States:
             request.objects.scaler.load_state_dict(self.scaler)
         if self.rng is not None:
             rng_state.restore(self.rng)
-        return ResumeState(checkpoint_dir=paths.root, record=record, rng_restored=self.rng is not None,
-                           scaler_restored=self.scaler is not None,
-                           ema_restored=request.objects.ema is not None and record.artifacts.ema)
+        return ResumeState(
+            checkpoint_dir=paths.root,
+            record=record,
+            rng_restored=self.rng is not None,
+            scaler_restored=self.scaler is not None,
+            ema_restored=request.objects.ema is not None and record.artifacts.ema,
+        )
 
 
 def load_checkpoint(
@@ -202,15 +214,21 @@ def load_checkpoint(
     paths = CheckpointPaths(resolve_checkpoint_dir(checkpoint))
     record = read_record(paths)
     comm = Collective.current()
-    request = LoadRequest(objects=objects, apply_adapter=apply_adapter, adapter_state=adapter_state,
-                          restore_rng=restore_rng, rank=comm.rank if rank is None else rank)
+    request = LoadRequest(
+        objects=objects,
+        apply_adapter=apply_adapter,
+        adapter_state=adapter_state,
+        restore_rng=restore_rng,
+        rank=comm.rank if rank is None else rank,
+    )
     if not request.reads_shards(record):
         return _load_whole_files(paths, record, request)
     return _load_resharded(paths, record, request, comm)
 
 
-def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest,
-                    comm: Collective) -> ResumeState:
+def _load_resharded(
+    paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest, comm: Collective
+) -> ResumeState:
     """Model and optimizer through :mod:`lerobot_ckpt._reshard`; collective for a sharded model,
     whose ranks agree on the checks' outcome before any of them enters a DCP read."""
     model = request.objects.model
@@ -218,15 +236,23 @@ def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request:
     error: CheckpointError | None = None
     try:
         files = _present(_state_files(paths, record, request))
-        prepared = prepare_state(paths, record, model=model, optimizer=request.objects.optimizer,
-                                 adapter_state=request.adapter_state, apply_adapter=request.apply_adapter,
-                                 collective=collective, ema=request.objects.ema)
+        prepared = prepare_state(
+            paths,
+            record,
+            model=model,
+            optimizer=request.objects.optimizer,
+            adapter_state=request.adapter_state,
+            apply_adapter=request.apply_adapter,
+            collective=collective,
+            ema=request.objects.ema,
+        )
         states = _States.read(paths, files, request)
     except CheckpointError as exc:
         error = exc
     except Exception as exc:  # noqa: BLE001 - peers must hear of it before they enter a collective read
-        error = CheckpointError(f"rank {request.rank}: could not prepare the resume from {paths.root}: "
-                                f"{describe(exc)}")
+        error = CheckpointError(
+            f"rank {request.rank}: could not prepare the resume from {paths.root}: {describe(exc)}"
+        )
         error.__cause__ = exc
     if collective:
         comm.agree(error)
@@ -237,15 +263,25 @@ def _load_resharded(paths: CheckpointPaths, record: TrainingStepRecord, request:
     return states.restore(paths, record, request)
 
 
-def _load_whole_files(paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest) -> ResumeState:
+def _load_whole_files(
+    paths: CheckpointPaths, record: TrainingStepRecord, request: LoadRequest
+) -> ResumeState:
     """Non-sharded model from a checkpoint without DCP artifacts: whole files, no collective."""
-    files = _present(_weight_and_optimizer_files(paths, record, request) + _state_files(paths, record, request))
+    files = _present(
+        _weight_and_optimizer_files(paths, record, request) + _state_files(paths, record, request)
+    )
     model, optimizer = request.objects.model, request.objects.optimizer
     weights = read_checked_weights(paths.model_weights, model) if paths.model_weights in files else None
     adapter = read_tensors(paths.adapter_weights)[0] if paths.adapter_weights in files else None
     optim_sd = read_optimizer(paths, optimizer) if optimizer is not None else None
-    shadow = ema_step(paths, record, model=model, ema=request.objects.ema, adapter_state=request.adapter_state,
-                      collective=False)
+    shadow = ema_step(
+        paths,
+        record,
+        model=model,
+        ema=request.objects.ema,
+        adapter_state=request.adapter_state,
+        collective=False,
+    )
     states = _States.read(paths, files, request)
 
     if adapter is not None:  # first: the caller's code is the one step that may still refuse

@@ -47,7 +47,9 @@ def pretrained_weights_file(path: Path | str) -> Path:
             f"--checkpoint_format=dcp), which cannot be loaded as a pretrained model; convert them first: "
             f"{CONVERTER} --checkpoint_dir={directory}"
         )
-    raise MissingCheckpointFileError(directory / MODEL_WEIGHTS, f"no {MODEL_WEIGHTS} or {ADAPTER_WEIGHTS} in {directory}")
+    raise MissingCheckpointFileError(
+        directory / MODEL_WEIGHTS, f"no {MODEL_WEIGHTS} or {ADAPTER_WEIGHTS} in {directory}"
+    )
 
 
 def stored_float_dtype(weights: Path | str) -> str:
@@ -58,8 +60,11 @@ def stored_float_dtype(weights: Path | str) -> str:
     with Path(weights).open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
-    counts = Counter(_FLOAT_DTYPES[v["dtype"]] for k, v in header.items()
-                     if k != "__metadata__" and v.get("dtype") in _FLOAT_DTYPES)
+    counts = Counter(
+        _FLOAT_DTYPES[v["dtype"]]
+        for k, v in header.items()
+        if k != "__metadata__" and v.get("dtype") in _FLOAT_DTYPES
+    )
     return counts.most_common(1)[0][0] if counts else "float32"
 
 

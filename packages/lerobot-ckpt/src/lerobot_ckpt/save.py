@@ -82,53 +82,78 @@ class SaveRequest:
                 f"run.world_size={run.world_size} but torch.distributed has {comm.world_size} processes"
             )
         if model is not None and not isinstance(model, nn.Module | Mapping):
-            raise CheckpointConfigError(f"model must be an nn.Module or a state dict, got {type(model).__name__}")
+            raise CheckpointConfigError(
+                f"model must be an nn.Module or a state dict, got {type(model).__name__}"
+            )
         sharded_model = isinstance(model, nn.Module) and is_sharded_model(model)
         if run.parallelism.is_sharded:
             if not comm.distributed:
                 raise CheckpointConfigError(
-                    f"dp_shard={run.parallelism.dp_shard}: a sharded (FSDP/HSDP) save is collective and needs "
-                    "torch.distributed initialised on every rank; it is not"
+                    f"dp_shard={run.parallelism.dp_shard}: a sharded (FSDP/HSDP) save is collective and "
+                    "needs torch.distributed initialised on every rank; it is not"
                 )
             if not sharded_model:
                 raise CheckpointConfigError(
-                    f"dp_shard={run.parallelism.dp_shard} but the model has no DTensor parameters: pass the module "
-                    "sharded with fully_shard (FSDP2/HSDP), not a state dict or an unsharded copy"
+                    f"dp_shard={run.parallelism.dp_shard} but the model has no DTensor parameters: pass the "
+                    "module sharded with fully_shard (FSDP2/HSDP), not a state dict or an unsharded copy"
                 )
         elif sharded_model:
             raise CheckpointConfigError(
-                "the model is sharded (DTensor parameters) but run.parallelism has dp_shard=1: pass the run's "
-                "resolved Parallelism(dp_replicate, dp_shard)"
+                "the model is sharded (DTensor parameters) but run.parallelism has dp_shard=1: pass the "
+                "run's resolved Parallelism(dp_replicate, dp_shard)"
             )
         if self.adapter_state is not None and not isinstance(model, nn.Module):
-            raise CheckpointConfigError("adapter_state= needs the model (an nn.Module) to take the adapter from")
+            raise CheckpointConfigError(
+                "adapter_state= needs the model (an nn.Module) to take the adapter from"
+            )
         if self.objects.ema is not None and model is None:
-            raise CheckpointConfigError("an EMA shadow (objects.ema) is saved as the model's state with the shadow in "
-                                        "place of the live weights: pass the model too")
+            raise CheckpointConfigError(
+                "an EMA shadow (objects.ema) is saved as the model's state with the shadow in "
+                "place of the live weights: pass the model too"
+            )
         if run.mixed_precision == "fp16" and not self.scaler_enabled:
             raise CheckpointConfigError(
-                "mixed_precision=fp16 needs its loss scaler: pass scaler= (an enabled GradScaler)")
+                "mixed_precision=fp16 needs its loss scaler: pass scaler= (an enabled GradScaler)"
+            )
         if run.mixed_precision != "fp16" and self.scaler_enabled:
             raise CheckpointConfigError(
                 f"an enabled loss scaler was passed but mixed_precision={run.mixed_precision}; "
                 "scaler_state.json is written for fp16 runs only"
             )
         # A trial record, so a sampler_state or loop_state that JSON cannot hold fails here on every rank.
-        TrainingStepRecord.for_run(run, step=0, artifacts=Artifacts(), sampler=dict(self.sampler_state or {}),
-                                   versions={}, loop=dict(self.loop_state or {}))
+        TrainingStepRecord.for_run(
+            run,
+            step=0,
+            artifacts=Artifacts(),
+            sampler=dict(self.sampler_state or {}),
+            versions={},
+            loop=dict(self.loop_state or {}),
+        )
 
     def writers(self) -> tuple[Writer, ...]:
         """What this save writes between staging and finishing (see :mod:`lerobot_ckpt._writers`)."""
         model, optimizer, ema = self.objects.model, self.objects.optimizer, self.objects.ema
         fmt = self.run.checkpoint_format
         if self.run.parallelism.is_sharded:
-            ema_writer = () if ema is None else (InEma(
-                ShardedState(self.run, model, None, self.adapter_state, override=ema),
-                Artifacts(ema_safetensors=fmt.writes_safetensors, ema_dcp=fmt.writes_dcp)),)
+            ema_writer = (
+                ()
+                if ema is None
+                else (
+                    InEma(
+                        ShardedState(self.run, model, None, self.adapter_state, override=ema),
+                        Artifacts(ema_safetensors=fmt.writes_safetensors, ema_dcp=fmt.writes_dcp),
+                    ),
+                )
+            )
             return (ShardedState(self.run, model, optimizer, self.adapter_state), *ema_writer)
         whole_optimizer = () if optimizer is None else (WholeOptimizer(optimizer),)
-        ema_writer = () if ema is None else (InEma(WholeWeights(model, self.adapter_state, override=ema),
-                                                   Artifacts(ema_safetensors=True)),)
+        ema_writer = (
+            ()
+            if ema is None
+            else (
+                InEma(WholeWeights(model, self.adapter_state, override=ema), Artifacts(ema_safetensors=True)),
+            )
+        )
         return (WholeWeights(model, self.adapter_state), *whole_optimizer, *ema_writer)
 
     def frozen(self) -> SaveRequest:
@@ -138,18 +163,36 @@ class SaveRequest:
         objects = self.objects
         frozen = TrainingObjects(  # ema too is dropped: its snapshot writers hold its copy
             scheduler=None if objects.scheduler is None else FrozenState(objects.scheduler),
-            scaler=None if objects.scaler is None else FrozenState(objects.scaler))
-        return attrs.evolve(self, objects=frozen, sampler_state=snapshot(self.sampler_state),
-                            loop_state=snapshot(self.loop_state), write_pretrained=None, adapter_state=None)
+            scaler=None if objects.scaler is None else FrozenState(objects.scaler),
+        )
+        return attrs.evolve(
+            self,
+            objects=frozen,
+            sampler_state=snapshot(self.sampler_state),
+            loop_state=snapshot(self.loop_state),
+            write_pretrained=None,
+            adapter_state=None,
+        )
 
     def record(self, artifacts: Artifacts) -> TrainingStepRecord:
         """``training_step.json`` for what the writers wrote."""
-        artifacts = attrs.evolve(artifacts, scheduler=self.objects.scheduler is not None,
-                                 scaler=self.scaler_enabled)
-        versions = {**self.run.versions, "torch": torch.__version__, "safetensors": safetensors.__version__,
-                    "lerobot-ckpt": own_version()}
-        return TrainingStepRecord.for_run(self.run, step=self.step, artifacts=artifacts, sampler=self.sampler_state,
-                                          versions=versions, loop=self.loop_state)
+        artifacts = attrs.evolve(
+            artifacts, scheduler=self.objects.scheduler is not None, scaler=self.scaler_enabled
+        )
+        versions = {
+            **self.run.versions,
+            "torch": torch.__version__,
+            "safetensors": safetensors.__version__,
+            "lerobot-ckpt": own_version(),
+        }
+        return TrainingStepRecord.for_run(
+            self.run,
+            step=self.step,
+            artifacts=artifacts,
+            sampler=self.sampler_state,
+            versions=versions,
+            loop=self.loop_state,
+        )
 
 
 TEST_COMMIT_DELAY_ENV = "LEROBOT_CKPT_TEST_COMMIT_DELAY_S"
@@ -177,7 +220,9 @@ def _as_save_error(exc: Exception, comm: Collective, step: int, committed: bool)
     else:
         head = f"{where}checkpoint {name} was not saved (the previous checkpoint and `last` are unchanged): "
     if isinstance(exc, CheckpointWriteError):
-        error: CheckpointSaveError = CheckpointWriteError(head + str(exc), path=exc.path, os_error=exc.os_error)
+        error: CheckpointSaveError = CheckpointWriteError(
+            head + str(exc), path=exc.path, os_error=exc.os_error
+        )
     elif isinstance(exc, OSError):
         error = CheckpointWriteError(head + describe(exc), path=exc.filename, os_error=exc)
     else:
@@ -243,8 +288,9 @@ class _Transaction:
         staging = self.comm.broadcast_object(str(self.staged.staging) if staged else None)
         self._agree_or_abort()
         if staging is None:  # a rank's RNG capture failed: it reported that above, so this is unreachable
-            raise CheckpointSaveError(f"checkpoint {step_dir_name(self.request.step)} was not saved: "
-                                      "no staging directory")
+            raise CheckpointSaveError(
+                f"checkpoint {step_dir_name(self.request.step)} was not saved: no staging directory"
+            )
         self.staging = Path(staging)
 
     def _write_and_commit(self, writers: list[Writer] | tuple[Writer, ...], rng_states: list[Any]) -> Path:
@@ -278,7 +324,8 @@ class _Transaction:
         return self.comm.all_gather_object(mine)
 
     def _stage(self, rng_states: list[Any]) -> None:
-        """The main rank opens the staging tree, unless a rank could not contribute (it reports that itself)."""
+        """The main rank opens the staging tree, unless a rank could not contribute
+        (it reports that itself)."""
         if not self.comm.is_main or self.error is not None or any(s is None for s in rng_states):
             return
         try:
@@ -383,9 +430,15 @@ def save_checkpoint(
     ``loop_state`` is the trainer's own JSON-able counters (step, updates, accumulation position),
     stored in ``training_step.json`` beside ``sampler_state`` and returned by ``ResumeState.loop_state``.
     """
-    request = SaveRequest(run=run, step=step, objects=objects, sampler_state=sampler_state,
-                          loop_state=loop_state, write_pretrained=write_pretrained,
-                          adapter_state=adapter_state)
+    request = SaveRequest(
+        run=run,
+        step=step,
+        objects=objects,
+        sampler_state=sampler_state,
+        loop_state=loop_state,
+        write_pretrained=write_pretrained,
+        adapter_state=adapter_state,
+    )
     comm = Collective.current()
     request.validate(comm)
     return _Transaction(checkpoints_dir(output_dir), request, comm).run()

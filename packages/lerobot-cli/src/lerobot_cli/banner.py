@@ -32,9 +32,11 @@ def precision_line(mixed_precision: str, policy: nn.Module) -> str:
     if not low:
         return f"Precision: {mixed_precision}" + (" (autocast, fp32 master weights)" if autocast else "")
     dtypes = ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in low}))
-    line = (f"Precision: {mixed_precision}{' (autocast)' if autocast else ''}; {sum(p.numel() for p in low):,} of "
-            f"{sum(p.numel() for p in trainable):,} trainable parameters are {dtypes} without fp32 master weights "
-            f"(the optimizer updates the {dtypes} values, as LeRobot does with --policy.dtype=bfloat16)")
+    line = (
+        f"Precision: {mixed_precision}{' (autocast)' if autocast else ''}; {sum(p.numel() for p in low):,} "
+        f"of {sum(p.numel() for p in trainable):,} trainable parameters are {dtypes} without fp32 master "
+        f"weights (the optimizer updates the {dtypes} values, as LeRobot does with --policy.dtype=bfloat16)"
+    )
     return line + ("" if autocast else "; --accelerator.mixed_precision=bf16 keeps fp32 masters")
 
 
@@ -44,31 +46,51 @@ def _peft_lines(cfg: TrainConfig) -> list[str]:
     peft = cfg.peft
     targets = ", ".join(peft.target_modules) if peft.target_modules else "the policy's default targets"
     extra = f" + fully trained {', '.join(peft.full_training_modules)}" if peft.full_training_modules else ""
-    return [(f"PEFT: {peft.method_type} r={peft.r} alpha={peft.lora_alpha or peft.r} on {targets}{extra}; "
-             f"frozen base {cfg.policy.pretrained_path}")]
+    return [
+        (
+            f"PEFT: {peft.method_type} r={peft.r} alpha={peft.lora_alpha or peft.r} on {targets}{extra}; "
+            f"frozen base {cfg.policy.pretrained_path}"
+        )
+    ]
 
 
 def _ema_lines(cfg: TrainConfig, runtime: ParallelRuntime) -> list[str]:
     ema = cfg.ema
     if not ema.enable:
         return []
-    decay = (f"constant decay {ema.decay}" if ema.decay is not None else
-             f"decay 1-(1+t/{ema.inv_gamma})^-{ema.power} in [{ema.min_decay}, {ema.max_decay}]")
-    where = ("each rank of its own shards" if runtime.parallelism.is_sharded
-             else "every rank" if runtime.is_distributed else "this process")
+    decay = (
+        f"constant decay {ema.decay}"
+        if ema.decay is not None
+        else f"decay 1-(1+t/{ema.inv_gamma})^-{ema.power} in [{ema.min_decay}, {ema.max_decay}]"
+    )
+    where = (
+        "each rank of its own shards"
+        if runtime.parallelism.is_sharded
+        else "every rank"
+        if runtime.is_distributed
+        else "this process"
+    )
     after = f", a copy for the first {ema.update_after_step} updates" if ema.update_after_step else ""
     return [f"EMA: {decay}{after}; kept by {where}; saved as pretrained_model_ema/"]
 
 
-def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, num_frames: int,
-                 num_episodes: int, start_step: int = 0) -> list[str]:
+def banner_lines(
+    cfg: TrainConfig,
+    runtime: ParallelRuntime,
+    policy: nn.Module,
+    num_frames: int,
+    num_episodes: int,
+    start_step: int = 0,
+) -> list[str]:
     p = runtime.parallelism
     learnable, total = count_params(policy)
     k = cfg.accelerator.gradient_accumulation.steps
     lines = [
         f"Job: {cfg.job_name}  →  {cfg.output_dir}",
-        (f"Launch: {runtime.launcher}, world size {runtime.world_size}; "
-         f"topology dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} ({MODES.get(p.mode, p.mode)})"),
+        (
+            f"Launch: {runtime.launcher}, world size {runtime.world_size}; "
+            f"topology dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} ({MODES.get(p.mode, p.mode)})"
+        ),
         f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
         precision_line(cfg.accelerator.mixed_precision, policy),
         f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
@@ -79,13 +101,17 @@ def banner_lines(cfg: TrainConfig, runtime: ParallelRuntime, policy: nn.Module, 
         f"Steps: {cfg.steps} loop steps (micro-batches per worker) = {cfg.steps // k} optimizer "
         f"update{'' if cfg.steps // k == 1 else 's'}"
         + (f"; resuming at step {start_step}" if start_step else ""),
-        ("Note: the learning rate and step count are not rescaled for the effective batch size; "
-         "adjust --optimizer.lr / --steps yourself when you scale out."),
+        (
+            "Note: the learning rate and step count are not rescaled for the effective batch size; "
+            "adjust --optimizer.lr / --steps yourself when you scale out."
+        ),
     ]
     if cfg.eval_steps > 0 and cfg.policy is not None:
         lines.append(f"Eval loss: eval/loss is {cfg.policy.eval_loss_description()}")
     if k > 1 and cfg.save_checkpoint:
         every = f"every {cfg.save_freq} loop steps and " if cfg.save_freq else ""
-        lines.append(f"Checkpoints: {every}at step {cfg.steps}, on gradient-accumulation window boundaries (an "
-                     f"interrupt finishes its window of {k} micro-batches before it saves)")
+        lines.append(
+            f"Checkpoints: {every}at step {cfg.steps}, on gradient-accumulation window boundaries (an "
+            f"interrupt finishes its window of {k} micro-batches before it saves)"
+        )
     return lines

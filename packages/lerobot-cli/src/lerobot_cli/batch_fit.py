@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from lerobot_cli.cli.errors import UsageError
 
 
-def check_batch_fits(batch_size: int, dp_world_size: int, frames: int, episodes: Sequence[int] | None) -> None:
+def check_batch_fits(
+    batch_size: int, dp_world_size: int, frames: int, episodes: Sequence[int] | None
+) -> None:
     """Raise :class:`UsageError` when ``batch_size × dp_world_size`` exceeds the ``frames`` trained on.
 
     ``episodes``: the ``--dataset.episodes`` selection (None for all), named in the message because a
@@ -20,11 +22,15 @@ def check_batch_fits(batch_size: int, dp_world_size: int, frames: int, episodes:
     global_batch = batch_size * dp_world_size
     if global_batch <= frames:
         return
-    where = f"{frames} frames" + (f" in the {len(episodes)} episode(s) of --dataset.episodes" if episodes else "")
+    where = f"{frames} frames" + (
+        f" in the {len(episodes)} episode(s) of --dataset.episodes" if episodes else ""
+    )
     fixes = [f"lower --batch_size to at most {frames // dp_world_size}"] if frames >= dp_world_size else []
     if dp_world_size > 1:
         fixes.append("launch fewer processes")
     if episodes:
         fixes.append("select more episodes")
-    raise UsageError(f"--batch_size={batch_size} x {dp_world_size} dp workers = {global_batch} samples is larger "
-                     f"than the dataset ({where}); {', or '.join(fixes)}")
+    raise UsageError(
+        f"--batch_size={batch_size} x {dp_world_size} dp workers = {global_batch} samples is larger "
+        f"than the dataset ({where}); {', or '.join(fixes)}"
+    )

@@ -50,11 +50,14 @@ _PACKAGES = ("torch", "lerobot-parallel", "lerobot-ckpt", "lerobot-trainloop", "
 def run_info(cfg: TrainConfig, runtime: ParallelRuntime, base_model: BaseModel | None = None) -> RunInfo:
     p = runtime.parallelism
     return RunInfo(
-        world_size=runtime.world_size, batch_size=cfg.batch_size,
+        world_size=runtime.world_size,
+        batch_size=cfg.batch_size,
         grad_accum_steps=cfg.accelerator.gradient_accumulation.steps,
         mixed_precision=cfg.accelerator.mixed_precision,
         parallelism=Parallelism(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard),
-        checkpoint_format=cfg.checkpoint_format, versions=package_versions(*_PACKAGES), base_model=base_model,
+        checkpoint_format=cfg.checkpoint_format,
+        versions=package_versions(*_PACKAGES),
+        base_model=base_model,
     )
 
 
@@ -65,8 +68,13 @@ def peft_model_of(model: nn.Module):
     return inner if peft is not None and isinstance(inner, peft.PeftModel) else None
 
 
-def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: ProcessorPipeline,
-                      post: ProcessorPipeline, policy: nn.Module | None = None) -> Callable[[Path], None]:
+def pretrained_writer(
+    cfg: TrainConfig,
+    policy_cfg: PolicyConfig,
+    pre: ProcessorPipeline,
+    post: ProcessorPipeline,
+    policy: nn.Module | None = None,
+) -> Callable[[Path], None]:
     """Files of ``pretrained_model/`` besides the weights, written by the main rank while staging
     (a PEFT run adds ``adapter_config.json``, which names the base policy)."""
     peft_model = peft_model_of(policy) if policy is not None else None
@@ -92,8 +100,13 @@ def pretrained_writer(cfg: TrainConfig, policy_cfg: PolicyConfig, pre: Processor
 def _training_objects(loop: TrainLoop) -> TrainingObjects:
     """What a checkpoint of this loop saves and its resume restores: the same objects (the EMA shadow
     too, when the run keeps one)."""
-    return TrainingObjects(model=loop.model, optimizer=loop.optimizer, scheduler=loop.scheduler,
-                           scaler=loop.precision.scaler, ema=None if loop.ema is None else loop.ema.state())
+    return TrainingObjects(
+        model=loop.model,
+        optimizer=loop.optimizer,
+        scheduler=loop.scheduler,
+        scaler=loop.precision.scaler,
+        ema=None if loop.ema is None else loop.ema.state(),
+    )
 
 
 def _adapter_state(model: nn.Module):
@@ -130,24 +143,39 @@ def _warn_rounded_weights(checkpoint_dir: Path, state: ResumeState, warn: Callab
     if art.peft_adapter:
         return
     paths = CheckpointPaths(checkpoint_dir)
-    for weights, read, what in ((paths.model_weights, art.model_safetensors and not art.model_dcp, "weights"),
-                                (paths.ema.model_weights, state.ema_restored and art.ema_safetensors
-                                 and not art.ema_dcp, "EMA weights")):
+    for weights, read, what in (
+        (paths.model_weights, art.model_safetensors and not art.model_dcp, "weights"),
+        (
+            paths.ema.model_weights,
+            state.ema_restored and art.ema_safetensors and not art.ema_dcp,
+            "EMA weights",
+        ),
+    ):
         dtype = stored_float_dtype(weights) if read and weights.is_file() else "float32"
         if dtype != "float32":
-            warn(f"resuming from {weights}, which holds {dtype} {what} (converted with --dtype), not the run's "
-                 f"fp32 ones: training continues from the rounded values")
+            warn(
+                f"resuming from {weights}, which holds {dtype} {what} (converted with --dtype), not the "
+                "run's fp32 ones: training continues from the rounded values"
+            )
 
 
 def _ema_notes(loop: TrainLoop, state: ResumeState) -> list[str]:
     """A shadow that does not continue is said, never silent: LeRobot's evaluation reads it."""
     has = state.record.artifacts.ema
     if loop.ema is not None and not has:
-        return [(f"the checkpoint has no EMA shadow (it was trained without --ema.enable=true): the EMA starts from "
-                 f"the resumed weights at step {state.step}")]
+        return [
+            (
+                "the checkpoint has no EMA shadow (it was trained without --ema.enable=true): the EMA "
+                f"starts from the resumed weights at step {state.step}"
+            )
+        ]
     if loop.ema is None and has:
-        return [("the checkpoint's EMA shadow is not continued (--ema.enable=false): this run's checkpoints have no "
-                 "pretrained_model_ema/")]
+        return [
+            (
+                "the checkpoint's EMA shadow is not continued (--ema.enable=false): this run's checkpoints "
+                "have no pretrained_model_ema/"
+            )
+        ]
     return []
 
 
@@ -172,8 +200,14 @@ class Checkpointer:
     after the loop (before publishing) and on an interrupt; the next save waits by itself.
     """
 
-    def __init__(self, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop,
-                 write_pretrained: Callable[[Path], None], base_model: BaseModel | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        runtime: ParallelRuntime,
+        loop: TrainLoop,
+        write_pretrained: Callable[[Path], None],
+        base_model: BaseModel | None = None,
+    ) -> None:
         self.cfg = cfg
         self.runtime = runtime
         self.loop = loop
@@ -183,8 +217,11 @@ class Checkpointer:
         self.last_path: Path | None = None
         # Collective (a gloo group for the background writes): every rank builds its Checkpointer at
         # the same point of train(), so the group is created there on all of them.
-        self.saver = (AsyncCheckpointer.create(timeout_s=runtime.timeout_s)
-                      if cfg.checkpoint_async and cfg.save_checkpoint else None)
+        self.saver = (
+            AsyncCheckpointer.create(timeout_s=runtime.timeout_s)
+            if cfg.checkpoint_async and cfg.save_checkpoint
+            else None
+        )
 
     def due(self, step: int) -> bool:
         if not self.cfg.save_checkpoint:
@@ -198,9 +235,13 @@ class Checkpointer:
         loop = self.loop
         save = save_checkpoint if self.saver is None else self.saver.save
         path = save(
-            Path(self.cfg.output_dir), step, run=self.info, objects=_training_objects(loop),
+            Path(self.cfg.output_dir),
+            step,
+            run=self.info,
+            objects=_training_objects(loop),
             sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
-            loop_state=loop.state_dict(), write_pretrained=self.write_pretrained,
+            loop_state=loop.state_dict(),
+            write_pretrained=self.write_pretrained,
             adapter_state=_adapter_state(loop.model),
         )
         self.last_saved = step
@@ -229,16 +270,22 @@ class Checkpointer:
         loop, checkpoint_dir, settings_changed = self.loop, plan.checkpoint, plan.settings_changed
         configured = optimizer_settings(loop.optimizer)
         saved = plan.record.sampler  # read once, by the plan
-        if loop.sampler is not None and saved.get("num_samples", loop.sampler.num_samples) != loop.sampler.num_samples:
+        if (
+            loop.sampler is not None
+            and saved.get("num_samples", loop.sampler.num_samples) != loop.sampler.num_samples
+        ):
             # Before anything is loaded: the saved data position means nothing in another dataset.
             raise StateMismatchError(
                 f"{checkpoint_dir} was trained on {saved['num_samples']} samples, but this run's dataset has "
-                f"{loop.sampler.num_samples} (another --dataset.episodes selection, --dataset.eval_split or --policy.drop_n_last_frames, or another dataset): its data "
-                "position does not apply; resume on the same data, or start a new run from its weights with "
+                f"{loop.sampler.num_samples} (another --dataset.episodes selection, --dataset.eval_split or "
+                "--policy.drop_n_last_frames, or another dataset): its data position does not apply; resume "
+                "on the same data, or start a new run from its weights with "
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )
         state = load_checkpoint(
-            checkpoint_dir, objects=_training_objects(loop), rank=self.runtime.rank,
+            checkpoint_dir,
+            objects=_training_objects(loop),
+            rank=self.runtime.rank,
             adapter_state=_adapter_state(loop.model),
         )
         if self.runtime.world_size > 1:
@@ -252,16 +299,23 @@ class Checkpointer:
         if loop.ema is not None and not state.ema_restored:
             loop.ema.reset()  # from the resumed weights, not the ones built before the load
         if changed := ema_changes(self.cfg, plan.saved):
-            notes.append(f"the EMA continues with changed settings from step {state.step} on: {'; '.join(changed)}")
+            notes.append(
+                f"the EMA continues with changed settings from step {state.step} on: {'; '.join(changed)}"
+            )
         changes = state.record.changes_for(self.info)
         if not _exactness_lost(state.record, self.info):
             notes = [n for n in notes if "sample-exactness" not in n]
         if changes or notes:
-            head = (f"resuming {checkpoint_dir} with a different setup ({'; '.join(changes)})" if changes
-                    else f"resuming {checkpoint_dir}")
+            head = (
+                f"resuming {checkpoint_dir} with a different setup ({'; '.join(changes)})"
+                if changes
+                else f"resuming {checkpoint_dir}"
+            )
             warn(head + "".join(f"; {n}" for n in notes))
         if settings_changed:
             reapply_settings(loop.optimizer, loop.scheduler, configured)
-            warn(f"resuming with changed optimizer/scheduler settings, applied from step {state.step} on: "
-                 f"{'; '.join(settings_changed)} (the restored optimizer moments are kept)")
+            warn(
+                f"resuming with changed optimizer/scheduler settings, applied from step {state.step} on: "
+                f"{'; '.join(settings_changed)} (the restored optimizer moments are kept)"
+            )
         return state

@@ -23,14 +23,18 @@ from lerobot_cli.policies.config import PolicyConfig
 @define(frozen=True)
 class TrackioConfig:
     enable: bool = field(default=False, metadata={"help": "Log metrics and config to trackio (local-first)."})
-    project: str | None = field(default=None, metadata={"help": "trackio project name (default: the job name)."})
+    project: str | None = field(
+        default=None, metadata={"help": "trackio project name (default: the job name)."}
+    )
 
 
 def _path_or_none(flag: str):
     def check(inst, attribute, value) -> None:
         if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise ValueError(f"{flag} must name a directory, got {value!r}; leave it out for the default "
-                             "outputs/train/<date>/<time>_<job_name>")
+            raise ValueError(
+                f"{flag} must name a directory, got {value!r}; leave it out for the default "
+                "outputs/train/<date>/<time>_<job_name>"
+            )
 
     return check
 
@@ -42,34 +46,45 @@ def _h(text: str, **extra) -> dict:
 @define(frozen=True)
 class TrainConfig:
     dataset: DatasetConfig = field(factory=DatasetConfig)
-    policy: PolicyConfig | None = field(default=None, metadata=_h("The policy (choose with --policy.type or --policy.path)."))
+    policy: PolicyConfig | None = field(
+        default=None, metadata=_h("The policy (choose with --policy.type or --policy.path).")
+    )
     output_dir: str | None = field(
-        default=None, validator=_path_or_none("--output_dir"),
+        default=None,
+        validator=_path_or_none("--output_dir"),
         metadata=_h("Run directory (default outputs/train/<date>/<time>_<job_name>)."),
     )
     job_name: str | None = field(default=None, metadata=_h("Run name (default <dataset>_<policy type>)."))
     resume: bool = field(default=False, metadata=_h("Continue the checkpoint named by --config_path."))
     abandon_newer_checkpoints: bool = field(
         default=False,
-        metadata=_h("On resume from an older checkpoint, move the newer ones to <output_dir>/abandoned/ instead of "
-                    "refusing (never recorded as true)."),
+        metadata=_h(
+            "On resume from an older checkpoint, move the newer ones to <output_dir>/abandoned/ instead of "
+            "refusing (never recorded as true)."
+        ),
     )
     seed: int = field(default=1000, metadata=_h("Seed of model init, data order and dropout."))
     steps: int = field(
-        default=100_000, validator=count("--steps"),
+        default=100_000,
+        validator=count("--steps"),
         metadata=_h("Loop steps (micro-batches per worker), not optimizer updates."),
     )
     batch_size: int = field(
         default=8, validator=count("--batch_size"), metadata=_h("Micro-batch per data-parallel worker.")
     )
     num_workers: int = field(
-        default=4, validator=count("--num_workers", minimum=0), metadata=_h("DataLoader worker processes per rank.")
+        default=4,
+        validator=count("--num_workers", minimum=0),
+        metadata=_h("DataLoader worker processes per rank."),
     )
     log_freq: int = field(
-        default=200, validator=count("--log_freq", minimum=0), metadata=_h("Log reduced metrics every N steps (0: never).")
+        default=200,
+        validator=count("--log_freq", minimum=0),
+        metadata=_h("Log reduced metrics every N steps (0: never)."),
     )
     save_freq: int = field(
-        default=20_000, validator=count("--save_freq", minimum=0),
+        default=20_000,
+        validator=count("--save_freq", minimum=0),
         metadata=_h("Checkpoint every N steps (0: only at the end)."),
     )
     save_checkpoint: bool = field(default=True, metadata=_h("Write checkpoints at all."))
@@ -77,14 +92,17 @@ class TrainConfig:
         default=True, metadata=_h("On SIGINT/SIGTERM, stop all ranks at the same step and save a checkpoint.")
     )
     checkpoint_format: CheckpointFormat = field(
-        default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat,
+        default=CheckpointFormat.SAFETENSORS,
+        converter=CheckpointFormat,
         metadata=_h("Model artifact of sharded runs.", choices=tuple(f.value for f in CheckpointFormat)),
     )
     checkpoint_async: bool = field(
         default=False,
-        metadata=_h("Copy each checkpoint's state to CPU memory and write it in the background while training "
-                    "goes on; the next save, the end of the run and an interrupt wait for it, and a failed write "
-                    "stops the run naming the step (the previous checkpoint and `last` stay)."),
+        metadata=_h(
+            "Copy each checkpoint's state to CPU memory and write it in the background while training "
+            "goes on; the next save, the end of the run and an interrupt wait for it, and a failed write "
+            "stops the run naming the step (the previous checkpoint and `last` stay)."
+        ),
     )
     optimizer: OptimizerConfig | None = field(
         default=None, metadata=_h("Optimizer (default: the policy's preset; flags override fields).")
@@ -92,13 +110,17 @@ class TrainConfig:
     scheduler: SchedulerConfig | None = field(
         default=None, metadata=_h("LR schedule (default: the policy's preset, often none).")
     )
-    peft: PeftConfig | None = field(default=None, metadata=_h("Adapter fine-tuning (any --peft.* flag enables it)."))
+    peft: PeftConfig | None = field(
+        default=None, metadata=_h("Adapter fine-tuning (any --peft.* flag enables it).")
+    )
     eval_steps: int = field(
-        default=0, validator=count("--eval_steps", minimum=0),
+        default=0,
+        validator=count("--eval_steps", minimum=0),
         metadata=_h("Held-out eval loss every N loop steps (0: never); needs --dataset.eval_split > 0."),
     )
     max_eval_samples: int = field(
-        default=0, validator=count("--max_eval_samples", minimum=0),
+        default=0,
+        validator=count("--max_eval_samples", minimum=0),
         metadata=_h("Cap on held-out frames evaluated (the first of each task, LeRobot's rule; 0: all)."),
     )
     trackio: TrackioConfig = field(factory=TrackioConfig)
@@ -108,7 +130,9 @@ class TrainConfig:
     allow_nonfinite_loss: bool = field(
         default=False, metadata=_h("Keep training when the loss is NaN/inf instead of stopping.")
     )
-    dry_run: bool = field(default=False, metadata=_h("Validate the config, print it and exit without training."))
+    dry_run: bool = field(
+        default=False, metadata=_h("Validate the config, print it and exit without training.")
+    )
 
     def finalized(self, now: _dt.datetime | None = None) -> TrainConfig:
         """Fill the names that default from other fields (job name, output dir)."""

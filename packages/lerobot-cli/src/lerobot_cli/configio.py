@@ -68,7 +68,9 @@ def _flatten_errors(exc: BaseException, path: str) -> list[str]:
         for sub, note in with_notes:
             name = getattr(note, "name", None)
             index = getattr(note, "index", None)
-            sub_path = f"{path}.{name}" if name is not None else f"{path}[{index!r}]" if index is not None else path
+            sub_path = (
+                f"{path}.{name}" if name is not None else f"{path}[{index!r}]" if index is not None else path
+            )
             expected = getattr(note, "type", None)
             named = _names_itself(str(sub), sub_path)
             if isinstance(sub, TypeError | ValueError) and not named and expected is not None:
@@ -124,7 +126,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigFileError(f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise ConfigFileError(
+            f"{what} {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigFileError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
     return data

@@ -16,8 +16,10 @@ from pathlib import Path
 # The files transformers reads an ``auto_map`` from when it loads a tokenizer (or its config).
 AUTO_MAP_FILES = ("tokenizer_config.json", "config.json")
 TOKENIZER_STEP = "tokenizer_processor"  # LeRobot's registry name of the step that loads a tokenizer
-_FIX = ("use a tokenizer directory without custom code (one that a standard transformers tokenizer's "
-        "save_pretrained wrote: tokenizer.json and tokenizer_config.json, no auto_map)")
+_FIX = (
+    "use a tokenizer directory without custom code (one that a standard transformers tokenizer's "
+    "save_pretrained wrote: tokenizer.json and tokenizer_config.json, no auto_map)"
+)
 
 
 class CustomCodeError(ValueError):
@@ -29,8 +31,10 @@ class CustomCodeError(ValueError):
 
     def naming(self, setting: str) -> str:
         """The sentence, with the setting that named the tokenizer spelled as its reader knows it."""
-        return (f"{setting}={self.name}: {self.detail}, which transformers would have to run; this trainer never "
-                f"runs code that comes with a tokenizer (trust_remote_code=False): {_FIX}")
+        return (
+            f"{setting}={self.name}: {self.detail}, which transformers would have to run; this trainer never "
+            f"runs code that comes with a tokenizer (trust_remote_code=False): {_FIX}"
+        )
 
 
 def _auto_map(file: Path) -> dict | None:
@@ -47,7 +51,9 @@ def _modules(auto_map: dict) -> list[str]:
     refs: list[str] = []
     for value in auto_map.values():
         refs += value if isinstance(value, list | tuple) else [value]
-    return sorted({f"{ref.split('--')[-1].rsplit('.', 1)[0]}.py" for ref in refs if isinstance(ref, str) and "." in ref})
+    return sorted(
+        {f"{ref.split('--')[-1].rsplit('.', 1)[0]}.py" for ref in refs if isinstance(ref, str) and "." in ref}
+    )
 
 
 def refuse_custom_code(name: str | None) -> None:
@@ -62,7 +68,9 @@ def refuse_custom_code(name: str | None) -> None:
         if auto_map is not None:
             modules = _modules(auto_map)
             code = f" ({', '.join(modules)})" if modules else ""
-            raise CustomCodeError(name, f"its {file_name} has an auto_map that names custom Python code{code}")
+            raise CustomCodeError(
+                name, f"its {file_name} has an auto_map that names custom Python code{code}"
+            )
 
 
 def is_custom_code_refusal(exc: BaseException) -> bool:
@@ -73,8 +81,9 @@ def is_custom_code_refusal(exc: BaseException) -> bool:
 
 
 def tokenizers_named_in(pipeline_file: Path) -> list[str]:
-    """The ``tokenizer_name`` of every tokenizer step of a processor pipeline file (``policy_preprocessor.json``)
-    that a ``--policy.path`` brings; [] when the file is absent or unreadable (its loader says why)."""
+    """The ``tokenizer_name`` of every tokenizer step of a processor pipeline file
+    (``policy_preprocessor.json``) that a ``--policy.path`` brings; [] when the file is absent or unreadable
+    (its loader says why)."""
     try:
         data = json.loads(Path(pipeline_file).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -82,7 +91,11 @@ def tokenizers_named_in(pipeline_file: Path) -> list[str]:
     steps = data.get("steps") if isinstance(data, dict) else None
     names = []
     for step in steps if isinstance(steps, list) else []:
-        config = step.get("config") if isinstance(step, dict) and step.get("registry_name") == TOKENIZER_STEP else None
+        config = (
+            step.get("config")
+            if isinstance(step, dict) and step.get("registry_name") == TOKENIZER_STEP
+            else None
+        )
         if isinstance(config, dict) and isinstance(config.get("tokenizer_name"), str):
             names.append(config["tokenizer_name"])
     return names

@@ -32,5 +32,7 @@ def missing_extra_message(extra: str, needed_by: str) -> str | None:
     module = next((name for name in EXTRAS[extra] if not installed(name)), None)
     if module is None:
         return None
-    return (f"{needed_by} needs lerobot-cli[{extra}] ({module} is not installed): pip install 'lerobot-cli[{extra}]' "
-            f"(in this repository: uv sync)")
+    return (
+        f"{needed_by} needs lerobot-cli[{extra}] ({module} is not installed): pip install "
+        f"'lerobot-cli[{extra}]' (in this repository: uv sync)"
+    )

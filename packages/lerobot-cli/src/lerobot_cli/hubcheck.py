@@ -16,8 +16,10 @@ def wants_publish(cfg) -> bool:
     return bool(cfg.policy is not None and cfg.policy.repo_id and cfg.policy.push_to_hub)
 
 
-_LATER = ("or pass --policy.push_to_hub=false to train without publishing (publish the checkpoint later with "
-          "lerobot-convert-dcp --checkpoint_dir=… --push_to_hub …)")
+_LATER = (
+    "or pass --policy.push_to_hub=false to train without publishing (publish the checkpoint later with "
+    "lerobot-convert-dcp --checkpoint_dir=… --push_to_hub …)"
+)
 
 
 def check_publish_target(repo_id: str) -> str:
@@ -27,19 +29,26 @@ def check_publish_target(repo_id: str) -> str:
 
     flag = f"--policy.repo_id={repo_id}"
     if constants.HF_HUB_OFFLINE:
-        raise UsageError(f"{flag} publishes the final policy to the Hub, but HF_HUB_OFFLINE is set: unset it, {_LATER}")
+        raise UsageError(
+            f"{flag} publishes the final policy to the Hub, but HF_HUB_OFFLINE is set: unset it, {_LATER}"
+        )
     try:
         who = HfApi().whoami()
     except LocalTokenNotFoundError:
-        raise UsageError(f"{flag} publishes the final policy, but no Hugging Face token is configured: run "
-                         f"`hf auth login` or set HF_TOKEN, {_LATER}") from None
+        raise UsageError(
+            f"{flag} publishes the final policy, but no Hugging Face token is configured: run "
+            f"`hf auth login` or set HF_TOKEN, {_LATER}"
+        ) from None
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         why = "the Hugging Face token was rejected" if status in (401, 403) else f"the Hub answered {status}"
-        raise UsageError(f"{flag} publishes the final policy, but {why}: fix the token (`hf auth login`), "
-                         f"{_LATER}") from None
+        raise UsageError(
+            f"{flag} publishes the final policy, but {why}: fix the token (`hf auth login`), {_LATER}"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any transport failure: the Hub cannot be reached from here
         detail = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise UsageError(f"{flag} publishes the final policy, but the Hub cannot be reached ({detail}): check the "
-                         f"network, {_LATER}") from None
+        raise UsageError(
+            f"{flag} publishes the final policy, but the Hub cannot be reached ({detail}): check the "
+            f"network, {_LATER}"
+        ) from None
     return str(who.get("name", "?")) if isinstance(who, dict) else "?"

@@ -115,7 +115,8 @@ class InterruptWatch:
                     self._agreed = int(self._buffer[0])
                 if not self._agreed:
                     self._buffer[0] = self.signum
-                    self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group,
-                                                    async_op=True)
+                    self._pending = dist.all_reduce(
+                        self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+                    )
         if self._agreed and not defer:
             raise TrainingInterrupted(self._agreed)

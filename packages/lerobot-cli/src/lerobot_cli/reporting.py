@@ -28,17 +28,40 @@ def _fmt(value: float) -> str:
 
 
 def format_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    order = ["loss", "lr", "grad_norm", "samples_per_s", "step_s", "data_s", "update_s", "gpu_mem_gb", "peak_rss_gb"]
-    keys = [k for k in order if k in metrics] + sorted(k for k in metrics if k not in order and k != "samples")
-    parts = [f"{k}={_fmt(metrics[k])}" for k in keys if not (isinstance(metrics[k], float) and math.isnan(metrics[k]))]
+    order = [
+        "loss",
+        "lr",
+        "grad_norm",
+        "samples_per_s",
+        "step_s",
+        "data_s",
+        "update_s",
+        "gpu_mem_gb",
+        "peak_rss_gb",
+    ]
+    keys = [k for k in order if k in metrics] + sorted(
+        k for k in metrics if k not in order and k != "samples"
+    )
+    parts = [
+        f"{k}={_fmt(metrics[k])}"
+        for k in keys
+        if not (isinstance(metrics[k], float) and math.isnan(metrics[k]))
+    ]
     return f"step {step}/{total} " + " ".join(parts)
 
 
 class Reporter:
     """Console and JSONL output of one run; a no-op on non-main ranks."""
 
-    def __init__(self, enabled: bool, output_dir: Path, total_steps: int, start_step: int = 0,
-                 stream: TextIO | None = None, tracker: Any | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        output_dir: Path,
+        total_steps: int,
+        start_step: int = 0,
+        stream: TextIO | None = None,
+        tracker: Any | None = None,
+    ) -> None:
         self.enabled = enabled
         self.total = total_steps
         self.stream = stream or sys.stdout
@@ -56,8 +79,12 @@ class Reporter:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-                TimeRemainingColumn(), transient=False,
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+                transient=False,
             )
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, status="")
             self._progress.start()
@@ -82,7 +109,9 @@ class Reporter:
         elapsed = time.perf_counter() - self._t0
         done = step - self._start
         eta = elapsed / done * (self.total - step) if done > 0 else math.nan
-        self.print(format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else ""))
+        self.print(
+            format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else "")
+        )
         self._record(step, elapsed, metrics)
         self._last_loss = f"loss {_fmt(metrics.get('loss', math.nan))}"
         if self._progress is not None:
@@ -98,8 +127,11 @@ class Reporter:
         self._record(step, time.perf_counter() - self._t0, named)
 
     def _record(self, step: int, elapsed: float, metrics: dict[str, float]) -> None:
-        record = {"step": step, "time_s": round(elapsed, 4),
-                  **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        record = {
+            "step": step,
+            "time_s": round(elapsed, 4),
+            **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()},
+        }
         if self._jsonl is None:  # opened at the first record: a run that fails before it leaves no empty file
             self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
             self._jsonl = self._metrics_path.open("a", encoding="utf-8")

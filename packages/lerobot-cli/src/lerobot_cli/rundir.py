@@ -76,50 +76,64 @@ class RunDirWork:
 
     def _aside(self, resume_step: int | None) -> Path:
         now = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = f"{now}-after-{step_dir_name(resume_step)}" if resume_step is not None else f"{now}-earlier-run"
+        name = (
+            f"{now}-after-{step_dir_name(resume_step)}" if resume_step is not None else f"{now}-earlier-run"
+        )
         return self.directory / ABANDONED_DIR / name
 
     def apply(self) -> list[str]:
         """Do it; returns the notes to print once."""
         notes = []
         if self.stale_lock is not None:
-            notes.append(f"the run directory's lock was left by {self.stale_lock.describe()}, which ended without "
-                         "releasing it (killed or crashed); this run took it over")
+            notes.append(
+                f"the run directory's lock was left by {self.stale_lock.describe()}, which ended without "
+                "releasing it (killed or crashed); this run took it over"
+            )
         for path in self.leftovers:
             remove_quietly(path)
         if self.leftovers:
-            notes.append(f"removed what an interrupted save left in {self.directory / CHECKPOINTS_DIR}: "
-                         + ", ".join(p.name for p in self.leftovers))
+            notes.append(
+                f"removed what an interrupted save left in {self.directory / CHECKPOINTS_DIR}: "
+                + ", ".join(p.name for p in self.leftovers)
+            )
         metrics = self.directory / METRICS_FILE
         if self.resume_checkpoint is None:
             if self.earlier_metrics:
                 aside = self._aside(None)
                 aside.mkdir(parents=True, exist_ok=True)
                 os.replace(metrics, aside / METRICS_FILE)
-                notes.append(f"{self.directory} held an earlier run that committed no checkpoint: starting afresh "
-                             f"there; its {METRICS_FILE} ({self.earlier_metrics} lines) was moved to {aside}")
+                notes.append(
+                    f"{self.directory} held an earlier run that committed no checkpoint: starting afresh "
+                    f"there; its {METRICS_FILE} ({self.earlier_metrics} lines) was moved to {aside}"
+                )
             return notes
         step = int(self.resume_checkpoint.name)
         aside = self._aside(step)
         if self.set_aside_steps:
-            moved = set_aside(list(self.set_aside_steps), aside / CHECKPOINTS_DIR, point_last_at=self.resume_checkpoint)
-            notes.append(f"set aside the checkpoints newer than {self.resume_checkpoint.name} "
-                         f"({', '.join(p.name for p in moved)}) in {aside / CHECKPOINTS_DIR}")
+            moved = set_aside(
+                list(self.set_aside_steps), aside / CHECKPOINTS_DIR, point_last_at=self.resume_checkpoint
+            )
+            notes.append(
+                f"set aside the checkpoints newer than {self.resume_checkpoint.name} "
+                f"({', '.join(p.name for p in moved)}) in {aside / CHECKPOINTS_DIR}"
+            )
         lines = _metrics_lines(metrics)
         later = [ln for ln in lines if (_line_step(ln) or 0) > step]
         if later:
             aside.mkdir(parents=True, exist_ok=True)
             _write_lines(aside / METRICS_FILE, later)
             _write_lines(metrics, [ln for ln in lines if (_line_step(ln) or 0) <= step])
-            notes.append(f"{METRICS_FILE} had {len(later)} line(s) after step {step}, from the part of the run this "
-                         f"resume redoes; they were moved to {aside / METRICS_FILE}")
+            notes.append(
+                f"{METRICS_FILE} had {len(later)} line(s) after step {step}, from the part of the run this "
+                f"resume redoes; they were moved to {aside / METRICS_FILE}"
+            )
         return notes
 
 
 def _not_empty(directory: Path, why: str) -> UsageError:
     return UsageError(
-        f"--output_dir={directory} already exists and {why}; pass --resume=true --config_path=… to continue that "
-        f"run, or choose another --output_dir (nothing was changed)"
+        f"--output_dir={directory} already exists and {why}; pass --resume=true --config_path=… to continue "
+        "that run, or choose another --output_dir (nothing was changed)"
     )
 
 
@@ -131,8 +145,13 @@ def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunD
     leftovers = tuple(transient_leftovers(checkpoints))
     resume = plan.resume
     if resume is not None and resume.in_place:
-        return RunDirWork(directory=directory, leftovers=leftovers, set_aside_steps=resume.abandon,
-                          resume_checkpoint=resume.checkpoint, stale_lock=stale_lock)
+        return RunDirWork(
+            directory=directory,
+            leftovers=leftovers,
+            set_aside_steps=resume.abandon,
+            resume_checkpoint=resume.checkpoint,
+            stale_lock=stale_lock,
+        )
     entries = {p.name: p for p in directory.iterdir()} if directory.is_dir() else {}
     entries.pop(RUN_LOCK, None)
     if resume is not None:  # a branch of another run's checkpoint starts in a directory of its own
@@ -142,8 +161,10 @@ def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunD
     last = read_last(checkpoints)
     committed = list_checkpoints(checkpoints) or ([last] if last else [])
     if committed:
-        raise _not_empty(directory, f"holds checkpoints of an earlier run ({checkpoints / LAST_LINK} or "
-                                    f"{committed[-1].name})")
+        raise _not_empty(
+            directory,
+            f"holds checkpoints of an earlier run ({checkpoints / LAST_LINK} or {committed[-1].name})",
+        )
     if CHECKPOINTS_DIR in entries and any(p not in leftovers for p in checkpoints.iterdir()):
         raise _not_empty(directory, f"is not empty ({checkpoints} holds files that are not checkpoints)")
     others = sorted(set(entries) - {CHECKPOINTS_DIR, METRICS_FILE, ABANDONED_DIR})
@@ -152,4 +173,6 @@ def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunD
     if METRICS_FILE in entries and not entries[METRICS_FILE].is_file():
         raise _not_empty(directory, f"is not empty ({METRICS_FILE} is not a file)")
     earlier = len(_metrics_lines(directory / METRICS_FILE)) if METRICS_FILE in entries else 0
-    return RunDirWork(directory=directory, leftovers=leftovers, earlier_metrics=earlier, stale_lock=stale_lock)
+    return RunDirWork(
+        directory=directory, leftovers=leftovers, earlier_metrics=earlier, stale_lock=stale_lock
+    )

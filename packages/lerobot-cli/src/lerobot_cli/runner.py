@@ -46,19 +46,28 @@ from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
 from lerobot_cli.workload import build_workload, sharding_plan
 
-USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, ParallelismError, NonFiniteLossError, CheckpointError,
-                                                PeftSetupError, UsageError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    DatasetError,
+    ParallelismError,
+    NonFiniteLossError,
+    CheckpointError,
+    PeftSetupError,
+    UsageError,
+)
 
 
-def _exit(message: str, code: int, runtime: ParallelRuntime | None = None,
-          release: Callable[[], None] | None = None) -> None:
+def _exit(
+    message: str, code: int, runtime: ParallelRuntime | None = None, release: Callable[[], None] | None = None
+) -> None:
     """One ``lerobot-train: error:`` line per job (the main rank's; see ``print_once_per_job``), then exit."""
     if release is not None:  # first: once the line is out, the launcher may kill this rank
         release()
     if runtime is None and is_quiet_rank():  # refused before the group exists: the node's first rank says it
         leave_quietly(code)
     lines = [ln for ln in message.strip().splitlines() if ln.strip()]
-    print_once_per_job(f"{PROG}: error: {as_flags(lines[-1] if lines else message)}", runtime, stream=sys.stderr)
+    print_once_per_job(
+        f"{PROG}: error: {as_flags(lines[-1] if lines else message)}", runtime, stream=sys.stderr
+    )
     raise SystemExit(code)
 
 
@@ -106,8 +115,10 @@ def _training_rows(workload):
         return None
     rows = workload.dataset.rows_without_last(n)
     if len(rows) == 0:
-        raise DatasetError(f"--policy.drop_n_last_frames={n} leaves no frame to train on: every episode of the "
-                           f"training set has at most {n} frames; lower it, or select longer episodes")
+        raise DatasetError(
+            f"--policy.drop_n_last_frames={n} leaves no frame to train on: every episode of the "
+            f"training set has at most {n} frames; lower it, or select longer episodes"
+        )
     return rows
 
 
@@ -118,39 +129,58 @@ def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> Shi
     # no longer match an uninterrupted one), and shielded workers: a stop signal must not kill them before
     # the ranks agreed to stop (interrupt.py).
     return resumable_loader(
-        dataset, sampler, seed=cfg.seed + runtime.rank, shielded=True, num_workers=workers,
-        pin_memory=runtime.device.type == "cuda", persistent_workers=workers > 0,
+        dataset,
+        sampler,
+        seed=cfg.seed + runtime.rank,
+        shielded=True,
+        num_workers=workers,
+        pin_memory=runtime.device.type == "cuda",
+        persistent_workers=workers > 0,
         prefetch_factor=2 if workers > 0 else None,
     )
 
 
 class _HeldOut:
-    """The eval loss of ``--dataset.eval_split``'s episodes every ``--eval_steps`` (every dp rank its share)."""
+    """The eval loss of ``--dataset.eval_split``'s episodes every ``--eval_steps``
+    (every dp rank its share)."""
 
     def __init__(self, workload, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop) -> None:
         self.cfg, self.loop, self.split = cfg, loop, workload.split
         self.pre = workload.preprocessor
         dataset = workload.eval_dataset
         self.indices = eval_sample_indices(dataset.task_index, cfg.max_eval_samples)
-        self.sampler = EvalBatches(self.indices, cfg.batch_size, dp_rank=runtime.dp_rank,
-                                   dp_world_size=runtime.dp_world_size)
+        self.sampler = EvalBatches(
+            self.indices, cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size
+        )
         workers = cfg.num_workers
-        self.loader = ShieldedDataLoader(dataset, batch_sampler=self.sampler, num_workers=workers,
-                                 pin_memory=runtime.device.type == "cuda", persistent_workers=workers > 0,
-                                 generator=torch.Generator().manual_seed(cfg.seed))
+        self.loader = ShieldedDataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            pin_memory=runtime.device.type == "cuda",
+            persistent_workers=workers > 0,
+            generator=torch.Generator().manual_seed(cfg.seed),
+        )
         self.ema = loop.ema if loop.ema is not None and cfg.ema.use_for_eval else None
 
     def describe(self) -> str:
         split, n = self.split, len(self.indices)
         weights = "EMA" if self.ema is not None else "live"
-        return (f"Eval: {len(split.eval)} of {len(split.train) + len(split.eval)} episodes held out "
-                f"(--dataset.eval_split={self.cfg.dataset.eval_split}, per task the last ones; {split.tasks} "
-                f"task{'s' if split.tasks != 1 else ''}); eval loss every {self.cfg.eval_steps} steps on {n} frames "
-                f"with the {weights} weights")
+        return (
+            f"Eval: {len(split.eval)} of {len(split.train) + len(split.eval)} episodes held out "
+            f"(--dataset.eval_split={self.cfg.dataset.eval_split}, per task the last ones; {split.tasks} "
+            f"task{'s' if split.tasks != 1 else ''}); eval loss every {self.cfg.eval_steps} steps on {n} "
+            f"frames with the {weights} weights"
+        )
 
     def run(self, step: int, reporter: Reporter) -> None:
-        metrics = evaluate(self.loop, (self.pre(b) for b in self.loader), self.sampler.weights(), ema=self.ema,
-                           seed=self.cfg.seed)
+        metrics = evaluate(
+            self.loop,
+            (self.pre(b) for b in self.loader),
+            self.sampler.weights(),
+            ema=self.ema,
+            seed=self.cfg.seed,
+        )
         reporter.log_eval(step, metrics, len(self.indices), "EMA" if self.ema is not None else "live")
 
 
@@ -161,8 +191,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     set_seed(cfg.seed)
     processors_from = CheckpointPaths(resume.checkpoint).pretrained_model if resume else None
     prefetch(cfg, runtime, resuming=resume is not None)  # downloads once per machine, before every rank reads
-    workload = build_workload(cfg, device=str(runtime.device), processors_from=processors_from,
-                              resuming=resume is not None)
+    workload = build_workload(
+        cfg, device=str(runtime.device), processors_from=processors_from, resuming=resume is not None
+    )
     rows = _training_rows(workload)
     num_samples = len(workload.dataset) if rows is None else len(rows)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
@@ -173,20 +204,34 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
     scheduler = build_scheduler(cfg.scheduler, optimizer, cfg.steps)
     sampler = ShardedBatchSampler(
-        num_samples, cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size,
+        num_samples,
+        cfg.batch_size,
+        dp_rank=runtime.dp_rank,
+        dp_world_size=runtime.dp_world_size,
         seed=cfg.seed,
     )
     # The shadow starts as a copy of the weights as wrapped (a resume then loads it); each rank keeps
     # the EMA of what it holds: its shards under FSDP2/HSDP, the adapters alone under PEFT.
     ema = ModelEma(wrapped.module, cfg.ema) if cfg.ema.enable else None
     loop = TrainLoop(
-        wrapped, optimizer, scheduler=scheduler, accelerator=cfg.accelerator,
-        grad_clip_norm=opt_cfg.grad_clip_norm, allow_nonfinite_loss=cfg.allow_nonfinite_loss, sampler=sampler,
+        wrapped,
+        optimizer,
+        scheduler=scheduler,
+        accelerator=cfg.accelerator,
+        grad_clip_norm=opt_cfg.grad_clip_norm,
+        allow_nonfinite_loss=cfg.allow_nonfinite_loss,
+        sampler=sampler,
         ema=ema,
     )
-    checkpointer = Checkpointer(cfg, runtime, loop, pretrained_writer(
-        cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy),
-        base_model=plan.base_model)
+    checkpointer = Checkpointer(
+        cfg,
+        runtime,
+        loop,
+        pretrained_writer(
+            cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy
+        ),
+        base_model=plan.base_model,
+    )
     warn = logging.getLogger(PROG).warning
     if resume is not None:
         checkpointer.resume(resume, warn)
@@ -197,12 +242,22 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         from lerobot_cli.configio import unstructure_train_config
         from lerobot_cli.tracking import TrackioTracker
 
-        tracker = TrackioTracker(cfg.trackio.project or cfg.job_name, cfg.job_name, unstructure_train_config(cfg))
-    reporter = Reporter(runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, tracker=tracker)
+        tracker = TrackioTracker(
+            cfg.trackio.project or cfg.job_name, cfg.job_name, unstructure_train_config(cfg)
+        )
+    reporter = Reporter(
+        runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, tracker=tracker
+    )
     watch = InterruptWatch(runtime.device, runtime.is_distributed, runtime.timeout_s)
     try:
-        for line in banner_lines(cfg, runtime, policy, workload.dataset.meta.num_frames,
-                                 workload.dataset.meta.num_episodes, loop.step):
+        for line in banner_lines(
+            cfg,
+            runtime,
+            policy,
+            workload.dataset.meta.num_frames,
+            workload.dataset.meta.num_episodes,
+            loop.step,
+        ):
             reporter.print(line)
         # the whole plan when sharded; unsharded runs list only activation checkpointing and compile
         for line in plan_.describe() if runtime.parallelism.is_sharded else plan_.describe_regions():
@@ -217,12 +272,17 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             reporter.print(held_out.describe())
             loop.add_hook(lambda ev: held_out.run(ev.step, reporter), every=cfg.eval_steps)
         if cfg.save_checkpoint:
-            loop.add_hook(lambda ev: reporter.print(f"checkpoint: {checkpointer.save(ev.step)}"),
-                          every=cfg.save_freq or None, at=[cfg.steps])
+            loop.add_hook(
+                lambda ev: reporter.print(f"checkpoint: {checkpointer.save(ev.step)}"),
+                every=cfg.save_freq or None,
+                at=[cfg.steps],
+            )
         # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
         pre = workload.preprocessor
-        loader = _loader(workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime)
+        loader = _loader(
+            workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime
+        )
         # The watch's handlers stay through the interrupt's save: a repeat of the signal (the launcher
         # forwarding what a scheduler sent every process) must not kill it, a later one still does.
         with watch:
@@ -243,7 +303,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             reporter.print(f"published to {cfg.policy.repo_id}: {', '.join(uploaded or [])}")
             if loop.ema is not None:  # LeRobot's: the EMA weights beside, as <repo_id>-ema
                 uploaded = publish(cfg, runtime, final.pretrained_model_ema, ema=True)
-                reporter.print(f"published the EMA weights to {ema_repo_id(cfg)}: {', '.join(uploaded or [])}")
+                reporter.print(
+                    f"published the EMA weights to {ema_repo_id(cfg)}: {', '.join(uploaded or [])}"
+                )
         if runtime.is_distributed:
             torch.distributed.barrier()
     finally:

@@ -51,9 +51,9 @@ class ResumePlan:
         """A branch (``--output_dir`` elsewhere) must start in an empty directory."""
         holder = self.checkpoint.parent.parent if self.checkpoint.parent.name == CHECKPOINTS_DIR else None
         return UsageError(
-            f"--output_dir={directory} is not the run that holds {self.checkpoint} ({holder or 'no run'}) and is not "
-            "empty: drop --output_dir to continue that run in place, or pass a new directory to continue it there "
-            "(the original is left untouched)"
+            f"--output_dir={directory} is not the run that holds {self.checkpoint} ({holder or 'no run'}) "
+            "and is not empty: drop --output_dir to continue that run in place, or pass a new directory to "
+            "continue it there (the original is left untouched)"
         )
 
     @property
@@ -66,8 +66,10 @@ class ResumePlan:
             return ""
         p = self.saved.parallelism if self.saved is not None else None
         shown = f"dp_replicate={p.dp_replicate}, dp_shard={p.dp_shard}" if p is not None else "the degrees"
-        return (f" ({shown} come from the checkpoint's train_config.json; override them for this launch with "
-                "--parallelism.dp_replicate=… --parallelism.dp_shard=…)")
+        return (
+            f" ({shown} come from the checkpoint's train_config.json; override them for this launch with "
+            "--parallelism.dp_replicate=… --parallelism.dp_shard=…)"
+        )
 
     def mismatch_hint(self, cfg: TrainConfig) -> str:
         """Why weights may not fit: the policy fields this run changes relative to the checkpoint."""
@@ -109,17 +111,26 @@ def _section_changes(name: str, old, new) -> list[str]:
 
 def _settings_changes(cfg: TrainConfig, saved: TrainConfig) -> list[str]:
     """Optimizer/scheduler settings the resumed run uses that differ from what the checkpoint ran with."""
-    if (cfg.optimizer is not None and saved.optimizer is not None and cfg.optimizer.type != saved.optimizer.type):
+    if (
+        cfg.optimizer is not None
+        and saved.optimizer is not None
+        and cfg.optimizer.type != saved.optimizer.type
+    ):
         raise UsageError(
-            f"--optimizer.type={cfg.optimizer.type} differs from the checkpoint's {saved.optimizer.type}: its "
-            "optimizer state cannot continue in another optimizer; resume with the same type, or start a new "
-            "run from the weights with --policy.path=<checkpoint>/pretrained_model"
+            f"--optimizer.type={cfg.optimizer.type} differs from the checkpoint's {saved.optimizer.type}: "
+            "its optimizer state cannot continue in another optimizer; resume with the same type, or start a "
+            "new run from the weights with --policy.path=<checkpoint>/pretrained_model"
         )
     if (cfg.scheduler is None) != (saved.scheduler is None):
-        what = "adds a scheduler the checkpoint ran without" if saved.scheduler is None else "drops the checkpoint's scheduler"
+        what = (
+            "adds a scheduler the checkpoint ran without"
+            if saved.scheduler is None
+            else "drops the checkpoint's scheduler"
+        )
         raise UsageError(
-            f"this resume {what} (--scheduler): a schedule cannot be added or removed mid-run; resume with the "
-            "saved --scheduler settings, or start a new run with --policy.path=<checkpoint>/pretrained_model"
+            f"this resume {what} (--scheduler): a schedule cannot be added or removed mid-run; resume with "
+            "the saved --scheduler settings, or start a new run with "
+            "--policy.path=<checkpoint>/pretrained_model"
         )
     changes = _section_changes("optimizer", saved.optimizer, cfg.optimizer)
     changes += _section_changes("scheduler", saved.scheduler, cfg.scheduler)
@@ -127,8 +138,10 @@ def _settings_changes(cfg: TrainConfig, saved: TrainConfig) -> list[str]:
     if sched is not None and cfg.steps != saved.steps:
         was, now = sched.fitted_steps(saved.steps), sched.fitted_steps(cfg.steps)
         if was != now:
-            changes.append(f"the schedule follows --steps: warm-up {was[0]} → {now[0]} steps, decay ends at step "
-                           f"{was[1]} → {now[1]}")
+            changes.append(
+                f"the schedule follows --steps: warm-up {was[0]} → {now[0]} steps, decay ends at step "
+                f"{was[1]} → {now[1]}"
+            )
     return changes
 
 
@@ -140,23 +153,28 @@ def _run_dir_for(checkpoint: Path, cfg: TrainConfig, flags: dict[str, str], note
         if holder is not None and given.resolve() == holder.resolve():
             return holder
         # whether the new directory is empty is the main rank's to check, under the run lock (rundir)
-        notes.append(f"continuing {checkpoint} in the new run directory {given} (the checkpoint's own run is not "
-                     "modified)")
+        notes.append(
+            f"continuing {checkpoint} in the new run directory {given} (the checkpoint's own run is not "
+            "modified)"
+        )
         return given
     if holder is None:
         raise UsageError(
-            f"{checkpoint} is not inside a run's {CHECKPOINTS_DIR}/ directory, so there is no run to continue: "
-            "pass --output_dir=<new directory> to continue it there"
+            f"{checkpoint} is not inside a run's {CHECKPOINTS_DIR}/ directory, so there is no run to "
+            "continue: pass --output_dir=<new directory> to continue it there"
         )
     saved_dir = Path(cfg.output_dir).expanduser() if cfg.output_dir else None
     if saved_dir is None or saved_dir.resolve() != holder.resolve():
-        notes.append(f"continuing the run in {holder}, which holds the checkpoint (its train_config.json names "
-                     f"output_dir={cfg.output_dir}: the run was moved or copied); it writes there")
+        notes.append(
+            f"continuing the run in {holder}, which holds the checkpoint (its train_config.json names "
+            f"output_dir={cfg.output_dir}: the run was moved or copied); it writes there"
+        )
     return holder
 
 
-def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[str],
-              is_main: bool) -> tuple[TrainConfig, BaseModel | None]:
+def _pin_base(
+    cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[str], is_main: bool
+) -> tuple[TrainConfig, BaseModel | None]:
     """The frozen base of a PEFT run, resolved to a directory that cannot move and checked by digest."""
     path = cfg.policy.pretrained_path if cfg.policy is not None else None
     if not path:
@@ -188,12 +206,14 @@ def _pin_base(cfg: TrainConfig, record: TrainingStepRecord | None, notes: list[s
         raise UsageError(
             f"the frozen base policy of this PEFT run changed: {base_dir} now holds weights with sha256 "
             f"{digest[:12]}…, but the adapter was trained on {expected.reference} with sha256 "
-            f"{expected.weights_sha256[:12]}… (retrained, replaced or re-pointed since); restore that base, or "
-            "start a new adapter on the current one with --policy.path=<base> --peft.*"
+            f"{expected.weights_sha256[:12]}… (retrained, replaced or re-pointed since); restore that base, "
+            "or start a new adapter on the current one with --policy.path=<base> --peft.*"
         )
     if record is not None and expected is None:
-        notes.append(f"this checkpoint does not pin its frozen base (written before base pinning): {base_dir} is "
-                     "used as the base without a check that it is the one the adapter was trained on")
+        notes.append(
+            f"this checkpoint does not pin its frozen base (written before base pinning): {base_dir} is "
+            "used as the base without a check that it is the one the adapter was trained on"
+        )
     return cfg, pin
 
 
@@ -205,7 +225,9 @@ def _recorded_pin(adapter_dir: Path) -> BaseModel | None:
         return None  # an adapter directory outside a checkpoint: nothing recorded to check against
 
 
-def plan_resume(cfg: TrainConfig, flags: dict[str, str], config_path: Path) -> tuple[TrainConfig, ResumePlan, list[str]]:
+def plan_resume(
+    cfg: TrainConfig, flags: dict[str, str], config_path: Path
+) -> tuple[TrainConfig, ResumePlan, list[str]]:
     notes: list[str] = []
     try:
         checkpoint = resolve_checkpoint_dir(config_path)
@@ -218,12 +240,19 @@ def plan_resume(cfg: TrainConfig, flags: dict[str, str], config_path: Path) -> t
         saved = None
     if cfg.steps <= record.step:
         raise UsageError(
-            f"--steps={cfg.steps} but the checkpoint {checkpoint} is already at step {record.step}: nothing would be "
-            f"trained; pass --steps larger than {record.step} to train further"
+            f"--steps={cfg.steps} but the checkpoint {checkpoint} is already at step {record.step}: nothing "
+            f"would be trained; pass --steps larger than {record.step} to train further"
         )
-    if saved is not None and saved.policy is not None and cfg.policy is not None and cfg.policy.type != saved.policy.type:
-        raise UsageError(f"--policy.type={cfg.policy.type} but the checkpoint {checkpoint} holds a "
-                         f"{saved.policy.type} policy; a resume continues the same policy")
+    if (
+        saved is not None
+        and saved.policy is not None
+        and cfg.policy is not None
+        and cfg.policy.type != saved.policy.type
+    ):
+        raise UsageError(
+            f"--policy.type={cfg.policy.type} but the checkpoint {checkpoint} holds a "
+            f"{saved.policy.type} policy; a resume continues the same policy"
+        )
     run_dir = _run_dir_for(checkpoint, cfg, flags, notes)
     allowed = cfg.abandon_newer_checkpoints
     # Never recorded as true: a later resume from this run's config must decide again.
@@ -234,20 +263,28 @@ def plan_resume(cfg: TrainConfig, flags: dict[str, str], config_path: Path) -> t
         if newer and not allowed:
             names = ", ".join(p.name for p in newer)
             raise UsageError(
-                f"{checkpoint.parent} holds checkpoints newer than {checkpoint.name} ({names}) that resuming in place "
-                f"would replace: resume from checkpoints/last, pass {ABANDON_FLAG} to move them to "
+                f"{checkpoint.parent} holds checkpoints newer than {checkpoint.name} ({names}) that resuming "
+                f"in place would replace: resume from checkpoints/last, pass {ABANDON_FLAG} to move them to "
                 f"{run_dir}/abandoned/ (nothing is deleted), or --output_dir=<new directory> to continue "
                 f"{checkpoint.name} there"
             )
         abandon = newer
     changes = _settings_changes(cfg, saved) if saved is not None else []
-    plan = ResumePlan(checkpoint=checkpoint, run_dir=run_dir, record=record, saved=saved, abandon=tuple(abandon),
-                      settings_changed=tuple(changes),
-                      degrees_from_checkpoint=not _flag_given(flags, "parallelism"))
+    plan = ResumePlan(
+        checkpoint=checkpoint,
+        run_dir=run_dir,
+        record=record,
+        saved=saved,
+        abandon=tuple(abandon),
+        settings_changed=tuple(changes),
+        degrees_from_checkpoint=not _flag_given(flags, "parallelism"),
+    )
     return cfg, plan, notes
 
 
-def plan_run(cfg: TrainConfig, flags: dict[str, str], config_path: Path | None, is_main: bool = True) -> RunPlan:
+def plan_run(
+    cfg: TrainConfig, flags: dict[str, str], config_path: Path | None, is_main: bool = True
+) -> RunPlan:
     """The run's plan, or a :class:`UsageError`; reads files only (run on every rank, before torch;
     ``is_main``: the rank that writes, which alone hashes a PEFT base to pin it)."""
     notes: list[str] = []
@@ -273,13 +310,13 @@ def check_accumulation_alignment(cfg: TrainConfig) -> None:
         return
     if cfg.save_freq % k:
         raise UsageError(
-            f"--save_freq={cfg.save_freq} is not a multiple of --accelerator.gradient_accumulation.steps={k}: "
-            f"checkpoints are saved on accumulation-window boundaries only (a save inside a window could not "
-            f"resume exactly); use a multiple of {k}"
+            f"--save_freq={cfg.save_freq} is not a multiple of "
+            f"--accelerator.gradient_accumulation.steps={k}: checkpoints are saved on accumulation-window "
+            f"boundaries only (a save inside a window could not resume exactly); use a multiple of {k}"
         )
     if cfg.steps % k:
         raise UsageError(
-            f"--steps={cfg.steps} is not a multiple of --accelerator.gradient_accumulation.steps={k}: the final "
-            f"checkpoint would land inside an accumulation window whose {cfg.steps % k} micro-batch(es) are never "
-            f"applied; use a multiple of {k} (or --save_checkpoint=false)"
+            f"--steps={cfg.steps} is not a multiple of --accelerator.gradient_accumulation.steps={k}: the "
+            f"final checkpoint would land inside an accumulation window whose {cfg.steps % k} "
+            f"micro-batch(es) are never applied; use a multiple of {k} (or --save_checkpoint=false)"
         )

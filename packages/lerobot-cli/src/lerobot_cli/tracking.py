@@ -2,8 +2,8 @@
 
 Only the main rank logs, and only metrics already reduced over ranks (at log steps, the only steps
 whose numbers are read from the device; peak memory, ``gpu_mem_gb`` / ``peak_rss_gb``, is the max over
-ranks), so a dashboard shows the same numbers as the console and ``metrics.jsonl``. trackio is an optional extra; asking for it without it
-installed is a usage error caught before training starts.
+ranks), so a dashboard shows the same numbers as the console and ``metrics.jsonl``. trackio is an optional
+extra; asking for it without it installed is a usage error caught before training starts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import math
 import sys
 from typing import Any, TextIO
 
-INSTALL_HINT = "pip install 'lerobot-cli[trackio]' (in this repository: uv sync --all-packages --extra trackio)"
+INSTALL_HINT = (
+    "pip install 'lerobot-cli[trackio]' (in this repository: uv sync --all-packages --extra trackio)"
+)
 
 
 def trackio_available() -> bool:
@@ -34,8 +36,9 @@ class TrackioTracker:
         import trackio
 
         self._trackio = trackio
-        self.run = trackio.init(project=project, name=run_name, config=config, embed=False,
-                                auto_log_cpu=False, auto_log_gpu=False)
+        self.run = trackio.init(
+            project=project, name=run_name, config=config, embed=False, auto_log_cpu=False, auto_log_gpu=False
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._trackio.log({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)

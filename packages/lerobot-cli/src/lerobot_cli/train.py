@@ -37,8 +37,10 @@ def _format_for_resume(cfg, flags: dict[str, str]):
         return cfg  # bad degrees: the runner reports them
     if sharded:
         return cfg
-    warn(f"the resumed run is not sharded, so its checkpoints are written as safetensors (the saved "
-         f"config's checkpoint_format={cfg.checkpoint_format.value} applies to sharded runs only)")
+    warn(
+        f"the resumed run is not sharded, so its checkpoints are written as safetensors (the saved "
+        f"config's checkpoint_format={cfg.checkpoint_format.value} applies to sharded runs only)"
+    )
     return evolve(cfg, checkpoint_format="safetensors")
 
 

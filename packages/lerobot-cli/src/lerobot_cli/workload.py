@@ -61,17 +61,26 @@ class Workload:
     split: EpisodeSplit | None = None
 
 
-def _datasets(cfg: TrainConfig, meta, delta) -> tuple[LeRobotDataset, LeRobotDataset | None, EpisodeSplit | None]:
+def _datasets(
+    cfg: TrainConfig, meta, delta
+) -> tuple[LeRobotDataset, LeRobotDataset | None, EpisodeSplit | None]:
     """The training dataset and, with ``--dataset.eval_split``, the held-out one (disjoint episodes)."""
     if cfg.dataset.eval_split == 0:
         return make_dataset(cfg.dataset, delta_timestamps=delta), None, None
     split = split_episodes(meta.select(cfg.dataset.episodes), cfg.dataset.eval_split)
     for task in split.whole_tasks:
-        log.warning("task %r has too few episodes to keep one for training at --dataset.eval_split=%s: all of them "
-                    "are held out (LeRobot's rule)", task, cfg.dataset.eval_split)
+        log.warning(
+            "task %r has too few episodes to keep one for training at --dataset.eval_split=%s: all of them "
+            "are held out (LeRobot's rule)",
+            task,
+            cfg.dataset.eval_split,
+        )
     root = meta.root
-    return (LeRobotDataset(root, episodes=split.train, delta_timestamps=delta),
-            LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta), split)
+    return (
+        LeRobotDataset(root, episodes=split.train, delta_timestamps=delta),
+        LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta),
+        split,
+    )
 
 
 def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source: str) -> None:
@@ -94,8 +103,9 @@ def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source:
             problems.append(f"{key} has shape {list(have.shape)}, not {list(feature.shape)}")
     if problems:
         raise DatasetError(
-            f"the dataset at {root} does not fit the {policy.type} policy of {source}: {'; '.join(problems)}; use the "
-            "dataset that policy was trained on, or train a new policy with --policy.type"
+            f"the dataset at {root} does not fit the {policy.type} policy of {source}: "
+            f"{'; '.join(problems)}; use the dataset that policy was trained on, "
+            "or train a new policy with --policy.type"
         )
 
 
@@ -103,7 +113,9 @@ def _has_processors(directory: Path) -> bool:
     return (directory / PREPROCESSOR_CONFIG).is_file() and (directory / POSTPROCESSOR_CONFIG).is_file()
 
 
-def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -> tuple[PolicyConfig, nn.Module]:
+def build_policy_for(
+    cfg: TrainConfig, features: dict, resuming: bool = False
+) -> tuple[PolicyConfig, nn.Module]:
     """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset.
 
     With ``--peft.*`` the ``--policy.path`` policy is the frozen base of new LoRA adapters; a
@@ -115,7 +127,9 @@ def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -
     policy_cfg = policy_config_for_dataset(cfg.policy, features)
     check_policy_features(policy_cfg)  # before any weight is built (the CLI checked already if it could)
     precision = cfg.accelerator.mixed_precision
-    peft_run = cfg.peft is not None or bool(policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path))
+    peft_run = cfg.peft is not None or bool(
+        policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path)
+    )
     if resuming and not peft_run:
         return policy_cfg, fp32_masters(build_policy(without_init_only_fields(policy_cfg)), precision)
     if policy_cfg.pretrained_path:
@@ -123,12 +137,16 @@ def build_policy_for(cfg: TrainConfig, features: dict, resuming: bool = False) -
         if is_adapter_dir(directory):
             from lerobot_cli.peft.adapters import load_adapter_policy
 
-            return load_adapter_policy(directory, config=policy_cfg, trainable=True, mixed_precision=precision)
+            return load_adapter_policy(
+                directory, config=policy_cfg, trainable=True, mixed_precision=precision
+            )
         policy_cfg, policy = load_policy(directory, config=policy_cfg)
         if cfg.peft is not None:
             from lerobot_cli.peft.adapters import wrap_with_peft
 
-            return policy_cfg, wrap_with_peft(policy.train(), cfg.peft, base_dir=directory, mixed_precision=precision)
+            return policy_cfg, wrap_with_peft(
+                policy.train(), cfg.peft, base_dir=directory, mixed_precision=precision
+            )
         return policy_cfg, fp32_masters(policy.train(), precision)
     return policy_cfg, fp32_masters(build_policy(policy_cfg), precision)
 
@@ -143,22 +161,34 @@ def fp32_masters(policy: nn.Module, mixed_precision: str) -> nn.Module:
     return policy
 
 
-def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None = None,
-                   resuming: bool = False) -> Workload:
+def build_workload(
+    cfg: TrainConfig, device: str, processors_from: Path | None = None, resuming: bool = False
+) -> Workload:
     """``processors_from``: a ``pretrained_model/`` whose processors to use (a resumed checkpoint);
     ``resuming``: its weights will be loaded over the policy (see ``build_policy_for``)."""
     root = resolve_dataset_root(cfg.dataset)
     meta = load_meta(root)
-    reference, source = cfg.policy, (f"--policy.path={cfg.policy.pretrained_path}" if cfg.policy.pretrained_path
-                                     else "--policy.input_features/output_features")
+    reference, source = (
+        cfg.policy,
+        (
+            f"--policy.path={cfg.policy.pretrained_path}"
+            if cfg.policy.pretrained_path
+            else "--policy.input_features/output_features"
+        ),
+    )
     if resuming and processors_from is not None and (processors_from / POLICY_CONFIG).is_file():
-        # the features the checkpoint's weights were built for (train_config.json may leave them to the dataset)
-        reference, source = load_policy_config(processors_from / POLICY_CONFIG), "the checkpoint being resumed"
+        # the features the checkpoint's weights were built for
+        # (train_config.json may leave them to the dataset)
+        reference, source = (
+            load_policy_config(processors_from / POLICY_CONFIG),
+            "the checkpoint being resumed",
+        )
     if reference.input_features or reference.output_features:
         check_features_fit(reference, meta.features, root, source)
     policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
     delta = resolve_delta_timestamps(
-        meta.features, meta.fps,
+        meta.features,
+        meta.fps,
         observation_delta_indices=policy_cfg.observation_delta_indices,
         action_delta_indices=policy_cfg.action_delta_indices,
         reward_delta_indices=policy_cfg.reward_delta_indices,
@@ -174,7 +204,9 @@ def build_workload(cfg: TrainConfig, device: str, processors_from: Path | None =
         except MissingStatsError as exc:
             raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
         source = None
-    named_by = "--policy.tokenizer_name" if source is None else f"{source / PREPROCESSOR_CONFIG}: tokenizer_name"
+    named_by = (
+        "--policy.tokenizer_name" if source is None else f"{source / PREPROCESSOR_CONFIG}: tokenizer_name"
+    )
     _load_tokenizers(pre, named_by)
     return Workload(dataset, policy_cfg, policy, pre, post, eval_dataset, split)
 
@@ -199,15 +231,21 @@ def stats_error_message(path: Path, exc: MissingStatsError) -> str:
         by_feature.setdefault(key, []).append(stat)
     lacks = "; ".join(
         f"no statistics for {key!r}" if key in exc.absent else f"{key!r} has no {', '.join(map(repr, stats))}"
-        for key, stats in by_feature.items())
+        for key, stats in by_feature.items()
+    )
     types = list(dict.fromkeys(exc.feature_types[k] for k in by_feature))
-    needs = "; ".join(f"{t} features are normalized with {exc.mapping[t]}, which needs "
-                      f"{' and '.join(REQUIRED_STATS[NormalizationMode(exc.mapping[t])])}" for t in types)
+    needs = "; ".join(
+        f"{t} features are normalized with {exc.mapping[t]}, which needs "
+        f"{' and '.join(REQUIRED_STATS[NormalizationMode(exc.mapping[t])])}"
+        for t in types
+    )
     supported = json.dumps(exc.supported_mapping)
     quantiles = any(stat.startswith("q") for _, stat in exc.missing)
     recompute = f" ({QUANTILE_STATS_FIX})" if quantiles else ""
-    return (f"{path}: {lacks} ({needs}); valid: --policy.normalization_mapping='{supported}' (modes these "
-            f"statistics support), or {path.name} with those statistics for every normalized feature{recompute}")
+    return (
+        f"{path}: {lacks} ({needs}); valid: --policy.normalization_mapping='{supported}' (modes these "
+        f"statistics support), or {path.name} with those statistics for every normalized feature{recompute}"
+    )
 
 
 def effective_accelerator(cfg: TrainConfig) -> AcceleratorConfig:
@@ -226,8 +264,12 @@ def sharding_plan(cfg: TrainConfig, policy, runtime: ParallelRuntime) -> Shardin
     spec = spec_of(cfg.policy)  # the policy's own class, also under a PEFT wrapper
     # Every FSDP need passed explicitly, empty ones too: lerobot-parallel then reads none of the model
     # classes' _fsdp_* attributes (its fallback for trainers without a spec).
-    return build_plan(policy, runtime, effective_accelerator(cfg),
-                      default_wrap_modules=list(spec.wrap_units or ()),
-                      default_unit_groups=list(spec.unit_groups),
-                      default_no_forward_modules=list(spec.no_forward_modules),
-                      default_wrap_modules_source=f"the {cfg.policy.type} policy's PolicySpec.wrap_units")
+    return build_plan(
+        policy,
+        runtime,
+        effective_accelerator(cfg),
+        default_wrap_modules=list(spec.wrap_units or ()),
+        default_unit_groups=list(spec.unit_groups),
+        default_no_forward_modules=list(spec.no_forward_modules),
+        default_wrap_modules_source=f"the {cfg.policy.type} policy's PolicySpec.wrap_units",
+    )

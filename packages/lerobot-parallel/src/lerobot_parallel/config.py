@@ -39,11 +39,13 @@ class ParallelismConfig:
     """
 
     dp_replicate: int = field(
-        default=1, validator=count("parallelism.dp_replicate", "≥ 1"),
+        default=1,
+        validator=count("parallelism.dp_replicate", "≥ 1"),
         metadata={"help": "Number of model replicas (all-reduce between them); DDP when dp_shard=1."},
     )
     dp_shard: int = field(
-        default=1, validator=count("parallelism.dp_shard", "≥ 1, or -1 for all launched processes", allow_all=True),
+        default=1,
+        validator=count("parallelism.dp_shard", "≥ 1, or -1 for all launched processes", allow_all=True),
         metadata={"help": "Ranks each replica is sharded over (FSDP2); -1 = all launched processes."},
     )
 
@@ -103,8 +105,11 @@ def check_float16_policy(mixed_precision: str, mpp: MixedPrecisionPolicyConfig) 
 
 @define(frozen=True)
 class GradientAccumulationConfig:
-    steps: int = field(default=1, validator=count("accelerator.gradient_accumulation.steps"),
-                       metadata={"help": "Micro-batches per optimizer update (loss divided by it)."})
+    steps: int = field(
+        default=1,
+        validator=count("accelerator.gradient_accumulation.steps"),
+        metadata={"help": "Micro-batches per optimizer update (loss divided by it)."},
+    )
 
 
 @define(frozen=True)
@@ -114,14 +119,18 @@ class MixedPrecisionPolicyConfig:
     param_dtype: str | None = field(
         default=None,
         validator=choice(f"{MPP}.param_dtype", DTYPE_CHOICES, optional=True),
-        metadata={"help": "Dtype of unsharded parameters in forward/backward (required once any field is set).",
-                  "choices": DTYPE_CHOICES},
+        metadata={
+            "help": "Dtype of unsharded parameters in forward/backward (required once any field is set).",
+            "choices": DTYPE_CHOICES,
+        },
     )
     reduce_dtype: str | None = field(
         default=None,
         validator=choice(f"{MPP}.reduce_dtype", DTYPE_CHOICES, optional=True),
-        metadata={"help": "Dtype of gradient reduction; unset follows torch's default for this version.",
-                  "choices": DTYPE_CHOICES},
+        metadata={
+            "help": "Dtype of gradient reduction; unset follows torch's default for this version.",
+            "choices": DTYPE_CHOICES,
+        },
     )
     output_dtype: str | None = field(
         default=None,
@@ -134,8 +143,10 @@ class MixedPrecisionPolicyConfig:
 
     @property
     def is_set(self) -> bool:
-        return any(v is not None for v in (self.param_dtype, self.reduce_dtype, self.output_dtype,
-                                           self.cast_forward_inputs))
+        return any(
+            v is not None
+            for v in (self.param_dtype, self.reduce_dtype, self.output_dtype, self.cast_forward_inputs)
+        )
 
     def __attrs_post_init__(self) -> None:
         if self.is_set and self.param_dtype is None:
@@ -148,11 +159,15 @@ class MixedPrecisionPolicyConfig:
 @define(frozen=True)
 class FSDPConfig:
     wrap_modules: tuple[str, ...] | None = field(
-        default=None, converter=tuple_or_none,
-        metadata={"help": "Module class names that become FSDP units (overrides the policy's _fsdp_wrap_modules)."},
+        default=None,
+        converter=tuple_or_none,
+        metadata={
+            "help": "Module class names that become FSDP units (overrides the policy's _fsdp_wrap_modules)."
+        },
     )
     min_num_params: int | None = field(
-        default=None, validator=count("accelerator.fsdp.min_num_params", optional=True),
+        default=None,
+        validator=count("accelerator.fsdp.min_num_params", optional=True),
         metadata={"help": "Instead of names: wrap every submodule above this many parameters."},
     )
     reshard_after_forward: bool = field(
@@ -163,8 +178,10 @@ class FSDPConfig:
     )
     ignored_modules: str | None = field(
         default=None,
-        metadata={"help": "Regex that must match a whole module path (re.fullmatch) to keep that module unsharded "
-                          "(PEFT paths start with base_model.model.: begin the pattern with .*)."},
+        metadata={
+            "help": "Regex that must match a whole module path (re.fullmatch) to keep that module unsharded "
+            "(PEFT paths start with base_model.model.: begin the pattern with .*)."
+        },
     )
     mixed_precision_policy: MixedPrecisionPolicyConfig = field(factory=MixedPrecisionPolicyConfig)
 
@@ -197,10 +214,15 @@ class FSDPConfig:
 @define(frozen=True)
 class DDPConfig:
     find_unused_parameters: bool = field(
-        default=False, metadata={"help": "Let DDP tolerate parameters that get no gradient in a step (slower)."}
+        default=False,
+        metadata={"help": "Let DDP tolerate parameters that get no gradient in a step (slower)."},
     )
-    broadcast_buffers: bool = field(default=True, metadata={"help": "Broadcast module buffers from rank 0 each forward."})
-    gradient_as_bucket_view: bool = field(default=True, metadata={"help": "Gradients as views into DDP buckets (saves memory)."})
+    broadcast_buffers: bool = field(
+        default=True, metadata={"help": "Broadcast module buffers from rank 0 each forward."}
+    )
+    gradient_as_bucket_view: bool = field(
+        default=True, metadata={"help": "Gradients as views into DDP buckets (saves memory)."}
+    )
     bucket_cap_mb: int = field(default=25, metadata={"help": "DDP all-reduce bucket size in MiB."})
 
 
@@ -214,9 +236,13 @@ class ActivationCheckpointingConfig:
     """
 
     mode: str = field(
-        default="none", validator=choice("accelerator.activation_checkpointing.mode", CHECKPOINTING_MODES),
-        metadata={"help": "none | full (recompute each wrap unit in backward) | selective (keep matmul and "
-                          "attention outputs, recompute the rest).", "choices": CHECKPOINTING_MODES},
+        default="none",
+        validator=choice("accelerator.activation_checkpointing.mode", CHECKPOINTING_MODES),
+        metadata={
+            "help": "none | full (recompute each wrap unit in backward) | selective (keep matmul and "
+            "attention outputs, recompute the rest).",
+            "choices": CHECKPOINTING_MODES,
+        },
     )
 
     @property
@@ -229,20 +255,27 @@ class CompileConfig:
     """``torch.compile`` of the policy: each wrap unit on its own (regional) or the whole policy."""
 
     enabled: bool = field(default=False, metadata={"help": "Compile the policy with torch.compile."})
-    backend: str = field(default="inductor", metadata={"help": "torch.compile backend (inductor, aot_eager, ...)."})
+    backend: str = field(
+        default="inductor", metadata={"help": "torch.compile backend (inductor, aot_eager, ...)."}
+    )
     mode: str | None = field(
-        default=None, validator=choice("accelerator.compile.mode", COMPILE_MODES, optional=True),
+        default=None,
+        validator=choice("accelerator.compile.mode", COMPILE_MODES, optional=True),
         metadata={"help": "torch.compile mode; unset = torch's default.", "choices": COMPILE_MODES},
     )
     regional: bool = field(
         default=True,
-        metadata={"help": "Compile each wrap unit separately (fast to compile, FSDP hooks stay eager); false "
-                          "compiles the whole policy (single process and DDP only)."},
+        metadata={
+            "help": "Compile each wrap unit separately (fast to compile, FSDP hooks stay eager); false "
+            "compiles the whole policy (single process and DDP only)."
+        },
     )
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.backend, str) or not self.backend:
-            raise ParallelismError(f"accelerator.compile.backend must be a backend name, got {self.backend!r}")
+            raise ParallelismError(
+                f"accelerator.compile.backend must be a backend name, got {self.backend!r}"
+            )
 
 
 @define(frozen=True)
@@ -250,9 +283,12 @@ class AcceleratorConfig:
     """Precision, accumulation and wrapper settings, independent of the topology degrees."""
 
     mixed_precision: str = field(
-        default="no", validator=choice("accelerator.mixed_precision", MIXED_PRECISION_CHOICES),
-        metadata={"help": "Autocast precision; fp16 adds a loss scaler, fp32 master weights are kept.",
-                  "choices": MIXED_PRECISION_CHOICES},
+        default="no",
+        validator=choice("accelerator.mixed_precision", MIXED_PRECISION_CHOICES),
+        metadata={
+            "help": "Autocast precision; fp16 adds a loss scaler, fp32 master weights are kept.",
+            "choices": MIXED_PRECISION_CHOICES,
+        },
     )
     gradient_accumulation: GradientAccumulationConfig = field(factory=GradientAccumulationConfig)
     fsdp: FSDPConfig = field(factory=FSDPConfig)
@@ -260,17 +296,25 @@ class AcceleratorConfig:
     activation_checkpointing: ActivationCheckpointingConfig = field(factory=ActivationCheckpointingConfig)
     compile: CompileConfig = field(factory=CompileConfig)
     timeout_s: float = field(
-        default=1800.0, metadata={"help": "Collective timeout in seconds; a stuck rank ends the job after it."}
+        default=1800.0,
+        metadata={"help": "Collective timeout in seconds; a stuck rank ends the job after it."},
     )
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float) or self.timeout_s <= 0:
-            raise ParallelismError(f"accelerator.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, int | float)
+            or self.timeout_s <= 0
+        ):
+            raise ParallelismError(
+                f"accelerator.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}"
+            )
         check_float16_policy(self.mixed_precision, self.fsdp.mixed_precision_policy)
         steps = self.gradient_accumulation.steps
         if self.compile.enabled and self.compile.mode in CUDA_GRAPH_MODES and steps > 1:
             raise ParallelismError(
                 f"accelerator.compile.mode={self.compile.mode} captures CUDA graphs, which do not work with "
-                f"accelerator.gradient_accumulation.steps={steps} (the accumulated gradients outlive one graph "
-                "replay); use accelerator.compile.mode=max-autotune-no-cudagraphs or default, or steps=1"
+                f"accelerator.gradient_accumulation.steps={steps} "
+                "(the accumulated gradients outlive one graph replay); "
+                "use accelerator.compile.mode=max-autotune-no-cudagraphs or default, or steps=1"
             )

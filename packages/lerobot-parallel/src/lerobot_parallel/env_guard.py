@@ -92,7 +92,9 @@ def _offends(name: str, value: str, mixed_precision: str) -> bool:
     return False
 
 
-def check_accelerate_env(mixed_precision: str = "no", environ: Mapping[str, str] | None = None) -> EnvGuardResult:
+def check_accelerate_env(
+    mixed_precision: str = "no", environ: Mapping[str, str] | None = None
+) -> EnvGuardResult:
     """Find Accelerate engine settings in ``environ`` (default: ``os.environ``).
 
     ``mixed_precision`` is our own ``accelerator.mixed_precision``: an
@@ -100,8 +102,9 @@ def check_accelerate_env(mixed_precision: str = "no", environ: Mapping[str, str]
     """
     env = os.environ if environ is None else environ
     offending = tuple(sorted((k, v) for k, v in env.items() if _offends(k, v, mixed_precision)))
-    return EnvGuardResult(offending=offending, allowed=is_allow_value(env.get(ALLOW_ENV_VAR)),
-                          mixed_precision=mixed_precision)
+    return EnvGuardResult(
+        offending=offending, allowed=is_allow_value(env.get(ALLOW_ENV_VAR)), mixed_precision=mixed_precision
+    )
 
 
 def guard_message(result: EnvGuardResult) -> str:

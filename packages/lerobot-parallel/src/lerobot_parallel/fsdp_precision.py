@@ -56,37 +56,66 @@ class ShardedPrecision:
         """``(units' policy, root's policy)`` for ``fully_shard``."""
         if self.source == "none":
             return MixedPrecisionPolicy(), MixedPrecisionPolicy()
-        kwargs = {"param_dtype": _dtype(self.param_dtype), "reduce_dtype": _dtype(self.reduce_dtype),
-                  "output_dtype": _dtype(self.output_dtype)}
-        return (MixedPrecisionPolicy(**kwargs, cast_forward_inputs=self.cast_forward_inputs),
-                MixedPrecisionPolicy(**kwargs, cast_forward_inputs=self.root_cast_forward_inputs))
+        kwargs = {
+            "param_dtype": _dtype(self.param_dtype),
+            "reduce_dtype": _dtype(self.reduce_dtype),
+            "output_dtype": _dtype(self.output_dtype),
+        }
+        return (
+            MixedPrecisionPolicy(**kwargs, cast_forward_inputs=self.cast_forward_inputs),
+            MixedPrecisionPolicy(**kwargs, cast_forward_inputs=self.root_cast_forward_inputs),
+        )
 
     def describe(self) -> str:
         if self.source == "none":
-            return "Precision: no mixed-precision policy (parameters, gradients and reductions in the model's dtypes)"
-        reduce = self.reduce_dtype or f"torch {torch.__version__.split('+')[0]}'s default (the parameters' dtype)"
+            return (
+                "Precision: no mixed-precision policy (parameters, "
+                "gradients and reductions in the model's dtypes)"
+            )
+        reduce = (
+            self.reduce_dtype or f"torch {torch.__version__.split('+')[0]}'s default (the parameters' dtype)"
+        )
         origin = f"derived from {MP}={self.mixed_precision}" if self.source == "derived" else f"from {MPP}.*"
-        casts = ("units cast inputs, the root does not" if self.cast_forward_inputs != self.root_cast_forward_inputs
-                 else f"cast_forward_inputs={self.cast_forward_inputs}")
-        return (f"Precision: parameters all-gathered in {self.param_dtype}, gradients reduced in {reduce}, "
-                f"outputs {self.output_dtype or 'as computed'}, {casts}; fp32 master weights ({origin})")
+        casts = (
+            "units cast inputs, the root does not"
+            if self.cast_forward_inputs != self.root_cast_forward_inputs
+            else f"cast_forward_inputs={self.cast_forward_inputs}"
+        )
+        return (
+            f"Precision: parameters all-gathered in {self.param_dtype}, gradients reduced in {reduce}, "
+            f"outputs {self.output_dtype or 'as computed'}, {casts}; fp32 master weights ({origin})"
+        )
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
     return None if name is None else DTYPES[name]
 
 
-def resolve_sharded_precision(mixed_precision: str, mpp: MixedPrecisionPolicyConfig | None = None) -> ShardedPrecision:
+def resolve_sharded_precision(
+    mixed_precision: str, mpp: MixedPrecisionPolicyConfig | None = None
+) -> ShardedPrecision:
     """The policy fields for ``mixed_precision`` (``no``/``bf16``/``fp16``) and the explicit config."""
     mpp = mpp or MixedPrecisionPolicyConfig()
     require_choice(MP, mixed_precision, MIXED_PRECISION_CHOICES)
     if mpp.is_set:
         check_float16_policy(mixed_precision, mpp)
         cast = True if mpp.cast_forward_inputs is None else mpp.cast_forward_inputs
-        return ShardedPrecision(source="explicit", mixed_precision=mixed_precision, param_dtype=mpp.param_dtype,
-                                reduce_dtype=mpp.reduce_dtype, output_dtype=mpp.output_dtype,
-                                cast_forward_inputs=cast, root_cast_forward_inputs=cast)
+        return ShardedPrecision(
+            source="explicit",
+            mixed_precision=mixed_precision,
+            param_dtype=mpp.param_dtype,
+            reduce_dtype=mpp.reduce_dtype,
+            output_dtype=mpp.output_dtype,
+            cast_forward_inputs=cast,
+            root_cast_forward_inputs=cast,
+        )
     if mixed_precision == "no":
         return ShardedPrecision(source="none")
-    return ShardedPrecision(source="derived", mixed_precision=mixed_precision, param_dtype=_DERIVED[mixed_precision],
-                            reduce_dtype="float32", cast_forward_inputs=True, root_cast_forward_inputs=False)
+    return ShardedPrecision(
+        source="derived",
+        mixed_precision=mixed_precision,
+        param_dtype=_DERIVED[mixed_precision],
+        reduce_dtype="float32",
+        cast_forward_inputs=True,
+        root_cast_forward_inputs=False,
+    )

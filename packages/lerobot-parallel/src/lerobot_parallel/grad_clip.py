@@ -47,7 +47,9 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
 
 
 @torch.no_grad()
-def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm(
+    parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+) -> torch.Tensor:
     """Scale gradients in place so their total norm is at most ``max_norm``; returns the total norm
     before clipping as a plain (non-DTensor) scalar tensor, identical on every rank."""
     params = [p for p in parameters if p.grad is not None]

@@ -40,8 +40,13 @@ def _write(stream: TextIO, text: str) -> None:
     stream.flush()
 
 
-def print_once_per_job(text: str, runtime: ParallelRuntime | None, *, stream: TextIO | None = None,
-                       wait_s: float = DEFAULT_WAIT_S) -> None:
+def print_once_per_job(
+    text: str,
+    runtime: ParallelRuntime | None,
+    *,
+    stream: TextIO | None = None,
+    wait_s: float = DEFAULT_WAIT_S,
+) -> None:
     """Print ``text`` on the main rank only, for an error all ranks raise; see the module docstring.
 
     ``runtime`` None (no session yet) or a single process prints directly.
@@ -51,7 +56,9 @@ def print_once_per_job(text: str, runtime: ParallelRuntime | None, *, stream: Te
     if store is None or runtime.is_main:
         _write(stream, text)
         if store is not None:
-            with contextlib.suppress(Exception):  # a lost store: the peers print their own line after the wait
+            with contextlib.suppress(
+                Exception
+            ):  # a lost store: the peers print their own line after the wait
                 store.set(PRINTED_KEY, "1")
         return
     try:

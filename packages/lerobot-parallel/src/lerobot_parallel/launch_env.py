@@ -28,7 +28,12 @@ from lerobot_parallel.errors import ParallelismError
 _RANK = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 _WORLD = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _LOCAL_RANK = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
-_LOCAL_WORLD = ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
+_LOCAL_WORLD = (
+    "LOCAL_WORLD_SIZE",
+    "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+)
 
 
 class LaunchEnvError(ParallelismError):
@@ -89,9 +94,13 @@ class LaunchEnv:
         if world < 1:
             raise LaunchEnvError(f"{world_name}={world} is not a valid world size (must be ≥ 1)")
         if not 0 <= rank < world:
-            raise LaunchEnvError(f"rank {rank} is outside the world of {world} process(es) exported by the launcher")
+            raise LaunchEnvError(
+                f"rank {rank} is outside the world of {world} process(es) exported by the launcher"
+            )
         if not 0 <= local_rank < max(local_world, 1):
-            raise LaunchEnvError(f"local rank {local_rank} is outside the {local_world} process(es) on this node")
+            raise LaunchEnvError(
+                f"local rank {local_rank} is outside the {local_world} process(es) on this node"
+            )
         if world > 1 and world_name == "WORLD_SIZE":
             _check_rendezvous(env, world, rank_name is not None)
         port_raw = env.get("MASTER_PORT", "").strip()

@@ -48,8 +48,8 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         return (
-            f"Estimated per-rank memory (params + grads + optimizer state, {self.optimizer_states} states per "
-            f"trainable param): {format_bytes(self.params)} + {format_bytes(self.grads)} + "
+            f"Estimated per-rank memory (params + grads + optimizer state, {self.optimizer_states} states "
+            f"per trainable param): {format_bytes(self.params)} + {format_bytes(self.grads)} + "
             f"{format_bytes(self.optimizer)} = {format_bytes(self.total)} on {self.location} "
             f"({self.ratio:.3f}x of the unsharded {format_bytes(self.unsharded_total)})"
         )
@@ -106,8 +106,13 @@ def estimate_memory(
             totals["o"] += optimizer_states * local
             totals["uo"] += optimizer_states * full
     return MemoryEstimate(
-        params=totals["p"], grads=totals["g"], optimizer=totals["o"], unsharded_params=totals["up"],
-        unsharded_grads=totals["ug"], unsharded_optimizer=totals["uo"], optimizer_states=optimizer_states,
+        params=totals["p"],
+        grads=totals["g"],
+        optimizer=totals["o"],
+        unsharded_params=totals["up"],
+        unsharded_grads=totals["ug"],
+        unsharded_optimizer=totals["uo"],
+        optimizer_states=optimizer_states,
         location="cpu (offloaded)" if cpu_offload and dp_shard > 1 else "device",
     )
 
@@ -118,6 +123,7 @@ def measure_rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None
     Counts each storage once (a DTensor's local shard is a view into FSDP's padded buffer, so the
     storage is what is allocated). Used by the memory benchmark and tests to check the estimate.
     """
+
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
 
@@ -136,7 +142,9 @@ def measure_rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None
     }
     if optimizer is not None:
         out["optimizer"] = storage_bytes(
-            v for state in optimizer.state.values() for v in state.values()
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
             if isinstance(v, torch.Tensor) and v.dim() > 0
         )
     out["total"] = out["params"] + out["grads"] + out["optimizer"]

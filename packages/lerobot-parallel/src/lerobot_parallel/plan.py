@@ -112,8 +112,10 @@ class ShardingPlan:
             lines[0] += " - every rank holds a full copy (no sharding)"
             lines.append(self.memory.describe())
             return lines + self.describe_regions()
-        lines.append(f"Wrap units from {self.unit_source}: {len(self.units)} unit(s) + the root, "
-                     f"fully_shard children-first then the root")
+        lines.append(
+            f"Wrap units from {self.unit_source}: {len(self.units)} unit(s) + the root, "
+            f"fully_shard children-first then the root"
+        )
         if len(self.units) <= MAX_LISTED_UNITS:
             lines += [f"  {u.label} ({u.class_name}): {u.num_params:,} params" for u in self.units]
         else:
@@ -126,22 +128,28 @@ class ShardingPlan:
                 lines.append(f"  {cls} x{len(us)} ({each} params each), first {us[0].path}")
         grouped = [u for u in self.units if u.members]
         if grouped:
-            lines.append(f"  grouped units ({grouped[0].class_name} ...): their modules run jointly, so each group "
-                         "is one fully_shard call gathering all of them")
+            lines.append(
+                f"  grouped units ({grouped[0].class_name} ...): their modules run jointly, so each group "
+                "is one fully_shard call gathering all of them"
+            )
         lines.append(f"  {ROOT_LABEL} ({self.root.class_name}): {self.root.num_params:,} params")
         if self.unmatched_unit_classes:
             lines.append(f"  declared but absent from this model: {', '.join(self.unmatched_unit_classes)}")
         if self.ignored:
             dp = self.dp_replicate * self.dp_shard
-            lines.append("Ignored modules (unsharded, full copy per rank, gradients averaged over "
-                         f"{dp} dp ranks): " + ", ".join(f"{m.path} ({m.class_name}, {m.num_params:,} params)"
-                                                         for m in self.ignored))
+            lines.append(
+                "Ignored modules (unsharded, full copy per rank, gradients averaged over "
+                f"{dp} dp ranks): "
+                + ", ".join(f"{m.path} ({m.class_name}, {m.num_params:,} params)" for m in self.ignored)
+            )
         else:
             lines.append("Ignored modules: none")
         lines.append(self.tied.describe())
         lines.append(self.precision.describe())
-        lines.append(f"Reshard after forward: {'yes (root: no)' if self.reshard_after_forward else 'no'}; "
-                     f"CPU offload: {'yes' if self.cpu_offload else 'no'}")
+        lines.append(
+            f"Reshard after forward: {'yes (root: no)' if self.reshard_after_forward else 'no'}; "
+            f"CPU offload: {'yes' if self.cpu_offload else 'no'}"
+        )
         lines.append(self.memory.describe())
         return lines + self.describe_regions()
 
@@ -156,16 +164,22 @@ def _class_counts(modules: Sequence[PlannedModule]) -> str:
 def outermost(units: Sequence[PlannedModule]) -> tuple[PlannedModule, ...]:
     """Units not inside another unit: a region nested in a checkpointed one would be recomputed twice."""
     paths = [p for u in units for p in u.paths]
-    return tuple(u for u in units
-                 if not any(other != p and p.startswith(other + ".") for p in u.paths for other in paths))
+    return tuple(
+        u
+        for u in units
+        if not any(other != p and p.startswith(other + ".") for p in u.paths for other in paths)
+    )
 
 
-def _grouped(model: nn.Module, paths: Sequence[str], groups: Sequence[Sequence[str]] | None) -> list[tuple[str, ...]]:
+def _grouped(
+    model: nn.Module, paths: Sequence[str], groups: Sequence[Sequence[str]] | None
+) -> list[tuple[str, ...]]:
     return list(group_units(paths, declared_groups(model, groups)))
 
 
-def _unsharded_blocks(model: nn.Module, accelerator: AcceleratorConfig, groups: Sequence[Sequence[str]] | None,
-                      **declared) -> tuple[PlannedModule, ...]:
+def _unsharded_blocks(
+    model: nn.Module, accelerator: AcceleratorConfig, groups: Sequence[Sequence[str]] | None, **declared
+) -> tuple[PlannedModule, ...]:
     """The regions of an unsharded run: the units ``fully_shard`` would use (same sources, same order;
     ``declared``: :func:`select_units`' keyword arguments)."""
     ac, compile_ = accelerator.activation_checkpointing, accelerator.compile
@@ -177,13 +191,20 @@ def _unsharded_blocks(model: nn.Module, accelerator: AcceleratorConfig, groups: 
         wanted = [f"accelerator.activation_checkpointing.mode={ac.mode}"] if ac.enabled else []
         if compile_.enabled and compile_.regional:
             wanted.append("accelerator.compile.regional=true")
-        raise ShardingError(f"{' and '.join(wanted)} apply to the policy's blocks, and none could be chosen: "
-                            f"{exc}") from None
+        raise ShardingError(
+            f"{' and '.join(wanted)} apply to the policy's blocks, and none could be chosen: {exc}"
+        ) from None
     units = _grouped(model, selection.paths, groups)
     modules = dict(model.named_modules())
-    planned = [PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u),
-                             sum(p.numel() for path in u for p in modules[path].parameters()), members=u[1:])
-               for u in units]
+    planned = [
+        PlannedModule(
+            u[0],
+            "+".join(type(modules[p]).__name__ for p in u),
+            sum(p.numel() for path in u for p in modules[path].parameters()),
+            members=u[1:],
+        )
+        for u in units
+    ]
     return outermost(planned)
 
 
@@ -202,7 +223,9 @@ def _owned_parameters(model: nn.Module, units: Sequence[tuple[str, ...]], ignore
             yield lead.get(owner, owner), f"{mod_path}.{name}".lstrip("."), p
 
 
-def _group_sizes(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]) -> dict[str, int]:
+def _group_sizes(
+    model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]
+) -> dict[str, int]:
     """Elements each ``fully_shard`` group will own, keyed by its first path ("" the root)."""
     sizes = dict.fromkeys([*(u[0] for u in units), ""], 0)
     for unit, _, p in _owned_parameters(model, units, ignored):
@@ -210,8 +233,9 @@ def _group_sizes(model: nn.Module, units: Sequence[tuple[str, ...]], ignored: fr
     return sizes
 
 
-def _check_uniform_trainable_dtypes(model: nn.Module, units: Sequence[tuple[str, ...]],
-                                    ignored: frozenset[int]) -> None:
+def _check_uniform_trainable_dtypes(
+    model: nn.Module, units: Sequence[tuple[str, ...]], ignored: frozenset[int]
+) -> None:
     """FSDP2 shards a unit's trainable parameters as one flat buffer and refuses mixed dtypes there
     (inside ``fully_shard``, rank by rank); say it here, with the unit and the way out."""
     dtypes: dict[str, dict[str, str]] = {}
@@ -262,21 +286,36 @@ def build_plan(
     names = tuple(n for n, _ in runtime.mesh_dims)
     shape = tuple(s for _, s in runtime.mesh_dims)
     params = list(model.parameters())
-    groups = default_unit_groups if default_unit_groups is not None else getattr(model, "_fsdp_unit_groups", None)
-    declared = {"default_wrap_modules": default_wrap_modules, "no_forward": default_no_forward_modules,
-                "default_wrap_modules_source": default_wrap_modules_source}
+    groups = (
+        default_unit_groups if default_unit_groups is not None else getattr(model, "_fsdp_unit_groups", None)
+    )
+    declared = {
+        "default_wrap_modules": default_wrap_modules,
+        "no_forward": default_no_forward_modules,
+        "default_wrap_modules_source": default_wrap_modules_source,
+    }
     check_backend(accelerator.compile)
     if not parallelism.is_sharded:
         return ShardingPlan(
-            mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=1, mesh_dim_names=names,
-            mesh_shape=shape, unit_source=None, units=(), root=PlannedModule("", type(model).__name__,
-                                                                             sum(p.numel() for p in params)),
-            ignored=(), unmatched_unit_classes=(), tied=TiedWeightCheck(),
-            precision=resolve_sharded_precision("no"), reshard_after_forward=fsdp.reshard_after_forward,
+            mode=parallelism.mode,
+            dp_replicate=parallelism.dp_replicate,
+            dp_shard=1,
+            mesh_dim_names=names,
+            mesh_shape=shape,
+            unit_source=None,
+            units=(),
+            root=PlannedModule("", type(model).__name__, sum(p.numel() for p in params)),
+            ignored=(),
+            unmatched_unit_classes=(),
+            tied=TiedWeightCheck(),
+            precision=resolve_sharded_precision("no"),
+            reshard_after_forward=fsdp.reshard_after_forward,
             cpu_offload=False,
             memory=estimate_memory(params, dp_shard=1, optimizer_states=optimizer_states),
-            ddp=accelerator.ddp, blocks=_unsharded_blocks(model, accelerator, groups, **declared),
-            activation_checkpointing=accelerator.activation_checkpointing.mode, compile=accelerator.compile,
+            ddp=accelerator.ddp,
+            blocks=_unsharded_blocks(model, accelerator, groups, **declared),
+            activation_checkpointing=accelerator.activation_checkpointing.mode,
+            compile=accelerator.compile,
         )
     precision = resolve_sharded_precision(mixed_precision, fsdp.mixed_precision_policy)
     ignored_paths = select_ignored(model, fsdp.ignored_modules_pattern)
@@ -288,18 +327,17 @@ def build_plan(
             "or shard those modules too"
         )
     selection = select_units(model, fsdp, skip=ignored_ids, **declared)
-    units = [p for p in selection.paths
-             if not any(p == ig or p.startswith(ig + ".") for ig in ignored_paths)]
+    units = [p for p in selection.paths if not any(p == ig or p.startswith(ig + ".") for ig in ignored_paths)]
     if not units:
         raise ShardingError(
-            f"every wrap unit from {selection.source} lies inside {IGNORED_MODULES}={fsdp.ignored_modules!r}; "
-            "sharding the root alone saves no memory"
+            f"every wrap unit from {selection.source} lies inside "
+            f"{IGNORED_MODULES}={fsdp.ignored_modules!r}; sharding the root alone saves no memory"
         )
     if accelerator.compile.enabled and not accelerator.compile.regional:
         raise ShardingError(
-            f"accelerator.compile.regional=false compiles the whole policy, which {parallelism.mode} sharding "
-            "does not support (FSDP's hooks would be traced); use accelerator.compile.regional=true, which "
-            "compiles each wrap unit inside them"
+            f"accelerator.compile.regional=false compiles the whole policy, which {parallelism.mode} "
+            "sharding does not support (FSDP's hooks would be traced); use "
+            "accelerator.compile.regional=true, which compiles each wrap unit inside them"
         )
     grouped = _grouped(model, units, groups)
     for unit in grouped:
@@ -314,22 +352,39 @@ def build_plan(
     tied = check_tied_weights(model, grouped, ignored_ids)
     sizes = _group_sizes(model, grouped, ignored_ids)
     modules = dict(model.named_modules())
-    planned = tuple(PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u), sizes[u[0]], members=u[1:])
-                    for u in grouped)
+    planned = tuple(
+        PlannedModule(u[0], "+".join(type(modules[p]).__name__ for p in u), sizes[u[0]], members=u[1:])
+        for u in grouped
+    )
     regions = accelerator.activation_checkpointing.enabled or accelerator.compile.enabled
     return ShardingPlan(
-        mode=parallelism.mode, dp_replicate=parallelism.dp_replicate, dp_shard=parallelism.dp_shard,
-        mesh_dim_names=names, mesh_shape=shape, unit_source=selection.source,
+        mode=parallelism.mode,
+        dp_replicate=parallelism.dp_replicate,
+        dp_shard=parallelism.dp_shard,
+        mesh_dim_names=names,
+        mesh_shape=shape,
+        unit_source=selection.source,
         units=planned,
         root=PlannedModule("", type(model).__name__, sizes[""]),
-        ignored=tuple(PlannedModule(p, type(modules[p]).__name__, sum(x.numel() for x in modules[p].parameters()))
-                      for p in ignored_paths),
-        unmatched_unit_classes=selection.unmatched, tied=tied, precision=precision,
-        reshard_after_forward=fsdp.reshard_after_forward, cpu_offload=fsdp.cpu_offload,
-        memory=estimate_memory(params, dp_shard=parallelism.dp_shard, ignored=ignored_ids,
-                               upcast_trainable=precision.upcast_trainable, optimizer_states=optimizer_states,
-                               cpu_offload=fsdp.cpu_offload),
-        ddp=accelerator.ddp, blocks=outermost(planned) if regions else (),
-        activation_checkpointing=accelerator.activation_checkpointing.mode, compile=accelerator.compile,
+        ignored=tuple(
+            PlannedModule(p, type(modules[p]).__name__, sum(x.numel() for x in modules[p].parameters()))
+            for p in ignored_paths
+        ),
+        unmatched_unit_classes=selection.unmatched,
+        tied=tied,
+        precision=precision,
+        reshard_after_forward=fsdp.reshard_after_forward,
+        cpu_offload=fsdp.cpu_offload,
+        memory=estimate_memory(
+            params,
+            dp_shard=parallelism.dp_shard,
+            ignored=ignored_ids,
+            upcast_trainable=precision.upcast_trainable,
+            optimizer_states=optimizer_states,
+            cpu_offload=fsdp.cpu_offload,
+        ),
+        ddp=accelerator.ddp,
+        blocks=outermost(planned) if regions else (),
+        activation_checkpointing=accelerator.activation_checkpointing.mode,
+        compile=accelerator.compile,
     )
-

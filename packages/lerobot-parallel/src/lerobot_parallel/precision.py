@@ -79,9 +79,14 @@ class Precision:
 
 
 def build_precision(mixed_precision: str, device: torch.device | str, **scaler_kwargs) -> Precision:
-    """``"no"`` | ``"bf16"`` | ``"fp16"`` for ``device``; ``scaler_kwargs`` go to ``GradScaler`` (fp16 only)."""
+    """``"no"`` | ``"bf16"`` | ``"fp16"`` for ``device``; ``scaler_kwargs`` go to ``GradScaler``
+    (fp16 only)."""
     require_choice("accelerator.mixed_precision", mixed_precision, MIXED_PRECISION_CHOICES)
     device_type = torch.device(device).type
     scaler = torch.amp.GradScaler(device_type, **scaler_kwargs) if mixed_precision == "fp16" else None
-    return Precision(mode=mixed_precision, device_type=device_type,
-                     autocast_dtype=_AUTOCAST_DTYPES[mixed_precision], scaler=scaler)
+    return Precision(
+        mode=mixed_precision,
+        device_type=device_type,
+        autocast_dtype=_AUTOCAST_DTYPES[mixed_precision],
+        scaler=scaler,
+    )

@@ -32,9 +32,17 @@ from lerobot_parallel.errors import ShardingError
 # Ops whose outputs ``selective`` keeps: matmuls, convolutions and attention kernels, the expensive ones.
 # Everything else in a block (norms, activations, softmax, dropout, elementwise) is recomputed.
 _SAVED_OP_NAMES = (
-    "mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "convolution",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
 )
 
 
@@ -47,14 +55,18 @@ def _selective_policy(saved: frozenset[Any]) -> Callable[..., CheckpointPolicy]:
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         packet = getattr(op, "_overloadpacket", op)
         return CheckpointPolicy.MUST_SAVE if packet in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 
 # respect_saved_tensors_hooks (torch ≥ 2.12): what selective keeps goes through the caller's saved-tensor
 # hooks (offloading, counting) like every other saved tensor; older torch (LeRobot's 2.11) has no such
 # argument and keeps those tensors outside the hooks, which changes nothing this package does with them.
-_HOOKS_SEE_SAC_SAVES = ({"respect_saved_tensors_hooks": True}
-                        if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters else {})
+_HOOKS_SEE_SAC_SAVES = (
+    {"respect_saved_tensors_hooks": True}
+    if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
+    else {}
+)
 
 
 def checkpointed(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
@@ -74,8 +86,14 @@ def checkpointed(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         if policy is None:
             return checkpoint(fn, *args, use_reentrant=False, **kwargs)
-        return checkpoint(fn, *args, use_reentrant=False, **_HOOKS_SEE_SAC_SAVES,
-                          context_fn=functools.partial(create_selective_checkpoint_contexts, policy), **kwargs)
+        return checkpoint(
+            fn,
+            *args,
+            use_reentrant=False,
+            **_HOOKS_SEE_SAC_SAVES,
+            context_fn=functools.partial(create_selective_checkpoint_contexts, policy),
+            **kwargs,
+        )
 
     return run
 
@@ -94,7 +112,9 @@ class Region:
     the copied block: a plain closure would be shared and run the original's weights in the copy.
     """
 
-    def __init__(self, module: nn.Module, name: str, checkpointing: str, compile_config: CompileConfig | None) -> None:
+    def __init__(
+        self, module: nn.Module, name: str, checkpointing: str, compile_config: CompileConfig | None
+    ) -> None:
         self.module, self.name = module, name
         self.checkpointing, self.compile_config = checkpointing, compile_config
         fn: Callable[..., Any] = self.original
@@ -131,12 +151,15 @@ def check_backend(config: CompileConfig) -> None:
 
     known = torch._dynamo.list_backends(exclude_tags=())
     if config.backend not in known:
-        raise ShardingError(f"accelerator.compile.backend={config.backend}: torch.compile has no such backend; "
-                            f"valid: {', '.join(sorted(known))}")
+        raise ShardingError(
+            f"accelerator.compile.backend={config.backend}: torch.compile has no such backend; "
+            f"valid: {', '.join(sorted(known))}"
+        )
 
 
-def apply_regions(model: nn.Module, blocks: Iterable[str], *, checkpointing: str,
-                  compile_config: CompileConfig) -> None:
+def apply_regions(
+    model: nn.Module, blocks: Iterable[str], *, checkpointing: str, compile_config: CompileConfig
+) -> None:
     """Checkpoint and/or compile each block of ``model`` (module paths) in place, then, with
     ``compile_config.regional=False``, compile the whole model (``nn.Module.compile``, in place).
 
@@ -146,8 +169,10 @@ def apply_regions(model: nn.Module, blocks: Iterable[str], *, checkpointing: str
     for path in blocks:
         module = model.get_submodule(path)
         if any(isinstance(module.__dict__.get(name), Region) for name in region_methods(module)):
-            raise ShardingError(f"{path or type(model).__name__}: activation checkpointing / compile was already "
-                                "applied to this module; build a fresh model for a new plan")
+            raise ShardingError(
+                f"{path or type(model).__name__}: activation checkpointing / compile was already "
+                "applied to this module; build a fresh model for a new plan"
+            )
         for name in region_methods(module):
             setattr(module, name, Region(module, name, checkpointing, compile_config if regional else None))
     if compile_config.enabled and not compile_config.regional:

@@ -56,17 +56,33 @@ class ParallelRuntime:
 
     @classmethod
     def single(cls, device: str | torch.device | None = None) -> ParallelRuntime:
-        """A one-process runtime with no process group (also usable while one exists, e.g. a reference run)."""
-        return cls(rank=0, world_size=1, local_rank=0, device=resolve_device(device, 0, 1), backend=None,
-                   parallelism=ParallelismConfig().resolve(1), mesh=None)
+        """A one-process runtime with no process group (also usable while one exists,
+        e.g. a reference run)."""
+        return cls(
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            device=resolve_device(device, 0, 1),
+            backend=None,
+            parallelism=ParallelismConfig().resolve(1),
+            mesh=None,
+        )
 
     @classmethod
     def preview(cls, parallelism: ParallelismConfig) -> ParallelRuntime:
         """The topology a launch with these *resolved* degrees would have, seen from rank 0 without
         joining it: for planning in one process (``build_plan`` for ``--dry_run``). It has no process
         group and no mesh, so ``wrap_model`` refuses it for anything but a single process."""
-        return cls(rank=0, world_size=parallelism.dp_world_size, local_rank=0, device=torch.device("cpu"),
-                   backend=None, parallelism=parallelism, mesh=None, launcher="preview")
+        return cls(
+            rank=0,
+            world_size=parallelism.dp_world_size,
+            local_rank=0,
+            device=torch.device("cpu"),
+            backend=None,
+            parallelism=parallelism,
+            mesh=None,
+            launcher="preview",
+        )
 
     @property
     def mesh_dims(self) -> tuple[tuple[str, int], ...]:
@@ -141,7 +157,9 @@ def _accelerator_type() -> str | None:
     return None if acc is None else acc.type
 
 
-def resolve_device(choice: str | torch.device | None, local_rank: int, local_world_size: int = 1) -> torch.device:
+def resolve_device(
+    choice: str | torch.device | None, local_rank: int, local_world_size: int = 1
+) -> torch.device:
     """The device this rank computes on.
 
     ``None``/``"auto"``: the local accelerator at index ``LOCAL_RANK`` if there is one, else CPU.
@@ -172,7 +190,8 @@ def resolve_device(choice: str | torch.device | None, local_rank: int, local_wor
     if index is not None and local_world_size > 1 and index != local_rank:
         warnings.warn(
             f"device {dev_type}:{index} was requested, but {local_world_size} processes share this node; "
-            f"local rank {local_rank} uses {dev_type}:{local_rank} instead", stacklevel=2,
+            f"local rank {local_rank} uses {dev_type}:{local_rank} instead",
+            stacklevel=2,
         )
         index = None
     if index is None:
@@ -203,8 +222,9 @@ def backend_for(device: torch.device, cpu_collectives: bool = False) -> str:
 _groups_created = 0  # process groups this process has created (see _init_process_group)
 
 
-def _init_process_group(backend: str, rank: int, world: int, timeout: datetime.timedelta,
-                        device_id: torch.device | None) -> None:
+def _init_process_group(
+    backend: str, rank: int, world: int, timeout: datetime.timedelta, device_id: torch.device | None
+) -> None:
     """``init_process_group`` from the launcher's env, safe to repeat after a teardown.
 
     torch names the default group's store keys by a counter that ``destroy_process_group``
@@ -215,13 +235,20 @@ def _init_process_group(backend: str, rank: int, world: int, timeout: datetime.t
     """
     global _groups_created
     if _groups_created == 0:
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
-                                timeout=timeout, device_id=device_id)
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
+            device_id=device_id,
+        )
     else:
         store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
         store = dist.PrefixStore(f"lerobot_parallel/session{_groups_created}", store)
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout,
-                                device_id=device_id)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id
+        )
     _groups_created += 1
 
 
@@ -246,9 +273,17 @@ def init_runtime(
     resolved = parallelism.resolve(world)
     dev = resolve_device(device, launch.local_rank, launch.local_world_size)
     if world == 1:
-        return ParallelRuntime(rank=0, world_size=1, local_rank=launch.local_rank, device=dev, backend=None,
-                               parallelism=resolved, mesh=None, timeout_s=accelerator.timeout_s,
-                               launcher=launch.launcher)
+        return ParallelRuntime(
+            rank=0,
+            world_size=1,
+            local_rank=launch.local_rank,
+            device=dev,
+            backend=None,
+            parallelism=resolved,
+            mesh=None,
+            timeout_s=accelerator.timeout_s,
+            launcher=launch.launcher,
+        )
     if dev.type != "cpu":
         torch.accelerator.set_device_index(dev.index)
     if adopted:
@@ -260,9 +295,23 @@ def init_runtime(
                 "launch with torchrun or accelerate launch"
             )
         backend = backend_for(dev, cpu_collectives=resolved.is_sharded and accelerator.fsdp.cpu_offload)
-        _init_process_group(backend, rank, world, datetime.timedelta(seconds=accelerator.timeout_s),
-                            dev if "nccl" in backend else None)
-    runtime = ParallelRuntime(rank=rank, world_size=world, local_rank=launch.local_rank, device=dev,
-                              backend=backend, parallelism=resolved, mesh=None, timeout_s=accelerator.timeout_s,
-                              owns_process_group=not adopted, launcher=launch.launcher)
+        _init_process_group(
+            backend,
+            rank,
+            world,
+            datetime.timedelta(seconds=accelerator.timeout_s),
+            dev if "nccl" in backend else None,
+        )
+    runtime = ParallelRuntime(
+        rank=rank,
+        world_size=world,
+        local_rank=launch.local_rank,
+        device=dev,
+        backend=backend,
+        parallelism=resolved,
+        mesh=None,
+        timeout_s=accelerator.timeout_s,
+        owns_process_group=not adopted,
+        launcher=launch.launcher,
+    )
     return evolve(runtime, mesh=runtime.build_mesh())

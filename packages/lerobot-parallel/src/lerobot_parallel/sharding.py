@@ -43,8 +43,9 @@ def upcast_trainable(model: nn.Module) -> list[str]:
     return changed
 
 
-def apply_sharding(model: nn.Module, runtime: ParallelRuntime,
-                   plan: ShardingPlan) -> tuple[nn.Module, tuple[nn.Parameter, ...]]:
+def apply_sharding(
+    model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan
+) -> tuple[nn.Module, tuple[nn.Parameter, ...]]:
     """Shard ``model`` in place on ``runtime.mesh`` as ``plan`` says (``wrap_model`` checked that they
     belong together). Returns ``model`` (now an ``FSDPModule``) and its trainable ignored parameters
     in model order (the same on every rank), whose gradients FSDP will not reduce."""
@@ -58,8 +59,12 @@ def apply_sharding(model: nn.Module, runtime: ParallelRuntime,
         module.to(runtime.device)  # FSDP moves only what it manages
     # None = torch's choice: reshard units after forward, keep the root gathered (backward needs it first).
     reshard = None if plan.reshard_after_forward else False
-    common = {"mesh": runtime.mesh, "reshard_after_forward": reshard, "offload_policy": offload,
-              "ignored_params": ignored or None}
+    common = {
+        "mesh": runtime.mesh,
+        "reshard_after_forward": reshard,
+        "offload_policy": offload,
+        "ignored_params": ignored or None,
+    }
     for unit in plan.shard_order():
         members = [model.get_submodule(p) for p in unit.paths]
         fully_shard(members if unit.members else members[0], mp_policy=unit_mp, **common)
@@ -86,12 +91,14 @@ def average_gradients(params: Sequence[nn.Parameter], group: dist.ProcessGroup |
         by_dtype.setdefault(p.dtype, []).append(p)
     for dtype in sorted(by_dtype, key=str):
         params_of = by_dtype[dtype]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params_of])
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params_of]
+        )
         dist.all_reduce(flat, group=group)
         flat.div_(world)
         offset = 0
         for p in params_of:
-            chunk = flat[offset:offset + p.numel()].view_as(p)
+            chunk = flat[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
             if p.grad is None:
                 p.grad = chunk.clone()

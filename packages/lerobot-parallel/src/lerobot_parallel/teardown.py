@@ -37,7 +37,9 @@ from lerobot_parallel.watchdog import LauncherWatch, launcher_watch_wanted, star
 DEFAULT_SETTLE_S = 0.5
 
 
-def shutdown_process_group(runtime: ParallelRuntime | None = None, settle_s: float = DEFAULT_SETTLE_S) -> bool:
+def shutdown_process_group(
+    runtime: ParallelRuntime | None = None, settle_s: float = DEFAULT_SETTLE_S
+) -> bool:
     """Destroy the default process group if we own it, then let backend threads settle.
 
     Returns whether a group was destroyed. A group adopted from a foreign trainer

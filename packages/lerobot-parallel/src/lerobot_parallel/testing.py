@@ -55,8 +55,15 @@ class BlockRegressor(nn.Module):
 
     _fsdp_wrap_modules: ClassVar[list[str]] = ["Block"]
 
-    def __init__(self, in_dim: int = 8, width: int = 13, hidden: int = 23, depth: int = 3, out_dim: int = 4,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        in_dim: int = 8,
+        width: int = 13,
+        hidden: int = 23,
+        depth: int = 3,
+        out_dim: int = 4,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.probe: dict = {}
         with torch.random.fork_rng(devices=[]):
@@ -128,7 +135,9 @@ class MainTowerLayer(nn.Module):
         self.mix = nn.Linear(width, width)
         self.out = nn.Linear(width, width)
 
-    def joint(self, side: SideTowerLayer, h_main: torch.Tensor, h_side: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def joint(
+        self, side: SideTowerLayer, h_main: torch.Tensor, h_side: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both towers' tokens are mixed together (one softmax over the concatenation), then each tower
         projects its own slice: the partner's parameters are used, its ``forward`` never runs."""
         both = torch.cat([self.mix(h_main), side.mix(h_side)], dim=1)
@@ -157,7 +166,9 @@ class JointTowers(nn.Module):
     _fsdp_wrap_modules: ClassVar[list[str]] = ["MainTowerLayer", "SideTowerLayer"]
     _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = [("MainTowerLayer", "SideTowerLayer")]
 
-    def __init__(self, in_dim: int = 5, width: int = 11, depth: int = 2, out_dim: int = 3, seed: int = 0) -> None:
+    def __init__(
+        self, in_dim: int = 5, width: int = 11, depth: int = 2, out_dim: int = 3, seed: int = 0
+    ) -> None:
         super().__init__()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -176,8 +187,11 @@ class JointTowers(nn.Module):
     @staticmethod
     def batch(batch_size: int, seed: int, in_dim: int = 5, out_dim: int = 3) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
-        return {"x": torch.randn(batch_size, 4, in_dim, generator=g), "z": torch.randn(batch_size, 3, in_dim, generator=g),
-                "y": torch.randn(batch_size, out_dim, generator=g)}
+        return {
+            "x": torch.randn(batch_size, 4, in_dim, generator=g),
+            "z": torch.randn(batch_size, 3, in_dim, generator=g),
+            "y": torch.randn(batch_size, out_dim, generator=g),
+        }
 
 
 def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:

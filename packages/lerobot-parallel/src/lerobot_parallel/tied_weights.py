@@ -65,16 +65,20 @@ def parameter_names(model: nn.Module) -> dict[int, tuple[nn.Parameter, list[tupl
     return found
 
 
-def check_tied_weights(model: nn.Module, unit_paths: Sequence[str | tuple[str, ...]],
-                       ignored: frozenset[int] = frozenset()) -> TiedWeightCheck:
+def check_tied_weights(
+    model: nn.Module, unit_paths: Sequence[str | tuple[str, ...]], ignored: frozenset[int] = frozenset()
+) -> TiedWeightCheck:
     """Raise :class:`ShardingError` naming the parameter and both units when a parameter is used by
     two different units (or a unit and the root); return what is shared harmlessly otherwise.
 
     A unit is a module path or a tuple of paths (a grouped unit, one ``fully_shard`` call: sharing
     inside it is fine). Ignored parameters (``id`` in ``ignored``) are outside every unit.
     """
-    lead = {path: (unit if isinstance(unit, str) else unit[0])
-            for unit in unit_paths for path in ((unit,) if isinstance(unit, str) else unit)}
+    lead = {
+        path: (unit if isinstance(unit, str) else unit[0])
+        for unit in unit_paths
+        for path in ((unit,) if isinstance(unit, str) else unit)
+    }
     units = sorted(lead, key=depth, reverse=True)
     classes = {path: type(m).__name__ for path, m in model.named_modules(remove_duplicate=False)}
     shared: list[SharedParameter] = []
@@ -89,7 +93,11 @@ def check_tied_weights(model: nn.Module, unit_paths: Sequence[str | tuple[str, .
             (u1, n1), (u2, n2) = list(owners.items())[:2]
 
             def label(unit: str) -> str:
-                return f"the root {ROOT_LABEL} ({type(model).__name__})" if not unit else f"unit {unit} ({classes[unit]})"
+                return (
+                    f"the root {ROOT_LABEL} ({type(model).__name__})"
+                    if not unit
+                    else f"unit {unit} ({classes[unit]})"
+                )
 
             raise ShardingError(
                 f"tied weights cannot be split between FSDP units: parameter {n1[0]} (the same tensor as "
@@ -97,6 +105,6 @@ def check_tied_weights(model: nn.Module, unit_paths: Sequence[str | tuple[str, .
                 "common parent, or drop one class from the unit list so it joins the root), untie the "
                 "weights, or keep them unsharded with accelerator.fsdp.ignored_modules"
             )
-        (owner, names), = owners.items()
+        ((owner, names),) = owners.items()
         shared.append(SharedParameter(names=tuple(names), owner=owner))
     return TiedWeightCheck(shared=tuple(shared))

@@ -20,8 +20,9 @@ def is_integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def require_count(path: str, value: object, requirement: str | None = None, *, minimum: int = 1,
-                  allow_all: bool = False) -> int:
+def require_count(
+    path: str, value: object, requirement: str | None = None, *, minimum: int = 1, allow_all: bool = False
+) -> int:
     """``value`` if it is an integer ≥ ``minimum`` (or ``-1``, "all launched processes", with
     ``allow_all``); else :class:`ConfigTypeError` (not an integer) or :class:`ParallelismError`
     saying ``path`` must be ``requirement`` (default: "an integer ≥ minimum")."""
@@ -32,8 +33,14 @@ def require_count(path: str, value: object, requirement: str | None = None, *, m
     raise ParallelismError(f"{path} must be {requirement or f'an integer ≥ {minimum}'}, got {value!r}")
 
 
-def count(path: str, requirement: str | None = None, *, minimum: int = 1, allow_all: bool = False,
-          optional: bool = False) -> Validator:
+def count(
+    path: str,
+    requirement: str | None = None,
+    *,
+    minimum: int = 1,
+    allow_all: bool = False,
+    optional: bool = False,
+) -> Validator:
     """attrs validator for :func:`require_count` (≥ ``minimum``); ``None`` passes when ``optional``."""
 
     def check(inst: Any, attribute: Any, value: Any) -> None:

@@ -66,7 +66,7 @@ def _write_with_deadline(fd: int, data: bytes, deadline_s: float) -> None:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         except OSError:
             pass
 

@@ -68,7 +68,9 @@ class WrappedModel:
                 yield
             finally:
                 if not enabled:
-                    self.model.set_requires_gradient_sync(True)  # the default, for callers outside this context
+                    self.model.set_requires_gradient_sync(
+                        True
+                    )  # the default, for callers outside this context
             if enabled:
                 average_gradients(self.ignored, self.runtime.dp_group, self.runtime.dp_world_size)
             return
@@ -115,8 +117,9 @@ def wrap_model(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan) -
     # Activation checkpointing, then compile, on the plan's blocks, before fully_shard / DDP (the order
     # torch supports: the FSDP hooks stay outside the compiled, checkpointed region).
     if plan.activation_checkpointing != "none" or plan.compile.enabled:
-        apply_regions(model, plan.block_paths, checkpointing=plan.activation_checkpointing,
-                      compile_config=plan.compile)
+        apply_regions(
+            model, plan.block_paths, checkpointing=plan.activation_checkpointing, compile_config=plan.compile
+        )
     if plan.is_sharded:
         sharded, ignored = apply_sharding(model, runtime, plan)
         return WrappedModel(model=sharded, plan=plan, runtime=runtime, ignored=ignored)

@@ -90,9 +90,18 @@ def children_first(paths: Iterable[str]) -> list[str]:
     return sorted(paths, key=depth, reverse=True)  # stable: model order within one depth
 
 
-def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, require_each: bool,
-                    no_forward: Iterable[str] | None = None) -> UnitSelection:
-    """Every non-root module whose class ``__name__`` is in ``names`` (``no_forward``: see :func:`never_called`)."""
+def select_by_class(
+    model: nn.Module,
+    names: Sequence[str],
+    *,
+    source: str,
+    require_each: bool,
+    no_forward: Iterable[str] | None = None,
+) -> UnitSelection:
+    """Every non-root module whose class ``__name__`` is in ``names``.
+
+    ``no_forward``: see :func:`never_called`.
+    """
     wanted = tuple(dict.fromkeys(names))
     present = {type(m).__name__ for _, m in model.named_modules()}
     unmatched = tuple(n for n in wanted if n not in present)
@@ -104,11 +113,16 @@ def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, requ
     uncalled = sorted(set(wanted) & never_called(model, no_forward))
     if uncalled:
         raise ShardingError(
-            f"{source}: {', '.join(uncalled)} never runs its forward() in {type(model).__name__} (its parts are "
-            "called directly), so FSDP would never gather it; name the layer classes inside it instead"
+            f"{source}: {', '.join(uncalled)} never runs its forward() in {type(model).__name__} (its parts "
+            "are called directly), so FSDP would never gather it; name the layer classes inside it instead"
         )
-    containers = sorted({type(m).__name__ for _, m in _unique_modules(model)
-                         if type(m).__name__ in wanted and isinstance(m, NO_FORWARD)})
+    containers = sorted(
+        {
+            type(m).__name__
+            for _, m in _unique_modules(model)
+            if type(m).__name__ in wanted and isinstance(m, NO_FORWARD)
+        }
+    )
     if containers:
         raise ShardingError(
             f"{source}: {', '.join(containers)} is a container without forward(); FSDP gathers a unit's "
@@ -125,8 +139,12 @@ def select_by_class(model: nn.Module, names: Sequence[str], *, source: str, requ
     return UnitSelection(paths=paths, source=source, unmatched=unmatched)
 
 
-def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] = frozenset(),
-                   no_forward: Iterable[str] | None = None) -> UnitSelection:
+def select_by_size(
+    model: nn.Module,
+    min_num_params: int,
+    skip: frozenset[int] = frozenset(),
+    no_forward: Iterable[str] | None = None,
+) -> UnitSelection:
     """Bottom-up: a module becomes a unit when the parameters not already in a unit below it
     number ``≥ min_num_params``; its whole subtree then counts as taken (units never overlap
     except by nesting, which ``fully_shard`` resolves children-first). Parameters in ``skip``
@@ -144,8 +162,12 @@ def select_by_size(model: nn.Module, min_num_params: int, skip: frozenset[int] =
             if id(p) not in seen:
                 seen.add(id(p))
                 free += p.numel()
-        if path and free >= min_num_params and not isinstance(module, NO_FORWARD) \
-                and type(module).__name__ not in uncalled:
+        if (
+            path
+            and free >= min_num_params
+            and not isinstance(module, NO_FORWARD)
+            and type(module).__name__ not in uncalled
+        ):
             chosen.append(path)
             return 0
         return free
@@ -173,17 +195,23 @@ def no_units_message(model: nn.Module, source: str | None = None) -> str:
         empty, declare = f"{source} lists no block class", f"name the block classes in {source}"
     return (
         f"FSDP needs wrap units, and {cls} gives none: {empty} and neither "
-        f"{WRAP_MODULES} nor {MIN_NUM_PARAMS} was passed. Sharding only the root would all-gather the whole model "
-        f"on every rank and save no memory, so the run stops here. Choose one of: "
+        f"{WRAP_MODULES} nor {MIN_NUM_PARAMS} was passed. Sharding only the root would all-gather the whole "
+        "model on every rank and save no memory, so the run stops here. Choose one of: "
         f"{WRAP_MODULES}='[\"BlockClass\"]' (class names present: {class_census(model)}); "
         f"{MIN_NUM_PARAMS}=N (wrap every submodule holding ≥ N parameters); "
         f"or {declare}."
     )
 
 
-def select_units(model: nn.Module, fsdp: FSDPConfig, default_wrap_modules: Sequence[str] | None = None,
-                 skip: frozenset[int] = frozenset(), *, default_wrap_modules_source: str | None = None,
-                 no_forward: Iterable[str] | None = None) -> UnitSelection:
+def select_units(
+    model: nn.Module,
+    fsdp: FSDPConfig,
+    default_wrap_modules: Sequence[str] | None = None,
+    skip: frozenset[int] = frozenset(),
+    *,
+    default_wrap_modules_source: str | None = None,
+    no_forward: Iterable[str] | None = None,
+) -> UnitSelection:
     """The unit paths for ``model`` from the first source given (see module docstring).
 
     ``default_wrap_modules`` (None: not given) replaces the model's own ``_fsdp_wrap_modules``, which is then
@@ -193,8 +221,9 @@ def select_units(model: nn.Module, fsdp: FSDPConfig, default_wrap_modules: Seque
     field; default ``"default_wrap_modules"``). ``no_forward``: see :func:`never_called`.
     """
     if fsdp.wrap_modules is not None:
-        return select_by_class(model, fsdp.wrap_modules, source=WRAP_MODULES, require_each=True,
-                               no_forward=no_forward)
+        return select_by_class(
+            model, fsdp.wrap_modules, source=WRAP_MODULES, require_each=True, no_forward=no_forward
+        )
     if fsdp.min_num_params is not None:
         return select_by_size(model, fsdp.min_num_params, skip, no_forward)
     if default_wrap_modules is not None:
@@ -214,12 +243,15 @@ def declared_groups(model: nn.Module, groups: Sequence[Sequence[str]] | None) ->
     """Member paths of each grouped unit: the i-th module of each named class, zipped in model order."""
     found: list[tuple[str, ...]] = []
     for names in groups or ():
-        per_class = [[path for path, m in _unique_modules(model) if type(m).__name__ == name] for name in names]
+        per_class = [
+            [path for path, m in _unique_modules(model) if type(m).__name__ == name] for name in names
+        ]
         counts = {name: len(paths) for name, paths in zip(names, per_class, strict=True)}
         if len(set(counts.values())) > 1:
             raise ShardingError(
                 f"grouped FSDP units {' + '.join(names)}: the classes occur a different number of times "
-                f"({', '.join(f'{n} x{c}' for n, c in counts.items())}), so their i-th modules cannot be paired"
+                f"({', '.join(f'{n} x{c}' for n, c in counts.items())}), "
+                "so their i-th modules cannot be paired"
             )
         found.extend(zip(*per_class))
     return found

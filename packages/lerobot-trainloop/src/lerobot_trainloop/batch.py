@@ -35,7 +35,9 @@ def batch_size_of(batch: Any) -> int | None:
     """Leading dimension of the first tensor found (the micro-batch size), None if there is none."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.ndim else None
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else ()
+    values = (
+        batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else ()
+    )
     for v in values:
         n = batch_size_of(v)
         if n is not None:

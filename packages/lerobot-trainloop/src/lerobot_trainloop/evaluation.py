@@ -12,9 +12,9 @@ ran out evaluates a placeholder batch (the set's first sample) with weight 0.
 
 The eval does not disturb training: the model is in eval mode inside it (dropout off, as
 LeRobot's), the RNG streams are forked (and, with ``seed``, seeded before each batch, so noise a
-policy draws per sample is the same whatever the batch, rank or step) (a run with an eval every N steps trains exactly as one
-without), and with an EMA and ``ema.use_for_eval`` the EMA weights are swapped in (local shards,
-no collective) and the live ones restored bitwise.
+policy draws per sample is the same whatever the batch, rank or step) (a run with an eval every N steps trains
+exactly as one without), and with an EMA and ``ema.use_for_eval`` the EMA weights are swapped in (local
+shards, no collective) and the live ones restored bitwise.
 """
 
 from __future__ import annotations
@@ -38,21 +38,25 @@ class EvalBatches:
     real samples (0 for a placeholder), in the same order.
     """
 
-    def __init__(self, indices: Sequence[int], batch_size: int, *, dp_rank: int = 0, dp_world_size: int = 1) -> None:
+    def __init__(
+        self, indices: Sequence[int], batch_size: int, *, dp_rank: int = 0, dp_world_size: int = 1
+    ) -> None:
         if not indices:
             raise ValueError("the held-out set is empty")
         if batch_size < 1 or not 0 <= dp_rank < dp_world_size:
-            raise ValueError(f"invalid eval sharding: batch_size={batch_size}, dp_rank={dp_rank}, "
-                             f"dp_world_size={dp_world_size}")
+            raise ValueError(
+                f"invalid eval sharding: batch_size={batch_size}, dp_rank={dp_rank}, "
+                f"dp_world_size={dp_world_size}"
+            )
         self.indices = list(indices)
         share = math.ceil(len(self.indices) / dp_world_size)
-        self.mine = self.indices[dp_rank * share:(dp_rank + 1) * share]
+        self.mine = self.indices[dp_rank * share : (dp_rank + 1) * share]
         self.batch_size = batch_size
         self.num_batches = math.ceil(share / batch_size)
 
     def _batches(self) -> Iterator[list[int]]:
         for b in range(self.num_batches):
-            yield self.mine[b * self.batch_size:(b + 1) * self.batch_size]
+            yield self.mine[b * self.batch_size : (b + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self._batches():
@@ -88,8 +92,9 @@ def _as_tensor(value, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma | None = None,
-             seed: int | None = None) -> dict[str, float]:
+def evaluate(
+    loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma | None = None, seed: int | None = None
+) -> dict[str, float]:
     """``{"loss": ..., <part>: ...}`` over the held-out set (the same on every dp rank).
 
     ``loop`` is the :class:`~lerobot_trainloop.TrainLoop` (its model, precision and runtime);
@@ -109,7 +114,7 @@ def evaluate(loop, batches: Iterable, weights: Sequence[int], *, ema: ModelEma |
     devices = [device] if device.type == "cuda" else []
     model.eval()
     try:
-        with torch.random.fork_rng(devices=devices), (ema.swapped() if ema is not None else nullcontext()):
+        with torch.random.fork_rng(devices=devices), ema.swapped() if ema is not None else nullcontext():
             n_batches = 0
             for batch, n in zip(batches, weights, strict=True):
                 n_batches += 1

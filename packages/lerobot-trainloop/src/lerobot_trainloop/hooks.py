@@ -40,6 +40,11 @@ class ScheduledHook:
         return (self.every is not None and step % self.every == 0) or step in self.at
 
 
-def schedule(fn: Hook, every: int | None = None, at: Iterable[int] = (), metrics: bool = False,
-             check_finite: bool = True) -> ScheduledHook:
+def schedule(
+    fn: Hook,
+    every: int | None = None,
+    at: Iterable[int] = (),
+    metrics: bool = False,
+    check_finite: bool = True,
+) -> ScheduledHook:
     return ScheduledHook(fn=fn, every=every, at=frozenset(at), metrics=metrics, check_finite=check_finite)

@@ -27,8 +27,14 @@ from lerobot_trainloop.sampler import ShardedBatchSampler
 from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 
-def resumable_loader(dataset: Dataset, sampler: ShardedBatchSampler | Sampler[list[int]], *, seed: int,
-                     shielded: bool = True, **kwargs: Any) -> DataLoader:
+def resumable_loader(
+    dataset: Dataset,
+    sampler: ShardedBatchSampler | Sampler[list[int]],
+    *,
+    seed: int,
+    shielded: bool = True,
+    **kwargs: Any,
+) -> DataLoader:
     """``DataLoader(dataset, batch_sampler=sampler, generator=<its own, seeded seed>, **kwargs)``.
 
     ``sampler``: a ``ShardedBatchSampler``, or a batch sampler over one (``SubsetBatches``).
@@ -39,7 +45,8 @@ def resumable_loader(dataset: Dataset, sampler: ShardedBatchSampler | Sampler[li
     ``batch_sampler`` and ``generator`` are this function's."""
     for taken in ("batch_sampler", "generator", "sampler", "batch_size", "shuffle"):
         if taken in kwargs:
-            raise TypeError(f"resumable_loader sets {taken} itself (the ShardedBatchSampler decides the "
-                            "order)")
+            raise TypeError(
+                f"resumable_loader sets {taken} itself (the ShardedBatchSampler decides the order)"
+            )
     cls = ShieldedDataLoader if shielded else DataLoader
     return cls(dataset, batch_sampler=sampler, generator=torch.Generator().manual_seed(seed), **kwargs)

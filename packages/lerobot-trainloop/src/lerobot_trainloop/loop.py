@@ -128,8 +128,10 @@ class TrainLoop:
         ema: ModelEma | None = None,
     ) -> None:
         if not isinstance(wrapped, WrappedModel):
-            raise TypeError(f"TrainLoop drives what lerobot_parallel.wrap_model returns (a WrappedModel), got "
-                            f"{type(wrapped).__name__}: wrap it with wrap_model(model, runtime, build_plan(...))")
+            raise TypeError(
+                f"TrainLoop drives what lerobot_parallel.wrap_model returns (a WrappedModel), got "
+                f"{type(wrapped).__name__}: wrap it with wrap_model(model, runtime, build_plan(...))"
+            )
         accelerator = accelerator or AcceleratorConfig()
         self.wrapped = wrapped
         self.model = wrapped.model
@@ -160,8 +162,15 @@ class TrainLoop:
         self._warned_nonfinite = False
 
     # -- schedule -------------------------------------------------------------------------
-    def add_hook(self, fn: Hook, *, every: int | None = None, at: Iterable[int] = (), metrics: bool = False,
-                 check_finite: bool = True) -> None:
+    def add_hook(
+        self,
+        fn: Hook,
+        *,
+        every: int | None = None,
+        at: Iterable[int] = (),
+        metrics: bool = False,
+        check_finite: bool = True,
+    ) -> None:
         """Call ``fn(StepEvent)`` after loop steps ``every``-multiples and/or ``at``, on every rank.
 
         ``metrics=True`` reduces the metric window over ranks at those steps (a collective) and
@@ -227,9 +236,19 @@ class TrainLoop:
         if self.sampler is not None:
             self.sampler.consume(1)
         lr = self.optimizer.param_groups[0]["lr"] if self.optimizer.param_groups else None
-        info = {name: v.detach() if isinstance(v, torch.Tensor) else float(v) for name, v in (info or {}).items()}
-        out = StepOutput(step=self.step, loss=loss_value, info=info, synced=sync, optimizer_stepped=stepped,
-                         skipped=skipped, grad_norm=grad_norm, lr=None if lr is None else float(lr))
+        info = {
+            name: v.detach() if isinstance(v, torch.Tensor) else float(v) for name, v in (info or {}).items()
+        }
+        out = StepOutput(
+            step=self.step,
+            loss=loss_value,
+            info=info,
+            synced=sync,
+            optimizer_stepped=stepped,
+            skipped=skipped,
+            grad_norm=grad_norm,
+            lr=None if lr is None else float(lr),
+        )
         self._record(out, batch, data_s, time.perf_counter() - t0)
         self._fire_hooks(out)
         return out
@@ -268,7 +287,9 @@ class TrainLoop:
             return
         step, index, value = min(bad)
         group = self.runtime.dp_group
-        rank = dist.get_global_rank(group, index) if group is not None and len(rows) > 1 else self.runtime.rank
+        rank = (
+            dist.get_global_rank(group, index) if group is not None and len(rows) > 1 else self.runtime.rank
+        )
         where = f"rank {rank}: loss is {value} at loop step {step}"
         if step != self.step:
             where += f" (read at loop step {self.step}: losses are read at log, checkpoint and hook steps)"
@@ -279,8 +300,11 @@ class TrainLoop:
             )
         if not self._warned_nonfinite:
             self._warned_nonfinite = True
-            logger.warning("%s; continuing because non-finite losses are allowed (said once; later ones are not "
-                           "reported)", where)
+            logger.warning(
+                "%s; continuing because non-finite losses are allowed (said once; later ones are not "
+                "reported)",
+                where,
+            )
 
     def _scheduler_step(self) -> None:
         if self.optimizer_steps == 0:
@@ -319,7 +343,9 @@ class TrainLoop:
         packed = torch.cat([self.metrics.pack(rt.device), self._status(rt.device)])
         rows = gather_rows(packed, rt.dp_group, rt.dp_world_size)
         self._judge([row[-2:] for row in rows])
-        reduced = self.metrics.combine([row[:-2] for row in rows], rank=dist.get_rank(rt.dp_group) if len(rows) > 1 else 0)
+        reduced = self.metrics.combine(
+            [row[:-2] for row in rows], rank=dist.get_rank(rt.dp_group) if len(rows) > 1 else 0
+        )
         samples, step_s = reduced.get("samples", math.nan), reduced.get("step_s", math.nan)
         reduced["samples_per_s"] = samples / step_s if step_s > 0 else math.nan
         self.metrics.reset()
@@ -349,8 +375,11 @@ class TrainLoop:
         if not self.is_sync_step(num_steps) and num_steps > self.step:
             logger.warning(
                 "loop step %d is not the end of a %d-step gradient-accumulation window: the last %d "
-                "micro-batch(es) of this run are not applied by an update", num_steps, self.grad_accum_steps,
-                num_steps % self.grad_accum_steps)
+                "micro-batch(es) of this run are not applied by an update",
+                num_steps,
+                self.grad_accum_steps,
+                num_steps % self.grad_accum_steps,
+            )
         it = iter(batches)
         fresh = True
         while self.step < num_steps:
@@ -359,7 +388,9 @@ class TrainLoop:
                 batch = next(it)
             except StopIteration:
                 if fresh:
-                    raise RuntimeError(f"the data iterable yielded no batch (at loop step {self.step})") from None
+                    raise RuntimeError(
+                        f"the data iterable yielded no batch (at loop step {self.step})"
+                    ) from None
                 it, fresh = iter(batches), True
                 continue
             fresh = False
@@ -371,8 +402,13 @@ class TrainLoop:
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The loop's own counters, JSON-able (the scaler, optimizer and sampler have their own states)."""
-        state = {"step": self.step, "optimizer_steps": self.optimizer_steps, "skipped_updates": self.skipped_updates,
-                 "grad_accum_steps": self.grad_accum_steps, "accumulated": self.accumulated}
+        state = {
+            "step": self.step,
+            "optimizer_steps": self.optimizer_steps,
+            "skipped_updates": self.skipped_updates,
+            "grad_accum_steps": self.grad_accum_steps,
+            "accumulated": self.accumulated,
+        }
         if self.ema is not None:
             state["ema_updates"] = self.ema.updates
         return state
@@ -399,12 +435,15 @@ class TrainLoop:
         notes = []
         if pending:
             notes.append(
-                f"the checkpoint was saved at loop step {step}, inside a {saved_k}-step gradient-accumulation window: "
-                f"the gradients of its last {pending} micro-batch(es) (steps {step - pending + 1}-{step}) were not "
-                "saved and are not applied")
+                f"the checkpoint was saved at loop step {step}, inside a {saved_k}-step "
+                f"gradient-accumulation window: the gradients of its last {pending} micro-batch(es) (steps "
+                f"{step - pending + 1}-{step}) were not saved and are not applied"
+            )
         if step % k:
             first = step + k - step % k
             notes.append(
-                f"the first update after the resume (at step {first}) uses the {first - step} micro-batch(es) of "
-                f"steps {step + 1}-{first}, not {k}: step {step} is not a multiple of the {k} accumulation steps")
+                f"the first update after the resume (at step {first}) uses the {first - step} "
+                f"micro-batch(es) of steps {step + 1}-{first}, not {k}: "
+                f"step {step} is not a multiple of the {k} accumulation steps"
+            )
         return notes

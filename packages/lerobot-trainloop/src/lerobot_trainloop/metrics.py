@@ -56,7 +56,9 @@ class Meter:
     def update(self, value: float | torch.Tensor) -> None:
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                raise ValueError(f"a meter takes one number per update, got a tensor of shape {tuple(value.shape)}")
+                raise ValueError(
+                    f"a meter takes one number per update, got a tensor of shape {tuple(value.shape)}"
+                )
             v = value.detach().reshape(()).to(accumulation_dtype(value.device))
             self.device_total = v if self.device_total is None else self.device_total + v
         else:
@@ -96,8 +98,9 @@ def _reduce_column(col: Sequence[float], how: str) -> float:
     return math.fsum(finite)
 
 
-def gather_rows(packed: torch.Tensor, group: dist.ProcessGroup | None = None,
-                world_size: int = 1) -> list[list[float]]:
+def gather_rows(
+    packed: torch.Tensor, group: dist.ProcessGroup | None = None, world_size: int = 1
+) -> list[list[float]]:
     """Every rank's ``packed`` vector, as host rows ``[rank][column]``: one all-gather when
     ``world_size > 1`` (a collective on every rank of ``group``), then ONE device→host read."""
     if world_size <= 1:
@@ -142,7 +145,9 @@ class MetricsTracker:
         meters = [self.meters[n] for n in names]
         host = [_names_checksum(names)] + [m.total / m.count if m.count else math.nan for m in meters]
         packed = torch.tensor(host, dtype=dtype, device=device)
-        with_device = [(i, m) for i, m in enumerate(meters, start=1) if m.device_total is not None and m.count]
+        with_device = [
+            (i, m) for i, m in enumerate(meters, start=1) if m.device_total is not None and m.count
+        ]
         if with_device:
             rows = torch.tensor([i for i, _ in with_device], device=device)
             sums = torch.stack([m.window_sum(device, dtype) / m.count for _, m in with_device])
@@ -164,8 +169,9 @@ class MetricsTracker:
             out[name] = rows[rank][i] if how == "local" else _reduce_column([row[i] for row in rows], how)
         return out
 
-    def reduce(self, group: dist.ProcessGroup | None = None, device: torch.device | str = "cpu",
-               world_size: int = 1) -> dict[str, float]:
+    def reduce(
+        self, group: dist.ProcessGroup | None = None, device: torch.device | str = "cpu", world_size: int = 1
+    ) -> dict[str, float]:
         """Window values combined over ranks; a collective on every rank of ``group`` when
         ``world_size > 1``, none otherwise; one device→host read either way. Does not reset (call
         :meth:`reset`)."""

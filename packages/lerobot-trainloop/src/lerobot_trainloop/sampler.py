@@ -68,8 +68,12 @@ class ShardedBatchSampler(Sampler[list[int]]):
         position: int = 0,
         max_batches: int | None = None,
     ) -> None:
-        for name, value, low in (("num_samples", num_samples, 1), ("batch_size", batch_size, 1),
-                                 ("dp_world_size", dp_world_size, 1), ("position", position, 0)):
+        for name, value, low in (
+            ("num_samples", num_samples, 1),
+            ("batch_size", batch_size, 1),
+            ("dp_world_size", dp_world_size, 1),
+            ("position", position, 0),
+        ):
             require_count(name, value, minimum=low)
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
@@ -119,7 +123,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         while count > 0:
             epoch, off = divmod(position, self.num_samples)
             take = min(count, self.num_samples - off)
-            out.extend(self._perm(epoch)[off:off + take].tolist())
+            out.extend(self._perm(epoch)[off : off + take].tolist())
             position += take
             count -= take
         return out
@@ -127,8 +131,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         start, k = self._position, 0
         while self.max_batches is None or k < self.max_batches:
-            yield self.indices_at(start + k * self.global_batch_size + self.dp_rank * self.batch_size,
-                                  self.batch_size)
+            yield self.indices_at(
+                start + k * self.global_batch_size + self.dp_rank * self.batch_size, self.batch_size
+            )
             k += 1
 
     def __len__(self) -> int:
@@ -173,9 +178,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
             )
         notes = []
         if (state.get("seed", self.seed), state.get("shuffle", self.shuffle)) != (self.seed, self.shuffle):
-            notes.append(f"the data order keeps the checkpoint's seed={state.get('seed')} "
-                         f"shuffle={state.get('shuffle')} (configured: seed={self.seed} shuffle={self.shuffle}), "
-                         "so the epoch permutation is the same")
+            notes.append(
+                f"the data order keeps the checkpoint's seed={state.get('seed')} "
+                f"shuffle={state.get('shuffle')} (configured: seed={self.seed} shuffle={self.shuffle}), "
+                "so the epoch permutation is the same"
+            )
             self.seed = int(state.get("seed", self.seed))
             self.shuffle = bool(state.get("shuffle", self.shuffle))
             self._perms.clear()
@@ -183,9 +190,10 @@ class ShardedBatchSampler(Sampler[list[int]]):
         if None not in saved and tuple(saved) != (self.batch_size, self.dp_world_size):
             notes.append(
                 f"the data order continues at the same global sample offset of the same epoch, but with "
-                f"batch_size={self.batch_size} x dp_world_size={self.dp_world_size} (saved: {saved[0]} x {saved[1]}) "
-                "samples are grouped into different batches than in an uninterrupted run, so per-rank "
-                "sample-exactness is lost")
+                f"batch_size={self.batch_size} x dp_world_size={self.dp_world_size} (saved: {saved[0]} x "
+                f"{saved[1]}) samples are grouped into different batches than in an uninterrupted run, so "
+                "per-rank sample-exactness is lost"
+            )
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if epoch < 0 or not 0 <= offset < self.num_samples:
             raise ValueError(f"invalid sampler position epoch={epoch} offset={offset}")

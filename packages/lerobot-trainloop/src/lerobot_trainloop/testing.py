@@ -2,8 +2,8 @@
 
 Shipped (not hidden in a test folder) because tests of several packages, the benchmarks and
 the README example all need the same deterministic workload: ``loss, info = model(batch)``
-with ``info`` as detached 0-d tensors (reading them as floats here would cost a host sync per step), and samples that carry their own dataset ``index`` so a test can tell
-exactly which samples each rank trained on.
+with ``info`` as detached 0-d tensors (reading them as floats here would cost a host sync per step), and
+samples that carry their own dataset ``index`` so a test can tell exactly which samples each rank trained on.
 """
 
 from __future__ import annotations
@@ -61,16 +61,37 @@ class SyntheticRegression(Dataset):
 # indexing with a boolean mask) too. Collectives are counted by name: a blocking one waits for every
 # rank; an async one (async_op=True) is recorded apart, it waits for nothing when issued.
 TENSOR_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__complex__")
-VALUE_READS = ("equal", "allclose", "is_nonzero")  # torch functions and tensor methods returning a Python bool
+VALUE_READS = (
+    "equal",
+    "allclose",
+    "is_nonzero",
+)  # torch functions and tensor methods returning a Python bool
 DATA_DEPENDENT = ("nonzero", "argwhere", "masked_select", "unique", "unique_consecutive")
 SYNCHRONIZE = ("torch.cuda.synchronize", "torch.accelerator.synchronize")
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
-               "barrier", "monitored_barrier", "reduce", "gather", "gather_object", "scatter", "scatter_object_list")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+)
 
 
 def _is_mask(index: object) -> bool:
-    """A boolean (or legacy uint8) tensor index, alone or inside a tuple: its result's shape is the mask's count."""
+    """A boolean (or legacy uint8) tensor index, alone or inside a tuple:
+    its result's shape is the mask's count."""
     if isinstance(index, tuple):
         return any(_is_mask(i) for i in index)
     return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
@@ -161,15 +182,28 @@ class HostSyncCounter:
         self._patch(torch.Tensor, "to", lambda t, *a, **k: ("read", "to_cpu") if _to_host(t, a, k) else None)
 
         def copy(dst, src, non_blocking=False):
-            blocking_download = (isinstance(src, torch.Tensor) and dst.device.type == "cpu"
-                                 and src.device.type != "cpu" and not non_blocking)
+            blocking_download = (
+                isinstance(src, torch.Tensor)
+                and dst.device.type == "cpu"
+                and src.device.type != "cpu"
+                and not non_blocking
+            )
             return ("read", "copy_to_host") if blocking_download else None
 
         self._patch(torch.Tensor, "copy_", copy)
-        self._patch(torch.Tensor, "__getitem__", lambda t, index: ("read", "mask_index") if _is_mask(index) else None)
-        self._patch(torch.Tensor, "__setitem__",
-                    lambda t, index, value: ("read", "mask_assign") if _is_mask(index) else None)
-        self._patch(torch, "where", lambda *args, **kwargs: ("read", "where") if len(args) + len(kwargs) == 1 else None)
+        self._patch(
+            torch.Tensor, "__getitem__", lambda t, index: ("read", "mask_index") if _is_mask(index) else None
+        )
+        self._patch(
+            torch.Tensor,
+            "__setitem__",
+            lambda t, index, value: ("read", "mask_assign") if _is_mask(index) else None,
+        )
+        self._patch(
+            torch,
+            "where",
+            lambda *args, **kwargs: ("read", "where") if len(args) + len(kwargs) == 1 else None,
+        )
         for qualified in SYNCHRONIZE:
             module_name, _, name = qualified.rpartition(".")
             module = getattr(torch, module_name.split(".")[1], None)
@@ -194,5 +228,4 @@ class HostSyncCounter:
 
     def syncs(self, label: object = None, *, any_label: bool = False) -> list[str]:
         """Names of the blocking events (reads and blocking collectives) under ``label``."""
-        return [name for kind, name, lab in self.events
-                if kind != "async" and (any_label or lab == label)]
+        return [name for kind, name, lab in self.events if kind != "async" and (any_label or lab == label)]

@@ -48,8 +48,11 @@ from torch.utils.data import DataLoader
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
 # What the shield needs of the platform; elsewhere ShieldedDataLoader is a plain DataLoader.
-SHIELD_SUPPORTED = (hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
-                    and "fork" in multiprocessing.get_all_start_methods())
+SHIELD_SUPPORTED = (
+    hasattr(signal, "sigwaitinfo")
+    and hasattr(signal, "pthread_sigmask")
+    and "fork" in multiprocessing.get_all_start_methods()
+)
 
 
 @contextmanager

@@ -13,8 +13,11 @@ from lerobot_cli.policies import PolicyConfig, PolicySpec
 class TinyResMLPConfig(PolicyConfig):
     type: ClassVar[str] = "tiny_resmlp"
     # The model class declares nothing for FSDP: its units can only come from here.
-    spec: ClassVar[PolicySpec] = PolicySpec(model="tiny_resmlp.modeling:TinyResMLPPolicy",
-                                            wrap_units=("ResidualUnit",), peft_targets=r"units\.\d+\.fc")
+    spec: ClassVar[PolicySpec] = PolicySpec(
+        model="tiny_resmlp.modeling:TinyResMLPPolicy",
+        wrap_units=("ResidualUnit",),
+        peft_targets=r"units\.\d+\.fc",
+    )
 
     width: int = 16
     depth: int = 3

@@ -47,7 +47,9 @@ class LockHolder:
     command: str = ""
 
     def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}, started {self.started}" + (f": {self.command}" if self.command else "")
+        return f"pid {self.pid} on {self.host}, started {self.started}" + (
+            f": {self.command}" if self.command else ""
+        )
 
     @classmethod
     def current(cls) -> LockHolder:
@@ -59,8 +61,12 @@ class LockHolder:
     def parse(cls, text: str) -> LockHolder | None:
         try:
             raw: Any = json.loads(text)
-            return cls(pid=int(raw["pid"]), host=str(raw["host"]), started=str(raw["started"]),
-                       command=str(raw.get("command", "")))
+            return cls(
+                pid=int(raw["pid"]),
+                host=str(raw["host"]),
+                started=str(raw["started"]),
+                command=str(raw.get("command", "")),
+            )
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -75,7 +81,9 @@ def _read_holder(fd: int) -> LockHolder | None:
 
 def _denied(directory: Path, exc: OSError) -> RunDirectoryError:
     reason = exc.strerror or type(exc).__name__
-    return RunDirectoryError(f"{directory} cannot be used as the run directory: {reason} ({exc.filename or directory})")
+    return RunDirectoryError(
+        f"{directory} cannot be used as the run directory: {reason} ({exc.filename or directory})"
+    )
 
 
 @define
@@ -139,8 +147,13 @@ class RunLock:
         me = LockHolder.current()
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, (json.dumps({"pid": me.pid, "host": me.host, "started": me.started, "command": me.command})
-                      + "\n").encode())
+        os.write(
+            fd,
+            (
+                json.dumps({"pid": me.pid, "host": me.host, "started": me.started, "command": me.command})
+                + "\n"
+            ).encode(),
+        )
         os.fsync(fd)
         return cls(directory=directory, created=tuple(created), stale=stale, fd=fd)
 

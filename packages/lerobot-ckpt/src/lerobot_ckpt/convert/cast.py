@@ -28,7 +28,9 @@ def _as_float(np: Any, data: memoryview, dtype: DType) -> Any:
     """The values of ``data`` as a NumPy float array (bfloat16 widened to float32, exactly)."""
     if dtype.name == "bfloat16":
         return (np.frombuffer(data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return np.frombuffer(data, dtype={"float64": np.float64, "float32": np.float32, "float16": np.float16}[dtype.name])
+    return np.frombuffer(
+        data, dtype={"float64": np.float64, "float32": np.float32, "float16": np.float16}[dtype.name]
+    )
 
 
 def _to_bfloat16(np: Any, values: Any) -> Any:

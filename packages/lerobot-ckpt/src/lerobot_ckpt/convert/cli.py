@@ -20,7 +20,7 @@ from lerobot_ckpt.errors import CheckpointError
 
 PROG = "lerobot-convert-dcp"
 DTYPE_CHOICES = ("bfloat16", "float16", "float32")
-HELP = f"""usage: {PROG} --checkpoint_dir=DIR [--dtype={{{','.join(DTYPE_CHOICES)}}}] [--delete_dcp=true]
+HELP = f"""usage: {PROG} --checkpoint_dir=DIR [--dtype={{{",".join(DTYPE_CHOICES)}}}] [--delete_dcp=true]
                            [--push_to_hub=REPO_ID [--private=true]] [--overwrite=true]
 
 Merge the DCP weight shards of a sharded LeRobot checkpoint (pretrained_model/pytorch_model_fsdp_0/)
@@ -105,7 +105,9 @@ def parse_args(argv: list[str]) -> ConvertArgs:
         else:
             values[name] = value
     if "checkpoint_dir" not in values:
-        raise UsageError("--checkpoint_dir is required (a checkpoint step directory or its pretrained_model/)")
+        raise UsageError(
+            "--checkpoint_dir is required (a checkpoint step directory or its pretrained_model/)"
+        )
     return ConvertArgs(**values)
 
 
@@ -123,8 +125,12 @@ class _Lines:
         if now - self.last < self.period_s or p.tensors_done >= p.tensors_total:
             return
         self.last = now
-        print(f"{PROG}: merged {p.bytes_done / 1e6:.1f}/{p.bytes_total / 1e6:.1f} MB, "
-              f"{p.tensors_done}/{p.tensors_total} tensors", file=self.stream, flush=True)
+        print(
+            f"{PROG}: merged {p.bytes_done / 1e6:.1f}/{p.bytes_total / 1e6:.1f} MB, "
+            f"{p.tensors_done}/{p.tensors_total} tensors",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         pass
@@ -138,18 +144,28 @@ class _Bar:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("[bold]merging[/]"), BarColumn(), DownloadColumn(),
-                                 TextColumn("{task.fields[tensors]} tensors"), TimeElapsedColumn(),
-                                 TextColumn("{task.description}"), refresh_per_second=4,
-                                 console=Console(stderr=True))  # stdout keeps the one result line
+        self.progress = Progress(
+            TextColumn("[bold]merging[/]"),
+            BarColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[tensors]} tensors"),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            refresh_per_second=4,
+            console=Console(stderr=True),
+        )  # stdout keeps the one result line
         self.task = None
 
     def __call__(self, p) -> None:
         if self.task is None:
             self.progress.start()
             self.task = self.progress.add_task("", total=p.bytes_total, tensors="")
-        self.progress.update(self.task, completed=p.bytes_done, tensors=f"{p.tensors_done}/{p.tensors_total}",
-                             description=p.name[-48:])
+        self.progress.update(
+            self.task,
+            completed=p.bytes_done,
+            tensors=f"{p.tensors_done}/{p.tensors_total}",
+            description=p.name[-48:],
+        )
 
     def close(self) -> None:
         if self.task is not None:
@@ -182,27 +198,42 @@ def run(args: ConvertArgs) -> int:
     release_freed_tensors_to_the_os()
     bar = _Bar() if sys.stderr.isatty() else _Lines()
     try:
-        result = convert_dcp(args.checkpoint_dir, dtype=args.dtype, delete_dcp=args.delete_dcp,
-                             overwrite=args.overwrite, progress=bar)
+        result = convert_dcp(
+            args.checkpoint_dir,
+            dtype=args.dtype,
+            delete_dcp=args.delete_dcp,
+            overwrite=args.overwrite,
+            progress=bar,
+        )
     finally:
         bar.close()
     extra = "; verified and removed the DCP shards" if result.deleted_dcp else ""
     for done in (result.ema, result):
         if done is not None:
-            print(f"{PROG}: wrote {done.output} ({done.tensors} tensors, {done.bytes / 1e6:.1f} MB) "
-                  f"in {done.seconds:.1f} s{extra}")
+            print(
+                f"{PROG}: wrote {done.output} ({done.tensors} tensors, {done.bytes / 1e6:.1f} MB) "
+                f"in {done.seconds:.1f} s{extra}"
+            )
     if result.deleted_dcp and args.dtype not in (None, "float32"):
-        print(f"{PROG}: warning: the fp32 master weights are gone; this checkpoint now holds {args.dtype} "
-              "weights only, and a resume from it continues from the rounded values", file=sys.stderr)
+        print(
+            f"{PROG}: warning: the fp32 master weights are gone; this checkpoint now holds {args.dtype} "
+            "weights only, and a resume from it continues from the rounded values",
+            file=sys.stderr,
+        )
     if args.push_to_hub:
         try:
-            uploaded = push_to_hub(locate(args.checkpoint_dir).pretrained, args.push_to_hub, private=args.private)
+            uploaded = push_to_hub(
+                locate(args.checkpoint_dir).pretrained, args.push_to_hub, private=args.private
+            )
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - network/auth failures: one line, the weights are written
-            print(f"{PROG}: error: upload to {args.push_to_hub} failed ({type(exc).__name__}: "
-                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); {result.output} is written",
-                  file=sys.stderr)
+            print(
+                f"{PROG}: error: upload to {args.push_to_hub} failed ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
+                f"{result.output} is written",
+                file=sys.stderr,
+            )
             return 1
         print(f"{PROG}: uploaded {', '.join(uploaded)} to https://hf.byter.me/{args.push_to_hub}")
     return 0

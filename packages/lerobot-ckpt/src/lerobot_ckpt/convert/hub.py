@@ -28,16 +28,27 @@ from lerobot_ckpt.layout import (
 
 # config_extensions.json goes with config.json: without it our loader falls back to defaults for the settings
 # LeRobot's config lacks (a tiny pi0 would then be rebuilt at full size).
-UPLOADED_NAMES = (POLICY_CONFIG, POLICY_CONFIG_EXTENSIONS, TRAIN_CONFIG, MODEL_WEIGHTS, ADAPTER_WEIGHTS, ADAPTER_CONFIG,
-                  PREPROCESSOR_CONFIG, POSTPROCESSOR_CONFIG, MODEL_CARD)
+UPLOADED_NAMES = (
+    POLICY_CONFIG,
+    POLICY_CONFIG_EXTENSIONS,
+    TRAIN_CONFIG,
+    MODEL_WEIGHTS,
+    ADAPTER_WEIGHTS,
+    ADAPTER_CONFIG,
+    PREPROCESSOR_CONFIG,
+    POSTPROCESSOR_CONFIG,
+    MODEL_CARD,
+)
 UPLOADED_GLOBS = (PREPROCESSOR_STATE_GLOB, POSTPROCESSOR_STATE_GLOB)
 
 
 def files_to_upload(pretrained: Path) -> list[Path]:
     """Top-level files of ``pretrained`` that belong on the Hub, sorted; weights must be among them."""
     chosen = sorted(
-        p for p in pretrained.iterdir()
-        if p.is_file() and not p.name.startswith(".")
+        p
+        for p in pretrained.iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
         and (p.name in UPLOADED_NAMES or any(fnmatch.fnmatchcase(p.name, g) for g in UPLOADED_GLOBS))
     )
     if not any(p.name in (MODEL_WEIGHTS, ADAPTER_WEIGHTS) for p in chosen):
@@ -57,8 +68,15 @@ def model_card(repo_id: str, pretrained: Path) -> str:
     )
 
 
-def push_to_hub(pretrained: Path, repo_id: str, *, private: bool = False, api=None, card: str | None = None,
-                commit_message: str = "Upload policy converted from DCP shards by lerobot-convert-dcp") -> list[str]:
+def push_to_hub(
+    pretrained: Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    api=None,
+    card: str | None = None,
+    commit_message: str = "Upload policy converted from DCP shards by lerobot-convert-dcp",
+) -> list[str]:
     """Create (or reuse) ``repo_id`` and upload the publishable files; returns their repo paths.
 
     ``card`` replaces the default model card (a trainer knows more about the run than the converter).
@@ -73,5 +91,7 @@ def push_to_hub(pretrained: Path, repo_id: str, *, private: bool = False, api=No
         text = card if card is not None else model_card(repo_id, pretrained)
         operations.append(CommitOperationAdd(path_in_repo=MODEL_CARD, path_or_fileobj=text.encode("utf-8")))
     api.create_repo(repo_id=repo_id, private=private, exist_ok=True, repo_type="model")
-    api.create_commit(repo_id=repo_id, repo_type="model", operations=operations, commit_message=commit_message)
+    api.create_commit(
+        repo_id=repo_id, repo_type="model", operations=operations, commit_message=commit_message
+    )
     return [op.path_in_repo for op in operations]

@@ -1,4 +1,5 @@
-"""Offline merge of ``pytorch_model_fsdp_0/`` into ``model.safetensors``: one process, no GPU, no process group.
+"""Offline merge of ``pytorch_model_fsdp_0/`` into ``model.safetensors``: one process, no GPU, no process
+group.
 
 accelerate's ``merge_fsdp_weights`` (``dcp_to_torch_save`` underneath) loads the whole state dict
 and then serialises it, so it needs about twice the model in RAM. Here the output file is laid out
@@ -149,17 +150,20 @@ def locate(checkpoint_dir: Path | str) -> Located:
         path = path.parent
     pretrained = path / PRETRAINED_MODEL_DIR if (path / PRETRAINED_MODEL_DIR).is_dir() else path
     if not pretrained.is_dir():
-        raise MissingCheckpointFileError(given, "not a directory: pass a checkpoint step directory or its "
-                                         f"{PRETRAINED_MODEL_DIR}/")
+        raise MissingCheckpointFileError(
+            given, f"not a directory: pass a checkpoint step directory or its {PRETRAINED_MODEL_DIR}/"
+        )
     step = pretrained.parent if (pretrained.parent / TRAINING_STATE_DIR).is_dir() else None
     return Located(pretrained, step)
 
 
 def _no_dcp_message(where: Located) -> str:
     has = " It already has model.safetensors." if (where.pretrained / MODEL_WEIGHTS).is_file() else ""
-    return (f"no DCP weight shards here: only sharded (FSDP/HSDP) runs saved with --checkpoint_format=dcp or "
-            f"--checkpoint_format=safetensors_dcp write {MODEL_DCP_DIR}/ (the default safetensors format writes "
-            f"model.safetensors directly).{has}")
+    return (
+        f"no DCP weight shards here: only sharded (FSDP/HSDP) runs saved with --checkpoint_format=dcp or "
+        f"--checkpoint_format=safetensors_dcp write {MODEL_DCP_DIR}/ (the default safetensors format writes "
+        f"model.safetensors directly).{has}"
+    )
 
 
 def model_tensors(index: DcpIndex) -> dict[str, StoredTensor]:
@@ -181,8 +185,8 @@ def _check_disk(directory: Path, needed: int, output: Path) -> None:
     free = shutil.disk_usage(directory).free
     if free < needed + DISK_RESERVE:
         raise InsufficientDiskSpaceError(
-            f"not enough free disk space for {output}: it needs {_human(needed)} (+{_human(DISK_RESERVE)} reserve), "
-            f"{directory} has {_human(free)} free"
+            f"not enough free disk space for {output}: it needs {_human(needed)} (+{_human(DISK_RESERVE)} "
+            f"reserve), {directory} has {_human(free)} free"
         )
 
 
@@ -197,12 +201,22 @@ def _human(n: float) -> str:
 def _largest(tensors: dict[str, StoredTensor], plan: SafetensorsPlan) -> int:
     """Buffer capacity: the largest tensor in its wider dtype (stored or cast). Pages of a buffer are
     only resident once written, so sizing for a whole tensor costs one chunk when chunks are smaller."""
-    return max((t.nbytes // t.dtype.itemsize * max(t.dtype.itemsize, plan[name].dtype.itemsize)
-                for name, t in tensors.items()), default=0)
+    return max(
+        (
+            t.nbytes // t.dtype.itemsize * max(t.dtype.itemsize, plan[name].dtype.itemsize)
+            for name, t in tensors.items()
+        ),
+        default=0,
+    )
 
 
-def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, reader: ChunkReader,
-           progress: Callable[[Progress], None] | None) -> None:
+def _write(
+    path: Path,
+    tensors: dict[str, StoredTensor],
+    plan: SafetensorsPlan,
+    reader: ChunkReader,
+    progress: Callable[[Progress], None] | None,
+) -> None:
     """Fill the planned file chunk by chunk: a kernel copy when the bytes can go as they are, a cast of
     the bytes through two reused buffers for ``--dtype`` (neither needs torch), ``torch.load`` only for
     records of another shape (which a torch-free install refuses in one line)."""
@@ -218,13 +232,19 @@ def _write(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan, 
                 row = chunk.offsets[0] if chunk.offsets else 0
                 raw = dcp_raw.locate(reader.raw(chunk), chunk, stored.dtype)
                 if raw is not None and slot.dtype == stored.dtype:
-                    done += writer.copy_range(slot.name, reader.raw(chunk).fileno(), raw.offset, raw.nbytes, row=row)
+                    done += writer.copy_range(
+                        slot.name, reader.raw(chunk).fileno(), raw.offset, raw.nbytes, row=row
+                    )
                 elif raw is not None:
                     src = source.view(raw.nbytes)
                     pread_into(reader.raw(chunk).fileno(), src, raw.offset)
-                    done += writer.write_bytes(slot.name, cast_bytes(src, raw.dtype, slot.dtype), raw.shape, row=row)
+                    done += writer.write_bytes(
+                        slot.name, cast_bytes(src, raw.dtype, slot.dtype), raw.shape, row=row
+                    )
                 else:
-                    done += writer.write(slot.name, reader.read(chunk, slot.name).to(slot.dtype.torch), row=row)
+                    done += writer.write(
+                        slot.name, reader.read(chunk, slot.name).to(slot.dtype.torch), row=row
+                    )
             if slabs is None:
                 for row, piece in iter_full_tensor_pieces(reader, stored, slot.name):
                     done += writer.write(slot.name, piece.to(slot.dtype.torch), row=row)
@@ -263,7 +283,9 @@ class _Comparer:
         """A tensor decoded by torch (records only torch reads)."""
         return self.data(raw_bytes(piece.to(dtype.torch)), at)
 
-    def chunk(self, reader: ChunkReader, chunk: StoredChunk, stored: StoredTensor, slot: TensorSlot, at: int) -> bool:
+    def chunk(
+        self, reader: ChunkReader, chunk: StoredChunk, stored: StoredTensor, slot: TensorSlot, at: int
+    ) -> bool:
         raw = dcp_raw.locate(reader.raw(chunk), chunk, stored.dtype)
         if raw is not None and slot.dtype == stored.dtype:
             return _same_bytes(reader.raw(chunk).fileno(), raw.offset, self.fd, at, raw.nbytes)
@@ -287,12 +309,23 @@ def _verify(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan,
             stored = tensors[slot.name]
             slabs = row_slabs(stored, slot.name, reader.directory)
             if slabs is None:
-                same = all(compare.tensor(piece, slot.dtype, plan.data_start + slot.begin + row * slot.row_bytes)
-                           for row, piece in iter_full_tensor_pieces(reader, stored, slot.name))
+                same = all(
+                    compare.tensor(piece, slot.dtype, plan.data_start + slot.begin + row * slot.row_bytes)
+                    for row, piece in iter_full_tensor_pieces(reader, stored, slot.name)
+                )
             else:
-                same = all(compare.chunk(reader, chunk, stored, slot, plan.data_start + slot.begin
-                                         + (chunk.offsets[0] if chunk.offsets else 0) * slot.row_bytes)
-                           for chunk in slabs)
+                same = all(
+                    compare.chunk(
+                        reader,
+                        chunk,
+                        stored,
+                        slot,
+                        plan.data_start
+                        + slot.begin
+                        + (chunk.offsets[0] if chunk.offsets else 0) * slot.row_bytes,
+                    )
+                    for chunk in slabs
+                )
             if not same:
                 raise CorruptCheckpointError(path, f"{slot.name} differs from the shards after writing")
     finally:
@@ -323,9 +356,15 @@ def _record(where: Located, *, deleting: bool) -> bool:
     return True
 
 
-def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None, delete_dcp: bool = False,
-                overwrite: bool = False, verify: bool | None = None,
-                progress: Callable[[Progress], None] | None = None) -> ConvertResult:
+def convert_dcp(
+    checkpoint_dir: Path | str,
+    *,
+    dtype: DType | str | None = None,
+    delete_dcp: bool = False,
+    overwrite: bool = False,
+    verify: bool | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> ConvertResult:
     """Merge the DCP weight shards of a checkpoint into one safetensors file next to them.
 
     Given a step directory (or its ``pretrained_model/``), a ``pretrained_model_ema/`` beside it
@@ -333,8 +372,9 @@ def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None,
     converts it alone.
 
     ``dtype`` casts floating tensors (``"bfloat16"``, ``"float16"``, ``"float32"``, or the
-    ``torch.dtype``; default: as stored, and then torch is never imported). ``verify`` defaults to ``delete_dcp``. Raises :class:`CheckpointError` subclasses
-    for everything a user can fix (missing or truncated shards, an existing output, a full disk).
+    ``torch.dtype``; default: as stored, and then torch is never imported). ``verify`` defaults to
+    ``delete_dcp``. Raises :class:`CheckpointError` subclasses for everything a user can fix (missing or
+    truncated shards, an existing output, a full disk).
     """
     if dtype is not None:
         name = str(dtype).removeprefix("torch.")
@@ -349,7 +389,9 @@ def convert_dcp(checkpoint_dir: Path | str, *, dtype: DType | str | None = None,
         _check_output(ema, overwrite)
         _check_output(where, overwrite)
         ema_result = _convert(ema, ema_tensors, dtype, delete_dcp, overwrite, verify, progress)
-        return attrs.evolve(_convert(where, tensors, dtype, delete_dcp, overwrite, verify, progress), ema=ema_result)
+        return attrs.evolve(
+            _convert(where, tensors, dtype, delete_dcp, overwrite, verify, progress), ema=ema_result
+        )
     return _convert(where, _checked_tensors(where), dtype, delete_dcp, overwrite, verify, progress)
 
 
@@ -370,22 +412,32 @@ def _checked_tensors(where: Located) -> dict[str, StoredTensor]:
     if index.other_paths:
         names = sorted(".".join(map(str, p)) for p in index.other_paths)
         raise CorruptCheckpointError(
-            where.dcp, f"{len(names)} weight entr{'y is' if len(names) == 1 else 'ies are'} not a tensor "
-            f"({', '.join(names[:3])}{', …' if len(names) > 3 else ''}); weight shards hold tensors only, and "
-            "converting the rest would silently drop them")
+            where.dcp,
+            f"{len(names)} weight entr{'y is' if len(names) == 1 else 'ies are'} not a tensor "
+            f"({', '.join(names[:3])}{', …' if len(names) > 3 else ''}); weight shards hold tensors only, "
+            "and converting the rest would silently drop them",
+        )
     tensors = model_tensors(index)
     if not tensors:
         raise CorruptCheckpointError(where.dcp, "the shards hold no tensors")
     return tensors
 
 
-def _convert(where: Located, tensors: dict[str, StoredTensor], dtype: DType | None, delete_dcp: bool,
-             overwrite: bool, verify: bool, progress: Callable[[Progress], None] | None) -> ConvertResult:
+def _convert(
+    where: Located,
+    tensors: dict[str, StoredTensor],
+    dtype: DType | None,
+    delete_dcp: bool,
+    overwrite: bool,
+    verify: bool,
+    progress: Callable[[Progress], None] | None,
+) -> ConvertResult:
     t0 = time.monotonic()
     output = where.output
     _check_output(where, overwrite)
-    plan = SafetensorsPlan.build(((name, _out_dtype(t.dtype, dtype), t.shape) for name, t in tensors.items()),
-                                 FORMAT_METADATA)
+    plan = SafetensorsPlan.build(
+        ((name, _out_dtype(t.dtype, dtype), t.shape) for name, t in tensors.items()), FORMAT_METADATA
+    )
     _check_disk(where.pretrained, plan.total_size, output)
 
     tmp = where.pretrained / f".{output.name}.tmp-{os.getpid()}"
@@ -405,6 +457,12 @@ def _convert(where: Located, tensors: dict[str, StoredTensor], dtype: DType | No
         os.rename(where.dcp, doomed)  # one atomic step: never a half-deleted directory under the real name
         fsync_dir(where.pretrained)
         shutil.rmtree(doomed)
-    return ConvertResult(output=output, tensors=len(plan.slots), bytes=plan.total_size,
-                         seconds=time.monotonic() - t0, verified=verify, deleted_dcp=delete_dcp,
-                         record_updated=record_updated)
+    return ConvertResult(
+        output=output,
+        tensors=len(plan.slots),
+        bytes=plan.total_size,
+        seconds=time.monotonic() - t0,
+        verified=verify,
+        deleted_dcp=delete_dcp,
+        record_updated=record_updated,
+    )

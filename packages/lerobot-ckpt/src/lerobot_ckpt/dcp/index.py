@@ -106,15 +106,23 @@ class DcpIndex:
             raise MissingCheckpointFileError(directory, "the DCP directory does not exist")
         if not meta_path.is_file():
             raise MissingCheckpointFileError(
-                meta_path, f"{directory.name}/ has no {METADATA_FILE}: the save that wrote it did not finish "
-                "or the directory was copied incompletely")
+                meta_path,
+                f"{directory.name}/ has no {METADATA_FILE}: the save that wrote it did not finish "
+                "or the directory was copied incompletely",
+            )
         metadata = load_metadata(meta_path)
         try:
             return cls.from_metadata(directory, metadata)
         except CheckpointError:
             raise
-        except (AttributeError, TypeError, ValueError) as exc:  # a pickle of the right classes, wrongly filled
-            raise CorruptCheckpointError(meta_path, f"malformed DCP metadata: {type(exc).__name__}: {exc}") from None
+        except (
+            AttributeError,
+            TypeError,
+            ValueError,
+        ) as exc:  # a pickle of the right classes, wrongly filled
+            raise CorruptCheckpointError(
+                meta_path, f"malformed DCP metadata: {type(exc).__name__}: {exc}"
+            ) from None
 
     @classmethod
     def from_metadata(cls, directory: Path, metadata: Any) -> DcpIndex:
@@ -122,28 +130,45 @@ class DcpIndex:
         (attribute names are the same; both are read by name, never imported here)."""
         directory = Path(directory)
         planner = metadata.planner_data or {}
-        storage = {(index.fqn, None if index.offset is None else tuple(index.offset)): info
-                   for index, info in (metadata.storage_data or {}).items()}
+        storage = {
+            (index.fqn, None if index.offset is None else tuple(index.offset)): info
+            for index, info in (metadata.storage_data or {}).items()
+        }
         tensors, others, other_records = [], [], []
         for key, entry in (metadata.state_dict_metadata or {}).items():
             path = tuple(planner.get(key, (key,)))
             if type(entry).__name__ != "TensorStorageMetadata":
                 others.append(path)
                 if (info := storage.get((key, None))) is not None:
-                    other_records.append((path, StoredChunk((), (), str(info.relative_path), int(info.offset),
-                                                            int(info.length))))
+                    other_records.append(
+                        (
+                            path,
+                            StoredChunk((), (), str(info.relative_path), int(info.offset), int(info.length)),
+                        )
+                    )
                 continue
             chunks = []
             for chunk in entry.chunks:
                 info = storage.get((key, tuple(chunk.offsets)))
                 if info is None:
-                    raise CorruptCheckpointError(directory / METADATA_FILE, f"no storage entry for a chunk of {key}")
+                    raise CorruptCheckpointError(
+                        directory / METADATA_FILE, f"no storage entry for a chunk of {key}"
+                    )
                 if getattr(info, "transform_descriptors", None):
                     raise UnsupportedCheckpointError(
                         f"{directory}: {key} was saved through DCP stream extensions "
-                        f"({', '.join(map(str, info.transform_descriptors))}), which lerobot-ckpt does not read")
-                chunks.append(StoredChunk(tuple(int(o) for o in chunk.offsets), tuple(int(d) for d in chunk.sizes),
-                                          str(info.relative_path), int(info.offset), int(info.length)))
+                        f"({', '.join(map(str, info.transform_descriptors))}), "
+                        "which lerobot-ckpt does not read"
+                    )
+                chunks.append(
+                    StoredChunk(
+                        tuple(int(o) for o in chunk.offsets),
+                        tuple(int(d) for d in chunk.sizes),
+                        str(info.relative_path),
+                        int(info.offset),
+                        int(info.length),
+                    )
+                )
             try:
                 dtype = dtype_of(entry.properties.dtype)
             except TypeError as exc:
@@ -184,7 +209,8 @@ class DcpIndex:
         problems = self.file_problems()
         if problems:
             raise MissingCheckpointFileError(
-                self.directory, f"{len(problems)} shard file(s) missing or truncated: {'; '.join(problems)}")
+                self.directory, f"{len(problems)} shard file(s) missing or truncated: {'; '.join(problems)}"
+            )
 
     def record_problems(self) -> list[tuple[str, str]]:
         """``(shard file, what)`` for each file holding a record that is not framed as a ``torch.save``
@@ -205,8 +231,11 @@ class DcpIndex:
         for name in sorted(by_file):
             with open(self.directory / name, "rb") as f:
                 for where, c in sorted(by_file[name], key=lambda item: item[1].start):
-                    if c.length < _RECORD_MIN or _read_at(f, c.start) != _ZIP_HEAD or \
-                            _read_at(f, c.start + c.length - _ZIP_END_SIZE) != _ZIP_END:
+                    if (
+                        c.length < _RECORD_MIN
+                        or _read_at(f, c.start) != _ZIP_HEAD
+                        or _read_at(f, c.start + c.length - _ZIP_END_SIZE) != _ZIP_END
+                    ):
                         problems.append((name, f"the record of {where} at byte {c.start}"))
                         break  # one per file: a damaged file is usually damaged throughout
         return problems
@@ -221,7 +250,9 @@ class DcpIndex:
             raise CorruptCheckpointError(
                 self.directory / name,
                 f"{what} is not a torch.save record, so the file was overwritten or damaged after the save"
-                f"{others}; restore the directory from an intact copy of the checkpoint or resume from another one")
+                f"{others}; restore the directory from an intact copy of the checkpoint "
+                "or resume from another one",
+            )
 
 
 class _Window(io.RawIOBase):
@@ -285,19 +316,25 @@ class ChunkReader:
 
     def read(self, chunk: StoredChunk, where: str) -> torch.Tensor:
         """The chunk decoded by ``torch.load`` (imports torch)."""
-        torch = require_torch(f"decoding {where} in {self.directory / chunk.file} (a record stored in a form "
-                              "only torch reads)")
+        torch = require_torch(
+            f"decoding {where} in {self.directory / chunk.file} (a record stored in a form only torch reads)"
+        )
 
         self.raw(chunk)
         try:
-            tensor = torch.load(_Window(self._raw, chunk.start, chunk.length), map_location="cpu", weights_only=True)
+            tensor = torch.load(
+                _Window(self._raw, chunk.start, chunk.length), map_location="cpu", weights_only=True
+            )
         except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt shard
-            raise CorruptCheckpointError(self.directory / chunk.file,
-                                         f"cannot decode {where} at byte {chunk.start}: {exc}") from None
+            raise CorruptCheckpointError(
+                self.directory / chunk.file, f"cannot decode {where} at byte {chunk.start}: {exc}"
+            ) from None
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != chunk.sizes:
             got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-            raise CorruptCheckpointError(self.directory / chunk.file,
-                                         f"{where}: stored chunk is {got}, the metadata says {chunk.sizes}")
+            raise CorruptCheckpointError(
+                self.directory / chunk.file,
+                f"{where}: stored chunk is {got}, the metadata says {chunk.sizes}",
+            )
         return tensor
 
 
@@ -312,17 +349,21 @@ def row_slabs(tensor: StoredTensor, where: str, directory: Path) -> list[StoredC
     covered = 0
     for chunk in ordered:
         if chunk.offsets[0] != covered:
-            raise CorruptCheckpointError(directory / METADATA_FILE,
-                                         f"{where}: chunks leave rows {covered}..{chunk.offsets[0]} uncovered")
+            raise CorruptCheckpointError(
+                directory / METADATA_FILE,
+                f"{where}: chunks leave rows {covered}..{chunk.offsets[0]} uncovered",
+            )
         covered += chunk.sizes[0]
     if covered != tensor.shape[0]:
-        raise CorruptCheckpointError(directory / METADATA_FILE, f"{where}: chunks cover {covered} of "
-                                     f"{tensor.shape[0]} rows")
+        raise CorruptCheckpointError(
+            directory / METADATA_FILE, f"{where}: chunks cover {covered} of {tensor.shape[0]} rows"
+        )
     return ordered
 
 
-def iter_full_tensor_pieces(reader: ChunkReader, tensor: StoredTensor, where: str
-                            ) -> Iterator[tuple[int, torch.Tensor]]:
+def iter_full_tensor_pieces(
+    reader: ChunkReader, tensor: StoredTensor, where: str
+) -> Iterator[tuple[int, torch.Tensor]]:
     """``(first_row, slab)`` pieces covering ``tensor`` in row order, one chunk in memory at a time.
 
     Chunks that are not dim-0 slabs (a tensor split along another dim) are assembled into the full

@@ -44,7 +44,9 @@ class _Pickled:
         if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) of a class with __slots__
             state = {**(state[0] or {}), **(state[1] or {})}
         if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-            raise pickle.UnpicklingError(f"unexpected state for {type(self).__name__}: {type(state).__name__}")
+            raise pickle.UnpicklingError(
+                f"unexpected state for {type(self).__name__}: {type(state).__name__}"
+            )
         self.__dict__.update(state)
 
     def __eq__(self, other: object) -> bool:
@@ -128,9 +130,19 @@ def _size(dims: Any = ()) -> tuple[int, ...]:
 
 
 _GLOBALS: dict[tuple[str, str], Any] = {
-    **{(module, cls.__name__): cls for module in (_DCP, _OLD_DCP) for cls in (
-        Metadata, TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
-        MetadataIndex, StorageMeta)},
+    **{
+        (module, cls.__name__): cls
+        for module in (_DCP, _OLD_DCP)
+        for cls in (
+            Metadata,
+            TensorStorageMetadata,
+            BytesStorageMetadata,
+            ChunkStorageMetadata,
+            TensorProperties,
+            MetadataIndex,
+            StorageMeta,
+        )
+    },
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
     (_DCP, "_MEM_FORMAT_ENCODING"): _argument,
     (_OLD_DCP, "MEM_FORMAT_ENCODING"): _argument,
@@ -184,11 +196,14 @@ def parse_metadata(data: bytes, path: Path) -> Metadata:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except UnknownGlobal as exc:
         raise UnsupportedCheckpointError(
-            f"{path}: the DCP metadata refers to {exc.qualified}, which lerobot-ckpt's metadata reader does not "
-            "know (written by an unknown storage writer or planner, or not a DCP checkpoint); it is not loaded, "
-            "since unpickling it could run arbitrary code") from None
+            f"{path}: the DCP metadata refers to {exc.qualified}, which lerobot-ckpt's metadata reader does "
+            "not know (written by an unknown storage writer or planner, or not a DCP checkpoint); it is not "
+            "loaded, since unpickling it could run arbitrary code"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any other unpickling failure means the same thing
-        raise CorruptCheckpointError(path, f"not readable DCP metadata: {type(exc).__name__}: {exc}") from None
+        raise CorruptCheckpointError(
+            path, f"not readable DCP metadata: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(metadata, Metadata):
         raise CorruptCheckpointError(path, f"expected DCP Metadata, found {type(metadata).__name__}")
     return metadata

@@ -28,12 +28,23 @@ from attrs import define
 from lerobot_ckpt._dtypes import DTYPES, DType, by_name
 from lerobot_ckpt.dcp.index import StoredChunk, _Window
 
-_STORAGE_DTYPES = {storage: DTYPES[name] for storage, name in {
-    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-    "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
-    "ComplexFloatStorage": "complex64", "ComplexDoubleStorage": "complex128",
-}.items()}
+_STORAGE_DTYPES = {
+    storage: DTYPES[name]
+    for storage, name in {
+        "DoubleStorage": "float64",
+        "FloatStorage": "float32",
+        "HalfStorage": "float16",
+        "BFloat16Storage": "bfloat16",
+        "LongStorage": "int64",
+        "IntStorage": "int32",
+        "ShortStorage": "int16",
+        "CharStorage": "int8",
+        "ByteStorage": "uint8",
+        "BoolStorage": "bool",
+        "ComplexFloatStorage": "complex64",
+        "ComplexDoubleStorage": "complex128",
+    }.items()
+}
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zip local file header, 30 bytes
 
 
@@ -148,7 +159,15 @@ def check_tensor_record(raw: io.RawIOBase, chunk: StoredChunk) -> str | None:
         _parse(_Window(raw, chunk.start, chunk.length))
     except ForeignPickle as exc:
         return str(exc)
-    except (zipfile.BadZipFile, pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error):
+    except (
+        zipfile.BadZipFile,
+        pickle.UnpicklingError,
+        KeyError,
+        ValueError,
+        TypeError,
+        EOFError,
+        struct.error,
+    ):
         return None
     return None
 
@@ -157,7 +176,15 @@ def locate(raw: io.RawIOBase, chunk: StoredChunk, dtype: DType) -> RawTensor | N
     """The chunk's bytes in the open shard file ``raw``, or None when only ``torch.load`` can read it."""
     try:
         parsed = _parse(_Window(raw, chunk.start, chunk.length))
-    except (zipfile.BadZipFile, pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error):
+    except (
+        zipfile.BadZipFile,
+        pickle.UnpicklingError,
+        KeyError,
+        ValueError,
+        TypeError,
+        EOFError,
+        struct.error,
+    ):
         return None
     if parsed is None:
         return None
@@ -167,7 +194,11 @@ def locate(raw: io.RawIOBase, chunk: StoredChunk, dtype: DType) -> RawTensor | N
         numel *= d
     nbytes = numel * rebuilt.dtype.itemsize
     first = rebuilt.offset * rebuilt.dtype.itemsize
-    if (rebuilt.dtype != dtype or rebuilt.size != chunk.sizes or not _contiguous(rebuilt.size, rebuilt.stride)
-            or first + nbytes > info.file_size):
+    if (
+        rebuilt.dtype != dtype
+        or rebuilt.size != chunk.sizes
+        or not _contiguous(rebuilt.size, rebuilt.stride)
+        or first + nbytes > info.file_size
+    ):
         return None
     return RawTensor(chunk.start + start + first, nbytes, rebuilt.dtype, rebuilt.size)

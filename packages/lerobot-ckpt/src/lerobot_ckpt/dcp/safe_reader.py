@@ -9,8 +9,9 @@ newer supported torch adds (torch 2.11 cannot read 2.15's ``.metadata`` on its o
 decodes byte entries with :func:`lerobot_ckpt.dcp.untrusted.decode_plain` (plain data only). Tensor
 records are already read by torch with ``weights_only=True``.
 
-The resume checks the same records before anything changes (:func:`~lerobot_ckpt.dcp.untrusted.check_untrusted`);
-this is the load itself holding to the same rule, whatever happened to the files in between.
+The resume checks the same records before anything changes
+(:func:`~lerobot_ckpt.dcp.untrusted.check_untrusted`); this is the load itself holding to the same rule,
+whatever happened to the files in between.
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def _translate(exc: CheckpointException, directory: Path) -> CheckpointSaveError
     others = f" (ranks {', '.join(map(str, sorted(failures)))} failed)" if len(failures) > 1 else ""
     message = f"could not write {directory}{others}: {describe(inner)}"
     if isinstance(inner, OSError):
-        error: CheckpointSaveError = CheckpointWriteError(message, path=getattr(inner, "filename", None) or directory,
-                                                          os_error=inner)
+        error: CheckpointSaveError = CheckpointWriteError(
+            message, path=getattr(inner, "filename", None) or directory, os_error=inner
+        )
     else:
         error = CheckpointSaveError(message)
     error.rank = rank  # the rank that failed, so every rank reports it rather than itself
@@ -70,8 +71,11 @@ def save_dcp(directory: Path, key: str, state: dict[str, Any], *, process_group:
     """
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(directory, sync_files=True),
-                 process_group=process_group)
+        dcp.save(
+            {key: state},
+            storage_writer=dcp.FileSystemWriter(directory, sync_files=True),
+            process_group=process_group,
+        )
     except CheckpointException as exc:
         raise _translate(exc, directory) from None
 
@@ -86,8 +90,10 @@ def _translate_read(exc: CheckpointException, directory: Path) -> CheckpointErro
         return inner
     cause = describe(inner).split(". ")[0][:160]  # torch's own advice after the first sentence does not apply
     return CorruptCheckpointError(
-        directory, f"rank {rank} could not decode a shard ({cause}); the files were damaged after the save: "
-        "restore the directory from an intact copy of the checkpoint or resume from another one")
+        directory,
+        f"rank {rank} could not decode a shard ({cause}); the files were damaged after the save: "
+        "restore the directory from an intact copy of the checkpoint or resume from another one",
+    )
 
 
 def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: bool) -> None:
@@ -104,8 +110,12 @@ def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(holder, storage_reader=SafeReader(directory), planner=SafePlanner(directory),
-                     no_dist=not collective)
+            dcp.load(
+                holder,
+                storage_reader=SafeReader(directory),
+                planner=SafePlanner(directory),
+                no_dist=not collective,
+            )
         except CheckpointException as exc:
             raise _translate_read(exc, directory) from None
     if holder[key] is not targets:  # DCP replaces non-tensor leaves; keep the caller's dict current
@@ -118,8 +128,10 @@ def check_model(index: DcpIndex, targets: dict[str, torch.Tensor], *, subset: bo
     ``subset``: at least ``targets``' keys (an EMA shadow's, read from a full state)."""
     foreign = [".".join(map(str, p)) for p in index.other_paths if p[:1] == (MODEL_KEY,)]
     if foreign:
-        raise ModelMismatchError(f"{index.directory} holds non-tensor model entries ({few(foreign)}); model "
-                                 "weights are tensors only, so it is not a model checkpoint lerobot-ckpt loads")
+        raise ModelMismatchError(
+            f"{index.directory} holds non-tensor model entries ({few(foreign)}); model "
+            "weights are tensors only, so it is not a model checkpoint lerobot-ckpt loads"
+        )
     stored = index.under(MODEL_KEY)
     problem = mismatch(targets, stored, subset=subset)
     if problem:
@@ -147,17 +159,24 @@ def check_optimizer(index: DcpIndex, shapes: dict[str, tuple[int, ...]], n_group
     """Saved state fits the optimizer: same number of param groups, known FQNs, parameter shapes."""
     saved_groups = stored_group_count(index)
     if saved_groups != n_groups:
-        raise OptimizerMismatchError(f"{index.directory} has {saved_groups} param group(s), the optimizer {n_groups}")
+        raise OptimizerMismatchError(
+            f"{index.directory} has {saved_groups} param group(s), the optimizer {n_groups}"
+        )
     stored = stored_optimizer_fqns(index)
     unknown = set(stored) - set(shapes)
     if unknown:
         raise OptimizerMismatchError(
             f"{index.directory} holds state for {len(unknown)} parameter(s) the optimizer does not have: "
-            f"{few(unknown)}")
-    wrong = [f"{fqn} {name} (checkpoint {shape}, parameter {shapes[fqn]})"
-             for fqn, entries in stored.items() for name, shape in entries.items()
-             if name in PARAM_SHAPED and shape != shapes[fqn]]
+            f"{few(unknown)}"
+        )
+    wrong = [
+        f"{fqn} {name} (checkpoint {shape}, parameter {shapes[fqn]})"
+        for fqn, entries in stored.items()
+        for name, shape in entries.items()
+        if name in PARAM_SHAPED and shape != shapes[fqn]
+    ]
     if wrong:
         raise OptimizerMismatchError(
             f"{index.directory} does not match the optimizer's parameters: {len(wrong)} state tensor(s) with "
-            f"another shape: {few(wrong)}")
+            f"another shape: {few(wrong)}"
+        )

@@ -44,7 +44,8 @@ def _refused(file: Path, where: str, why: str) -> UnsafeCheckpointError:
     return UnsafeCheckpointError(
         f"{file}: the entry {where} is not plain checkpoint data (its pickle names {why}); "
         "it was not loaded, because unpickling it could run code: use a checkpoint written by lerobot-train "
-        "or torch.distributed.checkpoint from a source you trust")
+        "or torch.distributed.checkpoint from a source you trust"
+    )
 
 
 def decode_plain(record: io.RawIOBase | bytes, where: str, file: Path) -> Any:
@@ -61,10 +62,20 @@ def decode_plain(record: io.RawIOBase | bytes, where: str, file: Path) -> Any:
             return _PlainUnpickler(io.BytesIO(archive.read(pkl))).load()
     except ForeignPickle as exc:
         raise _refused(file, where, str(exc)) from None
-    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError,
-            AttributeError, IndexError, RecursionError) as exc:
-        raise CorruptCheckpointError(file, f"cannot decode the record of {where}: "
-                                     f"{type(exc).__name__}: {exc}") from None
+    except (
+        zipfile.BadZipFile,
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        RecursionError,
+    ) as exc:
+        raise CorruptCheckpointError(
+            file, f"cannot decode the record of {where}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def check_untrusted(index: DcpIndex) -> dict[PathKey, Any]:

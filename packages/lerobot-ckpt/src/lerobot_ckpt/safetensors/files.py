@@ -56,7 +56,9 @@ def prepare(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
     return out, aliases
 
 
-def write_tensors(path: Path, state: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> None:
+def write_tensors(
+    path: Path, state: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write ``state`` to ``path``; ties become header aliases. Raises OSError/SafetensorError as-is."""
     tensors, aliases = prepare(state)
     header = {**FORMAT_METADATA, **aliases, **(metadata or {})}

@@ -43,8 +43,10 @@ def plan_for(state: Mapping[str, torch.Tensor], aliases: Mapping[str, str]) -> S
         if name in aliases:
             continue
         if not isinstance(value, torch.Tensor):
-            raise CheckpointConfigError(f"model state {name!r} is a {type(value).__name__}, not a tensor; "
-                                        "safetensors can only hold tensors")
+            raise CheckpointConfigError(
+                f"model state {name!r} is a {type(value).__name__}, not a tensor; "
+                "safetensors can only hold tensors"
+            )
         specs.append((name, value.dtype, tuple(value.shape)))
     return SafetensorsPlan.build(specs, {**FORMAT_METADATA, **aliases})
 
@@ -58,8 +60,12 @@ def row_pieces(value: DTensor, main: int = 0) -> list[Piece] | None:
     """
     placements = value.placements
     shard_dims = [i for i, p in enumerate(placements) if type(p) is Shard]
-    if (len(shard_dims) != 1 or placements[shard_dims[0]].dim != 0 or not value.shape
-            or not all(type(p) is Replicate for i, p in enumerate(placements) if i != shard_dims[0])):
+    if (
+        len(shard_dims) != 1
+        or placements[shard_dims[0]].dim != 0
+        or not value.shape
+        or not all(type(p) is Replicate for i, p in enumerate(placements) if i != shard_dims[0])
+    ):
         return None
     ranks = value.device_mesh.mesh
     where = (ranks == main).nonzero()
@@ -96,14 +102,17 @@ def _assemble(value: DTensor, pieces: list[Piece], rank: int, buffers: ReusableB
         if rows == 0:
             continue
         if g == 0:
-            full[first:first + rows].copy_(local)
+            full[first : first + rows].copy_(local)
         else:
-            dist.recv(full[first:first + rows], src=g)
+            dist.recv(full[first : first + rows], src=g)
     return full
 
 
-def _gathered(plan: SafetensorsPlan, state: Mapping[str, torch.Tensor], buffers: ReusableBuffer,
-              ) -> Iterator[tuple[str, torch.Tensor | None]]:
+def _gathered(
+    plan: SafetensorsPlan,
+    state: Mapping[str, torch.Tensor],
+    buffers: ReusableBuffer,
+) -> Iterator[tuple[str, torch.Tensor | None]]:
     """Each planned tensor in plan order, whole on the main rank (None elsewhere).
 
     Collective: the transfers of one tensor happen when it is drawn, so every rank must draw every
@@ -121,8 +130,9 @@ def _gathered(plan: SafetensorsPlan, state: Mapping[str, torch.Tensor], buffers:
         yield slot.name, full
 
 
-def write_gathered(path: Path | None, state: Mapping[str, torch.Tensor], *, aliases: Mapping[str, str],
-                   is_main: bool) -> int:
+def write_gathered(
+    path: Path | None, state: Mapping[str, torch.Tensor], *, aliases: Mapping[str, str], is_main: bool
+) -> int:
     """Collective: every rank calls it with the same ``state`` keys; ``path`` matters on the main rank.
 
     Returns the bytes written (0 elsewhere). If writing failed, raises on the main rank only, and
@@ -162,8 +172,12 @@ def write_gathered(path: Path | None, state: Mapping[str, torch.Tensor], *, alia
     return written
 
 
-def gather_to_cpu(state: Mapping[str, torch.Tensor], *, aliases: Mapping[str, str], is_main: bool,
-                  ) -> tuple[SafetensorsPlan, dict[str, torch.Tensor] | None]:
+def gather_to_cpu(
+    state: Mapping[str, torch.Tensor],
+    *,
+    aliases: Mapping[str, str],
+    is_main: bool,
+) -> tuple[SafetensorsPlan, dict[str, torch.Tensor] | None]:
     """Collective, like :func:`write_gathered`, but the main rank keeps every whole tensor in fresh
     CPU memory (returned with the file's plan; None elsewhere) instead of streaming it to a file.
 

@@ -38,8 +38,28 @@ if TYPE_CHECKING:
 FORMAT_METADATA = {"format": "pt"}  # what transformers/LeRobot expect in a PyTorch safetensors header
 # safetensors' Dtype enum order; save_file lays tensors out by it (descending), then by name, which
 # puts wider types first and keeps every tensor aligned. Same order here, so the files are identical.
-_DTYPE_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
-                "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
+_DTYPE_ORDER = (
+    "BOOL",
+    "F4",
+    "F6_E2M3",
+    "F6_E3M2",
+    "U8",
+    "I8",
+    "F8_E5M2",
+    "F8_E4M3",
+    "F8_E8M0",
+    "I16",
+    "U16",
+    "F16",
+    "BF16",
+    "I32",
+    "U32",
+    "F32",
+    "C64",
+    "F64",
+    "I64",
+    "U64",
+)
 HEADER_ALIGN = 8
 _MAX_PWRITE = 1 << 30  # Linux writes at most ~2 GiB per call; stay well below
 
@@ -89,8 +109,9 @@ class SafetensorsPlan:
     _by_name: dict[str, TensorSlot] = field(repr=False, eq=False)
 
     @classmethod
-    def build(cls, specs: Iterable[tuple[str, AnyDType, tuple[int, ...]]],
-              metadata: Mapping[str, str] | None = None) -> SafetensorsPlan:
+    def build(
+        cls, specs: Iterable[tuple[str, AnyDType, tuple[int, ...]]], metadata: Mapping[str, str] | None = None
+    ) -> SafetensorsPlan:
         slots, offset = [], 0
         entries: dict[str, object] = {}
         if metadata:
@@ -100,8 +121,11 @@ class SafetensorsPlan:
                 raise ValueError(f"tensor name {name!r} appears twice")
             size = math.prod(shape) * dtype.itemsize
             shape = tuple(int(d) for d in shape)
-            entries[name] = {"dtype": dtype_code(dtype, name), "shape": list(shape),
-                             "data_offsets": [offset, offset + size]}
+            entries[name] = {
+                "dtype": dtype_code(dtype, name),
+                "shape": list(shape),
+                "data_offsets": [offset, offset + size],
+            }
             slots.append(TensorSlot(name, dtype, shape, offset, offset + size))
             offset += size
         text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
@@ -161,11 +185,12 @@ class ByteBuffer:
 
 
 def pread_into(fd: int, target: torch.Tensor | bytearray | memoryview, offset: int) -> None:
-    """Fill a contiguous CPU tensor (or a writable byte buffer) with its size in bytes of ``fd`` at ``offset``."""
+    """Fill a contiguous CPU tensor (or a writable byte buffer)
+    with its size in bytes of ``fd`` at ``offset``."""
     view = memoryview(target).cast("B") if isinstance(target, bytearray | memoryview) else raw_bytes(target)
     done = 0
     while done < len(view):
-        n = os.preadv(fd, [view[done:done + _MAX_PWRITE]], offset + done)
+        n = os.preadv(fd, [view[done : done + _MAX_PWRITE]], offset + done)
         if n <= 0:
             raise OSError(errno.EIO, f"unexpected end of file reading {len(view)} bytes at {offset}")
         done += n
@@ -212,7 +237,7 @@ class SafetensorsStreamWriter:
         data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         done = 0
         while done < len(data):
-            n = os.pwrite(self._fd, data[done:done + _MAX_PWRITE], position + done)
+            n = os.pwrite(self._fd, data[done : done + _MAX_PWRITE], position + done)
             if n <= 0:
                 raise OSError(errno.EIO, f"short write to {self.path}")
             done += n
@@ -246,8 +271,9 @@ class SafetensorsStreamWriter:
         position, done = self.plan.data_start + start, 0
         while done < nbytes:
             try:
-                n = os.copy_file_range(src_fd, self._fd, min(nbytes - done, _MAX_PWRITE), src_offset + done,
-                                       position + done)
+                n = os.copy_file_range(
+                    src_fd, self._fd, min(nbytes - done, _MAX_PWRITE), src_offset + done, position + done
+                )
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
                     raise
@@ -262,7 +288,7 @@ class SafetensorsStreamWriter:
         block = bytearray(min(count, 8 << 20))
         done = 0
         while done < count:
-            n = os.preadv(src_fd, [memoryview(block)[:min(len(block), count - done)]], src + done)
+            n = os.preadv(src_fd, [memoryview(block)[: min(len(block), count - done)]], src + done)
             if n <= 0:
                 break
             self._pwrite(memoryview(block)[:n], dst + done)

@@ -38,8 +38,11 @@ def is_sharded_model(model: nn.Module) -> bool:
     return any(isinstance(t, DTensor) for t in chain(model.parameters(), model.buffers()))
 
 
-def model_state(model: nn.Module, adapter_state: AdapterState | None = None,
-                override: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def model_state(
+    model: nn.Module,
+    adapter_state: AdapterState | None = None,
+    override: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """The live state keyed by FQN (or by the caller's adapter keys, e.g. PEFT's file names);
     ``override`` replaces some entries first (an EMA shadow in place of the live parameters)."""
     state = with_override(get_model_state_dict(model), override)
@@ -53,7 +56,9 @@ def with_override(state: dict[str, Any], override: Mapping[str, torch.Tensor] | 
         return state
     unknown = override.keys() - state.keys()
     if unknown:
-        raise CheckpointConfigError(f"{len(unknown)} EMA entries are not in the model's state dict: {', '.join(sorted(unknown)[:5])}")
+        raise CheckpointConfigError(
+            f"{len(unknown)} EMA entries are not in the model's state dict: {', '.join(sorted(unknown)[:5])}"
+        )
     return {**state, **override}
 
 
@@ -112,8 +117,9 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
         return get_optimizer_state_dict(model, optimizer)
 
 
-def apply_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *,
-                          full: bool = False) -> None:
+def apply_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, full: bool = False
+) -> None:
     """Hand a loaded FQN-keyed state back to the optimizer; ``full=True``: every rank holds the
     whole (non-sharded) state and torch cuts each rank's shard out of it."""
     options = StateDictOptions(full_state_dict=True) if full else None

@@ -28,7 +28,11 @@ FetchTensor = Callable[[Any], torch.Tensor]
 def inline_tensor(where: str, tensor: torch.Tensor) -> dict[str, Any]:
     """Small tensors written out in full; float→JSON→float is exact for every real dtype torch has."""
     t = tensor.detach().cpu()
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": t.reshape(-1).tolist()}
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "data": t.reshape(-1).tolist(),
+    }
 
 
 def inline_fetch(ref: Any) -> torch.Tensor:

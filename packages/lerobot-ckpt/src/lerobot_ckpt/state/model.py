@@ -37,8 +37,9 @@ def few(names: Iterable[str], shown: int = SHOWN) -> str:
     return text + (f" (+{len(items) - shown} more)" if len(items) > shown else "")
 
 
-def mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], *,
-             subset: bool = False) -> str | None:
+def mismatch(
+    expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], *, subset: bool = False
+) -> str | None:
     """What differs between the model's state dict and a checkpoint's, or None when they fit.
 
     ``subset``: ``expected`` is a part of the state (an EMA shadow's trainable parameters), so keys

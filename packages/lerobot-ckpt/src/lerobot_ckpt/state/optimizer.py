@@ -26,8 +26,20 @@ from lerobot_ckpt.state.model import few
 NON_TENSOR_KEY = "lerobot_ckpt.non_tensor_state"
 NESTED_PREFIX = "nested/"
 # States that live alongside each parameter with its shape: a shape change means another model.
-PARAM_SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta",
-                "sum", "grad_avg", "exp_inf", "ax", "prev", "mu_product_buffer"}
+PARAM_SHAPED = {
+    "exp_avg",
+    "exp_avg_sq",
+    "max_exp_avg_sq",
+    "momentum_buffer",
+    "square_avg",
+    "acc_delta",
+    "sum",
+    "grad_avg",
+    "exp_inf",
+    "ax",
+    "prev",
+    "mu_product_buffer",
+}
 
 
 def save_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> None:
@@ -52,9 +64,12 @@ def save_optimizer_state(paths: CheckpointPaths, sd: dict[str, Any]) -> None:
                 tensors[f"state/{index}/{name}"] = value
             else:
                 non_tensor.setdefault(str(index), {})[name] = json_codec.to_json(
-                    value, f"optimizer.state.{index}.{name}", store)
-    groups = [json_codec.to_json(group, f"optimizer.param_groups[{g}]", store)
-              for g, group in enumerate(sd["param_groups"])]
+                    value, f"optimizer.state.{index}.{name}", store
+                )
+    groups = [
+        json_codec.to_json(group, f"optimizer.param_groups[{g}]", store)
+        for g, group in enumerate(sd["param_groups"])
+    ]
     metadata = {NON_TENSOR_KEY: json.dumps(non_tensor)} if non_tensor else {}
     write_tensors(paths.optimizer_state, tensors, metadata)
     json_codec.write(paths.optimizer_param_groups, groups, "optimizer.param_groups")
@@ -81,10 +96,14 @@ def read_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> 
         for index, entries in non_tensor.items():
             state.setdefault(int(index), {}).update(json_codec.like(entries, None, fetch))
     except (ValueError, AttributeError) as exc:
-        raise CorruptCheckpointError(paths.optimizer_state, f"bad {NON_TENSOR_KEY} header entry: {exc}") from None
+        raise CorruptCheckpointError(
+            paths.optimizer_state, f"bad {NON_TENSOR_KEY} header entry: {exc}"
+        ) from None
     raw_groups = json_codec.read(paths.optimizer_param_groups)
     if not isinstance(raw_groups, list) or not all(isinstance(g, dict) and "params" in g for g in raw_groups):
-        raise CorruptCheckpointError(paths.optimizer_param_groups, "expected a list of param groups with 'params'")
+        raise CorruptCheckpointError(
+            paths.optimizer_param_groups, "expected a list of param groups with 'params'"
+        )
     _check_fits(paths, raw_groups, state, optimizer)
     current = optimizer.state_dict()["param_groups"]
     groups = [json_codec.like(group, current[g], fetch) for g, group in enumerate(raw_groups)]
@@ -113,7 +132,8 @@ def _check_fits(paths: CheckpointPaths, groups: list[dict], state: dict[int, dic
         )
     wrong = [
         f"param {i} {name} (checkpoint {tuple(v.shape)}, parameter {tuple(params[i].shape)})"
-        for i in sorted(state) for name, v in state[i].items()
+        for i in sorted(state)
+        for name, v in state[i].items()
         if name in PARAM_SHAPED and isinstance(v, torch.Tensor) and v.shape != params[i].shape
     ]
     if wrong:
@@ -129,12 +149,17 @@ _NON_NEGATIVE = {"lr", "initial_lr", "max_lr", "min_lr", "weight_decay", "eps"}
 def _kind_problem(saved: Any, live: Any) -> str | None:
     """Why ``saved`` cannot stand where the live optimizer holds ``live``, or None."""
     if live is None:  # an optional setting (foreach, fused) unset here
-        return None if saved is None or isinstance(saved, bool | int | float | str) else f"a {type(saved).__name__}"
+        return (
+            None
+            if saved is None or isinstance(saved, bool | int | float | str)
+            else f"a {type(saved).__name__}"
+        )
     if isinstance(live, bool):  # None: the same optional switch, unset when saved
         return None if saved is None or isinstance(saved, bool) else f"{saved!r}, not a boolean"
     if isinstance(live, int | float) or (isinstance(live, torch.Tensor) and live.ndim == 0):
-        number = (isinstance(saved, int | float) and not isinstance(saved, bool)) or \
-            (isinstance(saved, torch.Tensor) and saved.ndim == 0 and saved.is_floating_point())
+        number = (isinstance(saved, int | float) and not isinstance(saved, bool)) or (
+            isinstance(saved, torch.Tensor) and saved.ndim == 0 and saved.is_floating_point()
+        )
         if not number:
             return f"{saved!r}, not a number"
         return None if math.isfinite(float(saved)) else f"{float(saved)}, not a finite number"
@@ -156,13 +181,19 @@ def check_param_groups(source: Any, saved: list[dict[str, Any]], live: list[dict
             if key == "params" or key not in current:
                 continue
             problem = _kind_problem(value, current[key])
-            if problem is None and key in _NON_NEGATIVE and isinstance(value, int | float | torch.Tensor) \
-                    and float(value) < 0:
+            if (
+                problem is None
+                and key in _NON_NEGATIVE
+                and isinstance(value, int | float | torch.Tensor)
+                and float(value) < 0
+            ):
                 problem = f"{float(value)}, which is negative"
             if problem is not None:
                 raise CorruptCheckpointError(
-                    source, f"param group {g}'s {key} is {problem}; the optimizer holds {current[key]!r} there "
-                    "(the checkpoint was edited or written by another program)")
+                    source,
+                    f"param group {g}'s {key} is {problem}; the optimizer holds {current[key]!r} there "
+                    "(the checkpoint was edited or written by another program)",
+                )
 
 
 def apply_optimizer(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:

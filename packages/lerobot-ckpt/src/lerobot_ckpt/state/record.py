@@ -66,7 +66,9 @@ def _at_least(minimum: int):
 
 def _precision(inst, attribute, value) -> None:
     if value not in MIXED_PRECISION_CHOICES:
-        raise CheckpointConfigError(f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}, got {value!r}")
+        raise CheckpointConfigError(
+            f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}, got {value!r}"
+        )
 
 
 def _json_safe(inst, attribute, value) -> None:
@@ -77,8 +79,12 @@ def _json_safe(inst, attribute, value) -> None:
 
 
 def _str_map(inst, attribute, value) -> None:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise CheckpointConfigError(f"{attribute.name} must map package names to version strings, got {value!r}")
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise CheckpointConfigError(
+            f"{attribute.name} must map package names to version strings, got {value!r}"
+        )
 
 
 @define(frozen=True)
@@ -114,7 +120,9 @@ class Artifacts:
 
     def __or__(self, other: Artifacts) -> Artifacts:
         """What two writers wrote together: a flag is set when either set it."""
-        return Artifacts(**{a.name: getattr(self, a.name) or getattr(other, a.name) for a in attrs.fields(Artifacts)})
+        return Artifacts(
+            **{a.name: getattr(self, a.name) or getattr(other, a.name) for a in attrs.fields(Artifacts)}
+        )
 
     @property
     def ema(self) -> bool:
@@ -142,7 +150,9 @@ class BaseModel:
 
 def _default_parallelism(run: RunInfo) -> Parallelism:
     valid = isinstance(run.world_size, int) and not isinstance(run.world_size, bool) and run.world_size >= 1
-    return Parallelism(dp_replicate=run.world_size if valid else 1, dp_shard=1)  # world_size's own validator reports
+    return Parallelism(
+        dp_replicate=run.world_size if valid else 1, dp_shard=1
+    )  # world_size's own validator reports
 
 
 @define(frozen=True, kw_only=True)
@@ -154,7 +164,9 @@ class RunInfo:
     grad_accum_steps: int = field(default=1, validator=_at_least(1))
     mixed_precision: str = field(default="no", validator=_precision)
     parallelism: Parallelism = field(default=Factory(_default_parallelism, takes_self=True))
-    checkpoint_format: CheckpointFormat = field(default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat)
+    checkpoint_format: CheckpointFormat = field(
+        default=CheckpointFormat.SAFETENSORS, converter=CheckpointFormat
+    )
     versions: dict[str, str] = field(factory=dict, validator=_str_map)
     base_model: BaseModel | None = None
 
@@ -195,13 +207,30 @@ class TrainingStepRecord:
     base_model: BaseModel | None = None
 
     @classmethod
-    def for_run(cls, run: RunInfo, *, step: int, artifacts: Artifacts, sampler: dict[str, Any] | None,
-                versions: dict[str, str], loop: dict[str, Any] | None = None) -> TrainingStepRecord:
+    def for_run(
+        cls,
+        run: RunInfo,
+        *,
+        step: int,
+        artifacts: Artifacts,
+        sampler: dict[str, Any] | None,
+        versions: dict[str, str],
+        loop: dict[str, Any] | None = None,
+    ) -> TrainingStepRecord:
         return cls(
-            step=step, world_size=run.world_size, dp_world_size=run.dp_world_size, batch_size=run.batch_size,
-            grad_accum_steps=run.grad_accum_steps, mixed_precision=run.mixed_precision,
-            parallelism=run.parallelism, checkpoint_format=run.checkpoint_format, artifacts=artifacts,
-            sampler=dict(sampler or {}), loop=dict(loop or {}), versions=dict(versions), base_model=run.base_model,
+            step=step,
+            world_size=run.world_size,
+            dp_world_size=run.dp_world_size,
+            batch_size=run.batch_size,
+            grad_accum_steps=run.grad_accum_steps,
+            mixed_precision=run.mixed_precision,
+            parallelism=run.parallelism,
+            checkpoint_format=run.checkpoint_format,
+            artifacts=artifacts,
+            sampler=dict(sampler or {}),
+            loop=dict(loop or {}),
+            versions=dict(versions),
+            base_model=run.base_model,
         )
 
     @property

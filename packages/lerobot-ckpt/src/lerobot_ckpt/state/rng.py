@@ -45,20 +45,29 @@ def restore(state: dict[str, torch.Tensor]) -> None:
     if "py_rng_has_gauss" in state and int(state["py_rng_has_gauss"].item()):
         gauss = float(state["py_rng_gauss_next"].item())
     random.setstate((int(state["py_rng_version"].item()), tuple(state["py_rng_state"].tolist()), gauss))
-    np.random.set_state((
-        MT19937,
-        state["np_rng_state_values"].numpy().astype(np.uint32),
-        int(state["np_rng_state_index"].item()),
-        int(state["np_rng_has_gauss"].item()),
-        float(state["np_rng_cached_gaussian"].item()),
-    ))
+    np.random.set_state(
+        (
+            MT19937,
+            state["np_rng_state_values"].numpy().astype(np.uint32),
+            int(state["np_rng_state_index"].item()),
+            int(state["np_rng_has_gauss"].item()),
+            float(state["np_rng_cached_gaussian"].item()),
+        )
+    )
     torch.set_rng_state(state["torch_rng_state"])
     if "torch_cuda_rng_state" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["torch_cuda_rng_state"])
 
 
-REQUIRED = ("py_rng_version", "py_rng_state", "np_rng_state_values", "np_rng_state_index",
-            "np_rng_has_gauss", "np_rng_cached_gaussian", "torch_rng_state")
+REQUIRED = (
+    "py_rng_version",
+    "py_rng_state",
+    "np_rng_state_values",
+    "np_rng_state_index",
+    "np_rng_has_gauss",
+    "np_rng_cached_gaussian",
+    "torch_rng_state",
+)
 
 
 def rank_prefix(rank: int) -> str:
@@ -76,7 +85,7 @@ def unpack(flat: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor] 
     if rank == 0:
         mine = {k: v for k, v in flat.items() if not k.startswith("rank")}
     else:
-        mine = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+        mine = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
     return mine if all(k in mine for k in REQUIRED) else None
 
 

@@ -43,6 +43,8 @@ def read_state(path: Path, obj: Stateful, what: str) -> dict[str, Any]:
     if missing or extra:
         raise StateMismatchError(
             f"{path} does not match this {type(obj).__name__}: "
-            + "; ".join(p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p)
+            + "; ".join(
+                p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p
+            )
         )
     return json_codec.like(saved, current)

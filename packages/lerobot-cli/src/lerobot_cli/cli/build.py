@@ -31,7 +31,11 @@ from lerobot_cli.policies.serialization import UnknownConfigKeysWarning, load_po
 log = logging.getLogger(__name__)
 
 SPECIAL_FLAGS = ("config_path", "policy.type", "policy.path")
-_OPTIONAL_SECTIONS: dict[str, type] = {"optimizer": OptimizerConfig, "scheduler": SchedulerConfig, "peft": PeftConfig}
+_OPTIONAL_SECTIONS: dict[str, type] = {
+    "optimizer": OptimizerConfig,
+    "scheduler": SchedulerConfig,
+    "peft": PeftConfig,
+}
 
 
 @attrs.define(frozen=True)
@@ -87,7 +91,11 @@ def _load_policy(path_flag: str, messages: list[str]) -> dict[str, Any]:
             policy = load_policy_config(file)
         except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
             raise UsageError(f"--policy.path {file}: {exc}") from None
-    messages += [f"--policy.path {file}: {w.message}" for w in caught if issubclass(w.category, UnknownConfigKeysWarning)]
+    messages += [
+        f"--policy.path {file}: {w.message}"
+        for w in caught
+        if issubclass(w.category, UnknownConfigKeysWarning)
+    ]
     data = configio.unstructure_policy_config(policy)
     # Symlinks resolved (`checkpoints/last` → the step directory): the config names the weights it really
     # loaded, which a later save of that run cannot move on.
@@ -119,8 +127,10 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
 
     ptype, ppath = flags.pop("policy.type", None), flags.pop("policy.path", None)
     if ptype is not None and ppath is not None:
-        raise UsageError("--policy.type and --policy.path both given: use --policy.path alone to start "
-                         "from a pretrained policy, or --policy.type alone to start from scratch")
+        raise UsageError(
+            "--policy.type and --policy.path both given: use --policy.path alone to start "
+            "from a pretrained policy, or --policy.type alone to start from scratch"
+        )
     try:
         if ppath is not None:
             tree["policy"] = _load_policy(ppath, messages)

@@ -12,9 +12,13 @@ from lerobot_cli.policies.registry import spec_of
 
 def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
     if cfg.policy is None:
-        raise UsageError("no policy: pass --policy.type=NAME to train from scratch or --policy.path=DIR to fine-tune")
+        raise UsageError(
+            "no policy: pass --policy.type=NAME to train from scratch or --policy.path=DIR to fine-tune"
+        )
     if cfg.dataset.repo_id is None and cfg.dataset.root is None:
-        raise UsageError("no dataset: pass --dataset.repo_id=OWNER/NAME (and --dataset.root=DIR for a local copy)")
+        raise UsageError(
+            "no dataset: pass --dataset.repo_id=OWNER/NAME (and --dataset.root=DIR for a local copy)"
+        )
     if cfg.resume and config_path is None:
         raise UsageError(
             "--resume=true has nothing to resume: pass --config_path=<output_dir>/checkpoints/last/"
@@ -22,19 +26,27 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
         )
     if cfg.policy.repo_id and cfg.policy.push_to_hub:
         if not cfg.save_checkpoint:
-            raise UsageError("--policy.repo_id publishes the final checkpoint, so it needs --save_checkpoint=true "
-                             "(or pass --policy.push_to_hub=false)")
+            raise UsageError(
+                "--policy.repo_id publishes the final checkpoint, so it needs --save_checkpoint=true "
+                "(or pass --policy.push_to_hub=false)"
+            )
         if cfg.checkpoint_format.value == "dcp":
-            raise UsageError("--policy.repo_id with --checkpoint_format=dcp: the final checkpoint would hold no "
-                             "model.safetensors to publish; use --checkpoint_format=safetensors_dcp, or convert "
-                             "and publish later with lerobot-convert-dcp --push_to_hub")
+            raise UsageError(
+                "--policy.repo_id with --checkpoint_format=dcp: the final checkpoint would hold no "
+                "model.safetensors to publish; use --checkpoint_format=safetensors_dcp, or convert "
+                "and publish later with lerobot-convert-dcp --push_to_hub"
+            )
     if cfg.eval_steps > 0 and cfg.dataset.eval_split == 0:
-        raise UsageError(f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
-                         "--dataset.eval_split=FRACTION (e.g. 0.1), or --eval_steps=0")
+        raise UsageError(
+            f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
+            "--dataset.eval_split=FRACTION (e.g. 0.1), or --eval_steps=0"
+        )
     if cfg.eval_steps == 0 and cfg.dataset.eval_split > 0:  # it trained on fewer episodes, silently
-        raise UsageError(f"--dataset.eval_split={cfg.dataset.eval_split} holds episodes out of training, but "
-                         "--eval_steps=0 never evaluates on them: pass --eval_steps=N (the eval loss every N steps), "
-                         "or --dataset.eval_split=0 to train on every episode")
+        raise UsageError(
+            f"--dataset.eval_split={cfg.dataset.eval_split} holds episodes out of training, but "
+            "--eval_steps=0 never evaluates on them: pass --eval_steps=N (the eval loss every N steps), "
+            "or --dataset.eval_split=0 to train on every episode"
+        )
     check_extras(cfg)
     check_custom_code(cfg)
     check_policy_fits_local_dataset(cfg)
@@ -70,9 +82,11 @@ def check_checkpointing_off(cfg: TrainConfig, flags: dict[str, str]) -> None:
     say which switch to turn off rather than checkpoint silently (a resume inherits the policy's field)."""
     given = flags.get("accelerator.activation_checkpointing.mode", "").strip()
     if given == "none" and cfg.policy.activation_checkpointing():
-        raise UsageError("--accelerator.activation_checkpointing.mode=none, but --policy.gradient_checkpointing=true "
-                         "(the policy's own switch, read as mode=full) turns activation checkpointing on: add "
-                         "--policy.gradient_checkpointing=false to turn it off")
+        raise UsageError(
+            "--accelerator.activation_checkpointing.mode=none, but --policy.gradient_checkpointing=true "
+            "(the policy's own switch, read as mode=full) turns activation checkpointing on: add "
+            "--policy.gradient_checkpointing=false to turn it off"
+        )
 
 
 def check_policy_fits_local_dataset(cfg: TrainConfig) -> None:
@@ -122,13 +136,20 @@ def check_peft(cfg: TrainConfig) -> None:
 
     base = cfg.policy.pretrained_path
     if not base:
-        raise UsageError("--peft.* adds LoRA adapters to a pretrained policy: pass --policy.path=<base policy dir or "
-                         "Hub repo id> (--policy.type builds a randomly initialised one)")
+        raise UsageError(
+            "--peft.* adds LoRA adapters to a pretrained policy: pass --policy.path=<base policy dir or "
+            "Hub repo id> (--policy.type builds a randomly initialised one)"
+        )
     if is_adapter_dir(base):
-        raise UsageError(f"--policy.path={base} is a PEFT adapter already: drop the --peft.* flags to train that "
-                         "adapter further, or point --policy.path at its base policy to start a new adapter")
+        raise UsageError(
+            f"--policy.path={base} is a PEFT adapter already: drop the --peft.* flags to train that "
+            "adapter further, or point --policy.path at its base policy to start a new adapter"
+        )
     try:
-        check_base_precision(stored_float_dtype(pretrained_weights_file(base)), cfg.accelerator.mixed_precision,
-                             f"--policy.path={base}")
+        check_base_precision(
+            stored_float_dtype(pretrained_weights_file(base)),
+            cfg.accelerator.mixed_precision,
+            f"--policy.path={base}",
+        )
     except (CheckpointError, PeftSetupError) as exc:
         raise UsageError(str(exc)) from None

@@ -55,14 +55,20 @@ def render_help(policy_cls: type[PolicyConfig] | None) -> str:
         groups.setdefault(_section(spec.path), []).append(spec)
     lines = [_INTRO]
     lines.append("top level:")
-    lines.append(f"  {'--config_path FILE|DIR':<{width - 2}} Start from a train_config.json (also a checkpoint dir); flags override it.")
+    lines.append(
+        f"  {'--config_path FILE|DIR':<{width - 2}} Start from a train_config.json "
+        "(also a checkpoint dir); flags override it."
+    )
     for spec in groups.pop("top level", []):
         lines.append(_line(spec, width))
     lines.append("")
     lines.append("policy:")
     names = ",".join(registry.available())
     lines.append(f"  {'--policy.type {' + names + '}':<{width - 2}} Policy to train from scratch.")
-    lines.append(f"  {'--policy.path DIR|REPO_ID':<{width - 2}} Start from a pretrained policy's config.json; --policy.* override it.")
+    lines.append(
+        f"  {'--policy.path DIR|REPO_ID':<{width - 2}} Start from a pretrained policy's config.json; "
+        "--policy.* override it."
+    )
     policy_specs = groups.pop("policy", [])
     if policy_cls is None:
         lines.append("  (add --policy.type=NAME --help to list one policy's fields)")
@@ -74,5 +80,8 @@ def render_help(policy_cls: type[PolicyConfig] | None) -> str:
         lines.append(f"{name}:")
         lines += [_line(s, width) for s in group]
     lines.append("")
-    lines.append("Env: LEROBOT_ALLOW_ACCELERATE_ENV=1 accepts Accelerate engine variables (they are overridden by these flags).")
+    lines.append(
+        "Env: LEROBOT_ALLOW_ACCELERATE_ENV=1 accepts Accelerate engine variables "
+        "(they are overridden by these flags)."
+    )
     return "\n".join(lines) + "\n"

@@ -32,7 +32,9 @@ def resolve_config_path(value: str) -> Path:
         candidate = None
     if candidate is not None and candidate.is_file():
         return candidate
-    raise UsageError(f"--config_path={value}: no {TRAIN_CONFIG} in that directory, and it is not a checkpoint that has one")
+    raise UsageError(
+        f"--config_path={value}: no {TRAIN_CONFIG} in that directory, and it is not a checkpoint that has one"
+    )
 
 
 def resolve_policy_dir(value: str) -> Path:

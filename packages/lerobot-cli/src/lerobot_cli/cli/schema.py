@@ -105,8 +105,14 @@ def _example(inner: Any) -> str:
     origin = typing.get_origin(inner)
     if origin in (list, tuple):
         args = [a for a in typing.get_args(inner) if a is not Ellipsis]
-        return "'[0, 3, 5]'" if args and args[0] is int else "'[\"A\", \"B\"]'" if args and args[0] is str else "'[0.9, 0.999]'"
-    return "'{\"key\": \"value\"}'"
+        return (
+            "'[0, 3, 5]'"
+            if args and args[0] is int
+            else '\'["A", "B"]\''
+            if args and args[0] is str
+            else "'[0.9, 0.999]'"
+        )
+    return '\'{"key": "value"}\''
 
 
 def convert(spec: FlagSpec, raw: str) -> Any:

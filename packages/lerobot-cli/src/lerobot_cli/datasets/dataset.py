@@ -46,8 +46,8 @@ def _delta_indices(
         off = np.abs(seconds - frames / meta.fps) > tolerance_s
         if off.any():
             raise DatasetError(
-                f"delta_timestamps[{key!r}] has {seconds[off].tolist()}, not multiples of 1/fps = 1/{meta.fps} "
-                f"({info}) within {tolerance_s} s"
+                f"delta_timestamps[{key!r}] has {seconds[off].tolist()}, not multiples of 1/fps = "
+                f"1/{meta.fps} ({info}) within {tolerance_s} s"
             )
         out[key] = frames.astype(np.int64)
     return out
@@ -150,8 +150,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         return (
-            f"LeRobotDataset(root={str(self.root)!r}, episodes={self.num_episodes}, frames={self.num_frames}, "
-            f"features={list(self.features)})"
+            f"LeRobotDataset(root={str(self.root)!r}, episodes={self.num_episodes}, "
+            f"frames={self.num_frames}, features={list(self.features)})"
         )
 
     def _to_chw(self, key: str, frames: np.ndarray, single: bool) -> torch.Tensor:
@@ -175,7 +175,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
         c, h, w = self._chw[key]
         if image.shape != (h, w, c):
             raise DatasetError(
-                f"{where}: image is {image.shape} (HWC), but meta/info.json declares {(h, w, c)} (shape mismatch)"
+                f"{where}: image is {image.shape} (HWC), but meta/info.json declares {(h, w, c)} "
+                "(shape mismatch)"
             )
         return image
 
@@ -217,5 +218,6 @@ class LeRobotDataset(torch.utils.data.Dataset):
 def make_dataset(
     cfg: DatasetConfig, delta_timestamps: Mapping[str, Sequence[float]] | None = None
 ) -> LeRobotDataset:
-    """The dataset ``--dataset.*`` names: resolved locally or downloaded, then ``--dataset.episodes`` applied."""
+    """The dataset ``--dataset.*`` names: resolved locally or downloaded,
+    then ``--dataset.episodes`` applied."""
     return LeRobotDataset(resolve_dataset_root(cfg), episodes=cfg.episodes, delta_timestamps=delta_timestamps)

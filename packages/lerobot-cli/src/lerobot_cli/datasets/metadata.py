@@ -181,7 +181,9 @@ def _load_episodes(root: Path, video_keys: list[str]) -> dict[str, np.ndarray]:
         table = read_parquet(path, columns=columns)
         holes = [c for c in required if table[c].null_count]
         if holes:
-            raise DatasetError(f"{path} has missing values in episode columns {holes}; every episode needs them")
+            raise DatasetError(
+                f"{path} has missing values in episode columns {holes}; every episode needs them"
+            )
         part = {c: table[c].to_numpy() for c in required}
         part[L.EP_TASKS] = np.empty(table.num_rows, dtype=object)  # 1-D array of per-episode task lists
         for i, tasks in enumerate(table[L.EP_TASKS].to_pylist() if L.EP_TASKS in names else []):
@@ -271,8 +273,10 @@ class DatasetMeta:
         if episodes is None:
             return self
         if not len(episodes):
-            raise DatasetError(f"--dataset.episodes selects no episode of {self.root}: give at least one "
-                               "episode index, or leave it unset for all episodes")
+            raise DatasetError(
+                f"--dataset.episodes selects no episode of {self.root}: give at least one "
+                "episode index, or leave it unset for all episodes"
+            )
         have = self.episodes[L.EP_INDEX]
         unknown = sorted(set(episodes) - set(have.tolist()))
         if unknown:

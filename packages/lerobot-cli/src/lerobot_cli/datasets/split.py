@@ -46,13 +46,15 @@ def split_episodes(meta: DatasetMeta, eval_split: float) -> EpisodeSplit:
     for task, eps in by_task.items():
         n_eval = math.ceil(len(eps) * eval_split)
         train += eps[: len(eps) - n_eval]
-        held += eps[len(eps) - n_eval:]
+        held += eps[len(eps) - n_eval :]
         if n_eval == len(eps):
             whole.append(task or "(no task)")
     if not train:
         raise DatasetError(
-            f"--dataset.eval_split={eval_split} holds out every one of the {len(episodes)} episodes of {meta.root} "
-            f"(per task, the last ceil(n x {eval_split}) of its n episodes): use a smaller fraction, or more episodes")
+            f"--dataset.eval_split={eval_split} holds out every one of the {len(episodes)} episodes of "
+            f"{meta.root} (per task, the last ceil(n x {eval_split}) of its n episodes): use a smaller "
+            "fraction, or more episodes"
+        )
     return EpisodeSplit(tuple(sorted(train)), tuple(sorted(held)), len(by_task), tuple(whole))
 
 

@@ -49,7 +49,8 @@ def _histogram_quantile(hist: np.ndarray, edges: np.ndarray, target: float) -> f
 
 
 def histogram_quantiles(rows: np.ndarray) -> dict[str, np.ndarray]:
-    """``QUANTILES`` of each column of ``rows`` (N >= 2, D), estimated as LeRobot 0.6.1 does (see module doc)."""
+    """``QUANTILES`` of each column of ``rows`` (N >= 2, D), estimated as LeRobot 0.6.1 does
+    (see module doc)."""
     rows = rows.astype(np.result_type(rows.dtype, np.float32), copy=False)
     low, high = np.min(rows, axis=0), np.max(rows, axis=0)
     columns = []
@@ -58,8 +59,10 @@ def histogram_quantiles(rows: np.ndarray) -> dict[str, np.ndarray]:
         edges = np.linspace(low[i] - 1e-10, high[i] + 1e-10, QUANTILE_BINS + 1)
         hist = np.zeros(QUANTILE_BINS) + np.histogram(rows[:, i], bins=edges)[0]
         columns.append((hist, edges))
-    return {name: np.array([_histogram_quantile(hist, edges, q * len(rows)) for hist, edges in columns])
-            for name, q in QUANTILES.items()}
+    return {
+        name: np.array([_histogram_quantile(hist, edges, q * len(rows)) for hist, edges in columns])
+        for name, q in QUANTILES.items()
+    }
 
 
 def _feature_stats(array: np.ndarray, axis: int | tuple[int, ...], keepdims: bool) -> dict[str, np.ndarray]:

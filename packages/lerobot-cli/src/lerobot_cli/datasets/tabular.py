@@ -63,7 +63,8 @@ def _to_numpy(column: pa.ChunkedArray, key: str, feature: dict, path: Path) -> n
                 else f"{int(lengths.min())} to {int(lengths.max())}"
             )
             raise DatasetError(
-                f"{path}: column {key!r} holds {found} values per frame along dim {depth}, but {declared} (shape mismatch)"
+                f"{path}: column {key!r} holds {found} values per frame along dim {depth}, "
+                f"but {declared} (shape mismatch)"
             )
         values = values.flatten()
         depth += 1

@@ -178,8 +178,8 @@ def write_dataset(
     """Write a complete dataset into the new directory ``root`` and return it.
 
     ``features`` are the user features in LeRobot's info.json form ({dtype, shape, names}); the default
-    columns are added. Small ``limits`` (``*_size_in_mb``) put several files in each directory (and with a small
-    ``chunks_size`` several chunk directories), which is how tests exercise the multi-file layout.
+    columns are added. Small ``limits`` (``*_size_in_mb``) put several files in each directory (and with a
+    small ``chunks_size`` several chunk directories), which is how tests exercise the multi-file layout.
     """
     chunks_size, data_files_size_in_mb = limits.chunks_size, limits.data_files_size_in_mb
     video_files_size_in_mb = limits.video_files_size_in_mb
@@ -211,7 +211,8 @@ def write_dataset(
             missing = set(features) - set(L.DEFAULT_FEATURES) - set(episode.frames)
             if missing or any(len(v) != length for v in episode.frames.values()) or length == 0:
                 raise ValueError(
-                    f"episode {episode_index}: needs {length or 'some'} frames of every feature, missing {missing}"
+                    f"episode {episode_index}: needs {length or 'some'} frames of every feature, "
+                    f"missing {missing}"
                 )
             task_index = tasks.setdefault(episode.task, len(tasks))
             frame_index = np.arange(length)

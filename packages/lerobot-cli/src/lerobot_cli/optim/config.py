@@ -38,24 +38,41 @@ class OptimizerConfig:
     eps: float = field(default=1e-8, metadata={"help": "Adam epsilon."})
     momentum: float = field(default=0.0, metadata={"help": "SGD momentum."})
     grad_clip_norm: float | None = _non_negative(
-        "--optimizer.grad_clip_norm", None,
+        "--optimizer.grad_clip_norm",
+        None,
         "Clip the global gradient norm before each update (null: no clipping).",
     )
     # Implementation choices of torch's optimizers (not LeRobot fields; null keeps torch's own choice, so
     # the defaults train exactly as before). The update is the same math either way.
-    fused: bool | None = field(default=None, metadata={"help": (
-        "Fused optimizer kernel (one kernel for all parameters; on CUDA its step counters stay on the GPU, "
-        "so the update never reads the device). null: torch's choice; true is refused at start-up where "
-        "the parameters' device has no fused kernel.")})
-    foreach: bool | None = field(default=None, metadata={"help": (
-        "Multi-tensor (foreach) optimizer implementation. null: torch's choice (foreach on CUDA).")})
+    fused: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Fused optimizer kernel (one kernel for all parameters; on CUDA its step counters stay on "
+                "the GPU, so the update never reads the device). null: torch's choice; true is refused at "
+                "start-up where the parameters' device has no fused kernel."
+            )
+        },
+    )
+    foreach: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Multi-tensor (foreach) optimizer implementation. null: torch's choice (foreach on CUDA)."
+            )
+        },
+    )
 
     def __attrs_post_init__(self) -> None:
         if len(self.betas) != 2:
-            raise ValueError(f"--optimizer.betas must be a JSON list of two numbers, got {list(self.betas)!r}")
+            raise ValueError(
+                f"--optimizer.betas must be a JSON list of two numbers, got {list(self.betas)!r}"
+            )
         if self.fused and self.foreach:
-            raise ValueError("--optimizer.fused and --optimizer.foreach cannot both be true: pick one "
-                             "implementation (fused is the faster where it is supported)")
+            raise ValueError(
+                "--optimizer.fused and --optimizer.foreach cannot both be true: pick one "
+                "implementation (fused is the faster where it is supported)"
+            )
 
 
 @define(frozen=True)

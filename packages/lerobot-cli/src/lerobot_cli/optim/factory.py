@@ -26,13 +26,17 @@ def build_optimizer(cfg: OptimizerConfig, params: Iterable[Any]) -> torch.optim.
     if cfg.fused:
         _check_fused_supported(params)
     if cfg.type == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                 **impl)
+        return torch.optim.AdamW(
+            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **impl
+        )
     if cfg.type == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                **impl)
+        return torch.optim.Adam(
+            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, **impl
+        )
     if cfg.type == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **impl)
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **impl
+        )
     raise ValueError(f"--optimizer.type: invalid choice {cfg.type!r}")
 
 
@@ -51,16 +55,23 @@ def _check_fused_supported(params: list[Any]) -> None:
 
     try:
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
         supported = list(_get_fused_kernels_supported_devices())
     except ImportError:  # a torch without the helper: let torch itself decide
         return
-    bad = sorted({f"{p.dtype} on {p.device.type}" for p in _tensors(params)
-                  if p.device.type not in supported or not torch.is_floating_point(p)})
+    bad = sorted(
+        {
+            f"{p.dtype} on {p.device.type}"
+            for p in _tensors(params)
+            if p.device.type not in supported or not torch.is_floating_point(p)
+        }
+    )
     if bad:
         raise UsageError(
-            f"--optimizer.fused=true needs floating-point parameters on a device with fused optimizer kernels "
-            f"({', '.join(supported)}), but some are {', '.join(bad)}: leave --optimizer.fused unset (torch's "
-            "choice) or set it to false")
+            "--optimizer.fused=true needs floating-point parameters on a device with fused optimizer kernels "
+            f"({', '.join(supported)}), but some are {', '.join(bad)}: leave --optimizer.fused unset "
+            "(torch's choice) or set it to false"
+        )
 
 
 def lr_factor(cfg: SchedulerConfig, base_lr: float, total_steps: int):
@@ -121,8 +132,11 @@ def _place_steps(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> Non
                 optimizer.state[p]["step"] = step.to(device=where, dtype=torch.float32)
 
 
-def reapply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler | None,
-                     settings: list[dict[str, Any]]) -> None:
+def reapply_settings(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    settings: list[dict[str, Any]],
+) -> None:
     """Make a resumed optimizer use the run's configured hyperparameters again.
 
     ``load_state_dict`` restores the saved param groups, lr and betas included, so a changed
@@ -131,7 +145,9 @@ def reapply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr
     step counts, and puts the schedule on the new base lrs at the restored step.
     """
     if len(settings) != len(optimizer.param_groups):
-        raise ValueError(f"{len(settings)} configured param groups for {len(optimizer.param_groups)} restored ones")
+        raise ValueError(
+            f"{len(settings)} configured param groups for {len(optimizer.param_groups)} restored ones"
+        )
     for group, wanted in zip(optimizer.param_groups, settings, strict=True):
         group.update(wanted)
         _place_steps(optimizer, group)
@@ -141,7 +157,9 @@ def reapply_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr
     scheduler.base_lrs = list(base)
     lambdas = getattr(scheduler, "lr_lambdas", None)
     if lambdas is None:
-        raise TypeError(f"cannot re-base a {type(scheduler).__name__}; only LambdaLR schedules are built here")
+        raise TypeError(
+            f"cannot re-base a {type(scheduler).__name__}; only LambdaLR schedules are built here"
+        )
     lrs = [b * lam(scheduler.last_epoch) for b, lam in zip(base, lambdas, strict=True)]
     for group, b, lr in zip(optimizer.param_groups, base, lrs, strict=True):
         group["initial_lr"], group["lr"] = b, lr

@@ -59,12 +59,18 @@ def lora_config(cfg: PeftConfig, policy_config: PolicyConfig) -> LoraConfig:
         targets = cfg.target_modules[0]  # one string: peft reads it as a regex (fullmatch)
     else:
         targets = list(cfg.target_modules)
-    init: bool | str = True if cfg.init_type is None else {"true": True, "false": False}.get(
-        cfg.init_type.lower(), cfg.init_type)
+    init: bool | str = (
+        True
+        if cfg.init_type is None
+        else {"true": True, "false": False}.get(cfg.init_type.lower(), cfg.init_type)
+    )
     try:
         return LoraConfig(
-            r=cfg.r, lora_alpha=cfg.r if cfg.lora_alpha is None else cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-            target_modules=targets, init_lora_weights=init,
+            r=cfg.r,
+            lora_alpha=cfg.r if cfg.lora_alpha is None else cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=targets,
+            init_lora_weights=init,
             modules_to_save=list(cfg.full_training_modules) if cfg.full_training_modules else None,
         )
     except (ValueError, TypeError) as exc:
@@ -78,13 +84,18 @@ def _matching_dtype(policy: nn.Module, base_dtype: str, mixed_precision: str, so
 
 
 def wrap_with_peft(policy: nn.Module, cfg: PeftConfig, *, base_dir: Path, mixed_precision: str) -> PeftModel:
-    """``policy`` (loaded from ``base_dir``, in fp32) with LoRA adapters; the base frozen in its stored dtype."""
+    """``policy`` (loaded from ``base_dir``, in fp32) with LoRA adapters;
+    the base frozen in its stored dtype."""
     source = str(base_dir)
     config = lora_config(cfg, policy.config)  # a policy keeps the config it was built from (LeRobot's too)
-    policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, source)
+    policy = _matching_dtype(
+        policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, source
+    )
     try:
         model = get_peft_model(policy, config, adapter_name=ADAPTER_NAME)
-    except ValueError as exc:  # e.g. target modules that match nothing: peft's message lists what it looked for
+    except (
+        ValueError
+    ) as exc:  # e.g. target modules that match nothing: peft's message lists what it looked for
         raise PeftSetupError(f"--peft.target_modules: {str(exc).splitlines()[0]}") from None
     model.peft_config[ADAPTER_NAME].base_model_name_or_path = base_reference(base_dir)
     if mixed_precision != "no":
@@ -98,16 +109,23 @@ def adapter_state(model: nn.Module) -> Callable[[dict[str, Any]], dict[str, Any]
     peft_model = model if isinstance(model, PeftModel) else None
     if peft_model is None:
         raise TypeError(f"adapter_state needs a PeftModel, got {type(model).__name__}")
-    return lambda state: get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=ADAPTER_NAME,
-                                                   save_embedding_layers=False)
+    return lambda state: get_peft_model_state_dict(
+        peft_model, state_dict=state, adapter_name=ADAPTER_NAME, save_embedding_layers=False
+    )
 
 
 def save_adapter_config(model: PeftModel, directory: Path) -> None:
     model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
 
 
-def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False,
-                        mixed_precision: str = "no", resolve_base: Callable[[str], Path] | None = None):
+def load_adapter_policy(
+    directory: Path,
+    *,
+    config=None,
+    trainable: bool = False,
+    mixed_precision: str = "no",
+    resolve_base: Callable[[str], Path] | None = None,
+):
     """``(policy config, PeftModel)`` for an adapter directory: its recorded base, then the adapter.
 
     ``config`` overrides the directory's ``config.json`` as in ``load_policy``;
@@ -121,9 +139,12 @@ def load_adapter_policy(directory: Path, *, config=None, trainable: bool = False
     base_dir = resolve_recorded_base(directory, resolve_base)
     config, policy = load_policy(base_dir, config=config)  # fp32, as for any pretrained policy
     if trainable:  # training keeps the frozen base in its stored dtype, as wrap_with_peft does
-        policy = _matching_dtype(policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, str(base_dir))
-    model = PeftModel.from_pretrained(policy, str(directory), adapter_name=ADAPTER_NAME, is_trainable=trainable,
-                                      autocast_adapter_dtype=True)
+        policy = _matching_dtype(
+            policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, str(base_dir)
+        )
+    model = PeftModel.from_pretrained(
+        policy, str(directory), adapter_name=ADAPTER_NAME, is_trainable=trainable, autocast_adapter_dtype=True
+    )
     if trainable and mixed_precision != "no":
         upcast_trainable(model)
     return config, (model.train() if trainable else model.eval())

@@ -45,8 +45,10 @@ def resolve_recorded_base(directory: str | Path, resolve) -> Path:
     try:
         return Path(resolve(base))
     except ValueError as exc:
-        raise PeftSetupError(f"{Path(directory) / ADAPTER_CONFIG} names its base policy {base!r}, which cannot be "
-                             f"loaded: {exc}") from None
+        raise PeftSetupError(
+            f"{Path(directory) / ADAPTER_CONFIG} names its base policy {base!r}, which cannot be "
+            f"loaded: {exc}"
+        ) from None
 
 
 def base_reference(directory: str | Path) -> str:

@@ -64,8 +64,10 @@ def torchvision_file(spec: str) -> str | None:
     if version == "DEFAULT" and depth in _DEFAULT_VERSION:
         spec = f"ResNet{depth}_Weights.IMAGENET1K_{_DEFAULT_VERSION[depth]}"
     if spec not in TORCHVISION_FILES:
-        raise UsageError(f"{FLAG}: unknown torchvision weights {spec!r} (known: {', '.join(TORCHVISION_FILES)}), "
-                         "or give the path of a local weights file, or null")
+        raise UsageError(
+            f"{FLAG}: unknown torchvision weights {spec!r} (known: {', '.join(TORCHVISION_FILES)}), "
+            "or give the path of a local weights file, or null"
+        )
     return TORCHVISION_FILES[spec]
 
 
@@ -89,17 +91,20 @@ def _download(name: str, target: Path, spec: str) -> None:
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
         if not digest.startswith(prefix):
             raise BackboneWeightsUnavailable(
-                f"{FLAG}={spec}: the file downloaded from {url} has SHA-256 {digest[:12]}…, not torchvision's "
-                f"{prefix}…: refused (a broken mirror or download); pass null, or the path of a local weights file")
+                f"{FLAG}={spec}: the file downloaded from {url} has SHA-256 {digest[:12]}…, not "
+                f"torchvision's {prefix}…: refused (a broken mirror or download); pass null, "
+                "or the path of a local weights file"
+            )
         os.replace(tmp, target)
     except BackboneWeightsUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - offline, proxy, HTTP error, disk: one sentence for the user
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
         raise BackboneWeightsUnavailable(
-            f"{FLAG}={spec}: not in the torch hub cache ({target}) and the download from {url} failed ({reason}); "
-            f"pass {FLAG}=null for a randomly initialised backbone, or the path of a local torchvision ResNet "
-            f"file (or set ${URL_ENV} to a mirror)") from None
+            f"{FLAG}={spec}: not in the torch hub cache ({target}) and the download from {url} failed "
+            f"({reason}); pass {FLAG}=null for a randomly initialised backbone, or the path of a local "
+            f"torchvision ResNet file (or set ${URL_ENV} to a mirror)"
+        ) from None
     finally:
         socket.setdefaulttimeout(previous)
         if tmp.exists():
@@ -114,13 +119,16 @@ def resolve_backbone_weights(spec: str, *, download: bool = True) -> Path:
         return path
     cached = cached_path(spec)
     if cached is None:
-        raise BackboneWeightsUnavailable(f"{FLAG}: no file at {path}; give a local weights file, a torchvision "
-                                         f"weights name such as {DEFAULT_BACKBONE_WEIGHTS}, or null")
+        raise BackboneWeightsUnavailable(
+            f"{FLAG}: no file at {path}; give a local weights file, a torchvision "
+            f"weights name such as {DEFAULT_BACKBONE_WEIGHTS}, or null"
+        )
     if not cached.is_file():
         if not download:
             raise BackboneWeightsUnavailable(
-                f"{FLAG}={spec}: not in the torch hub cache ({cached}), and this process does not download it "
-                f"(the machine's first rank does); pass {FLAG}=null or the path of a local weights file")
+                f"{FLAG}={spec}: not in the torch hub cache ({cached}), and this process does not download "
+                f"it (the machine's first rank does); pass {FLAG}=null or the path of a local weights file"
+            )
         _download(cached.name, cached, spec)
     return cached
 

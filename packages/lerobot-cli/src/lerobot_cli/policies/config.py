@@ -20,7 +20,9 @@ from lerobot_cli.policies.spec import PolicySpec
 
 
 def _default_normalization() -> dict[str, NormalizationMode]:
-    return normalization_mapping(NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD)
+    return normalization_mapping(
+        NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD
+    )
 
 
 @define(frozen=True, kw_only=True)
@@ -38,20 +40,35 @@ class PolicyConfig:
     output_features: dict[str, PolicyFeature] = field(
         factory=dict, metadata={"help": "Outputs (default: taken from the dataset)."}
     )
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, … (default: cuda:LOCAL_RANK if present, else cpu)."})
-    use_amp: bool = field(default=False, metadata={"help": "LeRobot field kept for compatibility; use --accelerator.mixed_precision."})
-    push_to_hub: bool = field(default=True, metadata={"help": "Publish the final policy when --policy.repo_id is set."})
-    repo_id: str | None = field(default=None, metadata={"help": "Hub model repo the final policy is published to."})
+    device: str | None = field(
+        default=None, metadata={"help": "cpu, cuda, … (default: cuda:LOCAL_RANK if present, else cpu)."}
+    )
+    use_amp: bool = field(
+        default=False,
+        metadata={"help": "LeRobot field kept for compatibility; use --accelerator.mixed_precision."},
+    )
+    push_to_hub: bool = field(
+        default=True, metadata={"help": "Publish the final policy when --policy.repo_id is set."}
+    )
+    repo_id: str | None = field(
+        default=None, metadata={"help": "Hub model repo the final policy is published to."}
+    )
     private: bool | None = field(default=None, metadata={"help": "Create the Hub repo private."})
     tags: list[str] | None = field(default=None, metadata={"help": "Hub model card tags."})
     license: str | None = field(default=None, metadata={"help": "Hub model card license."})
-    pretrained_path: str | None = field(default=None, metadata={"help": "Set by --policy.path: where weights load from."})
+    pretrained_path: str | None = field(
+        default=None, metadata={"help": "Set by --policy.path: where weights load from."}
+    )
     pretrained_revision: str | None = field(
-        default=None, metadata={"help": "LeRobot's record of the Hub revision --policy.path named (kept as read)."})
+        default=None,
+        metadata={"help": "LeRobot's record of the Hub revision --policy.path named (kept as read)."},
+    )
     use_peft: bool = field(
         default=False,
-        metadata={"help": "Written true into a PEFT run's config.json (LeRobot's marker that the directory is an "
-                          "adapter); PEFT runs are chosen with --peft.*, not with this."},
+        metadata={
+            "help": "Written true into a PEFT run's config.json (LeRobot's marker that the directory is an "
+            "adapter); PEFT runs are chosen with --peft.*, not with this."
+        },
     )
 
     def __attrs_post_init__(self) -> None:
@@ -112,7 +129,8 @@ class PolicyConfig:
         return False
 
     def tokenizer(self) -> str | None:
-        """The tokenizer the processors load (a Hub repo or a directory), checked before work; None by default."""
+        """The tokenizer the processors load (a Hub repo or a directory), checked before work;
+        None by default."""
         return None
 
     def backbone_weights(self) -> str | None:

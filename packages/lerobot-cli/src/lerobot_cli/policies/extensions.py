@@ -77,8 +77,10 @@ def merge_sidecar(data: dict[str, Any], config_file: Path) -> tuple[dict[str, An
     if not isinstance(sidecar, dict):
         raise TypeError(f"{path} must hold a JSON object, got {type(sidecar).__name__}")
     if sidecar.get("type") != data["type"]:
-        raise ValueError(f"{path} is for policy type {sidecar.get('type')!r} but {config_file} is "
-                         f"{data['type']!r}: the two files belong to different policies")
+        raise ValueError(
+            f"{path} is for policy type {sidecar.get('type')!r} but {config_file} is "
+            f"{data['type']!r}: the two files belong to different policies"
+        )
     cls = registry.config_class(data["type"])
     allowed, known = extension_fields(cls), {a.name for a in attrs.fields(cls)}
     merged, unknown = dict(data), []
@@ -87,12 +89,16 @@ def merge_sidecar(data: dict[str, Any], config_file: Path) -> tuple[dict[str, An
             continue
         if key in allowed:
             if key in data and data[key] != value:
-                raise ValueError(f"{key} is {data[key]!r} in {config_file} but {value!r} in {path}; keep it in "
-                                 f"{path.name} only")
+                raise ValueError(
+                    f"{key} is {data[key]!r} in {config_file} but {value!r} in {path}; keep it in "
+                    f"{path.name} only"
+                )
             merged[key] = value
         elif key in known:
-            raise ValueError(f"{path}: {key} belongs in {config_file.name} (LeRobot's {data['type']} config has it), "
-                             f"not in {path.name}")
+            raise ValueError(
+                f"{path}: {key} belongs in {config_file.name} (LeRobot's {data['type']} config has it), "
+                f"not in {path.name}"
+            )
         else:
             unknown.append(key)
     return merged, sorted(unknown)

@@ -24,8 +24,9 @@ class NormalizationMode(str, enum.Enum):
     QUANTILE10 = "QUANTILE10"  # q10/q90 to [-1, 1]
 
 
-def normalization_mapping(visual: NormalizationMode, state: NormalizationMode,
-                          action: NormalizationMode) -> dict[str, NormalizationMode]:
+def normalization_mapping(
+    visual: NormalizationMode, state: NormalizationMode, action: NormalizationMode
+) -> dict[str, NormalizationMode]:
     """A ``normalization_mapping`` value (LeRobot's keys): a policy config's default factory builds one."""
     return {"VISUAL": visual, "STATE": state, "ACTION": action}
 

@@ -41,5 +41,6 @@ def _download_policy(repo_id: str) -> Path:
     except Exception as exc:  # noqa: BLE001 - any transport or auth failure is one user-facing sentence
         detail = str(exc).splitlines()[0] if str(exc) else "no detail"
         raise PolicyLocationError(
-            f"{repo_id}: not a local directory, and downloading it from the Hub failed ({type(exc).__name__}: {detail})"
+            f"{repo_id}: not a local directory, and downloading it from the Hub failed "
+            f"({type(exc).__name__}: {detail})"
         ) from None

@@ -25,12 +25,26 @@ from lerobot_cli.policies.weights import (
     without_init_only_fields,
 )
 
-__all__ = ["MODEL_NAME", "build_policy", "dedupe_shared_tensors", "load_policy", "load_pretrained", "load_weights",
-           "save_pretrained", "save_state_dict", "without_init_only_fields"]
+__all__ = [
+    "MODEL_NAME",
+    "build_policy",
+    "dedupe_shared_tensors",
+    "load_policy",
+    "load_pretrained",
+    "load_weights",
+    "save_pretrained",
+    "save_state_dict",
+    "without_init_only_fields",
+]
 
 
-def load_pretrained(directory: str | Path, *, config: PolicyConfig | None = None,
-                    device: str | torch.device = "cpu", strict: bool = True) -> tuple[PolicyConfig, nn.Module]:
+def load_pretrained(
+    directory: str | Path,
+    *,
+    config: PolicyConfig | None = None,
+    device: str | torch.device = "cpu",
+    strict: bool = True,
+) -> tuple[PolicyConfig, nn.Module]:
     """Build the policy saved in ``directory`` (ours or LeRobot's) and load its weights.
 
     A PEFT directory (``adapter_config.json``) gives a ``peft.PeftModel``: the base policy recorded

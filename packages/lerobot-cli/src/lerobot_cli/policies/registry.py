@@ -72,16 +72,22 @@ def config_class(name: str) -> type[PolicyConfig]:
         return _REGISTERED[name]
     target = _BUILTIN.get(name) or _plugin_targets().get(name)
     if target is None:
-        raise UnknownPolicyError(f"--policy.type: invalid choice {name!r} (choose from {', '.join(available())})")
+        raise UnknownPolicyError(
+            f"--policy.type: invalid choice {name!r} (choose from {', '.join(available())})"
+        )
     try:
         cls = _import(target)
     except ModuleNotFoundError as exc:
-        raise UnknownPolicyError(f"--policy.type={name}: its config {target} cannot be imported ({exc})") from None
+        raise UnknownPolicyError(
+            f"--policy.type={name}: its config {target} cannot be imported ({exc})"
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, PolicyConfig)) or cls.type != name:
         raise UnknownPolicyError(f"--policy.type={name}: {target} is not a PolicyConfig with type={name!r}")
     if not isinstance(cls.spec, PolicySpec):
-        raise UnknownPolicyError(f"--policy.type={name}: {target} sets no `spec` (a PolicySpec): the runner "
-                                 f"reads the policy's model class, wrap units and needs from it")
+        raise UnknownPolicyError(
+            f"--policy.type={name}: {target} sets no `spec` (a PolicySpec): the runner "
+            f"reads the policy's model class, wrap units and needs from it"
+        )
     return cls
 
 

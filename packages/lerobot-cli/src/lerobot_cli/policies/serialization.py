@@ -10,8 +10,9 @@ instead of failing, since refusing a LeRobot checkpoint over a flag we do not us
 A config class may name ``lerobot_extension_fields``: fields of ours that LeRobot's class lacks. They are
 never written into ``config.json`` (LeRobot's parser refuses unknown keys) but into the sidecar
 ``config_extensions.json`` beside it (``policies.extensions``), so every ``config.json`` we write parses with
-LeRobot whatever the settings. ``policy_config_to_dict`` is ``config.json``'s dict, ``policy_config_extensions``
-the sidecar's; our own ``train_config.json`` keeps every field of its policy in one place.
+LeRobot whatever the settings. ``policy_config_to_dict`` is ``config.json``'s dict,
+``policy_config_extensions`` the sidecar's; our own ``train_config.json`` keeps every field of its policy in
+one place.
 
 ``configure_converter`` installs these hooks on any converter, so the CLI's ``train_config.json``
 converter handles ``policy: PolicyConfig | None`` the same way.
@@ -172,6 +173,10 @@ def load_policy_config(path: str | Path) -> PolicyConfig:
     if isinstance(data, dict):
         data, unknown = extensions.merge_sidecar(data, file)
         if unknown:
-            warnings.warn(f"{extensions.SIDECAR_NAME}: ignoring keys the {data['type']} policy does not define: "
-                          f"{', '.join(unknown)}", UnknownConfigKeysWarning, stacklevel=2)
+            warnings.warn(
+                f"{extensions.SIDECAR_NAME}: ignoring keys the {data['type']} policy does not define: "
+                f"{', '.join(unknown)}",
+                UnknownConfigKeysWarning,
+                stacklevel=2,
+            )
     return policy_config_from_dict(data)

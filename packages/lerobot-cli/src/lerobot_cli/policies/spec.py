@@ -51,21 +51,27 @@ def _groups_in_units(instance, attribute, value: tuple[tuple[str, ...], ...]) ->
             raise ValueError(f"PolicySpec.unit_groups: a group joins at least two classes, got {group!r}")
         missing = [name for name in group if name not in (instance.wrap_units or ())]
         if missing:
-            raise ValueError(f"PolicySpec.unit_groups names {missing} that wrap_units lacks: a grouped class "
-                             f"must also be a wrap unit")
+            raise ValueError(
+                f"PolicySpec.unit_groups names {missing} that wrap_units lacks: a grouped class "
+                f"must also be a wrap unit"
+            )
 
 
 def _units_run_forward(instance, attribute, value: tuple[str, ...]) -> None:
     both = [name for name in value if name in (instance.wrap_units or ())]
     if both:
-        raise ValueError(f"PolicySpec.no_forward_modules names {both} that wrap_units also lists: a module whose "
-                         f"forward never runs cannot be an FSDP unit (FSDP gathers a unit in its forward)")
+        raise ValueError(
+            f"PolicySpec.no_forward_modules names {both} that wrap_units also lists: a module whose "
+            f"forward never runs cannot be an FSDP unit (FSDP gathers a unit in its forward)"
+        )
 
 
 def _known_extras(instance, attribute, value: tuple[str, ...]) -> None:
     unknown = [name for name in value if name not in EXTRAS]
     if unknown:
-        raise ValueError(f"PolicySpec.extras names {unknown}, not lerobot-cli extras (choose from {sorted(EXTRAS)})")
+        raise ValueError(
+            f"PolicySpec.extras names {unknown}, not lerobot-cli extras (choose from {sorted(EXTRAS)})"
+        )
 
 
 @define(frozen=True, kw_only=True)
@@ -90,7 +96,9 @@ class PolicySpec:
     model: str = field(validator=_target)
     processors: str = field(default="", validator=_target)
     wrap_units: tuple[str, ...] | None = field(default=None, converter=_optional_names)
-    unit_groups: tuple[tuple[str, ...], ...] = field(default=(), converter=_groups, validator=_groups_in_units)
+    unit_groups: tuple[tuple[str, ...], ...] = field(
+        default=(), converter=_groups, validator=_groups_in_units
+    )
     no_forward_modules: tuple[str, ...] = field(default=(), converter=_names, validator=_units_run_forward)
     peft_targets: str | tuple[str, ...] | None = field(default=None, converter=_peft_targets)
     init_only_fields: tuple[str, ...] = field(default=(), converter=_names)

@@ -57,7 +57,11 @@ def dedupe_shared_tensors(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]
         first = state_dict[names[0]]
         for name in names[1:]:
             t = state_dict[name]
-            same_view = (t.storage_offset(), t.shape, t.stride()) == (first.storage_offset(), first.shape, first.stride())
+            same_view = (t.storage_offset(), t.shape, t.stride()) == (
+                first.storage_offset(),
+                first.shape,
+                first.stride(),
+            )
             if same_view:
                 del out[name]
             else:
@@ -96,8 +100,13 @@ def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True, ad
         )
 
 
-def save_pretrained(policy: nn.Module | None, config: PolicyConfig, directory: str | Path, *,
-                    state_dict: Mapping[str, Tensor] | None = None) -> Path:
+def save_pretrained(
+    policy: nn.Module | None,
+    config: PolicyConfig,
+    directory: str | Path,
+    *,
+    state_dict: Mapping[str, Tensor] | None = None,
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` into ``directory`` and return it.
 
     ``state_dict`` replaces ``policy.state_dict()`` when given (e.g. a full state gathered from FSDP
@@ -114,14 +123,20 @@ def save_pretrained(policy: nn.Module | None, config: PolicyConfig, directory: s
     return directory
 
 
-def load_policy(directory: str | Path, *, config: PolicyConfig | None = None,
-                device: str | torch.device = "cpu", strict: bool = True) -> tuple[PolicyConfig, nn.Module]:
+def load_policy(
+    directory: str | Path,
+    *,
+    config: PolicyConfig | None = None,
+    device: str | torch.device = "cpu",
+    strict: bool = True,
+) -> tuple[PolicyConfig, nn.Module]:
     """Build the (non-PEFT) policy saved in ``directory`` and load its weights; eval mode.
 
     ``config`` overrides the directory's ``config.json`` (e.g. with CLI flags applied).
     """
     config = without_init_only_fields(config if config is not None else load_policy_config(directory))
     policy = build_policy(config)
-    load_weights(policy, pretrained_weights_file(directory), strict=strict,
-                 adapt=registry.state_dict_adapter(config))
+    load_weights(
+        policy, pretrained_weights_file(directory), strict=strict, adapt=registry.state_dict_adapter(config)
+    )
     return config, policy.to(device).eval()

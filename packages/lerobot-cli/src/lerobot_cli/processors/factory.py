@@ -58,8 +58,10 @@ class DefaultSteps:
 
     def default_lists(self) -> StepLists:
         """The default pipelines: what a policy without ``processor_steps`` gets."""
-        return ([self.rename_observations, self.add_batch_dim, self.to_device, self.normalize],
-                [self.unnormalize, self.to_cpu])
+        return (
+            [self.rename_observations, self.add_batch_dim, self.to_device, self.normalize],
+            [self.unnormalize, self.to_cpu],
+        )
 
 
 class ProcessorStepsError(ValueError):
@@ -74,20 +76,28 @@ def _steps_function(config: PolicyConfig) -> Callable[[PolicyConfig, DefaultStep
     try:
         function = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:
-        raise ProcessorStepsError(f"{type(config).__name__}.spec.processors names {target!r}, which cannot be "
-                                  f"imported ({exc}); it must be 'module:function'") from exc
+        raise ProcessorStepsError(
+            f"{type(config).__name__}.spec.processors names {target!r}, which cannot be "
+            f"imported ({exc}); it must be 'module:function'"
+        ) from exc
     if not callable(function):
-        raise ProcessorStepsError(f"{type(config).__name__}.spec.processors names {target!r}, which is not a function")
+        raise ProcessorStepsError(
+            f"{type(config).__name__}.spec.processors names {target!r}, which is not a function"
+        )
     return function
 
 
 # Modes tried, in this order, for a feature type whose configured mode lacks statistics
-_FALLBACK_MODES = (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX, NormalizationMode.QUANTILES,
-                   NormalizationMode.QUANTILE10)
+_FALLBACK_MODES = (
+    NormalizationMode.MEAN_STD,
+    NormalizationMode.MIN_MAX,
+    NormalizationMode.QUANTILES,
+    NormalizationMode.QUANTILE10,
+)
 QUANTILE_STATS_FIX = (
     "q01-q99 are written by lerobot_cli.datasets.writer (the demo: uv run python tools/make_demo_dataset.py "
-    "--output <root> --overwrite); LeRobot 0.6.1's `lerobot-edit-dataset --operation.type=recompute_stats` adds "
-    "them to a LeRobot dataset"
+    "--output <root> --overwrite); LeRobot 0.6.1's `lerobot-edit-dataset --operation.type=recompute_stats` "
+    "adds them to a LeRobot dataset"
 )
 
 
@@ -97,25 +107,37 @@ class MissingStatsError(ValueError):
     ``supported_mapping``: the configured mapping with each lacking type replaced by the first mode the
     statistics do have (MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10, else IDENTITY): a run that works as is."""
 
-    def __init__(self, missing: list[tuple[str, str]], *, absent: list[str], mapping: dict[str, str],
-                 feature_types: dict[str, str], supported_mapping: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        missing: list[tuple[str, str]],
+        *,
+        absent: list[str],
+        mapping: dict[str, str],
+        feature_types: dict[str, str],
+        supported_mapping: dict[str, str] | None = None,
+    ) -> None:
         self.missing = missing  # (feature, stat) pairs
         self.absent = absent  # features with no statistics at all
         self.mapping = mapping  # feature type -> normalization mode
         self.feature_types = feature_types  # feature -> feature type
         self.supported_mapping = supported_mapping or {
-            t: ("IDENTITY" if t in {feature_types[k] for k, _ in missing} else m) for t, m in mapping.items()}
+            t: ("IDENTITY" if t in {feature_types[k] for k, _ in missing} else m) for t, m in mapping.items()
+        }
         quantiles = any(stat.startswith("q") for _, stat in missing)
         super().__init__(
             f"dataset statistics lack {', '.join(f'{k}.{s}' for k, s in missing)}, needed by the policy's "
             f"normalization_mapping ({mapping}); normalize with modes the statistics have, "
-            f"--policy.normalization_mapping='{json.dumps(self.supported_mapping)}', or recompute the dataset's "
-            f"meta/stats.json{f': {QUANTILE_STATS_FIX}' if quantiles else ''}"
+            f"--policy.normalization_mapping='{json.dumps(self.supported_mapping)}', or recompute the "
+            f"dataset's meta/stats.json{f': {QUANTILE_STATS_FIX}' if quantiles else ''}"
         )
 
 
-def supported_mapping(mapping: Mapping[str, NormalizationMode], features: Mapping[str, PolicyFeature],
-                      stats: Mapping[str, Mapping[str, Any]], lacking: set[str]) -> dict[str, str]:
+def supported_mapping(
+    mapping: Mapping[str, NormalizationMode],
+    features: Mapping[str, PolicyFeature],
+    stats: Mapping[str, Mapping[str, Any]],
+    lacking: set[str],
+) -> dict[str, str]:
     """``mapping`` with each feature type in ``lacking`` set to the first mode whose statistics every
     feature of that type has (see :class:`MissingStatsError`)."""
     out = {}
@@ -123,9 +145,14 @@ def supported_mapping(mapping: Mapping[str, NormalizationMode], features: Mappin
         mode = NormalizationMode(mode)
         keys = [k for k, f in features.items() if f.type.value == kind]
         if kind in lacking:
-            mode = next((m for m in _FALLBACK_MODES
-                         if all(s in stats.get(k, {}) for k in keys for s in REQUIRED_STATS[m])),
-                        NormalizationMode.IDENTITY)
+            mode = next(
+                (
+                    m
+                    for m in _FALLBACK_MODES
+                    if all(s in stats.get(k, {}) for k in keys for s in REQUIRED_STATS[m])
+                ),
+                NormalizationMode.IDENTITY,
+            )
         out[kind] = mode.value
     return out
 
@@ -148,33 +175,44 @@ def make_pre_post_processors(
     if missing:
         pairs = [tuple(m.rsplit(".", 1)) for m in missing]
         raise MissingStatsError(
-            pairs, absent=[k for k in features if k not in stats],
+            pairs,
+            absent=[k for k in features if k not in stats],
             mapping={k: v.value for k, v in config.normalization_mapping.items()},
             feature_types={k: f.type.value for k, f in features.items()},
-            supported_mapping=supported_mapping(config.normalization_mapping, features, stats,
-                                                {features[k].type.value for k, _ in pairs}),
+            supported_mapping=supported_mapping(
+                config.normalization_mapping, features, stats, {features[k].type.value for k, _ in pairs}
+            ),
         )
     unnormalizer = UnnormalizerStep(
-        features=dict(config.output_features), norm_map=config.normalization_mapping,
+        features=dict(config.output_features),
+        norm_map=config.normalization_mapping,
         stats={k: v for k, v in stats.items() if k in config.output_features},
     )
     defaults = DefaultSteps(
-        rename_observations=RenameObservationsStep(rename_map), add_batch_dim=AddBatchDimensionStep(),
-        to_device=DeviceStep(device or config.device or "cpu"), normalize=normalizer, unnormalize=unnormalizer,
+        rename_observations=RenameObservationsStep(rename_map),
+        add_batch_dim=AddBatchDimensionStep(),
+        to_device=DeviceStep(device or config.device or "cpu"),
+        normalize=normalizer,
+        unnormalize=unnormalizer,
         to_cpu=DeviceStep("cpu"),
     )
     function = _steps_function(config)
     pre_steps, post_steps = defaults.default_lists() if function is None else function(config, defaults)
-    return ProcessorPipeline(pre_steps, name=PREPROCESSOR_NAME), ProcessorPipeline(post_steps, name=POSTPROCESSOR_NAME)
+    return ProcessorPipeline(pre_steps, name=PREPROCESSOR_NAME), ProcessorPipeline(
+        post_steps, name=POSTPROCESSOR_NAME
+    )
 
 
-def save_processors(preprocessor: ProcessorPipeline, postprocessor: ProcessorPipeline,
-                    directory: str | Path) -> list[Path]:
+def save_processors(
+    preprocessor: ProcessorPipeline, postprocessor: ProcessorPipeline, directory: str | Path
+) -> list[Path]:
     """Write both pipelines next to the weights; returns every file written."""
     return [*preprocessor.save_pretrained(directory), *postprocessor.save_pretrained(directory)]
 
 
-def load_processors(directory: str | Path, *, device: str | None = None) -> tuple[ProcessorPipeline, ProcessorPipeline]:
+def load_processors(
+    directory: str | Path, *, device: str | None = None
+) -> tuple[ProcessorPipeline, ProcessorPipeline]:
     """Read ``policy_preprocessor.json`` / ``policy_postprocessor.json`` (ours or LeRobot's).
 
     ``device`` overrides where the pre-processor puts batches (the saved value is the training device).

@@ -47,10 +47,14 @@ def to_stat_tensors(stats: Mapping[str, Mapping[str, Any]] | None) -> dict[str, 
 class _Normalization(ProcessorStep):
     inverse: ClassVar[bool] = False
 
-    def __init__(self, features: Mapping[str, PolicyFeature | Mapping[str, Any]],
-                 norm_map: Mapping[str, NormalizationMode | str],
-                 stats: Mapping[str, Mapping[str, Any]] | None = None, eps: float = 1e-8,
-                 normalize_observation_keys: list[str] | set[str] | None = None) -> None:
+    def __init__(
+        self,
+        features: Mapping[str, PolicyFeature | Mapping[str, Any]],
+        norm_map: Mapping[str, NormalizationMode | str],
+        stats: Mapping[str, Mapping[str, Any]] | None = None,
+        eps: float = 1e-8,
+        normalize_observation_keys: list[str] | set[str] | None = None,
+    ) -> None:
         self.features = {
             k: f if isinstance(f, PolicyFeature) else PolicyFeature(type=f["type"], shape=f["shape"])
             for k, f in features.items()
@@ -122,8 +126,11 @@ class _Normalization(ProcessorStep):
         for key, feature in self.features.items():
             if key not in batch or not isinstance(batch[key], Tensor):
                 continue
-            if (self.normalize_observation_keys is not None and feature.type != FeatureType.ACTION
-                    and key not in self.normalize_observation_keys):
+            if (
+                self.normalize_observation_keys is not None
+                and feature.type != FeatureType.ACTION
+                and key not in self.normalize_observation_keys
+            ):
                 continue
             out[key] = self._transform(key, batch[key])
         return out
@@ -139,7 +146,11 @@ class _Normalization(ProcessorStep):
         return config
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {f"{key}.{name}": t.clone() for key, per_stat in self._stats.items() for name, t in per_stat.items()}
+        return {
+            f"{key}.{name}": t.clone()
+            for key, per_stat in self._stats.items()
+            for name, t in per_stat.items()
+        }
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
         stats: dict[str, dict[str, Tensor]] = {}

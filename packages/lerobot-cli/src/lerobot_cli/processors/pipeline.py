@@ -68,9 +68,13 @@ def _step_entry(path: Path, i: int, entry: Any) -> str:
     known = ", ".join(sorted(STEP_REGISTRY))
     if name is None and entry.get("class"):
         raise ProcessorFileError(
-            f"{path}: step {i} names the Python class {entry['class']!r}, which is never imported (a pipeline file "
-            f"may only use the registered steps: {known}); remove that step, or save the pipeline with this trainer")
-    raise ProcessorFileError(f"{path}: step {i} is {name!r}, which this trainer does not implement (known: {known})")
+            f"{path}: step {i} names the Python class {entry['class']!r}, which is never imported (a "
+            f"pipeline file may only use the registered steps: {known}); remove that step, "
+            "or save the pipeline with this trainer"
+        )
+    raise ProcessorFileError(
+        f"{path}: step {i} is {name!r}, which this trainer does not implement (known: {known})"
+    )
 
 
 class ProcessorPipeline:
@@ -88,7 +92,9 @@ class ProcessorPipeline:
         return batch
 
     def __repr__(self) -> str:
-        return f"ProcessorPipeline(name={self.name!r}, steps=[{', '.join(s.registry_name for s in self.steps)}])"
+        return (
+            f"ProcessorPipeline(name={self.name!r}, steps=[{', '.join(s.registry_name for s in self.steps)}])"
+        )
 
     def step(self, registry_name: str) -> ProcessorStep:
         """The first step with this registry name (e.g. to swap a normaliser's statistics)."""
@@ -152,7 +158,9 @@ class ProcessorPipeline:
             raise ProcessorFileError(f"{path} is not a readable JSON file: {exc}") from None
         entries = config.get("steps", []) if isinstance(config, dict) else None
         if not isinstance(entries, list):
-            raise ProcessorFileError(f"{path} must hold a JSON object with a 'steps' list (LeRobot's pipeline file)")
+            raise ProcessorFileError(
+                f"{path} must hold a JSON object with a 'steps' list (LeRobot's pipeline file)"
+            )
         steps = []
         for i, entry in enumerate(entries):
             name = _step_entry(path, i, entry)
@@ -163,11 +171,15 @@ class ProcessorPipeline:
             if entry.get("state_file"):
                 state_path = directory / str(entry["state_file"])
                 if not state_path.is_file():
-                    raise MissingProcessorFileError(f"{path}: step {i} ({name}) needs {state_path}, which is missing")
+                    raise MissingProcessorFileError(
+                        f"{path}: step {i} ({name}) needs {state_path}, which is missing"
+                    )
                 state, _ = read_tensors(state_path)  # a damaged file: the weights' one sentence, naming it
                 try:
                     step.load_state_dict(state)
                 except (KeyError, RuntimeError, ValueError) as exc:
-                    raise ProcessorFileError(f"{state_path}: does not fit step {i} ({name}) of {path}: {exc}") from None
+                    raise ProcessorFileError(
+                        f"{state_path}: does not fit step {i} ({name}) of {path}: {exc}"
+                    ) from None
             steps.append(step)
         return cls(steps, name=config.get("name", path.stem))

@@ -53,8 +53,12 @@ class RelativeActionsStep(ProcessorStep):
 
     registry_name: ClassVar[str] = "relative_actions_processor"
 
-    def __init__(self, enabled: bool = False, exclude_joints: Sequence[str] | None = None,
-                 action_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool = False,
+        exclude_joints: Sequence[str] | None = None,
+        action_names: Sequence[str] | None = None,
+    ) -> None:
         self.enabled = bool(enabled)
         self.exclude_joints = list(exclude_joints or [])
         self.action_names = None if action_names is None else list(action_names)
@@ -66,7 +70,10 @@ class RelativeActionsStep(ProcessorStep):
         excluded = [str(name).lower() for name in self.exclude_joints if name]
         if not excluded or self.action_names is None:
             return [True] * action_dim
-        mask = [not any(token in str(name).lower() for token in excluded) for name in self.action_names[:action_dim]]
+        mask = [
+            not any(token in str(name).lower() for token in excluded)
+            for name in self.action_names[:action_dim]
+        ]
         return mask + [True] * (action_dim - len(mask))
 
     def __call__(self, batch: Batch) -> Batch:
@@ -79,8 +86,11 @@ class RelativeActionsStep(ProcessorStep):
         return {**batch, "action": to_relative_actions(action, state, self.mask(action.shape[-1]))}
 
     def get_config(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "exclude_joints": list(self.exclude_joints),
-                "action_names": None if self.action_names is None else list(self.action_names)}
+        return {
+            "enabled": self.enabled,
+            "exclude_joints": list(self.exclude_joints),
+            "action_names": None if self.action_names is None else list(self.action_names),
+        }
 
 
 @register_step
@@ -100,14 +110,21 @@ class AbsoluteActionsStep(ProcessorStep):
         if not self.enabled or batch.get("action") is None:
             return batch
         if self.relative_step is None:
-            raise RuntimeError("absolute_actions_processor is enabled but has no paired relative_actions_processor; "
-                               "load the pre- and post-processor together (load_processors)")
+            raise RuntimeError(
+                "absolute_actions_processor is enabled but has no paired relative_actions_processor; "
+                "load the pre- and post-processor together (load_processors)"
+            )
         state = self.relative_step.last_state
         if state is None:
-            raise RuntimeError("absolute_actions_processor needs the state of the last observation, but the "
-                               "pre-processor has not run yet; run it on the observation first")
+            raise RuntimeError(
+                "absolute_actions_processor needs the state of the last observation, but the "
+                "pre-processor has not run yet; run it on the observation first"
+            )
         action = batch["action"]
-        return {**batch, "action": to_absolute_actions(action, state, self.relative_step.mask(action.shape[-1]))}
+        return {
+            **batch,
+            "action": to_absolute_actions(action, state, self.relative_step.mask(action.shape[-1])),
+        }
 
     def get_config(self) -> dict[str, Any]:
         return {"enabled": self.enabled}

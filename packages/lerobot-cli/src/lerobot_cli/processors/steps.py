@@ -90,14 +90,26 @@ class AddBatchDimensionStep(ProcessorStep):
                 out[key] = [value]
             elif not isinstance(value, Tensor):
                 continue
-            elif key in ("observation.state", "observation.environment_state", "action") and value.dim() == 1 or (key == "observation.image" or key.startswith("observation.images.")) and value.dim() == 3 or key in ("index", "task_index") and value.dim() == 0:
+            elif (
+                key in ("observation.state", "observation.environment_state", "action")
+                and value.dim() == 1
+                or (key == "observation.image" or key.startswith("observation.images."))
+                and value.dim() == 3
+                or key in ("index", "task_index")
+                and value.dim() == 0
+            ):
                 out[key] = value.unsqueeze(0)
         return out
 
 
 _FLOAT_DTYPES = {
-    "float16": torch.float16, "half": torch.float16, "float32": torch.float32, "float": torch.float32,
-    "float64": torch.float64, "double": torch.float64, "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "bfloat16": torch.bfloat16,
 }
 
 
@@ -117,7 +129,10 @@ class DeviceStep(ProcessorStep):
 
     def __init__(self, device: str = "cpu", float_dtype: str | None = None) -> None:
         if float_dtype is not None and float_dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"device_processor: invalid float_dtype {float_dtype!r} (choose from {', '.join(_FLOAT_DTYPES)})")
+            raise ValueError(
+                f"device_processor: invalid float_dtype {float_dtype!r} (choose from "
+                f"{', '.join(_FLOAT_DTYPES)})"
+            )
         self.device = str(device)
         self.float_dtype = float_dtype
 
@@ -137,7 +152,10 @@ class DeviceStep(ProcessorStep):
         return tensor
 
     def __call__(self, batch: Batch) -> Batch:
-        return {k: self._move(v) if isinstance(v, Tensor) and k not in self.host_keys else v for k, v in batch.items()}
+        return {
+            k: self._move(v) if isinstance(v, Tensor) and k not in self.host_keys else v
+            for k, v in batch.items()
+        }
 
     def get_config(self) -> dict[str, Any]:
         return {"device": self.device, "float_dtype": self.float_dtype}

@@ -57,16 +57,20 @@ def _first_sentence(text: str) -> str:
 
 
 def _unavailable_message(name: str, reason: str, setting: str = "policy.tokenizer_name") -> str:
-    fix = (f"set {setting} to a local tokenizer directory (one that save_pretrained wrote: "
-           "tokenizer.json and tokenizer_config.json)")
+    fix = (
+        f"set {setting} to a local tokenizer directory (one that save_pretrained wrote: "
+        "tokenizer.json and tokenizer_config.json)"
+    )
     if Path(name).expanduser().is_dir():
         return f"tokenizer directory {name!r} holds no tokenizer transformers can load ({reason}); {fix}"
     from huggingface_hub import constants
 
-    return (f"tokenizer {name!r} is neither a local directory nor in the Hugging Face cache "
-            f"({constants.HF_HUB_CACHE}), and the Hub could not provide it ({reason}); download it once "
-            f"with network access (`hf download {name}`, after accepting its license on the Hub if it is "
-            f"gated) or {fix}")
+    return (
+        f"tokenizer {name!r} is neither a local directory nor in the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE}), and the Hub could not provide it ({reason}); download it once "
+        f"with network access (`hf download {name}`, after accepting its license on the Hub if it is "
+        f"gated) or {fix}"
+    )
 
 
 def load_tokenizer(name: str) -> Any:
@@ -89,8 +93,10 @@ def _texts(value: Any, key: str) -> list[str]:
         return [value]
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise ValueError(f"tokenizer_processor: batch[{key!r}] must be a string or a list of strings, "
-                     f"got {type(value).__name__}")
+    raise ValueError(
+        f"tokenizer_processor: batch[{key!r}] must be a string or a list of strings, "
+        f"got {type(value).__name__}"
+    )
 
 
 def _device_of(batch: Batch) -> torch.device | None:
@@ -108,17 +114,30 @@ class TokenizerStep(ProcessorStep):
 
     registry_name: ClassVar[str] = TOKENIZER_STEP
 
-    def __init__(self, tokenizer_name: str | None = None, max_length: int = 512, task_key: str = "task",
-                 padding_side: str = "right", padding: str = "max_length", truncation: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer_name: str | None = None,
+        max_length: int = 512,
+        task_key: str = "task",
+        padding_side: str = "right",
+        padding: str = "max_length",
+        truncation: bool = True,
+    ) -> None:
         if not tokenizer_name:
-            raise ValueError("tokenizer_processor needs a tokenizer_name (a Hub name or a local tokenizer directory)")
+            raise ValueError(
+                "tokenizer_processor needs a tokenizer_name (a Hub name or a local tokenizer directory)"
+            )
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"tokenizer_processor: max_length must be an integer ≥ 1, got {max_length!r}")
         if padding_side not in PADDING_SIDES:
-            raise ValueError(f"tokenizer_processor: invalid padding_side {padding_side!r} (choose from "
-                             f"{', '.join(PADDING_SIDES)})")
+            raise ValueError(
+                f"tokenizer_processor: invalid padding_side {padding_side!r} (choose from "
+                f"{', '.join(PADDING_SIDES)})"
+            )
         if padding not in PADDINGS:
-            raise ValueError(f"tokenizer_processor: invalid padding {padding!r} (choose from {', '.join(PADDINGS)})")
+            raise ValueError(
+                f"tokenizer_processor: invalid padding {padding!r} (choose from {', '.join(PADDINGS)})"
+            )
         self.tokenizer_name = str(tokenizer_name)
         self.max_length = max_length
         self.task_key = task_key
@@ -136,14 +155,22 @@ class TokenizerStep(ProcessorStep):
 
     def tokenize(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """``(input_ids int64, attention_mask bool)``, each ``(len(texts), length)``, on the CPU."""
-        encoded = self.tokenizer(list(texts), max_length=self.max_length, truncation=self.truncation,
-                                 padding=self.padding, padding_side=self.padding_side, return_tensors="pt")
+        encoded = self.tokenizer(
+            list(texts),
+            max_length=self.max_length,
+            truncation=self.truncation,
+            padding=self.padding,
+            padding_side=self.padding_side,
+            return_tensors="pt",
+        )
         return encoded["input_ids"].to(torch.long), encoded["attention_mask"].to(torch.bool)
 
     def __call__(self, batch: Batch) -> Batch:
         if batch.get(self.task_key) is None:
-            raise ValueError(f"tokenizer_processor: the batch has no {self.task_key!r} text to tokenize "
-                             f"(keys: {', '.join(sorted(batch))})")
+            raise ValueError(
+                f"tokenizer_processor: the batch has no {self.task_key!r} text to tokenize "
+                f"(keys: {', '.join(sorted(batch))})"
+            )
         device = _device_of(batch)
         out = dict(batch)
         pairs = [(self.task_key, TOKENS, ATTENTION_MASK)]
@@ -157,5 +184,11 @@ class TokenizerStep(ProcessorStep):
 
     def get_config(self) -> dict[str, Any]:
         # LeRobot's keys in LeRobot's order, so the JSON files are byte-equal
-        return {"max_length": self.max_length, "task_key": self.task_key, "padding_side": self.padding_side,
-                "padding": self.padding, "truncation": self.truncation, "tokenizer_name": self.tokenizer_name}
+        return {
+            "max_length": self.max_length,
+            "task_key": self.task_key,
+            "padding_side": self.padding_side,
+            "padding": self.padding,
+            "truncation": self.truncation,
+            "tokenizer_name": self.tokenizer_name,
+        }

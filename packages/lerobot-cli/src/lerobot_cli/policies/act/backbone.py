@@ -28,12 +28,14 @@ class FrozenBatchNorm2d(nn.Module):
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs) -> None:
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
         # A trainable BatchNorm2d checkpoint carries a step counter that has no meaning here.
         state_dict.pop(prefix + "num_batches_tracked", None)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         scale = self.weight * (self.running_var + self.eps).rsqrt()
@@ -52,8 +54,9 @@ def _conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
-                 dilation: int = 1) -> None:
+    def __init__(
+        self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None, dilation: int = 1
+    ) -> None:
         super().__init__()
         if dilation > 1:
             raise ValueError("ResNet basic blocks (resnet18/34) do not support dilation")
@@ -74,8 +77,9 @@ class BasicBlock(nn.Module):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
-                 dilation: int = 1) -> None:
+    def __init__(
+        self, cin: int, planes: int, stride: int = 1, downsample: nn.Module | None = None, dilation: int = 1
+    ) -> None:
         super().__init__()
         self.conv1 = _conv1x1(cin, planes)
         self.bn1 = FrozenBatchNorm2d(planes)
@@ -155,8 +159,10 @@ def load_backbone_weights(backbone: ResNetFeatureMap, spec: str) -> Path:
     state = read_backbone_state(file)
     prefix = "model.backbone."  # also accept a whole ACT checkpoint and take its backbone
     if any(k.startswith(prefix) for k in state):
-        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    state = {k: v for k, v in state.items() if not k.startswith("fc.") and not k.endswith("num_batches_tracked")}
+        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    state = {
+        k: v for k, v in state.items() if not k.startswith("fc.") and not k.endswith("num_batches_tracked")
+    }
     result = backbone.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(

@@ -75,8 +75,16 @@ class ACTConfig(PolicyConfig):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for name in ("chunk_size", "n_action_steps", "dim_model", "n_heads", "dim_feedforward",
-                     "n_encoder_layers", "n_decoder_layers", "latent_dim"):
+        for name in (
+            "chunk_size",
+            "n_action_steps",
+            "dim_model",
+            "n_heads",
+            "dim_feedforward",
+            "n_encoder_layers",
+            "n_decoder_layers",
+            "latent_dim",
+        ):
             _require_positive_int(name, getattr(self, name))
         if self.use_vae:
             _require_positive_int("n_vae_encoder_layers", self.n_vae_encoder_layers)
@@ -97,7 +105,8 @@ class ACTConfig(PolicyConfig):
             )
         if self.dim_model % self.n_heads:
             raise ValueError(
-                f"--policy.dim_model ({self.dim_model}) must be divisible by --policy.n_heads ({self.n_heads})"
+                f"--policy.dim_model ({self.dim_model}) "
+                f"must be divisible by --policy.n_heads ({self.n_heads})"
             )
         if self.dim_model % 4:
             # The 2-D camera position embedding gives dim_model/2 channels per axis, interleaving sin/cos.
@@ -109,8 +118,8 @@ class ACTConfig(PolicyConfig):
             )
         if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
             raise ValueError(
-                "--policy.n_action_steps must be 1 with --policy.temporal_ensemble_coeff: temporal ensembling "
-                f"queries the policy at every step (got n_action_steps={self.n_action_steps})"
+                "--policy.n_action_steps must be 1 with --policy.temporal_ensemble_coeff: temporal "
+                f"ensembling queries the policy at every step (got n_action_steps={self.n_action_steps})"
             )
         if self.n_obs_steps != 1:
             raise ValueError(f"--policy.n_obs_steps must be 1 for ACT (got {self.n_obs_steps})")
@@ -131,18 +140,25 @@ class ACTConfig(PolicyConfig):
                 f"among its input features; got {sorted(self.input_features) or 'none'}"
             )
         if self.action_feature is None:
-            raise ValueError(f"ACT needs an 'action' output feature; got {sorted(self.output_features) or 'none'}")
+            raise ValueError(
+                f"ACT needs an 'action' output feature; got {sorted(self.output_features) or 'none'}"
+            )
 
     def eval_loss_description(self) -> str:
         if not self.use_vae:
             return super().eval_loss_description()
-        return (f"the L1 action loss alone (= eval/l1_loss): the training loss adds kl_weight ({self.kl_weight:g}) x "
-                "the KL of the VAE encoder, which runs in training only (eval mode predicts from a zero latent), so "
-                "compare eval/loss with the training l1_loss, not with the training loss")
+        return (
+            "the L1 action loss alone (= eval/l1_loss): the training loss adds kl_weight "
+            f"({self.kl_weight:g}) x the KL of the VAE encoder, which runs in training only (eval mode "
+            "predicts from a zero latent), so compare eval/loss with the training l1_loss, "
+            "not with the training loss"
+        )
 
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(
-            type="adamw", lr=self.optimizer_lr, weight_decay=self.optimizer_weight_decay,
+            type="adamw",
+            lr=self.optimizer_lr,
+            weight_decay=self.optimizer_weight_decay,
             grad_clip_norm=GRAD_CLIP_NORM,
         )
 

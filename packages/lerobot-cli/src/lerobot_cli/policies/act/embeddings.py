@@ -46,7 +46,9 @@ class ACTSinusoidalPositionEmbedding2d(nn.Module):
         index = torch.arange(1, length + 1, dtype=torch.float32, device=device)
         index = index / (length + self.eps) * (2 * math.pi)
         channel = torch.arange(self.dimension, dtype=torch.float32, device=device)
-        inverse_frequency = self.temperature ** (2 * torch.div(channel, 2, rounding_mode="floor") / self.dimension)
+        inverse_frequency = self.temperature ** (
+            2 * torch.div(channel, 2, rounding_mode="floor") / self.dimension
+        )
         return _interleave_sin_cos(index[:, None] / inverse_frequency)  # (length, dimension)
 
     def forward(self, feature_map: Tensor) -> Tensor:

@@ -47,7 +47,9 @@ class ACT(nn.Module):
             self.register_buffer("vae_encoder_pos_enc", sinusoidal_embedding_1d(n_vae_tokens, d).unsqueeze(0))
 
         if config.image_features:
-            self.backbone = ResNetFeatureMap(config.vision_backbone, config.replace_final_stride_with_dilation)
+            self.backbone = ResNetFeatureMap(
+                config.vision_backbone, config.replace_final_stride_with_dilation
+            )
             if config.pretrained_backbone_weights:
                 load_backbone_weights(self.backbone, config.pretrained_backbone_weights)
 

@@ -76,7 +76,9 @@ class ACTPolicy(nn.Module):
             l1_loss = error.mean()
         # The parts are detached 0-d tensors, not LeRobot's .item() floats: a float read here would make
         # every training step wait for the device; the loop reads them at log steps only.
-        if mu is None and self.config.use_vae:  # eval mode: the encoder did not run, so there is no KL to report
+        if (
+            mu is None and self.config.use_vae
+        ):  # eval mode: the encoder did not run, so there is no KL to report
             return l1_loss, {"l1_loss": l1_loss.detach()}
         if mu is None:
             return l1_loss, {"l1_loss": l1_loss.detach(), "kld_loss": 0.0}

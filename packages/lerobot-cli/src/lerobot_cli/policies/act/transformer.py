@@ -27,8 +27,11 @@ def _attention(config: ACTConfig) -> nn.MultiheadAttention:
 
 def _feed_forward(config: ACTConfig) -> tuple[nn.Linear, nn.Dropout, nn.Linear]:
     """``linear1``, ``dropout``, ``linear2`` of a layer (in this order: it is the parameter order)."""
-    return (nn.Linear(config.dim_model, config.dim_feedforward), nn.Dropout(config.dropout),
-            nn.Linear(config.dim_feedforward, config.dim_model))
+    return (
+        nn.Linear(config.dim_model, config.dim_feedforward),
+        nn.Dropout(config.dropout),
+        nn.Linear(config.dim_feedforward, config.dim_model),
+    )
 
 
 def _norms(config: ACTConfig, sub_blocks: int) -> tuple[nn.LayerNorm, ...]:
@@ -72,12 +75,14 @@ class ACTEncoderLayer(_ACTLayer):
         self.norm1, self.norm2 = _norms(config, 2)
         self.dropout1, self.dropout2 = _residual_dropouts(config, 2)
 
-    def forward(self, x: Tensor, pos_embed: Tensor | None = None,
-                key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, pos_embed: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         h = self.norm1(x) if self.pre_norm else x
         qk = _with_pos(h, pos_embed)
-        x = x + self.dropout1(self.self_attn(qk, qk, value=h, key_padding_mask=key_padding_mask,
-                                             need_weights=False)[0])
+        x = x + self.dropout1(
+            self.self_attn(qk, qk, value=h, key_padding_mask=key_padding_mask, need_weights=False)[0]
+        )
         if self.pre_norm:
             return x + self.dropout2(self._feed_forward(self.norm2(x)))
         x = self.norm1(x)
@@ -95,8 +100,9 @@ class ACTEncoder(nn.Module):
         # Pre-norm layers leave their output un-normalised, so the stack normalises once at the end.
         self.norm = nn.LayerNorm(config.dim_model) if config.pre_norm else nn.Identity()
 
-    def forward(self, x: Tensor, pos_embed: Tensor | None = None,
-                key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, pos_embed: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         for layer in self.layers:
             x = layer(x, pos_embed=pos_embed, key_padding_mask=key_padding_mask)
         return self.norm(x)
@@ -113,8 +119,13 @@ class ACTDecoderLayer(_ACTLayer):
         self.norm1, self.norm2, self.norm3 = _norms(config, 3)
         self.dropout1, self.dropout2, self.dropout3 = _residual_dropouts(config, 3)
 
-    def forward(self, x: Tensor, encoder_out: Tensor, decoder_pos_embed: Tensor | None = None,
-                encoder_pos_embed: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        encoder_out: Tensor,
+        decoder_pos_embed: Tensor | None = None,
+        encoder_pos_embed: Tensor | None = None,
+    ) -> Tensor:
         # Each sub-block: pre-norm normalises its input, post-norm normalises the residual sum.
         h = self.norm1(x) if self.pre_norm else x
         qk = _with_pos(h, decoder_pos_embed)
@@ -146,8 +157,15 @@ class ACTDecoder(nn.Module):
         self.layers = nn.ModuleList(ACTDecoderLayer(config) for _ in range(config.n_decoder_layers))
         self.norm = nn.LayerNorm(config.dim_model)
 
-    def forward(self, x: Tensor, encoder_out: Tensor, decoder_pos_embed: Tensor | None = None,
-                encoder_pos_embed: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        encoder_out: Tensor,
+        decoder_pos_embed: Tensor | None = None,
+        encoder_pos_embed: Tensor | None = None,
+    ) -> Tensor:
         for layer in self.layers:
-            x = layer(x, encoder_out, decoder_pos_embed=decoder_pos_embed, encoder_pos_embed=encoder_pos_embed)
+            x = layer(
+                x, encoder_out, decoder_pos_embed=decoder_pos_embed, encoder_pos_embed=encoder_pos_embed
+            )
         return self.norm(x)

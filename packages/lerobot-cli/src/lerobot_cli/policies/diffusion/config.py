@@ -37,7 +37,9 @@ FINAL_CONV_GROUPS = 8  # LeRobot's U-Net head uses GroupNorm(8, down_dims[0]) wh
 
 
 def _diffusion_normalization() -> dict[str, NormalizationMode]:
-    return normalization_mapping(NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX, NormalizationMode.MIN_MAX)
+    return normalization_mapping(
+        NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX, NormalizationMode.MIN_MAX
+    )
 
 
 def _optional_pair(value):
@@ -59,14 +61,27 @@ class DiffusionConfig(PolicyConfig):
     )
 
     # Inputs / output structure.
-    n_obs_steps: int = field(default=2, metadata={"help": "Observation frames (the current one and the ones before)."})
-    horizon: int = field(default=64, metadata={"help": "Actions the U-Net denoises per call (from the first observation)."})
-    n_action_steps: int = field(default=32, metadata={"help": "Actions executed per call (from the current step)."})
+    n_obs_steps: int = field(
+        default=2, metadata={"help": "Observation frames (the current one and the ones before)."}
+    )
+    horizon: int = field(
+        default=64, metadata={"help": "Actions the U-Net denoises per call (from the first observation)."}
+    )
+    n_action_steps: int = field(
+        default=32, metadata={"help": "Actions executed per call (from the current step)."}
+    )
     normalization_mapping: dict[str, NormalizationMode] = field(
-        factory=_diffusion_normalization, metadata={"help": "Normalization per feature type, as JSON."})
-    drop_n_last_frames: int = field(default=7, metadata={
-        "help": "The last N frames of each episode never start a training sample (dropped by the sampler, as "
-                "LeRobot's is; the held-out eval keeps them)."})
+        factory=_diffusion_normalization, metadata={"help": "Normalization per feature type, as JSON."}
+    )
+    drop_n_last_frames: int = field(
+        default=7,
+        metadata={
+            "help": (
+                "The last N frames of each episode never start a training sample (dropped by the sampler, "
+                "as LeRobot's is; the held-out eval keeps them)."
+            )
+        },
+    )
 
     # Vision backbone.
     vision_backbone: str = "resnet18"
@@ -74,9 +89,15 @@ class DiffusionConfig(PolicyConfig):
     crop_ratio: float = 1.0
     crop_shape: tuple[int, int] | None = field(default=None, converter=_optional_pair)
     crop_is_random: bool = True
-    pretrained_backbone_weights: str | None = field(default=DEFAULT_BACKBONE_WEIGHTS, metadata={
-        "help": "torchvision weights name (from the torch hub cache, downloaded when missing), a local file, or "
-                "null (random)."})
+    pretrained_backbone_weights: str | None = field(
+        default=DEFAULT_BACKBONE_WEIGHTS,
+        metadata={
+            "help": (
+                "torchvision weights name (from the torch hub cache, downloaded when missing), "
+                "a local file, or null (random)."
+            )
+        },
+    )
     use_group_norm: bool = False
     spatial_softmax_num_keypoints: int = 32
     use_separate_rgb_encoder_per_camera: bool = True
@@ -117,69 +138,119 @@ class DiffusionConfig(PolicyConfig):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for name in ("horizon", "n_action_steps", "spatial_softmax_num_keypoints", "kernel_size", "n_groups",
-                     "diffusion_step_embed_dim", "num_train_timesteps"):
+        for name in (
+            "horizon",
+            "n_action_steps",
+            "spatial_softmax_num_keypoints",
+            "kernel_size",
+            "n_groups",
+            "diffusion_step_embed_dim",
+            "num_train_timesteps",
+        ):
             _require_positive_int(name, getattr(self, name))
         _choice("vision_backbone", self.vision_backbone, SUPPORTED_BACKBONES)
         _choice("prediction_type", self.prediction_type, PREDICTION_TYPES)
         _choice("noise_scheduler_type", self.noise_scheduler_type, NOISE_SCHEDULERS)
         _choice("beta_schedule", self.beta_schedule, BETA_SCHEDULES)
         _choice("scheduler_name", self.scheduler_name, LR_SCHEDULERS)
-        if isinstance(self.drop_n_last_frames, bool) or not isinstance(self.drop_n_last_frames, int) \
-                or self.drop_n_last_frames < 0:
-            raise ValueError(f"--policy.drop_n_last_frames must be an integer ≥ 0, got {self.drop_n_last_frames!r}")
-        if self.resize_shape is not None and (len(self.resize_shape) != 2 or any(d <= 0 for d in self.resize_shape)):
-            raise ValueError(f"--policy.resize_shape must be two positive integers [H, W], got {list(self.resize_shape)}")
+        if (
+            isinstance(self.drop_n_last_frames, bool)
+            or not isinstance(self.drop_n_last_frames, int)
+            or self.drop_n_last_frames < 0
+        ):
+            raise ValueError(
+                f"--policy.drop_n_last_frames must be an integer ≥ 0, got {self.drop_n_last_frames!r}"
+            )
+        if self.resize_shape is not None and (
+            len(self.resize_shape) != 2 or any(d <= 0 for d in self.resize_shape)
+        ):
+            raise ValueError(
+                f"--policy.resize_shape must be two positive integers [H, W], got {list(self.resize_shape)}"
+            )
         if not 0 < self.crop_ratio <= 1.0:
             raise ValueError(f"--policy.crop_ratio must be in (0, 1], got {self.crop_ratio!r}")
         if self.resize_shape is not None:
             # LeRobot's rule: with a resize, crop_ratio alone decides the crop (1.0: none).
-            crop = (None if self.crop_ratio >= 1.0 else
-                    (int(self.resize_shape[0] * self.crop_ratio), int(self.resize_shape[1] * self.crop_ratio)))
+            crop = (
+                None
+                if self.crop_ratio >= 1.0
+                else (
+                    int(self.resize_shape[0] * self.crop_ratio),
+                    int(self.resize_shape[1] * self.crop_ratio),
+                )
+            )
             object.__setattr__(self, "crop_shape", crop)
-        if self.crop_shape is not None and (len(self.crop_shape) != 2 or any(d <= 0 for d in self.crop_shape)):
-            raise ValueError(f"--policy.crop_shape must be two positive integers [H, W], got {list(self.crop_shape)}")
+        if self.crop_shape is not None and (
+            len(self.crop_shape) != 2 or any(d <= 0 for d in self.crop_shape)
+        ):
+            raise ValueError(
+                f"--policy.crop_shape must be two positive integers [H, W], got {list(self.crop_shape)}"
+            )
         if self.use_group_norm and self.pretrained_backbone_weights:
             raise ValueError(
-                "--policy.use_group_norm=true replaces the backbone's batch norms, which would ruin pretrained "
-                f"weights; pass --policy.pretrained_backbone_weights=null with it (got {self.pretrained_backbone_weights!r})")
-        if not self.down_dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.down_dims):
-            raise ValueError(f"--policy.down_dims must be a non-empty list of integers ≥ 1, got {list(self.down_dims)}")
+                "--policy.use_group_norm=true replaces the backbone's batch norms, which would ruin "
+                "pretrained weights; pass --policy.pretrained_backbone_weights=null with it (got "
+                f"{self.pretrained_backbone_weights!r})"
+            )
+        if not self.down_dims or any(
+            isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.down_dims
+        ):
+            raise ValueError(
+                f"--policy.down_dims must be a non-empty list of integers ≥ 1, got {list(self.down_dims)}"
+            )
         bad = [d for d in self.down_dims if d % self.n_groups]
         if bad:
-            raise ValueError(f"--policy.down_dims {list(self.down_dims)} must all be multiples of --policy.n_groups "
-                             f"({self.n_groups}): the U-Net's group norms split each stage's channels into n_groups")
+            raise ValueError(
+                f"--policy.down_dims {list(self.down_dims)} must all be multiples of --policy.n_groups "
+                f"({self.n_groups}): the U-Net's group norms split each stage's channels into n_groups"
+            )
         if self.down_dims[0] % FINAL_CONV_GROUPS:
-            raise ValueError(f"--policy.down_dims[0] must be a multiple of {FINAL_CONV_GROUPS} (the U-Net's last "
-                             f"block has {FINAL_CONV_GROUPS} group-norm groups), got {self.down_dims[0]}")
+            raise ValueError(
+                f"--policy.down_dims[0] must be a multiple of {FINAL_CONV_GROUPS} (the U-Net's last "
+                f"block has {FINAL_CONV_GROUPS} group-norm groups), got {self.down_dims[0]}"
+            )
         factor = 2 ** len(self.down_dims)
         if self.horizon % factor:
-            raise ValueError(f"--policy.horizon ({self.horizon}) must be a multiple of 2**len(--policy.down_dims) = "
-                             f"{factor}: each U-Net stage halves the time axis")
+            raise ValueError(
+                f"--policy.horizon ({self.horizon}) must be a multiple of 2**len(--policy.down_dims) = "
+                f"{factor}: each U-Net stage halves the time axis"
+            )
         if self.n_action_steps > self.horizon - self.n_obs_steps + 1:
             raise ValueError(
                 f"--policy.n_action_steps ({self.n_action_steps}) must be ≤ horizon - n_obs_steps + 1 = "
-                f"{self.horizon - self.n_obs_steps + 1}: the executed actions start at the current observation")
+                f"{self.horizon - self.n_obs_steps + 1}: "
+                "the executed actions start at the current observation"
+            )
         if self.kernel_size % 2 == 0:
-            raise ValueError(f"--policy.kernel_size must be odd (same-length 1-D convolutions), got {self.kernel_size}")
+            raise ValueError(
+                f"--policy.kernel_size must be odd (same-length 1-D convolutions), got {self.kernel_size}"
+            )
         if self.diffusion_step_embed_dim % 2 or self.diffusion_step_embed_dim < 4:
-            raise ValueError("--policy.diffusion_step_embed_dim must be an even integer ≥ 4 (half sines, half "
-                             f"cosines), got {self.diffusion_step_embed_dim}")
+            raise ValueError(
+                "--policy.diffusion_step_embed_dim must be an even integer ≥ 4 (half sines, half "
+                f"cosines), got {self.diffusion_step_embed_dim}"
+            )
         if self.num_inference_steps is not None:
             _require_positive_int("num_inference_steps", self.num_inference_steps)
             if self.num_inference_steps > self.num_train_timesteps:
-                raise ValueError(f"--policy.num_inference_steps ({self.num_inference_steps}) must be ≤ "
-                                 f"--policy.num_train_timesteps ({self.num_train_timesteps})")
+                raise ValueError(
+                    f"--policy.num_inference_steps ({self.num_inference_steps}) must be ≤ "
+                    f"--policy.num_train_timesteps ({self.num_train_timesteps})"
+                )
         for name in ("beta_start", "beta_end"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"--policy.{name} must be in (0, 1), got {getattr(self, name)!r}")
         if self.clip_sample_range <= 0:
             raise ValueError(f"--policy.clip_sample_range must be > 0, got {self.clip_sample_range!r}")
         if self.compile_model:
-            raise ValueError("--policy.compile_model=true is not supported here; leave it false and use "
-                             "--accelerator.compile.enabled=true")
+            raise ValueError(
+                "--policy.compile_model=true is not supported here; leave it false and use "
+                "--accelerator.compile.enabled=true"
+            )
         if len(self.optimizer_betas) != 2 or not all(0 <= b < 1 for b in self.optimizer_betas):
-            raise ValueError(f"--policy.optimizer_betas must be two numbers in [0, 1), got {list(self.optimizer_betas)}")
+            raise ValueError(
+                f"--policy.optimizer_betas must be two numbers in [0, 1), got {list(self.optimizer_betas)}"
+            )
         for name in ("optimizer_lr", "optimizer_eps", "optimizer_weight_decay", "scheduler_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--policy.{name} must be ≥ 0, got {getattr(self, name)!r}")
@@ -196,34 +267,49 @@ class DiffusionConfig(PolicyConfig):
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""
         if not self.image_features and self.env_state_feature is None:
-            raise ValueError("diffusion needs at least one camera (observation.images.*) or "
-                             f"observation.environment_state among its inputs; got {sorted(self.input_features) or 'none'}")
+            raise ValueError(
+                "diffusion needs at least one camera (observation.images.*) or "
+                f"observation.environment_state among its inputs; got {sorted(self.input_features) or 'none'}"
+            )
         if self.robot_state_feature is None:
-            raise ValueError("diffusion needs observation.state among its inputs; "
-                             f"got {sorted(self.input_features) or 'none'}")
+            raise ValueError(
+                "diffusion needs observation.state among its inputs; "
+                f"got {sorted(self.input_features) or 'none'}"
+            )
         if self.action_feature is None:
-            raise ValueError(f"diffusion needs an 'action' output feature; got {sorted(self.output_features) or 'none'}")
+            raise ValueError(
+                f"diffusion needs an 'action' output feature; got {sorted(self.output_features) or 'none'}"
+            )
         shapes = {key: tuple(f.shape) for key, f in self.image_features.items()}
         if len(set(shapes.values())) > 1:
             raise ValueError(f"diffusion needs every camera at the same shape; got {shapes}")
         if self.resize_shape is None and self.crop_shape is not None:
             for key, shape in shapes.items():
                 if self.crop_shape[0] > shape[1] or self.crop_shape[1] > shape[2]:
-                    raise ValueError(f"--policy.crop_shape {list(self.crop_shape)} does not fit inside {key} "
-                                     f"({shape[1]}x{shape[2]}): give at most [{shape[1]}, {shape[2]}], or null for "
-                                     "no crop")
+                    raise ValueError(
+                        f"--policy.crop_shape {list(self.crop_shape)} does not fit inside {key} "
+                        f"({shape[1]}x{shape[2]}): give at most [{shape[1]}, {shape[2]}], or null for "
+                        "no crop"
+                    )
 
     def optimizer_preset(self) -> OptimizerConfig:
-        return OptimizerConfig(type="adam", lr=self.optimizer_lr, betas=self.optimizer_betas, eps=self.optimizer_eps,
-                               weight_decay=self.optimizer_weight_decay, grad_clip_norm=GRAD_CLIP_NORM)
+        return OptimizerConfig(
+            type="adam",
+            lr=self.optimizer_lr,
+            betas=self.optimizer_betas,
+            eps=self.optimizer_eps,
+            weight_decay=self.optimizer_weight_decay,
+            grad_clip_norm=GRAD_CLIP_NORM,
+        )
 
     def scheduler_preset(self) -> SchedulerConfig:
         """LeRobot's diffusers schedule by name, with diffusers' formula: ``constant_with_warmup``, and
         ``cosine`` as ``diffuser_cosine`` (warm-up from 0, then one half cosine from the warm-up end to 0
         at the last step; ``tools/interop/diffusion_lerobot_interop.py`` compares the values)."""
         kind = "constant_with_warmup" if self.scheduler_name == "constant_with_warmup" else "diffuser_cosine"
-        return SchedulerConfig(type=kind, num_warmup_steps=self.scheduler_warmup_steps, peak_lr=self.optimizer_lr,
-                               decay_lr=0.0)
+        return SchedulerConfig(
+            type=kind, num_warmup_steps=self.scheduler_warmup_steps, peak_lr=self.optimizer_lr, decay_lr=0.0
+        )
 
     @property
     def observation_delta_indices(self) -> list[int]:

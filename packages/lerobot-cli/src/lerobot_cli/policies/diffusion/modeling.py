@@ -52,10 +52,15 @@ class DiffusionModel(nn.Module):
             cond_dim += config.env_state_feature.shape[0]
         self.unet = DiffusionConditionalUnet1d(config, global_cond_dim=cond_dim * config.n_obs_steps)
         self.noise_scheduler = make_noise_scheduler(
-            config.noise_scheduler_type, num_train_timesteps=config.num_train_timesteps,
-            beta_start=config.beta_start, beta_end=config.beta_end, beta_schedule=config.beta_schedule,
-            clip_sample=config.clip_sample, clip_sample_range=config.clip_sample_range,
-            prediction_type=config.prediction_type)
+            config.noise_scheduler_type,
+            num_train_timesteps=config.num_train_timesteps,
+            beta_start=config.beta_start,
+            beta_end=config.beta_end,
+            beta_schedule=config.beta_schedule,
+            clip_sample=config.clip_sample,
+            clip_sample_range=config.clip_sample_range,
+            prediction_type=config.prediction_type,
+        )
         self.num_inference_steps = config.num_inference_steps or config.num_train_timesteps
 
     def global_conditioning(self, batch: dict[str, Tensor]) -> Tensor:
@@ -74,12 +79,24 @@ class DiffusionModel(nn.Module):
             feats.append(batch[OBS_ENV_STATE])
         return torch.cat(feats, dim=-1).flatten(start_dim=1)
 
-    def conditional_sample(self, batch_size: int, global_cond: Tensor, noise: Tensor | None = None,
-                           generator: torch.Generator | None = None) -> Tensor:
+    def conditional_sample(
+        self,
+        batch_size: int,
+        global_cond: Tensor,
+        noise: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         param = next(self.parameters())
-        sample = noise if noise is not None else torch.randn(
-            (batch_size, self.config.horizon, self.config.action_feature.shape[0]), dtype=param.dtype,
-            device=param.device, generator=generator)
+        sample = (
+            noise
+            if noise is not None
+            else torch.randn(
+                (batch_size, self.config.horizon, self.config.action_feature.shape[0]),
+                dtype=param.dtype,
+                device=param.device,
+                generator=generator,
+            )
+        )
         scheduler = self.noise_scheduler
         scheduler.set_timesteps(self.num_inference_steps)
         for t in scheduler.timesteps.tolist():
@@ -94,25 +111,31 @@ class DiffusionModel(nn.Module):
             raise ValueError(f"diffusion expects {self.config.n_obs_steps} observation steps, got {s}")
         actions = self.conditional_sample(b, self.global_conditioning(batch), noise=noise)
         start = s - 1
-        return actions[:, start:start + self.config.n_action_steps]
+        return actions[:, start : start + self.config.n_action_steps]
 
-    def compute_loss(self, batch: dict[str, Tensor], noise: Tensor | None = None,
-                     timesteps: Tensor | None = None) -> Tensor:
+    def compute_loss(
+        self, batch: dict[str, Tensor], noise: Tensor | None = None, timesteps: Tensor | None = None
+    ) -> Tensor:
         for key in (OBS_STATE, ACTION):
             if key not in batch:
                 raise KeyError(f"diffusion batch lacks {key!r}; it has {sorted(batch)}")
         s, horizon = batch[OBS_STATE].shape[1], batch[ACTION].shape[1]
         if s != self.config.n_obs_steps or horizon != self.config.horizon:
-            raise ValueError(f"diffusion expects {self.config.n_obs_steps} observation steps and a horizon of "
-                             f"{self.config.horizon} actions, got {s} and {horizon}")
+            raise ValueError(
+                f"diffusion expects {self.config.n_obs_steps} observation steps and a horizon of "
+                f"{self.config.horizon} actions, got {s} and {horizon}"
+            )
         global_cond = self.global_conditioning(batch)
         trajectory = batch[ACTION]
         eps = noise if noise is not None else torch.randn(trajectory.shape, device=trajectory.device)
         if timesteps is None:
-            timesteps = torch.randint(0, self.noise_scheduler.num_train_timesteps, (trajectory.shape[0],),
-                                      device=trajectory.device).long()
+            timesteps = torch.randint(
+                0, self.noise_scheduler.num_train_timesteps, (trajectory.shape[0],), device=trajectory.device
+            ).long()
         noisy = self.noise_scheduler.add_noise(trajectory, eps, timesteps)
-        pred = self.unet(noisy, timesteps, global_cond=global_cond).to(trajectory.dtype)  # bf16 under FSDP2 bf16
+        pred = self.unet(noisy, timesteps, global_cond=global_cond).to(
+            trajectory.dtype
+        )  # bf16 under FSDP2 bf16
         target = eps if self.config.prediction_type == "epsilon" else trajectory
         loss = F.mse_loss(pred, target, reduction="none")
         if self.config.do_mask_loss_for_padding:
@@ -142,8 +165,10 @@ class DiffusionPolicy(nn.Module):
     def reset(self) -> None:
         """Clear the observation and action queues; call when an episode starts."""
         n = self.config.n_obs_steps
-        self._queues: dict[str, deque[Tensor]] = {OBS_STATE: deque(maxlen=n),
-                                                  ACTION: deque(maxlen=self.config.n_action_steps)}
+        self._queues: dict[str, deque[Tensor]] = {
+            OBS_STATE: deque(maxlen=n),
+            ACTION: deque(maxlen=self.config.n_action_steps),
+        }
         if self.config.image_features:
             self._queues[OBS_IMAGES] = deque(maxlen=n)
         if self.config.env_state_feature is not None:
@@ -163,8 +188,9 @@ class DiffusionPolicy(nn.Module):
         batch[OBS_IMAGES] = torch.stack(images, dim=-4)
         return batch
 
-    def forward(self, batch: dict[str, Any], *, noise: Tensor | None = None,
-                timesteps: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(
+        self, batch: dict[str, Any], *, noise: Tensor | None = None, timesteps: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """The diffusion MSE; ``noise``/``timesteps`` (optional) replace the random draws."""
         batch = self._with_image_stack(batch, add_time=self.config.n_obs_steps == 1)
         if noise is None and timesteps is None:
@@ -178,7 +204,11 @@ class DiffusionPolicy(nn.Module):
         RNG alike and draws in lockstep). Without an ``index`` (a foreign batch): ``(None, None)``, and the
         model draws from the global RNG directly, as LeRobot does."""
         index, actions = batch.get("index"), batch.get(ACTION)
-        if not isinstance(index, Tensor) or not isinstance(actions, Tensor) or index.numel() != actions.shape[0]:
+        if (
+            not isinstance(index, Tensor)
+            or not isinstance(actions, Tensor)
+            or index.numel() != actions.shape[0]
+        ):
             return None, None
         base = int(torch.randint(0, 2**62, ()))
         noises, steps = [], []
@@ -188,8 +218,10 @@ class DiffusionPolicy(nn.Module):
                 noises.append(torch.randn((1, *actions.shape[1:])))
                 steps.append(torch.randint(0, self.config.num_train_timesteps, (1,)))
         # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
-        return (torch.cat(noises).to(actions.device, non_blocking=True),
-                torch.cat(steps).to(actions.device, non_blocking=True))
+        return (
+            torch.cat(noises).to(actions.device, non_blocking=True),
+            torch.cat(steps).to(actions.device, non_blocking=True),
+        )
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:

@@ -31,17 +31,26 @@ def make_betas(schedule: str, num_train_timesteps: int, beta_start: float, beta_
             return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
 
         n = num_train_timesteps
-        return torch.tensor([min(1 - alpha_bar((i + 1) / n) / alpha_bar(i / n), 0.999) for i in range(n)],
-                            dtype=torch.float32)
+        return torch.tensor(
+            [min(1 - alpha_bar((i + 1) / n) / alpha_bar(i / n), 0.999) for i in range(n)], dtype=torch.float32
+        )
     raise ValueError(f"unsupported beta schedule {schedule!r}")
 
 
 class NoiseScheduler:
     """Shared state: betas, cumulative alphas, the inference timesteps."""
 
-    def __init__(self, *, num_train_timesteps: int = 100, beta_start: float = 1e-4, beta_end: float = 0.02,
-                 beta_schedule: str = "squaredcos_cap_v2", clip_sample: bool = True, clip_sample_range: float = 1.0,
-                 prediction_type: str = "epsilon") -> None:
+    def __init__(
+        self,
+        *,
+        num_train_timesteps: int = 100,
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+        beta_schedule: str = "squaredcos_cap_v2",
+        clip_sample: bool = True,
+        clip_sample_range: float = 1.0,
+        prediction_type: str = "epsilon",
+    ) -> None:
         if prediction_type not in ("epsilon", "sample"):
             raise ValueError(f"unsupported prediction type {prediction_type!r} (epsilon or sample)")
         self.num_train_timesteps = num_train_timesteps
@@ -57,14 +66,20 @@ class NoiseScheduler:
     def set_timesteps(self, num_inference_steps: int) -> None:
         """Evenly spaced from 0 ("leading"): ``[(n-1)·r, …, r, 0]`` with ``r = T // n``."""
         if not 1 <= num_inference_steps <= self.num_train_timesteps:
-            raise ValueError(f"num_inference_steps must be in [1, {self.num_train_timesteps}], got {num_inference_steps}")
+            raise ValueError(
+                f"num_inference_steps must be in [1, {self.num_train_timesteps}], got {num_inference_steps}"
+            )
         self.num_inference_steps = num_inference_steps
         ratio = self.num_train_timesteps // num_inference_steps
-        self.timesteps = torch.from_numpy((np.arange(num_inference_steps) * ratio)[::-1].copy().astype(np.int64))
+        self.timesteps = torch.from_numpy(
+            (np.arange(num_inference_steps) * ratio)[::-1].copy().astype(np.int64)
+        )
 
     def add_noise(self, original: Tensor, noise: Tensor, timesteps: Tensor) -> Tensor:
         """Forward diffusion: ``sqrt(abar_t)·x0 + sqrt(1 - abar_t)·eps`` per batch element."""
-        abar = self.alphas_cumprod.to(device=original.device, dtype=original.dtype)[timesteps.to(original.device)]
+        abar = self.alphas_cumprod.to(device=original.device, dtype=original.dtype)[
+            timesteps.to(original.device)
+        ]
         shape = (-1,) + (1,) * (original.dim() - 1)
         return (abar**0.5).reshape(shape) * original + ((1 - abar) ** 0.5).reshape(shape) * noise
 
@@ -89,8 +104,13 @@ class DDPMScheduler(NoiseScheduler):
         index = int((self.timesteps == t).nonzero()[0, 0])
         return -1 if index == len(self.timesteps) - 1 else int(self.timesteps[index + 1])
 
-    def step(self, model_output: Tensor, timestep: int | Tensor, sample: Tensor,
-             generator: torch.Generator | None = None) -> Tensor:
+    def step(
+        self,
+        model_output: Tensor,
+        timestep: int | Tensor,
+        sample: Tensor,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         """One reverse step ``x_t -> x_{t_prev}`` (the posterior mean plus ``fixed_small`` noise)."""
         t = int(timestep)
         prev_t = self.previous_timestep(t)
@@ -103,16 +123,22 @@ class DDPMScheduler(NoiseScheduler):
         sample_coeff = current_alpha_t**0.5 * beta_prod_prev / beta_prod_t
         prev = x0_coeff * x0 + sample_coeff * sample
         if t > 0:
-            noise = torch.randn(model_output.shape, generator=generator, device=model_output.device,
-                                dtype=model_output.dtype)
+            noise = torch.randn(
+                model_output.shape, generator=generator, device=model_output.device, dtype=model_output.dtype
+            )
             variance = torch.clamp(beta_prod_prev / beta_prod_t * current_beta_t, min=1e-20)
             prev = prev + variance**0.5 * noise
         return prev
 
 
 class DDIMScheduler(NoiseScheduler):
-    def step(self, model_output: Tensor, timestep: int | Tensor, sample: Tensor,
-             generator: torch.Generator | None = None) -> Tensor:
+    def step(
+        self,
+        model_output: Tensor,
+        timestep: int | Tensor,
+        sample: Tensor,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
         """One deterministic (eta = 0) DDIM step to ``t - T // n``."""
         if self.num_inference_steps is None:
             raise ValueError("call set_timesteps before step")

@@ -36,8 +36,11 @@ class DiffusionConv1dBlock(nn.Module):
 
     def __init__(self, cin: int, cout: int, kernel_size: int, n_groups: int = FINAL_CONV_GROUPS) -> None:
         super().__init__()
-        self.block = nn.Sequential(nn.Conv1d(cin, cout, kernel_size, padding=kernel_size // 2),
-                                   nn.GroupNorm(n_groups, cout), nn.Mish())
+        self.block = nn.Sequential(
+            nn.Conv1d(cin, cout, kernel_size, padding=kernel_size // 2),
+            nn.GroupNorm(n_groups, cout),
+            nn.Mish(),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.block(x)
@@ -47,13 +50,22 @@ class DiffusionConditionalResidualBlock1d(nn.Module):
     """Two conv blocks with FiLM from the conditioning vector in between, plus a (1x1) residual path.
     FiLM: per-channel bias, and with ``use_film_scale_modulation`` a per-channel scale too."""
 
-    def __init__(self, cin: int, cout: int, cond_dim: int, kernel_size: int = 3, n_groups: int = 8,
-                 use_film_scale_modulation: bool = False) -> None:
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        cond_dim: int,
+        kernel_size: int = 3,
+        n_groups: int = 8,
+        use_film_scale_modulation: bool = False,
+    ) -> None:
         super().__init__()
         self.use_film_scale_modulation = use_film_scale_modulation
         self.out_channels = cout
         self.conv1 = DiffusionConv1dBlock(cin, cout, kernel_size, n_groups=n_groups)
-        self.cond_encoder = nn.Sequential(nn.Mish(), nn.Linear(cond_dim, cout * 2 if use_film_scale_modulation else cout))
+        self.cond_encoder = nn.Sequential(
+            nn.Mish(), nn.Linear(cond_dim, cout * 2 if use_film_scale_modulation else cout)
+        )
         self.conv2 = DiffusionConv1dBlock(cout, cout, kernel_size, n_groups=n_groups)
         self.residual_conv = nn.Conv1d(cin, cout, 1) if cin != cout else nn.Identity()
 
@@ -61,7 +73,7 @@ class DiffusionConditionalResidualBlock1d(nn.Module):
         out = self.conv1(x)
         film = self.cond_encoder(cond).unsqueeze(-1)
         if self.use_film_scale_modulation:
-            out = film[:, : self.out_channels] * out + film[:, self.out_channels:]
+            out = film[:, : self.out_channels] * out + film[:, self.out_channels :]
         else:
             out = out + film
         return self.conv2(out) + self.residual_conv(x)
@@ -72,28 +84,56 @@ class DiffusionConditionalUnet1d(nn.Module):
         super().__init__()
         embed = config.diffusion_step_embed_dim
         self.diffusion_step_encoder = nn.Sequential(
-            DiffusionSinusoidalPosEmb(embed), nn.Linear(embed, embed * 4), nn.Mish(), nn.Linear(embed * 4, embed))
+            DiffusionSinusoidalPosEmb(embed),
+            nn.Linear(embed, embed * 4),
+            nn.Mish(),
+            nn.Linear(embed * 4, embed),
+        )
         action_dim = config.action_feature.shape[0]
         dims = list(config.down_dims)
         in_out = [(action_dim, dims[0]), *pairwise(dims)]
-        kw = {"cond_dim": embed + global_cond_dim, "kernel_size": config.kernel_size, "n_groups": config.n_groups,
-              "use_film_scale_modulation": config.use_film_scale_modulation}
+        kw = {
+            "cond_dim": embed + global_cond_dim,
+            "kernel_size": config.kernel_size,
+            "n_groups": config.n_groups,
+            "use_film_scale_modulation": config.use_film_scale_modulation,
+        }
         block = DiffusionConditionalResidualBlock1d
-        self.down_modules = nn.ModuleList([
-            nn.ModuleList([block(cin, cout, **kw), block(cout, cout, **kw),
-                           nn.Conv1d(cout, cout, 3, 2, 1) if i < len(in_out) - 1 else nn.Identity()])
-            for i, (cin, cout) in enumerate(in_out)])
+        self.down_modules = nn.ModuleList(
+            [
+                nn.ModuleList(
+                    [
+                        block(cin, cout, **kw),
+                        block(cout, cout, **kw),
+                        nn.Conv1d(cout, cout, 3, 2, 1) if i < len(in_out) - 1 else nn.Identity(),
+                    ]
+                )
+                for i, (cin, cout) in enumerate(in_out)
+            ]
+        )
         self.mid_modules = nn.ModuleList([block(dims[-1], dims[-1], **kw), block(dims[-1], dims[-1], **kw)])
         # The decoder mirrors every stage but the first; each starts from the skip concatenation (2x channels)
         # and ends with a 2x transposed-convolution upsampling.
-        self.up_modules = nn.ModuleList([
-            nn.ModuleList([block(cin * 2, cout, **kw), block(cout, cout, **kw), nn.ConvTranspose1d(cout, cout, 4, 2, 1)])
-            for cout, cin in reversed(in_out[1:])])
-        self.final_conv = nn.Sequential(DiffusionConv1dBlock(dims[0], dims[0], kernel_size=config.kernel_size),
-                                        nn.Conv1d(dims[0], action_dim, 1))
+        self.up_modules = nn.ModuleList(
+            [
+                nn.ModuleList(
+                    [
+                        block(cin * 2, cout, **kw),
+                        block(cout, cout, **kw),
+                        nn.ConvTranspose1d(cout, cout, 4, 2, 1),
+                    ]
+                )
+                for cout, cin in reversed(in_out[1:])
+            ]
+        )
+        self.final_conv = nn.Sequential(
+            DiffusionConv1dBlock(dims[0], dims[0], kernel_size=config.kernel_size),
+            nn.Conv1d(dims[0], action_dim, 1),
+        )
 
     def forward(self, x: Tensor, timestep: Tensor, global_cond: Tensor | None = None) -> Tensor:
-        """``x``: ``(B, T, action_dim)``; ``timestep``: ``(B,)``; ``global_cond``: ``(B, global_cond_dim)``."""
+        """``x``: ``(B, T, action_dim)``; ``timestep``: ``(B,)``;
+        ``global_cond``: ``(B, global_cond_dim)``."""
         x = x.transpose(1, 2)
         sinusoid, mlp = self.diffusion_step_encoder[0], self.diffusion_step_encoder[1:]
         # the MLP's dtype: bf16 when FSDP2 gathers parameters in bf16 (the root unit does not cast its inputs)

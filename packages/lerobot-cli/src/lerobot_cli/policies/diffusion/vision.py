@@ -18,9 +18,13 @@ from torch import Tensor, nn
 from lerobot_cli.policies.backbone_weights import read_backbone_state, resolve_backbone_weights
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
 
-_ARCHS = {"resnet18": ("basic", (2, 2, 2, 2)), "resnet34": ("basic", (3, 4, 6, 3)),
-          "resnet50": ("bottleneck", (3, 4, 6, 3)), "resnet101": ("bottleneck", (3, 4, 23, 3)),
-          "resnet152": ("bottleneck", (3, 8, 36, 3))}
+_ARCHS = {
+    "resnet18": ("basic", (2, 2, 2, 2)),
+    "resnet34": ("basic", (3, 4, 6, 3)),
+    "resnet50": ("bottleneck", (3, 4, 6, 3)),
+    "resnet101": ("bottleneck", (3, 4, 23, 3)),
+    "resnet152": ("bottleneck", (3, 8, 36, 3)),
+}
 # torchvision's children names -> index in LeRobot's Sequential trunk
 _TRUNK_INDEX = {"conv1": 0, "bn1": 1, "layer1": 4, "layer2": 5, "layer3": 6, "layer4": 7}
 
@@ -39,8 +43,16 @@ class BatchNorm2d(nn.BatchNorm2d):
             self.num_batches_tracked.add_(1)
             if self.momentum is None:
                 factor = 1.0 / float(self.num_batches_tracked)
-        out = F.batch_norm(x.to(stats.dtype), stats, self.running_var, self.weight.to(stats.dtype),
-                           self.bias.to(stats.dtype), self.training, factor, self.eps)
+        out = F.batch_norm(
+            x.to(stats.dtype),
+            stats,
+            self.running_var,
+            self.weight.to(stats.dtype),
+            self.bias.to(stats.dtype),
+            self.training,
+            factor,
+            self.eps,
+        )
         return out.to(x.dtype)
 
 
@@ -51,7 +63,9 @@ def _norm(channels: int, group_norm: bool) -> nn.Module:
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, cin: int, planes: int, stride: int, downsample: nn.Module | None, group_norm: bool) -> None:
+    def __init__(
+        self, cin: int, planes: int, stride: int, downsample: nn.Module | None, group_norm: bool
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, planes, 3, stride=stride, padding=1, bias=False)
         self.bn1 = _norm(planes, group_norm)
@@ -69,7 +83,9 @@ class BasicBlock(nn.Module):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int, downsample: nn.Module | None, group_norm: bool) -> None:
+    def __init__(
+        self, cin: int, planes: int, stride: int, downsample: nn.Module | None, group_norm: bool
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
         self.bn1 = _norm(planes, group_norm)
@@ -96,14 +112,21 @@ def resnet_trunk(arch: str, group_norm: bool) -> tuple[nn.Sequential, int]:
         stride = 1 if i == 0 else 2
         downsample = None
         if stride != 1 or cin != planes * block.expansion:
-            downsample = nn.Sequential(nn.Conv2d(cin, planes * block.expansion, 1, stride=stride, bias=False),
-                                       _norm(planes * block.expansion, group_norm))
+            downsample = nn.Sequential(
+                nn.Conv2d(cin, planes * block.expansion, 1, stride=stride, bias=False),
+                _norm(planes * block.expansion, group_norm),
+            )
         blocks = [block(cin, planes, stride, downsample, group_norm)]
         cin = planes * block.expansion
         blocks += [block(cin, planes, 1, None, group_norm) for _ in range(1, count)]
         stages.append(nn.Sequential(*blocks))
-    trunk = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), _norm(64, group_norm),
-                          nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1), *stages)
+    trunk = nn.Sequential(
+        nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+        _norm(64, group_norm),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1),
+        *stages,
+    )
     for m in trunk.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -131,8 +154,10 @@ def load_trunk_weights(trunk: nn.Sequential, spec: str) -> None:
     result = trunk.load_state_dict(mapped, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith("num_batches_tracked")]
     if missing or result.unexpected_keys:
-        raise ValueError(f"{file} does not fit a {len(trunk)}-child ResNet trunk: missing {missing[:5]}, "
-                         f"unexpected {result.unexpected_keys[:5]}")
+        raise ValueError(
+            f"{file} does not fit a {len(trunk)}-child ResNet trunk: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
 
 
 class SpatialSoftmax(nn.Module):
@@ -158,7 +183,7 @@ class SpatialSoftmax(nn.Module):
 def center_crop(x: Tensor, size: tuple[int, int]) -> Tensor:
     h, w = x.shape[-2:]
     top, left = round((h - size[0]) / 2.0), round((w - size[1]) / 2.0)  # Python rounding, as torchvision
-    return x[..., top:top + size[0], left:left + size[1]]
+    return x[..., top : top + size[0], left : left + size[1]]
 
 
 def random_crop(x: Tensor, size: tuple[int, int]) -> Tensor:
@@ -168,7 +193,7 @@ def random_crop(x: Tensor, size: tuple[int, int]) -> Tensor:
         return x
     top = int(torch.randint(0, h - size[0] + 1, size=(1,)).item())
     left = int(torch.randint(0, w - size[1] + 1, size=(1,)).item())
-    return x[..., top:top + size[0], left:left + size[1]]
+    return x[..., top : top + size[0], left : left + size[1]]
 
 
 class DiffusionRgbEncoder(nn.Module):
@@ -184,7 +209,9 @@ class DiffusionRgbEncoder(nn.Module):
             load_trunk_weights(self.backbone, config.pretrained_backbone_weights)
         image_shape = next(iter(config.image_features.values())).shape
         hw = self.crop_shape or self.resize_shape or tuple(image_shape[1:])
-        self.pool = SpatialSoftmax((channels, *trunk_output_hw(*hw)), num_kp=config.spatial_softmax_num_keypoints)
+        self.pool = SpatialSoftmax(
+            (channels, *trunk_output_hw(*hw)), num_kp=config.spatial_softmax_num_keypoints
+        )
         self.feature_dim = config.spatial_softmax_num_keypoints * 2
         self.out = nn.Linear(config.spatial_softmax_num_keypoints * 2, self.feature_dim)
         self.relu = nn.ReLU()
@@ -193,7 +220,10 @@ class DiffusionRgbEncoder(nn.Module):
         if self.resize_shape is not None:
             x = F.interpolate(x, size=self.resize_shape, mode="bilinear", align_corners=False, antialias=True)
         if self.crop_shape is not None:
-            x = random_crop(x, self.crop_shape) if self.training and self.crop_is_random else \
-                center_crop(x, self.crop_shape)
+            x = (
+                random_crop(x, self.crop_shape)
+                if self.training and self.crop_is_random
+                else center_crop(x, self.crop_shape)
+            )
         x = torch.flatten(self.pool(self.backbone(x)), start_dim=1)
         return self.relu(self.out(x))

@@ -34,6 +34,8 @@ class MLPConfig(PolicyConfig):
 
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(
-            type="adamw", lr=self.optimizer_lr, weight_decay=self.optimizer_weight_decay,
+            type="adamw",
+            lr=self.optimizer_lr,
+            weight_decay=self.optimizer_weight_decay,
             grad_clip_norm=self.grad_clip_norm,
         )

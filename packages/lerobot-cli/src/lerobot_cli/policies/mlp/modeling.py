@@ -56,7 +56,9 @@ class MLPPolicy(nn.Module):
             raise ValueError(f"the mlp policy needs an 'action' output; got {sorted(config.output_features)}")
         in_dim = sum(math.prod(config.input_features[k].shape) for k in self.input_keys)
         self.input_proj = nn.Linear(in_dim, config.hidden_dim)
-        self.blocks = nn.ModuleList(MLPBlock(config.hidden_dim, config.dropout) for _ in range(config.n_blocks))
+        self.blocks = nn.ModuleList(
+            MLPBlock(config.hidden_dim, config.dropout) for _ in range(config.n_blocks)
+        )
         self.norm = nn.LayerNorm(config.hidden_dim)
         self.action_head = nn.Linear(config.hidden_dim, config.action_feature.shape[0])
 

@@ -55,10 +55,17 @@ class UnusedHead(nn.Linear):
 
 def _text_config(variant: GemmaVariant, **extra) -> GemmaConfig:
     return GemmaConfig(
-        hidden_size=variant.width, intermediate_size=variant.mlp_dim, num_attention_heads=variant.num_heads,
-        num_key_value_heads=variant.num_kv_heads, head_dim=variant.head_dim, num_hidden_layers=variant.depth,
-        vocab_size=PALIGEMMA_VOCAB_SIZE, hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
-        tie_word_embeddings=False, **extra,
+        hidden_size=variant.width,
+        intermediate_size=variant.mlp_dim,
+        num_attention_heads=variant.num_heads,
+        num_key_value_heads=variant.num_kv_heads,
+        head_dim=variant.head_dim,
+        num_hidden_layers=variant.depth,
+        vocab_size=PALIGEMMA_VOCAB_SIZE,
+        hidden_activation="gelu_pytorch_tanh",
+        hidden_act="gelu_pytorch_tanh",
+        tie_word_embeddings=False,
+        **extra,
     )
 
 
@@ -67,13 +74,21 @@ def paligemma_config(vlm: GemmaVariant, vision: VisionVariant, image_size: int) 
     config = PaliGemmaConfig(
         text_config=_text_config(vlm).to_dict(),
         vision_config={
-            "model_type": "siglip_vision_model", "hidden_size": vision.hidden_size,
-            "num_hidden_layers": vision.depth, "num_attention_heads": vision.num_heads,
-            "intermediate_size": vision.intermediate_size, "patch_size": vision.patch_size,
-            "image_size": image_size, "projection_dim": vlm.width, "hidden_act": "gelu_pytorch_tanh",
-            "layer_norm_eps": 1e-6, "vision_use_head": False,
+            "model_type": "siglip_vision_model",
+            "hidden_size": vision.hidden_size,
+            "num_hidden_layers": vision.depth,
+            "num_attention_heads": vision.num_heads,
+            "intermediate_size": vision.intermediate_size,
+            "patch_size": vision.patch_size,
+            "image_size": image_size,
+            "projection_dim": vlm.width,
+            "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6,
+            "vision_use_head": False,
         },
-        image_token_index=PALIGEMMA_VOCAB_SIZE, projection_dim=vlm.width, hidden_size=vlm.width,
+        image_token_index=PALIGEMMA_VOCAB_SIZE,
+        projection_dim=vlm.width,
+        hidden_size=vlm.width,
         tie_word_embeddings=False,
     )
     config.text_config.tie_word_embeddings = False
@@ -94,8 +109,14 @@ def _init_layer(layer: nn.Module) -> None:
 class PaliGemmaWithExpert(nn.Module):
     """The two towers and the three ways pi0 runs them (training, prefix for inference, denoise step)."""
 
-    def __init__(self, vlm: GemmaVariant, expert: GemmaVariant, vision: VisionVariant, image_size: int,
-                 expert_cond_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        vlm: GemmaVariant,
+        expert: GemmaVariant,
+        vision: VisionVariant,
+        image_size: int,
+        expert_cond_dim: int | None = None,
+    ) -> None:
         super().__init__()
         pg_config = paligemma_config(vlm, vision, image_size)
         self.paligemma = PaliGemmaForConditionalGeneration(pg_config)
@@ -111,13 +132,18 @@ class PaliGemmaWithExpert(nn.Module):
         self.paligemma.lm_head = UnusedHead(vlm.width, PALIGEMMA_VOCAB_SIZE, bias=False)
         self.gemma_expert.lm_head = UnusedHead(expert.width, PALIGEMMA_VOCAB_SIZE, bias=False)
         self.gemma_expert.model.layers = nn.ModuleList(
-            ExpertLayer(expert_config, cond_dim=expert_cond_dim) for _ in range(expert.depth))
+            ExpertLayer(expert_config, cond_dim=expert_cond_dim) for _ in range(expert.depth)
+        )
         if expert_cond_dim is not None:
-            self.gemma_expert.model.norm = AdaRMSNorm(expert.width, expert_config.rms_norm_eps, expert_cond_dim)
+            self.gemma_expert.model.norm = AdaRMSNorm(
+                expert.width, expert_config.rms_norm_eps, expert_cond_dim
+            )
         for layer in (*language.layers, *self.gemma_expert.model.layers):
             _init_layer(layer)
         if self.paligemma.lm_head.weight is language.embed_tokens.weight:
-            raise AssertionError("PaliGemma's lm_head must not be tied to its embedding (LeRobot's files hold both)")
+            raise AssertionError(
+                "PaliGemma's lm_head must not be tied to its embedding (LeRobot's files hold both)"
+            )
 
     def unread_modules(self) -> list[nn.Module]:
         """Modules whose output no computation reads: both ``lm_head``s, and the language model's final
@@ -125,8 +151,14 @@ class PaliGemmaWithExpert(nn.Module):
         last hidden states are never used; only their keys and values are). They get no gradient in
         LeRobot either; frozen here, DDP need not look for unused parameters every step."""
         last = self.language_model.layers[-1]
-        return [self.paligemma.lm_head, self.gemma_expert.lm_head, self.language_model.norm, last.self_attn.o_proj,
-                last.post_attention_layernorm, last.mlp]
+        return [
+            self.paligemma.lm_head,
+            self.gemma_expert.lm_head,
+            self.language_model.norm,
+            last.self_attn.o_proj,
+            last.post_attention_layernorm,
+            last.mlp,
+        ]
 
     # -- parts ------------------------------------------------------------------------------------
     @property
@@ -152,9 +184,14 @@ class PaliGemmaWithExpert(nn.Module):
         return self.language_model.rotary_emb(reference, position_ids)
 
     # -- the three passes -------------------------------------------------------------------------
-    def run(self, hiddens: list[Tensor | None], mask_2d: Tensor, position_ids: Tensor,
-            conds: tuple[Tensor | None, Tensor | None] = (None, None),
-            cache: list[KeyValues] | None = None) -> tuple[list[Tensor | None], list[KeyValues]]:
+    def run(
+        self,
+        hiddens: list[Tensor | None],
+        mask_2d: Tensor,
+        position_ids: Tensor,
+        conds: tuple[Tensor | None, Tensor | None] = (None, None),
+        cache: list[KeyValues] | None = None,
+    ) -> tuple[list[Tensor | None], list[KeyValues]]:
         """All layers over ``hiddens = [prefix | None, suffix | None]``, then each tower's final norm.
 
         ``mask_2d``: boolean ``(B, T_q, T_k)`` (True = may attend); ``cache``: the prefix's keys/values per
@@ -164,16 +201,19 @@ class PaliGemmaWithExpert(nn.Module):
         mask = torch.where(mask_2d[:, None], 0.0, ATTENTION_MASK_VALUE).to(dtype=torch.float32)
         rotary = self.rotary(position_ids, dtype)
         new_cache: list[KeyValues] = []
-        for i, (vlm_layer, expert_layer) in enumerate(zip(self.language_model.layers, self.expert_model.layers,
-                                                         strict=True)):
+        for i, (vlm_layer, expert_layer) in enumerate(
+            zip(self.language_model.layers, self.expert_model.layers, strict=True)
+        ):
             cached = cache[i] if cache is not None else None
             # --policy.gradient_checkpointing (LeRobot's) is lerobot-parallel's activation checkpointing of
             # each joint layer pair, applied by the trainer to this very method (lerobot_parallel.regions).
             hiddens, kv = vlm_layer.joint(expert_layer, hiddens, rotary, mask, conds, cached)
             new_cache.append(kv)
         norms = (self.language_model.norm, self.expert_model.norm)
-        outputs = [None if h is None else _norm(norm, h, cond) for norm, h, cond in zip(norms, hiddens, conds,
-                                                                                        strict=True)]
+        outputs = [
+            None if h is None else _norm(norm, h, cond)
+            for norm, h, cond in zip(norms, hiddens, conds, strict=True)
+        ]
         return outputs, new_cache
 
 
@@ -184,7 +224,8 @@ def _norm(norm: nn.Module, h: Tensor, cond: Tensor | None) -> Tensor:
 
 
 def sinusoidal_time_embedding(time: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
-    """openpi's sine-cosine embedding of the flow time ``(B,)`` → ``(B, dim)``, computed in float64 off MPS."""
+    """openpi's sine-cosine embedding of the flow time ``(B,)`` → ``(B, dim)``,
+    computed in float64 off MPS."""
     if dim % 2:
         raise ValueError(f"the time embedding width must be even, got {dim}")
     dtype = torch.float32 if time.device.type == "mps" else torch.float64

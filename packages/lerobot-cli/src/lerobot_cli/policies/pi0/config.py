@@ -27,12 +27,20 @@ from lerobot_cli.policies.spec import PolicySpec
 DTYPES = ("float32", "bfloat16")
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
 # LeRobot's RTCConfig fields: config.json's rtc_config may hold no other key (LeRobot refuses the file).
-RTC_FIELDS = ("enabled", "prefix_attention_schedule", "max_guidance_weight", "execution_horizon", "debug",
-              "debug_maxlen")
+RTC_FIELDS = (
+    "enabled",
+    "prefix_attention_schedule",
+    "max_guidance_weight",
+    "execution_horizon",
+    "debug",
+    "debug_maxlen",
+)
 
 
 def _pi0_normalization() -> dict[str, NormalizationMode]:
-    return normalization_mapping(NormalizationMode.IDENTITY, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD)
+    return normalization_mapping(
+        NormalizationMode.IDENTITY, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD
+    )
 
 
 def _choice(name: str, value: str, choices) -> None:
@@ -44,20 +52,35 @@ PI_SPEC = PolicySpec(
     model="lerobot_cli.policies.pi0.modeling:PI0Policy",
     processors="lerobot_cli.policies.pi0.processors:pi0_processor_steps",
     # SigLIP layers and the embedding alone; each joint layer pair (VLM layer i, expert layer i) as one unit.
-    wrap_units=("SiglipEncoderLayer", "GemmaTextScaledWordEmbedding", "UnusedHead", "PaliGemmaLayer",
-                "ExpertLayer"),
+    wrap_units=(
+        "SiglipEncoderLayer",
+        "GemmaTextScaledWordEmbedding",
+        "UnusedHead",
+        "PaliGemmaLayer",
+        "ExpertLayer",
+    ),
     unit_groups=(("PaliGemmaLayer", "ExpertLayer"),),
     # Modules whose forward never runs (their layers and methods are called directly): never FSDP units.
-    no_forward_modules=("PI0FlowModel", "PI05FlowModel", "PaliGemmaWithExpert", "PaliGemmaForConditionalGeneration",
-                        "PaliGemmaModel", "GemmaForCausalLM", "GemmaModel", "GemmaProjections"),
+    no_forward_modules=(
+        "PI0FlowModel",
+        "PI05FlowModel",
+        "PaliGemmaWithExpert",
+        "PaliGemmaForConditionalGeneration",
+        "PaliGemmaModel",
+        "GemmaForCausalLM",
+        "GemmaModel",
+        "GemmaProjections",
+    ),
     # LeRobot's default LoRA targets for pi0: the expert's q/v projections and the action/state projections.
-    peft_targets=(r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
-                  r"action_time_mlp_in|action_time_mlp_out))"),
+    peft_targets=(
+        r"(.*\.gemma_expert\..*\.self_attn\.(q|v)_proj|model\.(state_proj|action_in_proj|action_out_proj|"
+        r"action_time_mlp_in|action_time_mlp_out))"
+    ),
     # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
     extension_fields=("tokenizer_name", "vision_variant"),
-    extras=("pi",),
+    extras=("pi",),  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
     # Files in the layouts LeRobot's from_pretrained also fixes (openpi's names, no model. prefix, …).
-    state_dict_adapter="lerobot_cli.policies.pi0.modeling:adapt_state_dict",  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
+    state_dict_adapter="lerobot_cli.policies.pi0.modeling:adapt_state_dict",
 )
 
 
@@ -68,9 +91,13 @@ class PiFlowConfig(PolicyConfig):
     paligemma_variant: str = "gemma_2b"
     action_expert_variant: str = "gemma_300m"
     dtype: str = "float32"
-    vision_variant: str = field(default="so400m", metadata={"help": "SigLIP tower: so400m (LeRobot's) or tiny (tests)."})
-    tokenizer_name: str = field(default=PALIGEMMA_TOKENIZER,
-                                metadata={"help": "Hub name or local directory of the PaliGemma tokenizer."})
+    vision_variant: str = field(
+        default="so400m", metadata={"help": "SigLIP tower: so400m (LeRobot's) or tiny (tests)."}
+    )
+    tokenizer_name: str = field(
+        default=PALIGEMMA_TOKENIZER,
+        metadata={"help": "Hub name or local directory of the PaliGemma tokenizer."},
+    )
 
     chunk_size: int = 50
     n_action_steps: int = 50
@@ -86,7 +113,8 @@ class PiFlowConfig(PolicyConfig):
     min_period: float = 4e-3
     max_period: float = 4.0
 
-    # LeRobot features kept for file compatibility; only their off values are accepted (see __attrs_post_init__).
+    # LeRobot features kept for file compatibility; only their off values are accepted
+    # (see __attrs_post_init__).
     use_relative_actions: bool = False
     relative_exclude_joints: list[str] = field(factory=lambda: ["gripper"])
     action_feature_names: list[str] | None = None
@@ -119,75 +147,107 @@ class PiFlowConfig(PolicyConfig):
         _choice("action_expert_variant", self.action_expert_variant, tuple(GEMMA_VARIANTS))
         _choice("vision_variant", self.vision_variant, tuple(VISION_VARIANTS))
         _choice("dtype", self.dtype, DTYPES)
-        for name in ("chunk_size", "n_action_steps", "max_state_dim", "max_action_dim", "num_inference_steps",
-                     "tokenizer_max_length"):
+        for name in (
+            "chunk_size",
+            "n_action_steps",
+            "max_state_dim",
+            "max_action_dim",
+            "num_inference_steps",
+            "tokenizer_max_length",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--policy.{name} must be an integer ≥ 1, got {value!r}")
         if self.n_action_steps > self.chunk_size:
-            raise ValueError(f"--policy.n_action_steps ({self.n_action_steps}) cannot be greater than "
-                             f"--policy.chunk_size ({self.chunk_size})")
+            raise ValueError(
+                f"--policy.n_action_steps ({self.n_action_steps}) cannot be greater than "
+                f"--policy.chunk_size ({self.chunk_size})"
+            )
         if self.n_obs_steps != 1:
             raise ValueError(f"--policy.n_obs_steps must be 1 for {self.type} (got {self.n_obs_steps})")
         if len(self.image_resolution) != 2 or self.image_resolution[0] != self.image_resolution[1]:
-            raise ValueError(f"--policy.image_resolution must be square [N, N] (PaliGemma's SigLIP), "
-                             f"got {list(self.image_resolution)}")
+            raise ValueError(
+                f"--policy.image_resolution must be square [N, N] (PaliGemma's SigLIP), "
+                f"got {list(self.image_resolution)}"
+            )
         patch = VISION_VARIANTS[self.vision_variant].patch_size
         side = self.image_resolution[0]
         # 0 and negative multiples pass a plain modulo test; a 0-patch image divided by zero at step 1.
         if isinstance(side, bool) or not isinstance(side, int) or side < patch or side % patch:
-            raise ValueError(f"--policy.image_resolution must be [N, N] with N a positive multiple of the SigLIP "
-                             f"patch size {patch} (e.g. [{16 * patch}, {16 * patch}]), got {list(self.image_resolution)}")
+            raise ValueError(
+                f"--policy.image_resolution must be [N, N] with N a positive multiple of the SigLIP "
+                f"patch size {patch} (e.g. [{16 * patch}, {16 * patch}]), got {list(self.image_resolution)}"
+            )
         if self.empty_cameras < 0:
             raise ValueError(f"--policy.empty_cameras must be ≥ 0, got {self.empty_cameras}")
         vlm, expert = GEMMA_VARIANTS[self.paligemma_variant], GEMMA_VARIANTS[self.action_expert_variant]
-        if (vlm.num_heads, vlm.num_kv_heads, vlm.head_dim) != (expert.num_heads, expert.num_kv_heads, expert.head_dim):
+        if (vlm.num_heads, vlm.num_kv_heads, vlm.head_dim) != (
+            expert.num_heads,
+            expert.num_kv_heads,
+            expert.head_dim,
+        ):
             raise ValueError(
                 f"--policy.paligemma_variant={self.paligemma_variant} and --policy.action_expert_variant="
-                f"{self.action_expert_variant} have different attention heads; joint attention needs the same "
-                "number of heads, key/value heads and head size in both towers"
+                f"{self.action_expert_variant} have different attention heads; joint attention needs the "
+                "same number of heads, key/value heads and head size in both towers"
             )
         if self.vision_variant != "so400m" and self.paligemma_variant in LEROBOT_GEMMA_VARIANTS:
-            # vision_variant is not in config.json (LeRobot's class lacks it): LeRobot would read this config as
-            # a so400m model, fail to load our weights into it and keep random ones (its pi0 loader only warns).
-            # With gemma_tiny, LeRobot refuses the config.json by its paligemma_variant instead.
-            raise ValueError(f"--policy.vision_variant={self.vision_variant} needs --policy.paligemma_variant=gemma_tiny "
-                             f"(got {self.paligemma_variant}): LeRobot's config.json has no vision_variant and would "
-                             "describe a full-size SigLIP")
+            # vision_variant is not in config.json (LeRobot's class lacks it): LeRobot would read this config
+            # as a so400m model, fail to load our weights into it and keep random ones (its pi0 loader only
+            # warns). With gemma_tiny, LeRobot refuses the config.json by its paligemma_variant instead.
+            raise ValueError(
+                f"--policy.vision_variant={self.vision_variant} needs --policy.paligemma_variant=gemma_tiny "
+                f"(got {self.paligemma_variant}): LeRobot's config.json has no vision_variant and would "
+                "describe a full-size SigLIP"
+            )
         self._refuse_unsupported()
 
     def _refuse_unsupported(self) -> None:
         """LeRobot features this stack does not implement: on, they would be silently ignored."""
         if self.use_relative_actions:
-            raise ValueError("--policy.use_relative_actions=true is not supported here (LeRobot's relative-action "
-                             "processors are not implemented); train with absolute actions")
+            raise ValueError(
+                "--policy.use_relative_actions=true is not supported here (LeRobot's relative-action "
+                "processors are not implemented); train with absolute actions"
+            )
         if self.compile_model:
             raise ValueError("--policy.compile_model=true is not supported here; leave it false")
         if self.rtc_config is not None:
             unknown = sorted(set(self.rtc_config) - set(RTC_FIELDS))
             if unknown:
-                raise ValueError(f"--policy.rtc_config: unknown keys {', '.join(unknown)} (LeRobot's RTCConfig has "
-                                 f"{', '.join(RTC_FIELDS)})")
+                raise ValueError(
+                    f"--policy.rtc_config: unknown keys {', '.join(unknown)} (LeRobot's RTCConfig has "
+                    f"{', '.join(RTC_FIELDS)})"
+                )
             # A missing "enabled" is true to LeRobot (RTCConfig's default): {} means real-time chunking on.
             if self.rtc_config.get("enabled", True):
-                raise ValueError("--policy.rtc_config with enabled=true (LeRobot's default when the key is missing) "
-                                 "is not supported here (real-time chunking is an inference feature of LeRobot); set "
-                                 "it to null")
+                raise ValueError(
+                    "--policy.rtc_config with enabled=true (LeRobot's default when the key is missing) "
+                    "is not supported here (real-time chunking is an inference feature of LeRobot); set "
+                    "it to null"
+                )
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""
         if not self.image_features and self.empty_cameras == 0:
-            raise ValueError(f"{self.type} needs a camera, but the dataset has none (no observation.images.* among "
-                             f"its inputs {sorted(self.input_features) or 'none'}): pass --policy.empty_cameras=1 to "
-                             "train with a blank, masked camera image instead (LeRobot's option), or use a dataset "
-                             "with a camera")
+            raise ValueError(
+                f"{self.type} needs a camera, but the dataset has none (no observation.images.* among "
+                f"its inputs {sorted(self.input_features) or 'none'}): pass --policy.empty_cameras=1 to "
+                "train with a blank, masked camera image instead (LeRobot's option), or use a dataset "
+                "with a camera"
+            )
         if self.action_feature is None:
-            raise ValueError(f"{self.type} needs an 'action' output feature; got {sorted(self.output_features) or 'none'}")
-        for what, feature, limit in (("state", self.robot_state_feature, self.max_state_dim),
-                                     ("action", self.action_feature, self.max_action_dim)):
+            raise ValueError(
+                f"{self.type} needs an 'action' output feature; got {sorted(self.output_features) or 'none'}"
+            )
+        for what, feature, limit in (
+            ("state", self.robot_state_feature, self.max_state_dim),
+            ("action", self.action_feature, self.max_action_dim),
+        ):
             if feature is not None and feature.shape[-1] > limit:
-                raise ValueError(f"the {what} has {feature.shape[-1]} dimensions but --policy.max_{what}_dim is "
-                                 f"{limit}; raise --policy.max_{what}_dim to at least {feature.shape[-1]}")
+                raise ValueError(
+                    f"the {what} has {feature.shape[-1]} dimensions but --policy.max_{what}_dim is "
+                    f"{limit}; raise --policy.max_{what}_dim to at least {feature.shape[-1]}"
+                )
 
     def activation_checkpointing(self) -> bool:
         return self.gradient_checkpointing
@@ -197,7 +257,10 @@ class PiFlowConfig(PolicyConfig):
 
     def with_empty_cameras(self) -> dict[str, PolicyFeature]:
         """Input features plus the ``empty_cameras`` placeholders LeRobot adds (all -1 images, masked out)."""
-        extra = {key: PolicyFeature(FeatureType.VISUAL, (3, *self.image_resolution)) for key in self.placeholder_inputs()}
+        extra = {
+            key: PolicyFeature(FeatureType.VISUAL, (3, *self.image_resolution))
+            for key in self.placeholder_inputs()
+        }
         return {**self.input_features, **extra}
 
     def placeholder_inputs(self) -> tuple[str, ...]:
@@ -207,13 +270,23 @@ class PiFlowConfig(PolicyConfig):
         return tuple(f"observation.images.empty_camera_{i}" for i in range(self.empty_cameras))
 
     def optimizer_preset(self) -> OptimizerConfig:
-        return OptimizerConfig(type="adamw", lr=self.optimizer_lr, betas=self.optimizer_betas, eps=self.optimizer_eps,
-                               weight_decay=self.optimizer_weight_decay, grad_clip_norm=self.optimizer_grad_clip_norm)
+        return OptimizerConfig(
+            type="adamw",
+            lr=self.optimizer_lr,
+            betas=self.optimizer_betas,
+            eps=self.optimizer_eps,
+            weight_decay=self.optimizer_weight_decay,
+            grad_clip_norm=self.optimizer_grad_clip_norm,
+        )
 
     def scheduler_preset(self) -> SchedulerConfig:
-        return SchedulerConfig(type="cosine_decay_with_warmup", num_warmup_steps=self.scheduler_warmup_steps,
-                               num_decay_steps=self.scheduler_decay_steps, peak_lr=self.optimizer_lr,
-                               decay_lr=self.scheduler_decay_lr)
+        return SchedulerConfig(
+            type="cosine_decay_with_warmup",
+            num_warmup_steps=self.scheduler_warmup_steps,
+            num_decay_steps=self.scheduler_decay_steps,
+            peak_lr=self.optimizer_lr,
+            decay_lr=self.scheduler_decay_lr,
+        )
 
     @property
     def action_delta_indices(self) -> list[int]:

@@ -63,14 +63,15 @@ class AdaRMSNorm(nn.Module):
 
 
 class GemmaProjections(nn.Module):
-    """Gemma attention's four projections (no bias); the attention itself is joint, see :func:`joint_layer`."""
+    """Gemma attention's four projections (no bias); the attention itself is joint,
+    see :func:`joint_layer`."""
 
     def __init__(self, width: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.scaling = head_dim ** -0.5
+        self.scaling = head_dim**-0.5
         self.q_proj = nn.Linear(width, num_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(width, num_kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(width, num_kv_heads * head_dim, bias=False)
@@ -87,14 +88,20 @@ class PiGemmaLayer(nn.Module):
 
     def __init__(self, hf_config, cond_dim: int | None = None) -> None:
         super().__init__()
-        self.self_attn = GemmaProjections(hf_config.hidden_size, hf_config.num_attention_heads,
-                                          hf_config.num_key_value_heads, hf_config.head_dim)
+        self.self_attn = GemmaProjections(
+            hf_config.hidden_size,
+            hf_config.num_attention_heads,
+            hf_config.num_key_value_heads,
+            hf_config.head_dim,
+        )
         self.mlp = GemmaMLP(hf_config)
         self.input_layernorm = AdaRMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, cond_dim)
         self.post_attention_layernorm = AdaRMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, cond_dim)
 
     def forward(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__} runs jointly with its partner layer; call PaliGemmaLayer.joint")
+        raise RuntimeError(
+            f"{type(self).__name__} runs jointly with its partner layer; call PaliGemmaLayer.joint"
+        )
 
 
 class ExpertLayer(PiGemmaLayer):
@@ -107,9 +114,15 @@ class PaliGemmaLayer(PiGemmaLayer):
     # Methods that lerobot_parallel registers as the FSDP unit's forward (they replace forward's hooks).
     _fsdp_forward_methods: ClassVar[tuple[str, ...]] = ("joint",)
 
-    def joint(self, expert: ExpertLayer, hiddens: Sequence[Tensor | None], rotary: tuple[Tensor, Tensor],
-              mask: Tensor, conds: Sequence[Tensor | None] = (None, None),
-              cached: KeyValues | None = None) -> tuple[list[Tensor | None], KeyValues]:
+    def joint(
+        self,
+        expert: ExpertLayer,
+        hiddens: Sequence[Tensor | None],
+        rotary: tuple[Tensor, Tensor],
+        mask: Tensor,
+        conds: Sequence[Tensor | None] = (None, None),
+        cached: KeyValues | None = None,
+    ) -> tuple[list[Tensor | None], KeyValues]:
         """Run this layer and ``expert`` over ``hiddens = [vlm tokens | None, expert tokens | None]``.
 
         ``rotary``: ``(cos, sin)`` for the tokens present, ``mask``: additive ``(B, 1, T_q, T_k)``,
@@ -140,9 +153,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scaling: float) ->
     return out.reshape(out.shape[0], out.shape[1], -1)
 
 
-def joint_layer(layers: Sequence[PiGemmaLayer], hiddens: Sequence[Tensor | None], rotary: tuple[Tensor, Tensor],
-                mask: Tensor, conds: Sequence[Tensor | None], cached: KeyValues | None
-                ) -> tuple[list[Tensor | None], KeyValues]:
+def joint_layer(
+    layers: Sequence[PiGemmaLayer],
+    hiddens: Sequence[Tensor | None],
+    rotary: tuple[Tensor, Tensor],
+    mask: Tensor,
+    conds: Sequence[Tensor | None],
+    cached: KeyValues | None,
+) -> tuple[list[Tensor | None], KeyValues]:
     """One joint-attention layer over the towers whose hidden states are not None (see module docstring)."""
     present = [i for i, h in enumerate(hiddens) if h is not None]
     normed, gates, qs, ks, vs = {}, {}, [], [], []

@@ -31,7 +31,13 @@ LANGUAGE_MASK = "observation.language.attention_mask"
 # dtype=bfloat16 casts the towers (``paligemma_with_expert``) alone, and inside them keeps these parts fp32:
 # LeRobot's ``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params`` (names relative to the towers).
 # The flow model's own projections (action_in/out_proj, state_proj, the time MLPs) stay fp32, as there.
-FLOAT32_PARTS = ("vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm", "model.norm")
+FLOAT32_PARTS = (
+    "vision_tower",
+    "multi_modal_projector",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "model.norm",
+)
 
 
 def cast_towers_like_lerobot(towers: nn.Module) -> None:
@@ -100,8 +106,10 @@ class PI0Policy(nn.Module):
         return self
 
     # Older names of this policy's own modules in checkpoints LeRobot also loads (openpi's converted files).
-    _renamed_modules: ClassVar[dict[str, str]] = {"time_mlp_in.": "action_time_mlp_in.",
-                                                  "time_mlp_out.": "action_time_mlp_out."}
+    _renamed_modules: ClassVar[dict[str, str]] = {
+        "time_mlp_in.": "action_time_mlp_in.",
+        "time_mlp_out.": "action_time_mlp_out.",
+    }
     _dropped_modules: ClassVar[tuple[str, ...]] = ()  # the other variant's modules this one lacks
 
     def adapt_state_dict(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -119,15 +127,17 @@ class PI0Policy(nn.Module):
             key = key.removeprefix("model.")
             for old, new in self._renamed_modules.items():
                 if key.startswith(old):
-                    key = new + key[len(old):]
+                    key = new + key[len(old) :]
             if key.startswith(tower) and not key.startswith(tower + "vision_model."):
-                key = tower + "vision_model." + key[len(tower):]
+                key = tower + "vision_model." + key[len(tower) :]
             adapted[f"model.{key}"] = value
         embed = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
         head = "model.paligemma_with_expert.paligemma.lm_head.weight"
         if embed not in adapted and head in adapted:
             adapted[embed] = adapted[head].clone()
-        return {k: v for k, v in adapted.items() if not k.removeprefix("model.").startswith(self._dropped_modules)}
+        return {
+            k: v for k, v in adapted.items() if not k.removeprefix("model.").startswith(self._dropped_modules)
+        }
 
     def get_optim_params(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
@@ -141,9 +151,10 @@ class PI0Policy(nn.Module):
         """SigLIP inputs in [-1, 1] per expected camera, and which rows really have that camera.
 
         The cameras are the VISUAL input features in the config's order, whatever their names (LeRobot's
-        ``config.image_features``; ``observation.wrist_rgb`` is as much a camera as ``observation.images.top``):
-        those in the batch first, then one all -1 image, masked out, per camera the batch lacks (the
-        ``empty_cameras`` placeholders among them), as LeRobot's ``_preprocess_images`` orders them."""
+        ``config.image_features``; ``observation.wrist_rgb`` is as much a camera as
+        ``observation.images.top``): those in the batch first, then one all -1 image, masked out, per camera
+        the batch lacks (the ``empty_cameras`` placeholders among them), as LeRobot's ``_preprocess_images``
+        orders them."""
         expected = [k for k, f in self.config.with_empty_cameras().items() if f.type == FeatureType.VISUAL]
         cameras = [k for k in expected if k in batch]
         if not cameras:
@@ -163,8 +174,10 @@ class PI0Policy(nn.Module):
 
     def _language(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         if LANGUAGE_TOKENS not in batch:
-            raise KeyError(f"{self.name} needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the "
-                           "policy's pre-processor first")
+            raise KeyError(
+                f"{self.name} needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the "
+                "policy's pre-processor first"
+            )
         return batch[LANGUAGE_TOKENS], batch[LANGUAGE_MASK].to(torch.bool)
 
     def _state(self, batch: dict[str, Any]) -> Tensor | None:
@@ -174,8 +187,9 @@ class PI0Policy(nn.Module):
         return self.config.action_feature.shape[-1]
 
     # -- training and inference -------------------------------------------------------------------
-    def forward(self, batch: dict[str, Any], noise: Tensor | None = None,
-                time: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    def forward(
+        self, batch: dict[str, Any], noise: Tensor | None = None, time: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, float]]:
         """Mean flow-matching loss over the real action dimensions (LeRobot averages padded steps too)."""
         images, image_masks = self._images(batch)
         tokens, token_masks = self._language(batch)
@@ -184,7 +198,9 @@ class PI0Policy(nn.Module):
             drawn_noise, drawn_time = self._draw_noise_and_time(batch, actions)
             noise = drawn_noise if noise is None else noise
             time = drawn_time if time is None else time
-        losses = self.model(images, image_masks, tokens, token_masks, self._state(batch), actions, noise, time)
+        losses = self.model(
+            images, image_masks, tokens, token_masks, self._state(batch), actions, noise, time
+        )
         loss = losses[:, :, : self._action_dim()].mean()
         return loss, {}
 
@@ -196,8 +212,10 @@ class PI0Policy(nn.Module):
         ``index`` (a foreign batch) the draws come from the global RNG directly, as in LeRobot."""
         index = batch.get("index")
         if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
-            return (self.model.sample_noise(actions.shape, actions.device),
-                    self.model.sample_time(actions.shape[0], actions.device))
+            return (
+                self.model.sample_noise(actions.shape, actions.device),
+                self.model.sample_time(actions.shape[0], actions.device),
+            )
         base = int(torch.randint(0, 2**62, ()))
         noises, times = [], []
         for sample in index.reshape(-1).tolist():
@@ -206,8 +224,10 @@ class PI0Policy(nn.Module):
                 noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
                 times.append(self.model.sample_time(1, torch.device("cpu")))
         # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
-        return (torch.cat(noises).to(actions.device, non_blocking=True),
-                torch.cat(times).to(actions.device, non_blocking=True))
+        return (
+            torch.cat(noises).to(actions.device, non_blocking=True),
+            torch.cat(times).to(actions.device, non_blocking=True),
+        )
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
@@ -215,12 +235,15 @@ class PI0Policy(nn.Module):
         self.eval()
         images, image_masks = self._images(batch)
         tokens, token_masks = self._language(batch)
-        actions = self.model.sample_actions(images, image_masks, tokens, token_masks, self._state(batch), noise)
+        actions = self.model.sample_actions(
+            images, image_masks, tokens, token_masks, self._state(batch), noise
+        )
         return actions[:, :, : self._action_dim()]
 
     @torch.no_grad()
     def select_action(self, batch: dict[str, Any]) -> Tensor:
-        """The ``(B, A)`` action for this step, from the queue refilled with ``n_action_steps`` of a new chunk."""
+        """The ``(B, A)`` action for this step,
+        from the queue refilled with ``n_action_steps`` of a new chunk."""
         self.eval()
         if not self._action_queue:
             chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]

@@ -20,16 +20,22 @@ from lerobot_cli.policies.spec import PolicySpec
 
 
 def _pi05_normalization() -> dict[str, NormalizationMode]:
-    return normalization_mapping(NormalizationMode.IDENTITY, NormalizationMode.QUANTILES, NormalizationMode.QUANTILES)
+    return normalization_mapping(
+        NormalizationMode.IDENTITY, NormalizationMode.QUANTILES, NormalizationMode.QUANTILES
+    )
 
 
 @define(frozen=True, kw_only=True)
 class PI05Config(PiFlowConfig):
     type: ClassVar[str] = "pi05"
     # LeRobot 0.6.1's _get_default_peft_targets for pi05 is pi0's regex verbatim (inherited): its names
-    # state_proj and action_time_mlp_* match no pi05 module, so time_mlp_in/out are not adapted, as in LeRobot.
-    spec: ClassVar[PolicySpec] = attrs.evolve(PI_SPEC, model="lerobot_cli.policies.pi05.modeling:PI05Policy",
-                                              processors="lerobot_cli.policies.pi05.processors:pi05_processor_steps")
+    # state_proj and action_time_mlp_* match no pi05 module, so time_mlp_in/out are not adapted,
+    # as in LeRobot.
+    spec: ClassVar[PolicySpec] = attrs.evolve(
+        PI_SPEC,
+        model="lerobot_cli.policies.pi05.modeling:PI05Policy",
+        processors="lerobot_cli.policies.pi05.processors:pi05_processor_steps",
+    )
 
     normalization_mapping: dict[str, NormalizationMode] = field(factory=_pi05_normalization)
     tokenizer_max_length: int = 200

@@ -26,8 +26,9 @@ class PI05FlowModel(PI0FlowModel):
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
 
-    def embed_suffix(self, state: Tensor | None, noisy_actions: Tensor, time: Tensor
-                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def embed_suffix(
+        self, state: Tensor | None, noisy_actions: Tensor, time: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Action tokens (one block) and the time condition of the expert's norms; ``state`` is unused."""
         action_emb = self.action_in_proj(_as_input_of(self.action_in_proj, noisy_actions))
         time_emb = _as_input_of(self.time_mlp_in, self._time_embedding(time))

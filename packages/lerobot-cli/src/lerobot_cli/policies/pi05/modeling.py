@@ -24,8 +24,10 @@ class PI05Policy(PI0Policy):
     config_class: ClassVar[type[PiFlowConfig]] = PI05Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI05FlowModel
     # Files LeRobot's pi05 from_pretrained accepts: pi0's time-MLP names and a state_proj pi05 has no use for.
-    _renamed_modules: ClassVar[dict[str, str]] = {"action_time_mlp_in.": "time_mlp_in.",
-                                                  "action_time_mlp_out.": "time_mlp_out."}
+    _renamed_modules: ClassVar[dict[str, str]] = {
+        "action_time_mlp_in.": "time_mlp_in.",
+        "action_time_mlp_out.": "time_mlp_out.",
+    }
     _dropped_modules: ClassVar[tuple[str, ...]] = ("state_proj.",)
 
     def _state(self, batch: dict[str, Any]) -> Tensor | None:

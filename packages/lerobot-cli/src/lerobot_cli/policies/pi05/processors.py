@@ -11,7 +11,13 @@ from lerobot_cli.processors.factory import DefaultSteps, StepLists
 
 def pi05_processor_steps(config: PiFlowConfig, defaults: DefaultSteps) -> StepLists:
     relative, absolute = relative_actions_steps(config)
-    pre = [defaults.rename_observations, defaults.add_batch_dim, relative, defaults.normalize,
-           Pi05StateTokensStep(max_state_dim=config.max_state_dim), paligemma_tokenizer_step(config),
-           defaults.to_device]
+    pre = [
+        defaults.rename_observations,
+        defaults.add_batch_dim,
+        relative,
+        defaults.normalize,
+        Pi05StateTokensStep(max_state_dim=config.max_state_dim),
+        paligemma_tokenizer_step(config),
+        defaults.to_device,
+    ]
     return pre, [defaults.unnormalize, absolute, defaults.to_cpu]

@@ -53,24 +53,32 @@ class Pi05StateTokensStep(ProcessorStep):
 
     registry_name: ClassVar[str] = "pi05_prepare_state_tokenizer_processor_step"
 
-    def __init__(self, max_state_dim: int = _PI05_DEFAULTS["max_state_dim"],
-                 task_key: str = _PI05_DEFAULTS["task_key"]) -> None:
+    def __init__(
+        self, max_state_dim: int = _PI05_DEFAULTS["max_state_dim"], task_key: str = _PI05_DEFAULTS["task_key"]
+    ) -> None:
         self.max_state_dim = max_state_dim
         self.task_key = task_key
 
     def __call__(self, batch: Batch) -> Batch:
         state = batch.get(STATE)
         if state is None:
-            raise ValueError(f"{self.registry_name}: pi05 needs {STATE!r} in the batch (its prompt carries the state)")
+            raise ValueError(
+                f"{self.registry_name}: pi05 needs {STATE!r} in the batch (its prompt carries the state)"
+            )
         tasks = batch.get(self.task_key)
         if tasks is None:
             raise ValueError(f"{self.registry_name}: the batch has no {self.task_key!r} text")
         tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         if state.dim() != 2 or state.shape[0] != len(tasks):
-            raise ValueError(f"{self.registry_name}: {STATE!r} must be (batch, dims) with one row per task, "
-                             f"got shape {tuple(state.shape)} for {len(tasks)} task(s)")
+            raise ValueError(
+                f"{self.registry_name}: {STATE!r} must be (batch, dims) with one row per task, "
+                f"got shape {tuple(state.shape)} for {len(tasks)} task(s)"
+            )
         bins = discretize_state(state)
-        return {**batch, self.task_key: [pi05_prompt(task, row) for task, row in zip(tasks, bins, strict=True)]}
+        return {
+            **batch,
+            self.task_key: [pi05_prompt(task, row) for task, row in zip(tasks, bins, strict=True)],
+        }
 
     def get_config(self) -> dict[str, Any]:
         config = {"max_state_dim": self.max_state_dim, "task_key": self.task_key}
