@@ -6,7 +6,8 @@
 # The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
 # lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, the
 # transformers of its [pi] extra (< 5.6, which pi0/pi05 need; an env without the extra is rebuilt) and the
-# diffusers of its [diffusion] extra (LeRobot's DiffusionPolicy refuses to build without it) and the datasets
+# diffusers of its [diffusion] extra (LeRobot's DiffusionPolicy refuses to build without it; [fastwam] names the
+# same transformers and diffusers, for FastWAM's Wan2.2 VAE and UMT5) and the datasets
 # of its [dataset] extra (LeRobotDataset, which examples/lerobot_act_fsdp.py trains on). No
 # Python 3.12 means no interop run: that is said in one line and fails, so a missing run is never read
 # as a pass.
@@ -51,8 +52,8 @@ if ! env_ok; then
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   uv venv -q --python "$PY312" "$VENV"
-  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion,dataset]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
-  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion,dataset] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
+  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion,dataset,fastwam]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion,dataset,fastwam] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
 else
   echo "interop: reusing LeRobot ${LEROBOT_VERSION} in ${VENV}"
 fi

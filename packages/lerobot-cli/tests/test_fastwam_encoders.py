@@ -48,13 +48,18 @@ from lerobot_cli.policies.fastwam.vae import (
 )
 
 MAX_LEN = 128  # LeRobot's tokenizer_max_len: longer than the template, so tasks differ in their context
-TASKS = ["pick up the red cube", "open the drawer",
-         "a task long enough to be cut at the tokenizer's max length, given the template before it"]
+TASKS = [
+    "pick up the red cube",
+    "open the drawer",
+    "a task long enough to be cut at the tokenizer's max length, given the template before it",
+]
 
 
 def umt5_tokenizer_helper():
     """tests/umt5_tokenizer.py, loaded by path (the tests are not a package)."""
-    spec = importlib.util.spec_from_file_location("fastwam_umt5_tokenizer", Path(__file__).with_name("umt5_tokenizer.py"))
+    spec = importlib.util.spec_from_file_location(
+        "fastwam_umt5_tokenizer", Path(__file__).with_name("umt5_tokenizer.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -84,8 +89,10 @@ def video(seed: int = 0, frames: int = 5) -> torch.Tensor:
 def statistics(dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     config = tiny_wan_vae_config()
     shape = (1, 48, 1, 1, 1)
-    return (torch.tensor(config["latents_mean"], dtype=dtype).view(shape),
-            torch.tensor(config["latents_std"], dtype=dtype).view(shape))
+    return (
+        torch.tensor(config["latents_mean"], dtype=dtype).view(shape),
+        torch.tensor(config["latents_std"], dtype=dtype).view(shape),
+    )
 
 
 # ---------------------------------------------------------------- the VAE
@@ -100,8 +107,9 @@ def test_latents_are_the_posterior_mode_standardised_by_the_configs_statistics(v
     torch.testing.assert_close(latents, (mu - mean) / std, atol=0, rtol=0)
     # and back: de-standardised, decoded, clamped float32 pixels
     decoded = vae.decode(latents)
-    torch.testing.assert_close(decoded, vae.autoencoder.decode(latents * std + mean).sample.clamp(-1, 1),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        decoded, vae.autoencoder.decode(latents * std + mean).sample.clamp(-1, 1), atol=1e-6, rtol=0
+    )
     assert decoded.dtype == torch.float32 and decoded.shape == pixels.shape
 
 
@@ -189,16 +197,27 @@ def test_the_context_is_the_encoder_output_with_padding_zeroed_and_a_full_mask(p
     assert prompts.encode("short")[0].shape == (1, MAX_LEN, 32)  # padded to max_length, not to the longest
 
 
+def test_umt5_attention_is_eager_as_lerobots_transformers_runs_it(prompts, tmp_path):
+    """transformers 5.24 would pick SDPA, whose context is not LeRobot's (5.5: eager) to the last bit."""
+    assert prompts.encoder.config._attn_implementation == "eager"
+    prompts.encoder.save_pretrained(tmp_path)
+    assert load_umt5_encoder(tmp_path, dtype=torch.float32).config._attn_implementation == "eager"
+
+
 def test_prompts_come_from_the_batch_prompt_or_the_template():
-    assert batch_prompts({"task": ["a", "b"]}) == [PROMPT_TEMPLATE.format(task="a"), PROMPT_TEMPLATE.format(task="b")]
+    assert batch_prompts({"task": ["a", "b"]}) == [
+        PROMPT_TEMPLATE.format(task="a"),
+        PROMPT_TEMPLATE.format(task="b"),
+    ]
     assert batch_prompts({"task": "a"}, "do {task}") == "do a"
     assert batch_prompts({"task": ["a"], "prompt": ["given"]}) == ["given"]
     assert batch_prompts({}) is None
 
 
 def test_precomputed_contexts_equal_encoding_the_batch(prompts, tmp_path):
-    table = precompute_task_contexts([TASKS[1], *TASKS, TASKS[0]], prompts, batch_size=2,
-                                     source={"text_encoder": "tiny"})
+    table = precompute_task_contexts(
+        [TASKS[1], *TASKS, TASKS[0]], prompts, batch_size=2, source={"text_encoder": "tiny"}
+    )
     assert table.tasks == tuple(dict.fromkeys([TASKS[1], *TASKS]))  # each distinct task once
     batch = [TASKS[2], TASKS[0], TASKS[0], TASKS[1]]
     context, mask = table.lookup(batch)
@@ -209,7 +228,9 @@ def test_precomputed_contexts_equal_encoding_the_batch(prompts, tmp_path):
     assert table.nbytes == 3 * MAX_LEN * 32 * 4
 
     path = table.save(tmp_path / "contexts.safetensors")
-    loaded = TaskContexts.load(path, template=PROMPT_TEMPLATE, source={"text_encoder": "tiny", "max_length": MAX_LEN})
+    loaded = TaskContexts.load(
+        path, template=PROMPT_TEMPLATE, source={"text_encoder": "tiny", "max_length": MAX_LEN}
+    )
     assert loaded.tasks == table.tasks and torch.equal(loaded.context, table.context)
     with pytest.raises(TaskContextsError, match="prompt template"):
         TaskContexts.load(path, template="do {task}")
@@ -249,9 +270,17 @@ def fake_cache(root: Path, repo: str, files: dict[str, str]) -> Path:
 
 def test_a_local_directory_is_the_repository_root_or_the_part_itself(tmp_path):
     write_part(tmp_path / "wan" / "vae", {"config.json": "{}", "diffusion_pytorch_model.safetensors": ""})
-    write_part(tmp_path / "wan" / "text_encoder", {"config.json": "{}", "model.safetensors.index.json": json.dumps(
-        {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}), "model-1.safetensors": "",
-        "model-2.safetensors": ""})
+    write_part(
+        tmp_path / "wan" / "text_encoder",
+        {
+            "config.json": "{}",
+            "model.safetensors.index.json": json.dumps(
+                {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+            ),
+            "model-1.safetensors": "",
+            "model-2.safetensors": "",
+        },
+    )
     write_part(tmp_path / "tok", {"tokenizer_config.json": "{}", "tokenizer.json": "{}"})
     assert resolve_part(str(tmp_path / "wan"), VAE) == tmp_path / "wan" / "vae"
     assert resolve_part(str(tmp_path / "wan" / "vae"), VAE) == tmp_path / "wan" / "vae"
@@ -269,9 +298,16 @@ def test_a_local_directory_is_the_repository_root_or_the_part_itself(tmp_path):
 
 def test_a_hub_id_is_found_in_the_cache_without_the_network(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
-    snapshot = fake_cache(tmp_path, "Wan-AI/Wan2.2-TI2V-5B-Diffusers", {
-        "vae/config.json": "{}", "vae/diffusion_pytorch_model.safetensors": "",
-        "text_encoder/config.json": "{}", "text_encoder/model.safetensors": ""})
+    snapshot = fake_cache(
+        tmp_path,
+        "Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+        {
+            "vae/config.json": "{}",
+            "vae/diffusion_pytorch_model.safetensors": "",
+            "text_encoder/config.json": "{}",
+            "text_encoder/model.safetensors": "",
+        },
+    )
     fake_cache(tmp_path, "google/umt5-xxl", {"tokenizer_config.json": "{}", "spiece.model": ""})
     import huggingface_hub
 
@@ -290,39 +326,55 @@ def test_a_hub_id_is_found_in_the_cache_without_the_network(tmp_path, monkeypatc
     assert resolve_frozen_sources(text_encoder_model_id=None, tokenizer_model_id=None).text_encoder is None
 
 
-MISSING = ("import sys\n"
-           "from lerobot_cli.policies.fastwam.sources import FrozenPartUnavailableError, resolve_frozen_sources\n"
-           "try:\n    resolve_frozen_sources()\n"
-           "except FrozenPartUnavailableError as exc:\n    print(exc)\n"
-           "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))\n")
+MISSING = (
+    "import sys\n"
+    "from lerobot_cli.policies.fastwam.sources import FrozenPartUnavailableError, resolve_frozen_sources\n"
+    "try:\n    resolve_frozen_sources()\n"
+    "except FrozenPartUnavailableError as exc:\n    print(exc)\n"
+    "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))\n"
+)
 
 
 def test_a_missing_part_is_one_line_naming_the_download_before_any_heavy_import(tmp_path):
     """In a fresh interpreter with an empty cache: the line, and nothing heavy imported to say it."""
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
-    res = subprocess.run([sys.executable, "-c", MISSING], env=env, capture_output=True, text=True, timeout=60,
-                         check=False)
+    res = subprocess.run(
+        [sys.executable, "-c", MISSING], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     line, imported = res.stdout.strip().splitlines()
-    assert line == ("Wan-AI/Wan2.2-TI2V-5B-Diffusers: the Wan2.2 VAE is not in the Hugging Face cache (not cached), "
-                    "and runs never download it; download it once with network access: "
-                    "hf download Wan-AI/Wan2.2-TI2V-5B-Diffusers --include 'vae/*' (or name a local directory "
-                    "holding it)")
+    assert line == (
+        "Wan-AI/Wan2.2-TI2V-5B-Diffusers: the Wan2.2 VAE is not in the Hugging Face cache (not cached), "
+        "and runs never download it; download it once with network access: "
+        "hf download Wan-AI/Wan2.2-TI2V-5B-Diffusers --include 'vae/*' (or name a local directory "
+        "holding it)"
+    )
     assert imported == "[]"
 
 
 def test_each_part_names_its_own_download_and_flag(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
-    fake_cache(tmp_path, "Wan-AI/Wan2.2-TI2V-5B-Diffusers", {
-        "vae/config.json": "{}", "vae/diffusion_pytorch_model.safetensors": "", "text_encoder/config.json": "{}"})
+    fake_cache(
+        tmp_path,
+        "Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+        {
+            "vae/config.json": "{}",
+            "vae/diffusion_pytorch_model.safetensors": "",
+            "text_encoder/config.json": "{}",
+        },
+    )
     with pytest.raises(FrozenPartUnavailableError) as exc:
         resolve_frozen_sources()
-    assert str(exc.value).startswith("--policy.text_encoder_model_id=Wan-AI/Wan2.2-TI2V-5B-Diffusers: the UMT5 "
-                                     "text encoder is not in the Hugging Face cache (the cached snapshot lacks ")
+    assert str(exc.value).startswith(
+        "--policy.text_encoder_model_id=Wan-AI/Wan2.2-TI2V-5B-Diffusers: the UMT5 "
+        "text encoder is not in the Hugging Face cache (the cached snapshot lacks "
+    )
     assert "hf download Wan-AI/Wan2.2-TI2V-5B-Diffusers --include 'text_encoder/*'" in str(exc.value)
     with pytest.raises(FrozenPartUnavailableError) as exc:
         resolve_frozen_sources(text_encoder_model_id=None)
-    assert ("--policy.tokenizer_model_id=google/umt5-xxl: the UMT5 tokenizer is not in the Hugging Face cache "
-            "(not cached)") in str(exc.value)
+    assert (
+        "--policy.tokenizer_model_id=google/umt5-xxl: the UMT5 tokenizer is not in the Hugging Face cache "
+        "(not cached)"
+    ) in str(exc.value)
     assert "hf download google/umt5-xxl --include '*.json' 'spiece.model' 'tokenizer/*'" in str(exc.value)
     assert "\n" not in str(exc.value)

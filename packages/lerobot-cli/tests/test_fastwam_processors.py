@@ -30,41 +30,71 @@ class FastWAMLike(PolicyConfig):
 
     type: ClassVar[str] = "fastwam_processors_test"
     spec: ClassVar[PolicySpec] = PolicySpec(
-        model="tests:Unused", processors="lerobot_cli.policies.fastwam.processors:fastwam_processor_steps")
+        model="tests:Unused", processors="lerobot_cli.policies.fastwam.processors:fastwam_processor_steps"
+    )
 
-    normalization_mapping: dict[str, NormalizationMode] = field(factory=lambda: {
-        "VISUAL": NormalizationMode.IDENTITY, "STATE": NormalizationMode.MEAN_STD, "ACTION": NormalizationMode.MEAN_STD})
+    normalization_mapping: dict[str, NormalizationMode] = field(
+        factory=lambda: {
+            "VISUAL": NormalizationMode.IDENTITY,
+            "STATE": NormalizationMode.MEAN_STD,
+            "ACTION": NormalizationMode.MEAN_STD,
+        }
+    )
     toggle_action_dimensions: list[int] = field(factory=list)
 
 
 def config(toggle: list[int]) -> FastWAMLike:
-    return FastWAMLike(input_features={CAMERA: PolicyFeature(FeatureType.VISUAL, (3, 16, 32)),
-                                       STATE: PolicyFeature(FeatureType.STATE, (3,))},
-                       output_features={ACTION: PolicyFeature(FeatureType.ACTION, (4,))},
-                       device="cpu", toggle_action_dimensions=toggle)
+    return FastWAMLike(
+        input_features={
+            CAMERA: PolicyFeature(FeatureType.VISUAL, (3, 16, 32)),
+            STATE: PolicyFeature(FeatureType.STATE, (3,)),
+        },
+        output_features={ACTION: PolicyFeature(FeatureType.ACTION, (4,))},
+        device="cpu",
+        toggle_action_dimensions=toggle,
+    )
 
 
-STATS = {STATE: {"mean": [0.5, -0.5, 0.0], "std": [2.0, 1.0, 0.5]},
-         ACTION: {"mean": [0.1, 0.2, 0.3, 0.4], "std": [1.0, 2.0, 0.5, 0.25]},
-         CAMERA: {"mean": [[[0.5]], [[0.5]], [[0.5]]], "std": [[[0.01]], [[0.01]], [[0.01]]]}}
+STATS = {
+    STATE: {"mean": [0.5, -0.5, 0.0], "std": [2.0, 1.0, 0.5]},
+    ACTION: {"mean": [0.1, 0.2, 0.3, 0.4], "std": [1.0, 2.0, 0.5, 0.25]},
+    CAMERA: {"mean": [[[0.5]], [[0.5]], [[0.5]]], "std": [[[0.01]], [[0.01]], [[0.01]]]},
+}
 
 
 def expected_files(toggle: list[int]) -> tuple[dict, dict]:
-    """policy_preprocessor.json / policy_postprocessor.json as LeRobot's make_fastwam_pre_post_processors saves them."""
-    features = {CAMERA: {"type": "VISUAL", "shape": [3, 16, 32]}, STATE: {"type": "STATE", "shape": [3]},
-                ACTION: {"type": "ACTION", "shape": [4]}}
+    """policy_preprocessor.json / policy_postprocessor.json as LeRobot's make_fastwam_pre_post_processors
+    saves them."""
+    features = {
+        CAMERA: {"type": "VISUAL", "shape": [3, 16, 32]},
+        STATE: {"type": "STATE", "shape": [3]},
+        ACTION: {"type": "ACTION", "shape": [4]},
+    }
     norm_map = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
-    pre = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
-        {"registry_name": "normalizer_processor", "config": {"eps": 1e-8, "features": features, "norm_map": norm_map},
-         "state_file": "policy_preprocessor_step_3_normalizer_processor.safetensors"}]}
-    post_steps = [{"registry_name": "unnormalizer_processor",
-                   "config": {"eps": 1e-8, "features": {ACTION: features[ACTION]}, "norm_map": norm_map},
-                   "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"}]
+    pre = {
+        "name": "policy_preprocessor",
+        "steps": [
+            {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+            {"registry_name": "to_batch_processor", "config": {}},
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+            {
+                "registry_name": "normalizer_processor",
+                "config": {"eps": 1e-8, "features": features, "norm_map": norm_map},
+                "state_file": "policy_preprocessor_step_3_normalizer_processor.safetensors",
+            },
+        ],
+    }
+    post_steps = [
+        {
+            "registry_name": "unnormalizer_processor",
+            "config": {"eps": 1e-8, "features": {ACTION: features[ACTION]}, "norm_map": norm_map},
+            "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        }
+    ]
     if toggle:
-        post_steps.append({"registry_name": "fastwam_action_toggle_processor", "config": {"toggle_dimensions": toggle}})
+        post_steps.append(
+            {"registry_name": "fastwam_action_toggle_processor", "config": {"toggle_dimensions": toggle}}
+        )
     post_steps.append({"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}})
     return pre, {"name": "policy_postprocessor", "steps": post_steps}
 
@@ -81,8 +111,12 @@ def test_the_saved_pipelines_are_lerobots_step_for_step(tmp_path, toggle):
 def test_state_and_action_are_standardised_and_images_pass_unchanged():
     pre, _ = make_pre_post_processors(config([]), STATS)
     g = torch.Generator().manual_seed(0)
-    batch = {STATE: torch.randn(2, 3, generator=g), ACTION: torch.randn(2, 5, 4, generator=g),
-             CAMERA: torch.rand(2, 9, 3, 16, 32, generator=g), "task": ["a", "b"]}
+    batch = {
+        STATE: torch.randn(2, 3, generator=g),
+        ACTION: torch.randn(2, 5, 4, generator=g),
+        CAMERA: torch.rand(2, 9, 3, 16, 32, generator=g),
+        "task": ["a", "b"],
+    }
     out = pre({k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()})
     for key in (STATE, ACTION):
         mean, std = torch.tensor(STATS[key]["mean"]), torch.tensor(STATS[key]["std"])
@@ -123,8 +157,11 @@ def test_saved_pipelines_load_back_with_the_same_outputs(tmp_path):
     pre, post = make_pre_post_processors(config([1]), STATS)
     save_processors(pre, post, tmp_path)
     pre2, post2 = load_processors(tmp_path)
-    assert [s.registry_name for s in post2.steps] == ["unnormalizer_processor", "fastwam_action_toggle_processor",
-                                                      "device_processor"]
+    assert [s.registry_name for s in post2.steps] == [
+        "unnormalizer_processor",
+        "fastwam_action_toggle_processor",
+        "device_processor",
+    ]
     g = torch.Generator().manual_seed(1)
     batch = {STATE: torch.randn(2, 3, generator=g), ACTION: torch.randn(2, 5, 4, generator=g)}
     assert all(torch.equal(pre(dict(batch))[k], pre2(dict(batch))[k]) for k in batch)
@@ -137,8 +174,12 @@ def test_the_step_lists_need_only_the_toggle_field():
         toggle_action_dimensions = (2,)
 
     pre_steps, post_steps = fastwam_processor_steps(Bare(), _defaults())
-    assert [s.registry_name for s in pre_steps] == ["rename_observations_processor", "to_batch_processor",
-                                                    "device_processor", "normalizer_processor"]
+    assert [s.registry_name for s in pre_steps] == [
+        "rename_observations_processor",
+        "to_batch_processor",
+        "device_processor",
+        "normalizer_processor",
+    ]
     assert post_steps[1].get_config() == {"toggle_dimensions": [2]}
 
 
@@ -147,6 +188,11 @@ def _defaults():
     from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep
     from lerobot_cli.processors.steps import AddBatchDimensionStep, DeviceStep, RenameObservationsStep
 
-    return DefaultSteps(rename_observations=RenameObservationsStep(), add_batch_dim=AddBatchDimensionStep(),
-                        to_device=DeviceStep("cpu"), normalize=NormalizerStep(features={}, norm_map={}, stats={}),
-                        unnormalize=UnnormalizerStep(features={}, norm_map={}, stats={}), to_cpu=DeviceStep("cpu"))
+    return DefaultSteps(
+        rename_observations=RenameObservationsStep(),
+        add_batch_dim=AddBatchDimensionStep(),
+        to_device=DeviceStep("cpu"),
+        normalize=NormalizerStep(features={}, norm_map={}, stats={}),
+        unnormalize=UnnormalizerStep(features={}, norm_map={}, stats={}),
+        to_cpu=DeviceStep("cpu"),
+    )

@@ -23,7 +23,9 @@ from PIL import Image
 
 def pil_bilinear(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """One ``[H, W]`` float plane resized by PIL (``size`` is ``(H, W)``)."""
-    return torch.from_numpy(np.array(Image.fromarray(image.numpy(), mode="F").resize(size[::-1], Image.BILINEAR)))
+    return torch.from_numpy(
+        np.array(Image.fromarray(image.numpy(), mode="F").resize(size[::-1], Image.BILINEAR))
+    )
 
 
 @pytest.mark.parametrize("size", [(8, 13), (12, 20)])
@@ -42,8 +44,12 @@ def test_frames_already_at_size_are_returned_as_they_are():
 
 
 def test_cameras_are_sorted_and_pad_masks_are_not_cameras():
-    batch = {"observation.images.wrist": 0, "observation.images.top_is_pad": 0, "observation.images.top": 0,
-             "observation.state": 0}
+    batch = {
+        "observation.images.wrist": 0,
+        "observation.images.top_is_pad": 0,
+        "observation.images.top": 0,
+        "observation.state": 0,
+    }
     assert camera_keys(batch) == ["observation.images.top", "observation.images.wrist"]
 
 
@@ -60,9 +66,11 @@ def constant_camera(value: float, shape: tuple[int, ...]) -> torch.Tensor:
 
 def test_a_temporal_stack_is_concatenated_along_the_width_in_key_order():
     # [B, T, C, H, W]: "top" 0.25 and "wrist" 0.75 at another resolution; each becomes half of the width
-    batch = {"observation.images.wrist": constant_camera(0.75, (2, 5, 3, 20, 30)),
-             "observation.images.top": constant_camera(0.25, (2, 5, 3, 16, 24)),
-             "observation.images.top_is_pad": torch.zeros(2, 5, dtype=torch.bool)}
+    batch = {
+        "observation.images.wrist": constant_camera(0.75, (2, 5, 3, 20, 30)),
+        "observation.images.top": constant_camera(0.25, (2, 5, 3, 16, 24)),
+        "observation.images.top_is_pad": torch.zeros(2, 5, dtype=torch.bool),
+    }
     video = stack_video(batch, image_size=(16, 48), model_video_frames=5)
     assert video.shape == (2, 3, 5, 16, 48)  # [B, C, T, H, W]
     torch.testing.assert_close(video[..., :24], torch.full((2, 3, 5, 16, 24), 0.25))
@@ -88,7 +96,9 @@ def test_a_batch_without_cameras_or_with_odd_ranks_is_refused():
     with pytest.raises(KeyError, match="observation.images"):
         stack_video({"observation.state": torch.zeros(2, 3)}, image_size=(16, 24), model_video_frames=5)
     with pytest.raises(ValueError, match="Expected image batch"):
-        stack_video({"observation.images.top": torch.zeros(3, 16, 24)}, image_size=(16, 24), model_video_frames=5)
+        stack_video(
+            {"observation.images.top": torch.zeros(3, 16, 24)}, image_size=(16, 24), model_video_frames=5
+        )
 
 
 def test_inference_conditions_on_the_first_frame_at_full_size():
@@ -97,5 +107,7 @@ def test_inference_conditions_on_the_first_frame_at_full_size():
     image = inference_image(batch, image_size=(16, 24), model_video_frames=5)
     assert torch.equal(image, frames[:, 0])
     # an explicit input_image wins, and is resized to the full image_size
-    image = inference_image({**batch, "input_image": torch.rand(3, 32, 48)}, image_size=(16, 24), model_video_frames=5)
+    image = inference_image(
+        {**batch, "input_image": torch.rand(3, 32, 48)}, image_size=(16, 24), model_video_frames=5
+    )
     assert image.shape == (1, 3, 16, 24)

@@ -44,25 +44,33 @@ class TaskContexts:
     tasks: tuple[str, ...] = field(converter=_unique)
     context: Tensor  # [N, L, D], the encoder's dtype, padding positions zero
     template: str = PROMPT_TEMPLATE
-    source: Mapping[str, str] = field(factory=dict)  # e.g. {"text_encoder": ..., "tokenizer": ..., "max_length": ...}
+    source: Mapping[str, str] = field(
+        factory=dict
+    )  # e.g. {"text_encoder": ..., "tokenizer": ..., "max_length": ...}
 
     def __attrs_post_init__(self) -> None:
         if self.context.ndim != 3 or self.context.shape[0] != len(self.tasks):
-            raise TaskContextsError(f"context must be [tasks, length, dim] with {len(self.tasks)} rows, "
-                                    f"got {tuple(self.context.shape)}")
+            raise TaskContextsError(
+                f"context must be [tasks, length, dim] with {len(self.tasks)} rows, "
+                f"got {tuple(self.context.shape)}"
+            )
 
     @property
     def nbytes(self) -> int:
         return self.context.numel() * self.context.element_size()
 
-    def lookup(self, tasks: str | Sequence[str], device: str | torch.device | None = None) -> tuple[Tensor, Tensor]:
+    def lookup(
+        self, tasks: str | Sequence[str], device: str | torch.device | None = None
+    ) -> tuple[Tensor, Tensor]:
         """``(context [B, L, D], context_mask [B, L] all true)`` for a batch's tasks."""
         tasks = [tasks] if isinstance(tasks, str) else list(tasks)
         index = {task: i for i, task in enumerate(self.tasks)}
         missing = sorted({t for t in tasks if t not in index})
         if missing:
-            raise TaskContextsError(f"no precomputed context for task(s) {missing[:3]!r} "
-                                    f"({len(self.tasks)} tasks precomputed): recompute them for this dataset")
+            raise TaskContextsError(
+                f"no precomputed context for task(s) {missing[:3]!r} "
+                f"({len(self.tasks)} tasks precomputed): recompute them for this dataset"
+            )
         rows = torch.tensor([index[t] for t in tasks], dtype=torch.long)
         context = self.context.index_select(0, rows)
         if device is not None:
@@ -73,14 +81,18 @@ class TaskContexts:
         from safetensors.torch import save_file
 
         path = Path(path)
-        metadata = {"tasks": json.dumps(list(self.tasks)), "template": self.template,
-                    "source": json.dumps(dict(self.source), sort_keys=True)}
+        metadata = {
+            "tasks": json.dumps(list(self.tasks)),
+            "template": self.template,
+            "source": json.dumps(dict(self.source), sort_keys=True),
+        }
         save_file({CONTEXT: self.context.contiguous()}, str(path), metadata=metadata)
         return path
 
     @classmethod
-    def load(cls, path: str | Path, *, template: str | None = None,
-             source: Mapping[str, str] | None = None) -> TaskContexts:
+    def load(
+        cls, path: str | Path, *, template: str | None = None, source: Mapping[str, str] | None = None
+    ) -> TaskContexts:
         """Read a file ``save`` wrote; ``template`` and each ``source`` entry, when given, must be what it was
         made with (a context made by another encoder or prompt would silently condition on something else)."""
         from safetensors import safe_open
@@ -88,8 +100,12 @@ class TaskContexts:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             context = handle.get_tensor(CONTEXT)
-        made = cls(tasks=json.loads(metadata.get("tasks", "[]")), context=context,
-                   template=metadata.get("template", PROMPT_TEMPLATE), source=json.loads(metadata.get("source", "{}")))
+        made = cls(
+            tasks=json.loads(metadata.get("tasks", "[]")),
+            context=context,
+            template=metadata.get("template", PROMPT_TEMPLATE),
+            source=json.loads(metadata.get("source", "{}")),
+        )
         if template is not None and template != made.template:
             raise TaskContextsError(f"{path}: made with prompt template {made.template!r}, not {template!r}")
         differ = {k: v for k, v in (source or {}).items() if made.source.get(k) != str(v)}
@@ -98,8 +114,14 @@ class TaskContexts:
         return made
 
 
-def precompute_task_contexts(tasks: Iterable[str], encoder: PromptEncoder, *, template: str = PROMPT_TEMPLATE,
-                             batch_size: int = 8, source: Mapping[str, str] | None = None) -> TaskContexts:
+def precompute_task_contexts(
+    tasks: Iterable[str],
+    encoder: PromptEncoder,
+    *,
+    template: str = PROMPT_TEMPLATE,
+    batch_size: int = 8,
+    source: Mapping[str, str] | None = None,
+) -> TaskContexts:
     """Encode each distinct task once, ``batch_size`` prompts at a time; returned on the CPU."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -108,8 +130,12 @@ def precompute_task_contexts(tasks: Iterable[str], encoder: PromptEncoder, *, te
         raise TaskContextsError("no tasks to encode")
     chunks = []
     for start in range(0, len(unique), batch_size):
-        prompts = [template.format(task=t) for t in unique[start:start + batch_size]]
+        prompts = [template.format(task=t) for t in unique[start : start + batch_size]]
         context, _ = encoder.encode(prompts)
         chunks.append(context.cpu())
-    return TaskContexts(tasks=unique, context=torch.cat(chunks), template=template,
-                        source={**(source or {}), "max_length": str(encoder.max_length)})
+    return TaskContexts(
+        tasks=unique,
+        context=torch.cat(chunks),
+        template=template,
+        source={**(source or {}), "max_length": str(encoder.max_length)},
+    )

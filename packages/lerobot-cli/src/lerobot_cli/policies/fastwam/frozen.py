@@ -42,8 +42,9 @@ class FrozenParts:
 
     def nbytes(self) -> int:
         """Bytes of their parameters and buffers, as held now (per rank: every rank holds a full copy)."""
-        return sum(t.numel() * t.element_size() for m in self.modules()
-                   for t in (*m.parameters(), *m.buffers()))
+        return sum(
+            t.numel() * t.element_size() for m in self.modules() for t in (*m.parameters(), *m.buffers())
+        )
 
     def __deepcopy__(self, memo: dict) -> FrozenParts:
         return self

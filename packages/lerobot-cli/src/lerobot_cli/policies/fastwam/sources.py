@@ -40,16 +40,38 @@ class FrozenPart:
     include: tuple[str, ...] = field(default=(), converter=tuple)
 
 
-VAE = FrozenPart("Wan2.2 VAE", "vae", required=("config.json",),
-                 weights=("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json",
-                          "diffusion_pytorch_model.bin"), include=("vae/*",))
-TEXT_ENCODER = FrozenPart("UMT5 text encoder", "text_encoder", required=("config.json",),
-                          weights=("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                                   "pytorch_model.bin.index.json"), include=("text_encoder/*",))
+VAE = FrozenPart(
+    "Wan2.2 VAE",
+    "vae",
+    required=("config.json",),
+    weights=(
+        "diffusion_pytorch_model.safetensors",
+        "diffusion_pytorch_model.safetensors.index.json",
+        "diffusion_pytorch_model.bin",
+    ),
+    include=("vae/*",),
+)
+TEXT_ENCODER = FrozenPart(
+    "UMT5 text encoder",
+    "text_encoder",
+    required=("config.json",),
+    weights=(
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+    ),
+    include=("text_encoder/*",),
+)
 # google/umt5-xxl holds the tokenizer at its root (beside ~20 GB of weights); a Diffusers repository keeps it
 # in tokenizer/: the patterns fetch it from either, and no weights
-TOKENIZER = FrozenPart("UMT5 tokenizer", "tokenizer", required=("tokenizer_config.json",),
-                       weights=("tokenizer.json", "spiece.model"), include=("*.json", "spiece.model", "tokenizer/*"))
+TOKENIZER = FrozenPart(
+    "UMT5 tokenizer",
+    "tokenizer",
+    required=("tokenizer_config.json",),
+    weights=("tokenizer.json", "spiece.model"),
+    include=("*.json", "spiece.model", "tokenizer/*"),
+)
 
 
 class FrozenPartUnavailableError(ValueError):
@@ -63,13 +85,17 @@ class FrozenPartUnavailableError(ValueError):
         """The one line, with the setting that named the part spelled as the caller's users know it."""
         named = f"{setting}={self.source}" if setting else self.source
         if Path(self.source).expanduser().is_dir() or _looks_like_path(self.source):
-            return (f"{named}: {self.reason}; point it at a directory holding the {self.part.name} "
-                    f"({_expected(self.part)})")
+            return (
+                f"{named}: {self.reason}; point it at a directory holding the {self.part.name} "
+                f"({_expected(self.part)})"
+            )
         include = "".join(f" '{pattern}'" for pattern in self.part.include)
         include = f" --include{include}" if include else ""
-        return (f"{named}: the {self.part.name} is not in the Hugging Face cache ({self.reason}), and runs never "
-                f"download it; download it once with network access: hf download {self.source}{include} "
-                f"(or name a local directory holding it)")
+        return (
+            f"{named}: the {self.part.name} is not in the Hugging Face cache ({self.reason}), and runs never "
+            f"download it; download it once with network access: hf download {self.source}{include} "
+            f"(or name a local directory holding it)"
+        )
 
 
 def _looks_like_path(source: str) -> bool:
@@ -134,7 +160,9 @@ def resolve_part(source: str, part: FrozenPart, setting: str | None = None) -> P
         raise FrozenPartUnavailableError(part, source, reason, setting) from None
     found, lacks = _complete_folder(snapshot, part)
     if found is None:
-        raise FrozenPartUnavailableError(part, source, f"the cached snapshot lacks {', '.join(lacks)}", setting)
+        raise FrozenPartUnavailableError(
+            part, source, f"the cached snapshot lacks {', '.join(lacks)}", setting
+        )
     return found
 
 
@@ -159,8 +187,10 @@ def resolve_frozen_sources(
     vae_setting, text_setting, tokenizer_setting = settings
     return FrozenSources(
         vae=resolve_part(vae_model_id, VAE, vae_setting),
-        text_encoder=None if text_encoder_model_id is None else resolve_part(text_encoder_model_id, TEXT_ENCODER,
-                                                                             text_setting),
-        tokenizer=None if tokenizer_model_id is None else resolve_part(tokenizer_model_id, TOKENIZER,
-                                                                       tokenizer_setting),
+        text_encoder=None
+        if text_encoder_model_id is None
+        else resolve_part(text_encoder_model_id, TEXT_ENCODER, text_setting),
+        tokenizer=None
+        if tokenizer_model_id is None
+        else resolve_part(tokenizer_model_id, TOKENIZER, tokenizer_setting),
     )

@@ -8,6 +8,11 @@ attention mask; then, as Wan2.2 does, every position past the prompt's length (t
 is zeroed and the mask becomes all ones: the DiT cross-attends to a fixed-length context whose padding is
 zero vectors. The context comes out in the encoder's dtype (the model's ``torch_dtype``).
 
+Attention is transformers' ``eager`` implementation, which LeRobot's transformers (5.5) picks for UMT5;
+ours (5.24) would pick SDPA, whose other summation order moved the tiny encoder's context by 1e-6 in fp32
+and 4e-2 in bf16 (measured against LeRobot in tools/interop/fastwam_processor_lerobot_interop.py; with
+eager both sides are equal bit for bit). The encoder runs once per prompt batch, so the speed is moot.
+
 The encoder is frozen (``requires_grad`` False, always eval: UMT5's dropout never runs) and held outside
 the policy's registered modules (see ``frozen.py``). At full size it is UMT5-XXL's 5.68 B parameters,
 11.4 GB in bf16 on every rank that encodes prompts, which is why ``contexts.py`` can compute each task's
@@ -27,18 +32,35 @@ from lerobot_cli.custom_code import refuse_custom_code
 
 # google/umt5-xxl's encoder, as Wan-AI/Wan2.2-TI2V-5B-Diffusers' text_encoder/config.json has it
 UMT5_XXL_CONFIG: dict[str, Any] = {
-    "vocab_size": 256384, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24, "num_heads": 64,
-    "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-    "layer_norm_epsilon": 1e-6, "dropout_rate": 0.1, "tie_word_embeddings": False,
+    "vocab_size": 256384,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_heads": 64,
+    "feed_forward_proj": "gated-gelu",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "layer_norm_epsilon": 1e-6,
+    "dropout_rate": 0.1,
+    "tie_word_embeddings": False,
 }
+ATTENTION = "eager"  # LeRobot's UMT5 attention (see the module docstring)
 PROMPT_TEMPLATE = "A video recorded from a robot's point of view executing the following instruction: {task}"
 
 
 def tiny_umt5_config(d_model: int = 32, vocab_size: int = 384) -> dict[str, Any]:
     """A UMT5 encoder small enough for CPU tests: ``d_model`` is the context width the DiT's ``text_dim``
     must match; ``vocab_size`` must cover the tokenizer's ids (the tests' byte-level one has 259)."""
-    return {**UMT5_XXL_CONFIG, "vocab_size": vocab_size, "d_model": d_model, "d_kv": 8, "d_ff": 2 * d_model,
-            "num_layers": 2, "num_heads": 4}
+    return {
+        **UMT5_XXL_CONFIG,
+        "vocab_size": vocab_size,
+        "d_model": d_model,
+        "d_kv": 8,
+        "d_ff": 2 * d_model,
+        "num_layers": 2,
+        "num_heads": 4,
+    }
 
 
 def _frozen(encoder: torch.nn.Module) -> torch.nn.Module:
@@ -47,25 +69,31 @@ def _frozen(encoder: torch.nn.Module) -> torch.nn.Module:
     return encoder
 
 
-def build_umt5_encoder(config: Mapping[str, Any], *, dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu") -> torch.nn.Module:
+def build_umt5_encoder(
+    config: Mapping[str, Any], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> torch.nn.Module:
     """A ``UMT5EncoderModel`` built from ``config`` with transformers' random initialisation (the global
     torch RNG: seed it first). Tests and CPU demos only: the real encoder is always loaded."""
     from transformers import UMT5Config, UMT5EncoderModel
 
-    return _frozen(UMT5EncoderModel(UMT5Config(**dict(config))).to(device=device, dtype=dtype))
+    config = UMT5Config(**dict(config), attn_implementation=ATTENTION)
+    return _frozen(UMT5EncoderModel(config).to(device=device, dtype=dtype))
 
 
-def load_umt5_encoder(folder: str | Path, *, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.nn.Module:
+def load_umt5_encoder(
+    folder: str | Path, *, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> torch.nn.Module:
     """The pretrained encoder from a resolved local folder (``sources.resolve_part(..., TEXT_ENCODER)``)."""
     from transformers import UMT5EncoderModel
 
-    encoder = UMT5EncoderModel.from_pretrained(str(folder), dtype=dtype, local_files_only=True)
+    encoder = UMT5EncoderModel.from_pretrained(
+        str(folder), dtype=dtype, local_files_only=True, attn_implementation=ATTENTION
+    )
     return _frozen(encoder.to(device=device, dtype=dtype))
 
 
 def load_umt5_tokenizer(folder: str | Path) -> Any:
-    """The tokenizer from a resolved local folder; one that names its own Python code is refused, never run."""
+    """The tokenizer from a resolved local folder; one naming its own Python code is refused, never run."""
     refuse_custom_code(str(folder))
     from transformers import AutoTokenizer
 
@@ -112,8 +140,14 @@ class PromptEncoder:
     def tokenize(self, prompts: str | Sequence[str]) -> tuple[Tensor, Tensor]:
         """``(input_ids, attention_mask)``, each ``[B, max_length]``, as the tokenizer returns them."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        out = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=self.max_length,
-                             add_special_tokens=True, return_tensors="pt")
+        out = self.tokenizer(
+            prompts,
+            padding="max_length",
+            truncation=True,
+            max_length=self.max_length,
+            add_special_tokens=True,
+            return_tensors="pt",
+        )
         return out.input_ids, out.attention_mask
 
     @torch.no_grad()

@@ -46,7 +46,9 @@ class ActionToggleStep(ProcessorStep):
         for dim in self.toggle_dimensions:
             index = dim if dim >= 0 else width + dim
             if not 0 <= index < width:
-                raise ValueError(f"FastWAM action toggle dimension {dim} is out of bounds for action dim {width}.")
+                raise ValueError(
+                    f"FastWAM action toggle dimension {dim} is out of bounds for action dim {width}."
+                )
             toggled[..., index] = torch.sign(-(toggled[..., index] * 2.0 - 1.0))
         return {**batch, "action": toggled}
 

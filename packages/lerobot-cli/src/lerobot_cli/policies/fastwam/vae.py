@@ -31,20 +31,39 @@ from torch import Tensor
 # Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json's geometry (its latents_mean/std come with the real file);
 # 704,688,668 parameters, 1.41 GB in bf16.
 WAN22_VAE_ARCHITECTURE: dict[str, Any] = {
-    "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
-    "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0, "in_channels": 12,
-    "out_channels": 12, "patch_size": 2, "scale_factor_temporal": 4, "scale_factor_spatial": 16, "is_residual": True,
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_temporal": 4,
+    "scale_factor_spatial": 16,
+    "is_residual": True,
 }
-TILED_REFUSAL = "Tiled Wan2.2 VAE {} is not supported by FastWAM (LeRobot 0.6.1 refuses it too): set tiled=false"
+TILED_REFUSAL = (
+    "Tiled Wan2.2 VAE {} is not supported by FastWAM (LeRobot 0.6.1 refuses it too): set tiled=false"
+)
 
 
 def tiny_wan_vae_config(base_dim: int = 8) -> dict[str, Any]:
     """A Wan2.2-shaped VAE small enough for CPU tests (288k parameters at ``base_dim=8``): the same 48
     latent channels, 16× spatial / 4× temporal compression and patchified residual blocks, narrower.
     Its statistics are fixed, not 0/1, so the standardisation is exercised."""
-    return {**WAN22_VAE_ARCHITECTURE, "base_dim": base_dim, "decoder_base_dim": base_dim, "dim_mult": [1, 2, 2, 2],
-            "num_res_blocks": 1, "latents_mean": [round(0.05 * i - 1.2, 4) for i in range(48)],
-            "latents_std": [round(0.4 + 0.03 * i, 4) for i in range(48)]}
+    return {
+        **WAN22_VAE_ARCHITECTURE,
+        "base_dim": base_dim,
+        "decoder_base_dim": base_dim,
+        "dim_mult": [1, 2, 2, 2],
+        "num_res_blocks": 1,
+        "latents_mean": [round(0.05 * i - 1.2, 4) for i in range(48)],
+        "latents_std": [round(0.4 + 0.03 * i, 4) for i in range(48)],
+    }
 
 
 class WanVAE(torch.nn.Module):
@@ -57,7 +76,7 @@ class WanVAE(torch.nn.Module):
         self.z_dim = int(config.z_dim)
         self.upsampling_factor = int(config.scale_factor_spatial)  # LeRobot's names for the compression
         self.temporal_downsample_factor = int(config.scale_factor_temporal)
-        # float32, like LeRobot's torch.tensor(list); non-persistent: the statistics belong to the VAE's config
+        # float32, like LeRobot's torch.tensor(list); non-persistent: the statistics are the VAE config's
         shape = (1, self.z_dim, 1, 1, 1)
         self.register_buffer("latents_mean", torch.tensor(config.latents_mean).view(shape), persistent=False)
         self.register_buffer("latents_std", torch.tensor(config.latents_std).view(shape), persistent=False)
@@ -78,12 +97,17 @@ class WanVAE(torch.nn.Module):
 
     @torch.no_grad()
     def encode(self, pixels: Tensor | Sequence[Tensor], tiled: bool = False) -> Tensor:
-        """``[B, 3, T, H, W]`` pixels in [-1, 1] → standardised float32 latents ``[B, 48, (T-1)/4+1, H/16, W/16]``."""
+        """``[B, 3, T, H, W]`` pixels in [-1, 1] → standardised float32 latents
+        ``[B, 48, (T-1)/4+1, H/16, W/16]``."""
         if tiled:
             raise NotImplementedError(TILED_REFUSAL.format("encoding"))
         if isinstance(pixels, (list, tuple)):
             pixels = torch.stack(list(pixels))
-        mu = self.autoencoder.encode(pixels.to(device=self.device, dtype=self.dtype)).latent_dist.mode().float()
+        mu = (
+            self.autoencoder.encode(pixels.to(device=self.device, dtype=self.dtype))
+            .latent_dist.mode()
+            .float()
+        )
         return (mu - self.latents_mean.float().to(mu.device)) / self.latents_std.float().to(mu.device)
 
     @torch.no_grad()
@@ -124,8 +148,9 @@ def load_wan_vae(folder: str | Path, *, dtype: torch.dtype, device: str | torch.
     return WanVAE(autoencoder.to(device=device))
 
 
-def build_wan_vae(config: Mapping[str, Any], *, dtype: torch.dtype = torch.float32,
-                  device: str | torch.device = "cpu") -> WanVAE:
+def build_wan_vae(
+    config: Mapping[str, Any], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> WanVAE:
     """A VAE built from ``config`` with diffusers' random initialisation (the global torch RNG: seed it
     first). Tests and CPU demos only: FastWAM's real VAE is never trained, so it is always loaded."""
     from diffusers import AutoencoderKLWan

@@ -37,7 +37,9 @@ def resize_frames(frames: Tensor, size: Sequence[int]) -> Tensor:
         return frames
     lead = frames.shape[:-3]
     flat = frames.reshape(-1, *frames.shape[-3:])
-    flat = torch.nn.functional.interpolate(flat, size=size, mode="bilinear", align_corners=False, antialias=True)
+    flat = torch.nn.functional.interpolate(
+        flat, size=size, mode="bilinear", align_corners=False, antialias=True
+    )
     return flat.reshape(*lead, *flat.shape[-3:])
 
 
@@ -82,7 +84,9 @@ def full_size_image(image: Tensor, image_size: Sequence[int]) -> Tensor:
     return resize_frames(image, image_size)
 
 
-def inference_image(batch: Mapping[str, Any], *, image_size: Sequence[int], model_video_frames: int) -> Tensor:
+def inference_image(
+    batch: Mapping[str, Any], *, image_size: Sequence[int], model_video_frames: int
+) -> Tensor:
     """The conditioning frame of one inference call, ``[B, C, H, W]``: ``input_image`` when the batch has
     one, else the first frame of ``video`` (or of the video built from the cameras)."""
     if "input_image" in batch:
