@@ -60,14 +60,21 @@ BATCH, HORIZON, ACTION_DIM, PROPRIO, TEXT_LEN, TEXT_DIM, LATENT = 2, 8, 7, 8, 5,
 LATENT_SHAPE = (BATCH, LATENT, 3, 4, 6)  # 3 latent frames of 2 × 3 patches
 CASES = {
     "default": {"proprio_dim": PROPRIO, "video": {}, "fp32_attention": True},
-    "conditioned": {"proprio_dim": None, "fp32_attention": False,
-                    "video": {"action_conditioned": True, "action_group_causal_mask_mode": "group_diagonal",
-                              "video_attention_mask_mode": "per_frame_causal"}},
+    "conditioned": {
+        "proprio_dim": None,
+        "fp32_attention": False,
+        "video": {
+            "action_conditioned": True,
+            "action_group_causal_mask_mode": "group_diagonal",
+            "video_attention_mask_mode": "per_frame_causal",
+        },
+    },
 }
 FULL_SIZE_FILE = {"ours": "ours_full.json", "lerobot": "lerobot_full.json"}
 
 
 # ---------------------------------------------------------------- shared (both interpreters)
+
 
 def make_inputs(seed: int, proprio: bool) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -99,14 +106,16 @@ def perturb_constants(module: torch.nn.Module, seed: int) -> None:
             param.add_(0.1 * torch.randn(param.shape, generator=g))
 
 
-def loss_of(pred_video: torch.Tensor, pred_action: torch.Tensor,
-            inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def loss_of(
+    pred_video: torch.Tensor, pred_action: torch.Tensor, inputs: dict[str, torch.Tensor]
+) -> torch.Tensor:
     return (pred_video * inputs["weight_video"]).sum() + (pred_action * inputs["weight_action"]).sum()
 
 
 def gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {f"grad.{name}": p.grad.detach().clone()
-            for name, p in module.named_parameters() if p.grad is not None}
+    return {
+        f"grad.{name}": p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None
+    }
 
 
 def load_inputs(file: Path) -> dict[str, torch.Tensor]:
@@ -119,8 +128,10 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
     """Exact equality of every reference tensor; figures are max |Δ| per output and over all gradients."""
     ok, figures, grad_max = True, {}, 0.0
     if set(ref) != set(got):
-        print(f"[{tag}] different outputs: only in the reference {sorted(set(ref) - set(got))[:5]}, only "
-              f"computed {sorted(set(got) - set(ref))[:5]}")
+        print(
+            f"[{tag}] different outputs: only in the reference {sorted(set(ref) - set(got))[:5]}, only "
+            f"computed {sorted(set(got) - set(ref))[:5]}"
+        )
         ok = False
     for key in sorted(set(ref) & set(got)):
         a, b = ref[key], got[key]
@@ -141,16 +152,24 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
 
 # ---------------------------------------------------------------- our side
 
+
 def _ours_config(case: str):
     from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
 
     spec = CASES[case]
     video, action = tiny_dit_configs(ACTION_DIM, latent_channels=LATENT, text_dim=TEXT_DIM)
     video.update(spec["video"])
-    return FastWAMConfig(action_dim=ACTION_DIM, proprio_dim=spec["proprio_dim"], action_horizon=HORIZON,
-                         n_action_steps=HORIZON, torch_dtype="float32", load_text_encoder=False,
-                         fp32_attention=spec["fp32_attention"], video_dit_config=video,
-                         action_dit_config=action)
+    return FastWAMConfig(
+        action_dim=ACTION_DIM,
+        proprio_dim=spec["proprio_dim"],
+        action_horizon=HORIZON,
+        n_action_steps=HORIZON,
+        torch_dtype="float32",
+        load_text_encoder=False,
+        fp32_attention=spec["fp32_attention"],
+        video_dit_config=video,
+        action_dit_config=action,
+    )
 
 
 def ours_outputs(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -159,9 +178,15 @@ def ours_outputs(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     policy.train()
     policy.zero_grad(set_to_none=True)
     context, mask = model.append_proprio(inputs["context"], inputs["context_mask"], inputs.get("proprio"))
-    pred_video, pred_action = model.predict(inputs["latents"], inputs["timestep_video"],
-                                            inputs["noisy_action"], inputs["timestep_action"], context, mask,
-                                            video_actions=inputs["action"] if conditioned else None)
+    pred_video, pred_action = model.predict(
+        inputs["latents"],
+        inputs["timestep_video"],
+        inputs["noisy_action"],
+        inputs["timestep_action"],
+        context,
+        mask,
+        video_actions=inputs["action"] if conditioned else None,
+    )
     loss_of(pred_video, pred_action, inputs).backward()
     out = {"joint.video": pred_video.detach(), "joint.action": pred_action.detach(), **gradients(policy)}
     policy.zero_grad(set_to_none=True)
@@ -169,8 +194,9 @@ def ours_outputs(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         policy.eval()
         with torch.no_grad():
             cache = model.prefill(inputs["latents"][:, :, :1], context, mask, HORIZON)
-            out["cached.action"] = model.predict_action(cache, inputs["noisy_action"],
-                                                        inputs["timestep_action"], context, mask)
+            out["cached.action"] = model.predict_action(
+                cache, inputs["noisy_action"], inputs["timestep_action"], context, mask
+            )
     return out
 
 
@@ -187,11 +213,13 @@ def full_size_ours() -> dict:
 
 
 def _full_size_figures(policy) -> dict:
-    return {"keys": {k: [list(v.shape), str(v.dtype)] for k, v in policy.state_dict().items()},
-            "parameters": sum(p.numel() for p in policy.parameters()),
-            "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad),
-            "optim_tensors": len(policy.get_optim_params()),
-            "optim_values": sum(p.numel() for p in policy.get_optim_params())}
+    return {
+        "keys": {k: [list(v.shape), str(v.dtype)] for k, v in policy.state_dict().items()},
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        "optim_tensors": len(policy.get_optim_params()),
+        "optim_values": sum(p.numel() for p in policy.get_optim_params()),
+    }
 
 
 def ours_write(work: Path) -> None:
@@ -210,8 +238,10 @@ def ours_write(work: Path) -> None:
         save_state_dict(policy.state_dict(), directory / "model.safetensors")
         inputs = make_inputs(300 + index, config.proprio_dim is not None)
         save_file(inputs, str(work / case / "inputs.safetensors"))
-        save_file({k: v.contiguous() for k, v in ours_outputs(policy, inputs).items()},
-                  str(directory / "reference.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in ours_outputs(policy, inputs).items()},
+            str(directory / "reference.safetensors"),
+        )
 
 
 def _legacy_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -235,10 +265,14 @@ def ours_check(work: Path) -> tuple[bool, dict]:
         mine = ours_full[setting]
         same = mine == theirs
         if not same:
-            differ = sorted(set(mine["keys"]) ^ set(theirs["keys"]))[:5] or [
-                k for k in mine["keys"] if mine["keys"][k] != theirs["keys"].get(k)][:5]
-            print(f"[ours] full size {setting}: ours {[(k, mine[k]) for k in mine if k != 'keys']} vs "
-                  f"LeRobot {[(k, theirs[k]) for k in theirs if k != 'keys']}; keys differing: {differ}")
+            differ = (
+                sorted(set(mine["keys"]) ^ set(theirs["keys"]))[:5]
+                or [k for k in mine["keys"] if mine["keys"][k] != theirs["keys"].get(k)][:5]
+            )
+            print(
+                f"[ours] full size {setting}: ours {[(k, mine[k]) for k in mine if k != 'keys']} vs "
+                f"LeRobot {[(k, theirs[k]) for k in theirs if k != 'keys']}; keys differing: {differ}"
+            )
         ok &= same
         counts = {k: theirs[k] for k in theirs if k != "keys"}
         figures[f"full {setting}"] = counts | {"keys": len(theirs["keys"])}
@@ -247,8 +281,9 @@ def ours_check(work: Path) -> tuple[bool, dict]:
         written = json.loads((directory / "config.json").read_text())
         config = policy_config_from_dict(written, FastWAMConfig)
         ours_view = policy_config_to_dict(config)
-        mismatched = sorted(k for k in written
-                            if k != "device" and json.loads(json.dumps(ours_view[k])) != written[k])
+        mismatched = sorted(
+            k for k in written if k != "device" and json.loads(json.dumps(ours_view[k])) != written[k]
+        )
         if mismatched:
             print(f"[ours] {case}: LeRobot's config.json reads back differently in {mismatched}")
             ok = False
@@ -274,6 +309,7 @@ def ours_check(work: Path) -> tuple[bool, dict]:
 
 
 # ---------------------------------------------------------------- LeRobot's side
+
 
 def _lerobot_patched():
     """LeRobot's FastWAM modules with the frozen-encoder loaders stubbed (no network; they hold no policy
@@ -306,13 +342,23 @@ def lerobot_outputs(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.
     model = policy.model
     policy.train()
     policy.zero_grad(set_to_none=True)
-    context, mask = model._append_proprio_to_context(inputs["context"], inputs["context_mask"],
-                                                     inputs.get("proprio"))
+    context, mask = model._append_proprio_to_context(
+        inputs["context"], inputs["context_mask"], inputs.get("proprio")
+    )
     pred_video, pred_action = model._run_training_mot(
-        inputs={"context": context, "context_mask": mask, "action": inputs["action"],
-                "fuse_vae_embedding_in_latents": True},
-        targets={"latents": inputs["latents"], "timestep_video": inputs["timestep_video"],
-                 "noisy_action": inputs["noisy_action"], "timestep_action": inputs["timestep_action"]})
+        inputs={
+            "context": context,
+            "context_mask": mask,
+            "action": inputs["action"],
+            "fuse_vae_embedding_in_latents": True,
+        },
+        targets={
+            "latents": inputs["latents"],
+            "timestep_video": inputs["timestep_video"],
+            "noisy_action": inputs["noisy_action"],
+            "timestep_action": inputs["timestep_action"],
+        },
+    )
     loss_of(pred_video, pred_action, inputs).backward()
     out = {"joint.video": pred_video.detach(), "joint.action": pred_action.detach(), **gradients(policy)}
     policy.zero_grad(set_to_none=True)
@@ -320,21 +366,29 @@ def lerobot_outputs(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.
         policy.eval()
         with torch.no_grad():
             first = inputs["latents"][:, :, :1]
-            video_pre = model.video_expert.pre_dit(x=first, timestep=torch.zeros(BATCH), context=context,
-                                                   context_mask=mask, action=None,
-                                                   fuse_vae_embedding_in_latents=True)
+            video_pre = model.video_expert.pre_dit(
+                x=first,
+                timestep=torch.zeros(BATCH),
+                context=context,
+                context_mask=mask,
+                action=None,
+                fuse_vae_embedding_in_latents=True,
+            )
             video_len = int(video_pre["tokens"].shape[1])
             per_frame = int(video_pre["meta"]["tokens_per_frame"])
-            joint_mask = model._build_mot_attention_mask(video_len, HORIZON, per_frame,
-                                                         video_pre["tokens"].device)
+            joint_mask = model._build_mot_attention_mask(
+                video_len, HORIZON, per_frame, video_pre["tokens"].device
+            )
             cache = model.mot.prefill_video_cache(
-                video_tokens=video_pre["tokens"], video_freqs=video_pre["freqs"],
+                video_tokens=video_pre["tokens"],
+                video_freqs=video_pre["freqs"],
                 video_t_mod=video_pre["t_mod"],
                 video_context_payload={"context": video_pre["context"], "mask": video_pre["context_mask"]},
-                video_attention_mask=joint_mask[:video_len, :video_len])
+                video_attention_mask=joint_mask[:video_len, :video_len],
+            )
             out["cached.action"] = model._predict_action_noise_with_cache(
-                inputs["noisy_action"], inputs["timestep_action"], context, mask, cache, joint_mask,
-                video_len)
+                inputs["noisy_action"], inputs["timestep_action"], context, mask, cache, joint_mask, video_len
+            )
     return out
 
 
@@ -385,8 +439,11 @@ def lerobot_check(work: Path) -> bool:
             ok = False
         policy.load_state_dict(state, strict=True)
         inputs = load_inputs(work / case / "inputs.safetensors")
-        passed, figures = compare(f"lerobot {case}", load_file(str(ours_dir / "reference.safetensors")),
-                                  lerobot_outputs(policy, inputs))
+        passed, figures = compare(
+            f"lerobot {case}",
+            load_file(str(ours_dir / "reference.safetensors")),
+            lerobot_outputs(policy, inputs),
+        )
         ok &= passed
         report[case] = figures
         torch.manual_seed(400 + index)
@@ -394,23 +451,30 @@ def lerobot_check(work: Path) -> bool:
         perturb_constants(theirs, 500 + index)
         out_dir = work / case / "lerobot"
         theirs.save_pretrained(str(out_dir))
-        save_file({k: v.contiguous() for k, v in lerobot_outputs(theirs, inputs).items()},
-                  str(out_dir / "reference.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in lerobot_outputs(theirs, inputs).items()},
+            str(out_dir / "reference.safetensors"),
+        )
     (work / "lerobot_report.json").write_text(json.dumps(report))
     return ok
 
 
 # ---------------------------------------------------------------- driver
 
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", nargs="?", default="run",
-                        choices=["run", "ours-write", "ours-check", "lerobot-check"])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"]
+    )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
-    parser.add_argument("--lerobot-python", default="/tmp/lerobot-venv/bin/python",
-                        help="interpreter of the environment where LeRobot 0.6.1 (with diffusers) is "
-                             "installed")
+    parser.add_argument(
+        "--lerobot-python",
+        default="/tmp/lerobot-venv/bin/python",
+        help="interpreter of the environment where LeRobot 0.6.1 (with diffusers) is installed",
+    )
     args = parser.parse_args()
     torch.set_num_threads(min(4, torch.get_num_threads()))
     if args.mode == "ours-write":
@@ -436,8 +500,10 @@ def main() -> int:
         print(f"LeRobot on our weights, {case}: max |Δ| {numbers}")
     for what, numbers in ours_figures.items():
         print(f"ours on LeRobot's {what}: {numbers}")
-    print(f"LeRobot computes ours: {'PASS' if lerobot.returncode == 0 else 'FAIL'}; we compute LeRobot's: "
-          f"{'PASS' if ours_ok else 'FAIL'} ({time.perf_counter() - start:.0f} s)")
+    print(
+        f"LeRobot computes ours: {'PASS' if lerobot.returncode == 0 else 'FAIL'}; we compute LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'} ({time.perf_counter() - start:.0f} s)"
+    )
     return 0 if lerobot.returncode == 0 and ours_ok else 1
 
 

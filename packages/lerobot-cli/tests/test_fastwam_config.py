@@ -23,34 +23,99 @@ from lerobot_cli.policies.serialization import load_policy_config, policy_config
 
 # dataclasses.fields(lerobot.policies.fastwam.FastWAMConfig) in LeRobot 0.6.1.
 LEROBOT_FIELDS = {
-    "action_dim", "action_dit_config", "action_horizon", "action_scheduler", "action_video_freq_ratio",
-    "base_model_id", "context_len", "device", "fp32_attention", "freeze_video_expert", "image_size",
-    "inference_seed", "input_features", "license", "load_text_encoder", "loss", "model_id",
-    "mot_checkpoint_mixed_attn", "n_action_steps", "n_obs_steps", "negative_prompt", "normalization_mapping",
-    "num_inference_steps", "num_video_frames", "optimizer_lr", "optimizer_weight_decay", "output_features",
-    "pretrained_path", "pretrained_revision", "private", "prompt_template", "proprio_dim", "push_to_hub",
-    "rand_device", "repo_id", "sigma_shift", "tags", "text_cfg_scale", "text_encoder_model_id", "tiled",
-    "toggle_action_dimensions", "tokenizer_max_len", "tokenizer_model_id", "torch_dtype", "use_amp",
-    "use_gradient_checkpointing", "use_peft", "video_dit_config", "video_scheduler"}
+    "action_dim",
+    "action_dit_config",
+    "action_horizon",
+    "action_scheduler",
+    "action_video_freq_ratio",
+    "base_model_id",
+    "context_len",
+    "device",
+    "fp32_attention",
+    "freeze_video_expert",
+    "image_size",
+    "inference_seed",
+    "input_features",
+    "license",
+    "load_text_encoder",
+    "loss",
+    "model_id",
+    "mot_checkpoint_mixed_attn",
+    "n_action_steps",
+    "n_obs_steps",
+    "negative_prompt",
+    "normalization_mapping",
+    "num_inference_steps",
+    "num_video_frames",
+    "optimizer_lr",
+    "optimizer_weight_decay",
+    "output_features",
+    "pretrained_path",
+    "pretrained_revision",
+    "private",
+    "prompt_template",
+    "proprio_dim",
+    "push_to_hub",
+    "rand_device",
+    "repo_id",
+    "sigma_shift",
+    "tags",
+    "text_cfg_scale",
+    "text_encoder_model_id",
+    "tiled",
+    "toggle_action_dimensions",
+    "tokenizer_max_len",
+    "tokenizer_model_id",
+    "torch_dtype",
+    "use_amp",
+    "use_gradient_checkpointing",
+    "use_peft",
+    "video_dit_config",
+    "video_scheduler",
+}
 # LeRobot 0.6.1's defaults of its FastWAM-specific fields.
 LEROBOT_DEFAULTS = {
-    "action_dim": 7, "proprio_dim": 8, "action_horizon": 32, "n_action_steps": 32, "num_video_frames": 33,
-    "action_video_freq_ratio": 4, "image_size": (224, 448), "context_len": 128,
+    "action_dim": 7,
+    "proprio_dim": 8,
+    "action_horizon": 32,
+    "n_action_steps": 32,
+    "num_video_frames": 33,
+    "action_video_freq_ratio": 4,
+    "image_size": (224, 448),
+    "context_len": 128,
     "model_id": "Wan-AI/Wan2.2-TI2V-5B",
-    "tokenizer_model_id": "google/umt5-xxl", "text_encoder_model_id": "Wan-AI/Wan2.2-TI2V-5B-Diffusers",
-    "base_model_id": "lerobot/fastwam_base", "tokenizer_max_len": 128, "load_text_encoder": True,
-    "mot_checkpoint_mixed_attn": False, "torch_dtype": "bfloat16",
-    "prompt_template": ("A video recorded from a robot's point of view executing the following instruction: "
-                        "{task}"),
-    "num_inference_steps": 10, "inference_seed": 42, "rand_device": "cpu", "text_cfg_scale": 1.0,
-    "negative_prompt": "", "sigma_shift": None, "tiled": False, "fp32_attention": True,
-    "use_gradient_checkpointing": False, "freeze_video_expert": False, "toggle_action_dimensions": [],
+    "tokenizer_model_id": "google/umt5-xxl",
+    "text_encoder_model_id": "Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+    "base_model_id": "lerobot/fastwam_base",
+    "tokenizer_max_len": 128,
+    "load_text_encoder": True,
+    "mot_checkpoint_mixed_attn": False,
+    "torch_dtype": "bfloat16",
+    "prompt_template": (
+        "A video recorded from a robot's point of view executing the following instruction: {task}"
+    ),
+    "num_inference_steps": 10,
+    "inference_seed": 42,
+    "rand_device": "cpu",
+    "text_cfg_scale": 1.0,
+    "negative_prompt": "",
+    "sigma_shift": None,
+    "tiled": False,
+    "fp32_attention": True,
+    "use_gradient_checkpointing": False,
+    "freeze_video_expert": False,
+    "toggle_action_dimensions": [],
     "video_scheduler": {"train_shift": 5.0, "infer_shift": 5.0, "num_train_timesteps": 1000},
     "action_scheduler": {"train_shift": 5.0, "infer_shift": 5.0, "num_train_timesteps": 1000},
-    "loss": {"lambda_video": 1.0, "lambda_action": 1.0}, "optimizer_lr": 1e-4, "optimizer_weight_decay": 1e-2,
+    "loss": {"lambda_video": 1.0, "lambda_action": 1.0},
+    "optimizer_lr": 1e-4,
+    "optimizer_weight_decay": 1e-2,
     "n_obs_steps": 1,
-    "normalization_mapping": {"VISUAL": NormalizationMode.IDENTITY, "STATE": NormalizationMode.MEAN_STD,
-                              "ACTION": NormalizationMode.MEAN_STD},
+    "normalization_mapping": {
+        "VISUAL": NormalizationMode.IDENTITY,
+        "STATE": NormalizationMode.MEAN_STD,
+        "ACTION": NormalizationMode.MEAN_STD,
+    },
 }
 DEMO_INFO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach" / "meta" / "info.json"
 
@@ -65,6 +130,7 @@ def test_fields_are_lerobots_plus_compile_action_infer():
     assert ours - LEROBOT_FIELDS == {"compile_action_infer"}
     assert LEROBOT_FIELDS <= ours
     assert FastWAMConfig.spec.extension_fields == ("compile_action_infer",)
+    assert FastWAMConfig.spec.extras == ("fastwam",)
 
 
 def test_defaults_and_derivations_are_lerobots():
@@ -76,7 +142,8 @@ def test_defaults_and_derivations_are_lerobots():
     assert cfg.action_dit_config["hidden_dim"] == 1024
     assert cfg.input_features == {
         "observation.images.image": PolicyFeature(FeatureType.VISUAL, (3, 224, 448)),
-        "observation.state": PolicyFeature(FeatureType.STATE, (8,))}
+        "observation.state": PolicyFeature(FeatureType.STATE, (8,)),
+    }
     assert cfg.output_features == {"action": PolicyFeature(FeatureType.ACTION, (7,))}
     assert "observation.state" not in FastWAMConfig(proprio_dim=None).input_features
     assert FastWAMConfig(action_dim=5, proprio_dim=3).video_dit_config["action_dim"] == 5
@@ -89,8 +156,12 @@ def test_defaults_and_derivations_are_lerobots():
 def test_switches_propagate_into_the_network_configs():
     video, action = tiny_dit_configs()
     video["fp32_attention"] = True
-    cfg = FastWAMConfig(fp32_attention=False, use_gradient_checkpointing=True, video_dit_config=video,
-                        action_dit_config=action)
+    cfg = FastWAMConfig(
+        fp32_attention=False,
+        use_gradient_checkpointing=True,
+        video_dit_config=video,
+        action_dit_config=action,
+    )
     for dit in (cfg.video_dit_config, cfg.action_dit_config):
         assert dit["fp32_attention"] is False and dit["use_gradient_checkpointing"] is True
     assert video["fp32_attention"] is True  # the caller's dict is not mutated
@@ -99,25 +170,44 @@ def test_switches_propagate_into_the_network_configs():
     assert empty.video_dit_config == default_video_dit_config(7)
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"n_action_steps": 40},
-     r"^--policy.n_action_steps \(40\) cannot exceed --policy.action_horizon \(32\)$"),
-    ({"num_video_frames": 34}, (r"^--policy.num_video_frames - 1 \(33\) must be divisible by "
-                               r"--policy.action_video_freq_ratio \(4\)$")),
-    ({"num_video_frames": 25}, r"^the video has 7 frames after subsampling; the Wan VAE needs 4k \+ 1"),
-    ({"action_horizon": 20, "n_action_steps": 20},
-     r"^--policy.action_horizon \(20\) must be divisible by the number of video transitions \(8\)$"),
-    ({"action_dim": 0}, r"^--policy.action_dim must be an integer ≥ 1, got 0$"),
-    ({"model_id": "someone/else"},
-     r"^--policy.model_id must be Wan-AI/Wan2.2-TI2V-5B or an explicit local path"),
-    ({"torch_dtype": "float8"}, r"^--policy.torch_dtype: invalid choice 'float8'"),
-    ({"image_size": (224, 450)}, r"^--policy.image_size must be \[height, width\], multiples of 16"),
-    ({"n_obs_steps": 2}, r"^--policy.n_obs_steps must be 1 for fastwam"),
-    ({"toggle_action_dimensions": [7]},
-     r"^--policy.toggle_action_dimensions \[7\] are outside the action's 7"),
-    ({"loss": {"lambda_video": 1.0}}, r"^--policy.loss must have the keys lambda_video and lambda_action"),
-    ({"video_scheduler": {"train_shift": 5.0}}, r"^--policy.video_scheduler must have the keys"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"n_action_steps": 40},
+            r"^--policy.n_action_steps \(40\) cannot exceed --policy.action_horizon \(32\)$",
+        ),
+        (
+            {"num_video_frames": 34},
+            (
+                r"^--policy.num_video_frames - 1 \(33\) must be divisible by "
+                r"--policy.action_video_freq_ratio \(4\)$"
+            ),
+        ),
+        ({"num_video_frames": 25}, r"^the video has 7 frames after subsampling; the Wan VAE needs 4k \+ 1"),
+        (
+            {"action_horizon": 20, "n_action_steps": 20},
+            r"^--policy.action_horizon \(20\) must be divisible by the number of video transitions \(8\)$",
+        ),
+        ({"action_dim": 0}, r"^--policy.action_dim must be an integer ≥ 1, got 0$"),
+        (
+            {"model_id": "someone/else"},
+            r"^--policy.model_id must be Wan-AI/Wan2.2-TI2V-5B or an explicit local path",
+        ),
+        ({"torch_dtype": "float8"}, r"^--policy.torch_dtype: invalid choice 'float8'"),
+        ({"image_size": (224, 450)}, r"^--policy.image_size must be \[height, width\], multiples of 16"),
+        ({"n_obs_steps": 2}, r"^--policy.n_obs_steps must be 1 for fastwam"),
+        (
+            {"toggle_action_dimensions": [7]},
+            r"^--policy.toggle_action_dimensions \[7\] are outside the action's 7",
+        ),
+        (
+            {"loss": {"lambda_video": 1.0}},
+            r"^--policy.loss must have the keys lambda_video and lambda_action",
+        ),
+        ({"video_scheduler": {"train_shift": 5.0}}, r"^--policy.video_scheduler must have the keys"),
+    ],
+)
 def test_settings_are_refused_in_one_line(overrides, message):
     with pytest.raises(ValueError, match=message) as exc:
         FastWAMConfig(**overrides)
@@ -131,25 +221,47 @@ def _tiny_with(video_change=None, action_change=None, **overrides) -> FastWAMCon
     return FastWAMConfig(video_dit_config=video, action_dit_config=action, **overrides)
 
 
-@pytest.mark.parametrize(("video", "action", "message"), [
-    ({}, {"num_heads": 4},
-     r"^--policy.action_dit_config.num_heads \(4\) must equal video_dit_config.num_heads \(2\)"),
-    ({}, {"num_layers": 3}, r"^--policy.action_dit_config.num_layers \(3\) must equal"),
-    ({}, {"text_dim": 16},
-     r"^--policy.action_dit_config.text_dim \(16\) must equal video_dit_config.text_dim \(32\)"),
-    ({}, {"action_dim": 6},
-     r"^--policy.action_dit_config.action_dim \(6\) must equal --policy.action_dim \(7\)$"),
-    ({"attn_head_dim": 8}, {"attn_head_dim": 8},
-     (r"^--policy.video_dit_config: attn_head_dim \(8\) × num_heads \(2\) "
-                                                 r"must equal hidden_dim \(32\)")),
-    ({"video_attention_mask_mode": "causal"}, {},
-     (r"^--policy.video_dit_config.video_attention_mask_mode: invalid "
-                                                  r"choice 'causal'")),
-    ({"seperated_timestep": False}, {}, r"^--policy.video_dit_config: seperated_timestep must be true"),
-    ({"has_image_input": True}, {}, r"^--policy.video_dit_config: has_image_input=True is not supported"),
-    ({"dropout": 0.1}, {}, r"^--policy.video_dit_config has unknown keys dropout"),
-    ({}, {"dropout": 0.1}, r"^--policy.action_dit_config has unknown keys dropout"),
-])
+@pytest.mark.parametrize(
+    ("video", "action", "message"),
+    [
+        (
+            {},
+            {"num_heads": 4},
+            r"^--policy.action_dit_config.num_heads \(4\) must equal video_dit_config.num_heads \(2\)",
+        ),
+        ({}, {"num_layers": 3}, r"^--policy.action_dit_config.num_layers \(3\) must equal"),
+        (
+            {},
+            {"text_dim": 16},
+            r"^--policy.action_dit_config.text_dim \(16\) must equal video_dit_config.text_dim \(32\)",
+        ),
+        (
+            {},
+            {"action_dim": 6},
+            r"^--policy.action_dit_config.action_dim \(6\) must equal --policy.action_dim \(7\)$",
+        ),
+        (
+            {"attn_head_dim": 8},
+            {"attn_head_dim": 8},
+            (
+                r"^--policy.video_dit_config: attn_head_dim \(8\) × num_heads \(2\) "
+                r"must equal hidden_dim \(32\)"
+            ),
+        ),
+        (
+            {"video_attention_mask_mode": "causal"},
+            {},
+            (
+                r"^--policy.video_dit_config.video_attention_mask_mode: invalid "
+                r"choice 'causal'"
+            ),
+        ),
+        ({"seperated_timestep": False}, {}, r"^--policy.video_dit_config: seperated_timestep must be true"),
+        ({"has_image_input": True}, {}, r"^--policy.video_dit_config: has_image_input=True is not supported"),
+        ({"dropout": 0.1}, {}, r"^--policy.video_dit_config has unknown keys dropout"),
+        ({}, {"dropout": 0.1}, r"^--policy.action_dit_config has unknown keys dropout"),
+    ],
+)
 def test_network_configs_are_refused_in_one_line(video, action, message):
     with pytest.raises(ValueError, match=message):
         _tiny_with(video, action)
@@ -163,32 +275,70 @@ def feature(kind: str, *shape: int) -> PolicyFeature:
     return PolicyFeature(kind, shape)
 
 
-@pytest.mark.parametrize(("inputs", "outputs", "message"), [
-    ({"observation.state": feature("STATE", 8)}, None, r"^fastwam needs a camera \(observation.images.\*\)"),
-    (None, {"action": feature("ACTION", 6)},
-     (r"^the action has shape \[6\] but --policy.action_dim is 7; pass "
-                                             r"--policy.action_dim=6$")),
-    ({"observation.images.a": feature("VISUAL", 3, 224, 448)}, None,
-     (r"^--policy.proprio_dim=8 needs observation.state, which the inputs lack; pass "
-      r"--policy.proprio_dim=null")),
-    ({"observation.images.a": feature("VISUAL", 3, 224, 448), "observation.state": feature("STATE", 6)}, None,
-     r"^observation.state has shape \[6\] but --policy.proprio_dim is 8; pass --policy.proprio_dim=6$"),
-    ({"observation.images.a": feature("VISUAL", 3, 200, 448), "observation.state": feature("STATE", 8)}, None,
-     r"^fastwam camera observation.images.a is 200 pixels high; --policy.image_size needs 224$"),
-    ({"observation.images.a": feature("VISUAL", 3, 224, 224), "observation.state": feature("STATE", 8)}, None,
-     r"^fastwam's cameras are 224 pixels wide side by side, but --policy.image_size needs 448"),
-])
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "message"),
+    [
+        (
+            {"observation.state": feature("STATE", 8)},
+            None,
+            r"^fastwam needs a camera \(observation.images.\*\)",
+        ),
+        (
+            None,
+            {"action": feature("ACTION", 6)},
+            (
+                r"^the action has shape \[6\] but --policy.action_dim is 7; pass "
+                r"--policy.action_dim=6$"
+            ),
+        ),
+        (
+            {"observation.images.a": feature("VISUAL", 3, 224, 448)},
+            None,
+            (
+                r"^--policy.proprio_dim=8 needs observation.state, which the inputs lack; pass "
+                r"--policy.proprio_dim=null"
+            ),
+        ),
+        (
+            {
+                "observation.images.a": feature("VISUAL", 3, 224, 448),
+                "observation.state": feature("STATE", 6),
+            },
+            None,
+            r"^observation.state has shape \[6\] but --policy.proprio_dim is 8; pass --policy.proprio_dim=6$",
+        ),
+        (
+            {
+                "observation.images.a": feature("VISUAL", 3, 200, 448),
+                "observation.state": feature("STATE", 8),
+            },
+            None,
+            r"^fastwam camera observation.images.a is 200 pixels high; --policy.image_size needs 224$",
+        ),
+        (
+            {
+                "observation.images.a": feature("VISUAL", 3, 224, 224),
+                "observation.state": feature("STATE", 8),
+            },
+            None,
+            r"^fastwam's cameras are 224 pixels wide side by side, but --policy.image_size needs 448",
+        ),
+    ],
+)
 def test_features_are_refused_in_one_line(inputs, outputs, message):
-    cfg = FastWAMConfig(**({"input_features": inputs} if inputs else {}),
-                        **({"output_features": outputs} if outputs else {}))
+    cfg = FastWAMConfig(
+        **({"input_features": inputs} if inputs else {}), **({"output_features": outputs} if outputs else {})
+    )
     with pytest.raises(ValueError, match=message):
         cfg.validate_features()
     FastWAMConfig().validate_features()  # LeRobot's synthetic default features pass
 
 
 def dataset_features(cameras: dict[str, tuple[int, int]], state: int | None = 8, action: int = 7) -> dict:
-    features = {key: {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"]}
-                for key, (h, w) in cameras.items()}
+    features = {
+        key: {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"]}
+        for key, (h, w) in cameras.items()
+    }
     if state is not None:
         features["observation.state"] = {"dtype": "float32", "shape": [state]}
     features["action"] = {"dtype": "float32", "shape": [action]}
@@ -199,9 +349,11 @@ def dataset_features(cameras: dict[str, tuple[int, int]], state: int | None = 8,
 def test_dataset_cameras_become_the_inputs_sorted_at_their_share_of_the_width():
     features = dataset_features({"observation.images.wrist": (480, 640), "observation.images.top": (96, 128)})
     cfg = policy_config_for_dataset(FastWAMConfig(), features)  # what the CLI and the workload call
-    assert cfg.input_features == {"observation.images.top": feature("VISUAL", 3, 224, 224),
-                                  "observation.images.wrist": feature("VISUAL", 3, 224, 224),
-                                  "observation.state": feature("STATE", 8)}
+    assert cfg.input_features == {
+        "observation.images.top": feature("VISUAL", 3, 224, 224),
+        "observation.images.wrist": feature("VISUAL", 3, 224, 224),
+        "observation.state": feature("STATE", 8),
+    }
     assert cfg.output_features == {"action": feature("ACTION", 7)}
     cfg.validate_features()
     assert list(cfg.input_features)[:2] == ["observation.images.top", "observation.images.wrist"]
@@ -214,11 +366,13 @@ def test_the_dataset_decides_the_action_and_state_shapes_checked_against_the_fla
     assert "observation.environment_state" not in cfg.input_features
     with pytest.raises(ValueError, match=r"^the action has shape \[2\] but --policy.action_dim is 7"):
         cfg.validate_features()
-    fitted = policy_config_for_dataset(FastWAMConfig(action_dim=2, proprio_dim=2),
-                                       json.loads(DEMO_INFO.read_text())["features"])
+    fitted = policy_config_for_dataset(
+        FastWAMConfig(action_dim=2, proprio_dim=2), json.loads(DEMO_INFO.read_text())["features"]
+    )
     fitted.validate_features()
-    no_state = policy_config_for_dataset(FastWAMConfig(action_dim=2, proprio_dim=None),
-                                         json.loads(DEMO_INFO.read_text())["features"])
+    no_state = policy_config_for_dataset(
+        FastWAMConfig(action_dim=2, proprio_dim=None), json.loads(DEMO_INFO.read_text())["features"]
+    )
     assert set(no_state.input_features) == {"observation.images.top"}
     no_state.validate_features()
 
@@ -229,8 +383,11 @@ def test_a_dataset_without_named_cameras_keeps_the_default_inputs_and_three_came
     cfg = policy_config_for_dataset(FastWAMConfig(), features)
     assert list(cfg.input_features) == ["observation.images.image", "observation.state"]
     three = dataset_features({f"observation.images.c{i}": (64, 64) for i in range(3)})
-    with pytest.raises(ValueError, match=r"cameras are 447 pixels wide side by side, but "
-                                         r"--policy.image_size needs 448"):
+    with pytest.raises(
+        ValueError,
+        match=r"cameras are 447 pixels wide side by side, but "
+        r"--policy.image_size needs 448",
+    ):
         policy_config_for_dataset(FastWAMConfig(), three).validate_features()
     policy_config_for_dataset(FastWAMConfig(image_size=(224, 432)), three).validate_features()
 
@@ -241,8 +398,10 @@ def test_config_json_holds_lerobots_fields_and_the_sidecar_the_extension(tmp_pat
     written = json.loads(file.read_text())
     assert set(written) - {"type"} <= LEROBOT_FIELDS and written["type"] == "fastwam"
     assert written["video_dit_config"]["fp32_attention"] is False
-    assert json.loads((tmp_path / "config_extensions.json").read_text()) == {"type": "fastwam",
-                                                                            "compile_action_infer": True}
+    assert json.loads((tmp_path / "config_extensions.json").read_text()) == {
+        "type": "fastwam",
+        "compile_action_infer": True,
+    }
     assert policy_config_from_dict(written, FastWAMConfig).compile_action_infer is False  # config.json alone
     merged = json.loads(file.read_text()) | {"compile_action_infer": True}
     assert policy_config_from_dict(merged, FastWAMConfig) == cfg
@@ -268,9 +427,14 @@ def test_base_model_resolution_is_offline_and_one_line(tmp_path, monkeypatch):
     with pytest.raises(BaseModelUnavailable) as exc:
         resolve_base_model(FastWAMConfig())
     message = str(exc.value)
-    assert message.startswith("--policy.base_model_id=lerobot/fastwam_base is neither a local directory nor "
-                              "in the "
-                              "Hugging Face cache") and "hf download lerobot/fastwam_base" in message
+    assert (
+        message.startswith(
+            "--policy.base_model_id=lerobot/fastwam_base is neither a local directory nor "
+            "in the "
+            "Hugging Face cache"
+        )
+        and "hf download lerobot/fastwam_base" in message
+    )
     assert "--policy.base_model_id=null" in message and "\n" not in message
     local = tmp_path / "base"
     local.mkdir()

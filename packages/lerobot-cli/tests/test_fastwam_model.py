@@ -59,22 +59,27 @@ def tiny_policy(seed: int = 0, **overrides) -> FastWAMPolicy:
 
 def inputs(seed: int = 1, frames: int = 3) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"latents": torch.randn(B, 48, frames, 4, 6, generator=g),
-            "actions": torch.randn(B, HORIZON, 7, generator=g),
-            "context": torch.randn(B, 5, 32, generator=g),
-            "context_mask": torch.tensor([[True] * 5, [True, True, True, False, False]]),
-            "timestep_video": torch.tensor([400.0, 600.0]), "timestep_action": torch.tensor([300.0, 900.0])}
+    return {
+        "latents": torch.randn(B, 48, frames, 4, 6, generator=g),
+        "actions": torch.randn(B, HORIZON, 7, generator=g),
+        "context": torch.randn(B, 5, 32, generator=g),
+        "context_mask": torch.tensor([[True] * 5, [True, True, True, False, False]]),
+        "timestep_video": torch.tensor([400.0, 600.0]),
+        "timestep_action": torch.tensor([300.0, 900.0]),
+    }
 
 
 def joint(policy: FastWAMPolicy, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return policy.model.predict(x["latents"], x["timestep_video"], x["actions"], x["timestep_action"],
-                                x["context"], x["context_mask"])
+    return policy.model.predict(
+        x["latents"], x["timestep_video"], x["actions"], x["timestep_action"], x["context"], x["context_mask"]
+    )
 
 
 def cached(policy: FastWAMPolicy, x: dict[str, torch.Tensor]) -> torch.Tensor:
     cache = policy.model.prefill(x["latents"][:, :, :1], x["context"], x["context_mask"], HORIZON)
-    return policy.model.predict_action(cache, x["actions"], x["timestep_action"], x["context"],
-                                       x["context_mask"])
+    return policy.model.predict_action(
+        cache, x["actions"], x["timestep_action"], x["context"], x["context_mask"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +95,7 @@ def full() -> dict[bool, FastWAMPolicy]:
 
 # -- full size --------------------------------------------------------------------------------------
 
+
 def test_full_size_builds_on_meta_in_seconds_with_lerobots_state_dict():
     start = time.perf_counter()
     with torch.device("meta"):
@@ -100,8 +106,9 @@ def test_full_size_builds_on_meta_in_seconds_with_lerobots_state_dict():
     assert sum(p.numel() for p in policy.parameters()) == FULL_PARAMETERS
     assert {k: tuple(state[k].shape) for k in FULL_SHAPES} == FULL_SHAPES
     assert {v.dtype for v in state.values()} == {torch.bfloat16}  # every key bf16, as LeRobot's
-    assert not any(k.startswith(("model.vae", "model.text_encoder", "model.video_expert", "model.dit"))
-                   for k in state)
+    assert not any(
+        k.startswith(("model.vae", "model.text_encoder", "model.video_expert", "model.dit")) for k in state
+    )
 
 
 def test_full_size_trainable_counts_with_and_without_freeze_video_expert(full):
@@ -136,6 +143,7 @@ def test_thirty_mot_layers_each_parameter_with_one_owner(full):
 
 # -- layouts and dtypes -----------------------------------------------------------------------------
 
+
 def test_the_legacy_block_layout_loads():
     source = tiny_policy(seed=3)
     pattern, legacy_name = r"^model\.mot\.layers\.(\d+)\.blocks\.(\w+)\.", r"model.mot.mixtures.\2.blocks.\1."
@@ -166,6 +174,7 @@ def test_lora_targets_are_the_action_experts_linears_only():
 
 
 # -- the three MoT paths ----------------------------------------------------------------------------
+
 
 def test_every_path_enters_each_layer_through_its_forward():
     policy = tiny_policy().eval()
@@ -212,6 +221,7 @@ def test_the_video_ignores_the_actions_and_its_first_frame_the_rest():
 
 # -- RoPE and materialisation -----------------------------------------------------------------------
 
+
 def test_rope_after_meta_materialisation_equals_a_fresh_build():
     real = tiny_policy(seed=5).eval()
     with torch.device("meta"):
@@ -256,6 +266,7 @@ def test_rotation_and_tables_are_wans():
 
 # -- masks ------------------------------------------------------------------------------------------
 
+
 def test_masks_route_video_and_actions():
     T, F = True, False
     first = attention.video_self_mask("first_frame_causal", 4, 2, "cpu")
@@ -267,8 +278,10 @@ def test_masks_route_video_and_actions():
     joint_mask = attention.mot_attention_mask(first, 2, 2)
     assert joint_mask[:4, 4:].sum() == 0  # video never sees actions
     assert joint_mask[4:].tolist() == [[T, T, F, F, T, T]] * 2  # actions: first frame and all actions
-    assert attention.group_causal_mask(2, 2, 3, "group_diagonal").tolist() == [[T, T, T, F, F, F]] * 2 + [
-        [F, F, F, T, T, T]] * 2
+    assert (
+        attention.group_causal_mask(2, 2, 3, "group_diagonal").tolist()
+        == [[T, T, T, F, F, F]] * 2 + [[F, F, F, T, T, T]] * 2
+    )
     assert attention.group_causal_mask(2, 1, 1, "causal").tolist() == [[T, F], [T, T]]
 
 
@@ -277,8 +290,9 @@ def test_an_action_conditioned_video_dit_sees_its_transitions_actions():
     policy = tiny_policy(video=conditioned)
     assert "model.mot.mixtures.video.action_embedding.weight" in policy.state_dict()
     x = inputs()
-    embedding = policy.model.video_expert.embed(x["latents"], x["timestep_video"], x["context"],
-                                                x["context_mask"], x["actions"])
+    embedding = policy.model.video_expert.embed(
+        x["latents"], x["timestep_video"], x["context"], x["context_mask"], x["actions"]
+    )
     mask = embedding.stream.context_mask  # (B, S, L + horizon)
     assert mask.shape == (B, 18, 5 + HORIZON)
     assert not mask[:, :6, 5:].any()  # the clean first frame reads no action
@@ -288,6 +302,7 @@ def test_an_action_conditioned_video_dit_sees_its_transitions_actions():
 
 
 # -- precision --------------------------------------------------------------------------------------
+
 
 def test_video_time_embedding_and_head_run_in_fp32_under_bf16_weights_and_autocast():
     policy = tiny_policy(torch_dtype="bfloat16")
@@ -302,6 +317,7 @@ def test_video_time_embedding_and_head_run_in_fp32_under_bf16_weights_and_autoca
         assert torch.equal(policy.model.video_expert.embed(*args).t, video.t)
     out = policy.model.video_expert.unembed(video.stream.tokens, video)
     assert out.dtype == torch.float32
-    action = policy.model.action_expert.embed(x["actions"], x["timestep_action"], x["context"],
-                                              x["context_mask"])
+    action = policy.model.action_expert.embed(
+        x["actions"], x["timestep_action"], x["context"], x["context_mask"]
+    )
     assert action.stream.t_mod.dtype == torch.bfloat16  # LeRobot keeps the action DiT in the weights' dtype

@@ -37,27 +37,32 @@ class ActionDiT(nn.Module):
         self.fp32_attention = bool(config.get("fp32_attention", True))
         self.use_gradient_checkpointing = bool(config.get("use_gradient_checkpointing", False))
         if self.head_dim % 2:
-            raise ValueError(f"action DiT: attn_head_dim must be even for rotary embeddings, got "
-                             f"{self.head_dim}")
+            raise ValueError(
+                f"action DiT: attn_head_dim must be even for rotary embeddings, got {self.head_dim}"
+            )
         d = self.hidden_dim
         self.action_encoder = nn.Linear(self.action_dim, d)
-        self.text_embedding = nn.Sequential(nn.Linear(self.text_dim, d), nn.GELU(approximate="tanh"),
-                                            nn.Linear(d, d))
+        self.text_embedding = nn.Sequential(
+            nn.Linear(self.text_dim, d), nn.GELU(approximate="tanh"), nn.Linear(d, d)
+        )
         self.time_embedding = nn.Sequential(nn.Linear(self.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
         self.head = nn.Linear(d, self.action_dim)
         self.rope = RopeTables(self.head_dim, video=False)
 
     def make_blocks(self) -> list[DiTBlock]:
-        return [DiTBlock(self.hidden_dim, self.num_heads, self.head_dim, self.ffn_dim, self.eps)
-                for _ in range(self.num_layers)]
+        return [
+            DiTBlock(self.hidden_dim, self.num_heads, self.head_dim, self.ffn_dim, self.eps)
+            for _ in range(self.num_layers)
+        ]
 
     @property
     def model_dtype(self) -> torch.dtype:
         return self.action_encoder.weight.dtype
 
-    def embed(self, actions: Tensor, timestep: Tensor, context: Tensor,
-              context_mask: Tensor | None = None) -> ActionEmbedding:
+    def embed(
+        self, actions: Tensor, timestep: Tensor, context: Tensor, context_mask: Tensor | None = None
+    ) -> ActionEmbedding:
         """Tokens and per-forward constants from noisy actions ``(B, horizon, action_dim)``, timesteps
         ``(B,)`` (``(1,)`` broadcast in eval) and the text context ``(B, L, text_dim)`` with its mask
         ``(B, L)``."""
@@ -79,8 +84,9 @@ class ActionDiT(nn.Module):
         if context_mask is None:
             context_mask = torch.ones((batch, context.shape[1]), dtype=torch.bool, device=context.device)
         elif tuple(context_mask.shape) != (batch, context.shape[1]):
-            raise ValueError(f"context_mask must be (B, L) = {(batch, context.shape[1])}, got "
-                             f"{tuple(context_mask.shape)}")
+            raise ValueError(
+                f"context_mask must be (B, L) = {(batch, context.shape[1])}, got {tuple(context_mask.shape)}"
+            )
         dtype = self.model_dtype
         actions, context = actions.to(dtype), context.to(dtype)
         t = self.time_embedding(sinusoidal_embedding(self.freq_dim, timestep).to(dtype))

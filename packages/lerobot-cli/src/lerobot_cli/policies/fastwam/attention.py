@@ -20,11 +20,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, num_heads: int, mask: Tensor | None,
-                     fp32: bool) -> Tensor:
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, num_heads: int, mask: Tensor | None, fp32: bool
+) -> Tensor:
     """SDPA over ``(B, S, heads·d)`` inputs, returned as ``(B, S_q, heads·d)``.
 
     ``fp32``: q, k and v in float32 (the output is float32); otherwise q and k take v's dtype."""
+
     def heads_first(x: Tensor) -> Tensor:
         b, s = x.shape[:2]
         return x.reshape(b, s, num_heads, -1).permute(0, 2, 1, 3)
@@ -42,14 +44,16 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, num_heads: int, mask: Tens
 def video_self_mask(mode: str, seq_len: int, tokens_per_frame: int, device: torch.device | str) -> Tensor:
     """``(S, S)`` video-to-video mask of ``mode`` (see the module docstring)."""
     if seq_len <= 0 or tokens_per_frame <= 0:
-        raise ValueError(f"video mask needs positive lengths, got seq_len={seq_len}, "
-                         f"tokens_per_frame={tokens_per_frame}")
+        raise ValueError(
+            f"video mask needs positive lengths, got seq_len={seq_len}, tokens_per_frame={tokens_per_frame}"
+        )
     if mode == "bidirectional":
         return torch.ones((seq_len, seq_len), dtype=torch.bool, device=device)
     if mode == "per_frame_causal":
         if seq_len % tokens_per_frame:
-            raise ValueError(f"per_frame_causal: {seq_len} video tokens are not whole frames of "
-                             f"{tokens_per_frame}")
+            raise ValueError(
+                f"per_frame_causal: {seq_len} video tokens are not whole frames of {tokens_per_frame}"
+            )
         frames = seq_len // tokens_per_frame
         causal = torch.tril(torch.ones((frames, frames), dtype=torch.bool, device=device))
         return causal.repeat_interleave(tokens_per_frame, dim=0).repeat_interleave(tokens_per_frame, dim=1)
@@ -69,7 +73,7 @@ def mot_attention_mask(video_mask: Tensor, action_len: int, tokens_per_frame: in
     mask = torch.zeros((total, total), dtype=torch.bool, device=video_mask.device)
     mask[:video_len, :video_len] = video_mask
     mask[video_len:, video_len:] = True
-    mask[video_len:, :min(tokens_per_frame, video_len)] = True
+    mask[video_len:, : min(tokens_per_frame, video_len)] = True
     return mask
 
 
@@ -79,8 +83,9 @@ def group_causal_mask(groups: int, queries_per_group: int, keys_per_group: int, 
     if mode not in ("causal", "group_diagonal"):
         raise ValueError(f"group mask mode must be causal or group_diagonal, got {mode!r}")
     if min(groups, queries_per_group, keys_per_group) <= 0:
-        raise ValueError(f"group mask sizes must be positive, got {groups}, {queries_per_group}, "
-                         f"{keys_per_group}")
+        raise ValueError(
+            f"group mask sizes must be positive, got {groups}, {queries_per_group}, {keys_per_group}"
+        )
     query_group = torch.arange(groups).repeat_interleave(queries_per_group).unsqueeze(1)
     key_group = torch.arange(groups).repeat_interleave(keys_per_group).unsqueeze(0)
     return query_group >= key_group if mode == "causal" else query_group == key_group

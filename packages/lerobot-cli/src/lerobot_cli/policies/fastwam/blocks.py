@@ -94,8 +94,9 @@ class DiTBlock(nn.Module):
         self.norm3 = nn.LayerNorm(hidden_dim, eps=eps, elementwise_affine=True)
         self.cross_attn = Projections(hidden_dim, attention_dim, eps)
         self.norm2 = nn.LayerNorm(hidden_dim, eps=eps, elementwise_affine=False)
-        self.ffn = nn.Sequential(nn.Linear(hidden_dim, ffn_dim), nn.GELU(approximate="tanh"),
-                                 nn.Linear(ffn_dim, hidden_dim))
+        self.ffn = nn.Sequential(
+            nn.Linear(hidden_dim, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, hidden_dim)
+        )
         self.modulation = nn.Parameter(torch.randn(1, 6, hidden_dim) / hidden_dim**0.5)
 
     def modulation_terms(self, t_mod: Tensor) -> tuple[Tensor, ...]:
@@ -106,8 +107,9 @@ class DiTBlock(nn.Module):
             return tuple(term.squeeze(2) for term in terms.chunk(6, dim=2))
         return terms.chunk(6, dim=1)
 
-    def open(self, x: Tensor, t_mod: Tensor,
-             rope: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor, Carry]:
+    def open(
+        self, x: Tensor, t_mod: Tensor, rope: Callable[[Tensor], Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor, Carry]:
         """Modulated norm, then q, k (RMS-normed, rotated by ``rope``) and v, each ``(B, S, heads·d)``."""
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.modulation_terms(t_mod)
         h = modulate(layer_norm_fp32(self.norm1, x), shift_a, scale_a)
@@ -117,8 +119,14 @@ class DiTBlock(nn.Module):
         v = attn.v(h)
         return q, k, v, Carry(x, gate_a, shift_f, scale_f, gate_f)
 
-    def close(self, carry: Carry, attended: Tensor, context: Tensor | None, context_mask: Tensor | None,
-              fp32_attention: bool) -> Tensor:
+    def close(
+        self,
+        carry: Carry,
+        attended: Tensor,
+        context: Tensor | None,
+        context_mask: Tensor | None,
+        fp32_attention: bool,
+    ) -> Tensor:
         """The rest of the block from the attended values ``(B, S, heads·d)``; no cross-attention without
         context."""
         x = carry.residual + carry.gate_attention * self.self_attn.output(attended)
@@ -128,8 +136,9 @@ class DiTBlock(nn.Module):
         h = modulate(layer_norm_fp32(self.norm2, x), carry.shift_ffn, carry.scale_ffn)
         return x + carry.gate_ffn * self.ffn(h)
 
-    def cross_attention(self, x: Tensor, context: Tensor, context_mask: Tensor | None,
-                        fp32_attention: bool) -> Tensor:
+    def cross_attention(
+        self, x: Tensor, context: Tensor, context_mask: Tensor | None, fp32_attention: bool
+    ) -> Tensor:
         """Attention from the tokens to the text context; ``context_mask`` ``(B, S, L)`` or
         ``(B, 1, S, L)``."""
         if context_mask is not None and context_mask.dim() == 3:

@@ -43,8 +43,9 @@ WAN22_MODEL_ID = "Wan-AI/Wan2.2-TI2V-5B"
 WAN22_DIFFUSERS_MODEL_ID = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
 FASTWAM_BASE_MODEL_ID = "lerobot/fastwam_base"
 WAN_T5_TOKENIZER_ID = "google/umt5-xxl"
-DEFAULT_PROMPT_TEMPLATE = ("A video recorded from a robot's point of view executing the following "
-                           "instruction: {task}")
+DEFAULT_PROMPT_TEMPLATE = (
+    "A video recorded from a robot's point of view executing the following instruction: {task}"
+)
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
 VIDEO_MASK_MODES = ("bidirectional", "per_frame_causal", "first_frame_causal")
 GROUP_MASK_MODES = ("causal", "group_diagonal")
@@ -53,47 +54,120 @@ OBS_STATE = "observation.state"
 ACTION = "action"
 
 # The video DiT's keyword arguments in LeRobot (WanVideoDiT); the first group has no default there.
-VIDEO_REQUIRED_KEYS = ("hidden_dim", "in_dim", "ffn_dim", "out_dim", "text_dim", "freq_dim", "eps",
-                       "patch_size", "num_heads", "attn_head_dim", "num_layers")
+VIDEO_REQUIRED_KEYS = (
+    "hidden_dim",
+    "in_dim",
+    "ffn_dim",
+    "out_dim",
+    "text_dim",
+    "freq_dim",
+    "eps",
+    "patch_size",
+    "num_heads",
+    "attn_head_dim",
+    "num_layers",
+)
 # Keys LeRobot accepts only at these values (it refuses the others when it builds the video DiT).
-VIDEO_FIXED_KEYS = {"has_image_input": False, "has_image_pos_emb": False, "has_ref_conv": False,
-                    "add_control_adapter": False, "require_vae_embedding": False,
-                    "require_clip_embedding": False, "fuse_vae_embedding_in_latents": True}
-VIDEO_OPTIONAL_DEFAULTS = {"in_dim_control_adapter": 24, "seperated_timestep": False,
-                           "action_conditioned": False, "action_dim": 7,
-                           "action_group_causal_mask_mode": "causal",
-                           "video_attention_mask_mode": "bidirectional", "use_gradient_checkpointing": False,
-                           "fp32_attention": True}
-ACTION_REQUIRED_KEYS = ("hidden_dim", "action_dim", "ffn_dim", "text_dim", "freq_dim", "eps", "num_heads",
-                        "attn_head_dim", "num_layers")
+VIDEO_FIXED_KEYS = {
+    "has_image_input": False,
+    "has_image_pos_emb": False,
+    "has_ref_conv": False,
+    "add_control_adapter": False,
+    "require_vae_embedding": False,
+    "require_clip_embedding": False,
+    "fuse_vae_embedding_in_latents": True,
+}
+VIDEO_OPTIONAL_DEFAULTS = {
+    "in_dim_control_adapter": 24,
+    "seperated_timestep": False,
+    "action_conditioned": False,
+    "action_dim": 7,
+    "action_group_causal_mask_mode": "causal",
+    "video_attention_mask_mode": "bidirectional",
+    "use_gradient_checkpointing": False,
+    "fp32_attention": True,
+}
+ACTION_REQUIRED_KEYS = (
+    "hidden_dim",
+    "action_dim",
+    "ffn_dim",
+    "text_dim",
+    "freq_dim",
+    "eps",
+    "num_heads",
+    "attn_head_dim",
+    "num_layers",
+)
 ACTION_OPTIONAL_DEFAULTS = {"use_gradient_checkpointing": False, "fp32_attention": True}
 
 # Network sizes that decide whether lerobot/fastwam_base's weights fit (LeRobot's compatibility keys).
-_BASE_VIDEO_KEYS = ("patch_size", "in_dim", "hidden_dim", "ffn_dim", "freq_dim", "text_dim", "out_dim",
-                    "num_heads", "attn_head_dim", "num_layers")
-_BASE_ACTION_KEYS = ("hidden_dim", "ffn_dim", "num_heads", "attn_head_dim", "num_layers", "text_dim",
-                     "freq_dim")
+_BASE_VIDEO_KEYS = (
+    "patch_size",
+    "in_dim",
+    "hidden_dim",
+    "ffn_dim",
+    "freq_dim",
+    "text_dim",
+    "out_dim",
+    "num_heads",
+    "attn_head_dim",
+    "num_layers",
+)
+_BASE_ACTION_KEYS = (
+    "hidden_dim",
+    "ffn_dim",
+    "num_heads",
+    "attn_head_dim",
+    "num_layers",
+    "text_dim",
+    "freq_dim",
+)
 
 
 def default_video_dit_config(action_dim: int) -> dict[str, Any]:
     """The Wan2.2-TI2V-5B video DiT as FastWAM configures it (LeRobot's default ``video_dit_config``)."""
-    return {"patch_size": [1, 2, 2], "in_dim": 48, "hidden_dim": 3072, "ffn_dim": 14336, "freq_dim": 256,
-            "text_dim": 4096, "out_dim": 48, "num_heads": 24, "attn_head_dim": 128, "num_layers": 30,
-            "eps": 1.0e-6, "seperated_timestep": True, "use_gradient_checkpointing": False,
-            "video_attention_mask_mode": "first_frame_causal", "action_conditioned": False,
-            "action_dim": action_dim, "action_group_causal_mask_mode": "group_diagonal",
-            "fp32_attention": True}
+    return {
+        "patch_size": [1, 2, 2],
+        "in_dim": 48,
+        "hidden_dim": 3072,
+        "ffn_dim": 14336,
+        "freq_dim": 256,
+        "text_dim": 4096,
+        "out_dim": 48,
+        "num_heads": 24,
+        "attn_head_dim": 128,
+        "num_layers": 30,
+        "eps": 1.0e-6,
+        "seperated_timestep": True,
+        "use_gradient_checkpointing": False,
+        "video_attention_mask_mode": "first_frame_causal",
+        "action_conditioned": False,
+        "action_dim": action_dim,
+        "action_group_causal_mask_mode": "group_diagonal",
+        "fp32_attention": True,
+    }
 
 
 def default_action_dit_config(action_dim: int) -> dict[str, Any]:
     """The 1 B action DiT (LeRobot's default ``action_dit_config``): 30 layers in the video DiT's heads."""
-    return {"action_dim": action_dim, "hidden_dim": 1024, "ffn_dim": 4096, "num_heads": 24,
-            "attn_head_dim": 128, "num_layers": 30, "text_dim": 4096, "freq_dim": 256, "eps": 1.0e-6,
-            "use_gradient_checkpointing": False, "fp32_attention": True}
+    return {
+        "action_dim": action_dim,
+        "hidden_dim": 1024,
+        "ffn_dim": 4096,
+        "num_heads": 24,
+        "attn_head_dim": 128,
+        "num_layers": 30,
+        "text_dim": 4096,
+        "freq_dim": 256,
+        "eps": 1.0e-6,
+        "use_gradient_checkpointing": False,
+        "fp32_attention": True,
+    }
 
 
-def tiny_dit_configs(action_dim: int = 7, *, latent_channels: int = 48, text_dim: int = 32,
-                     num_layers: int = 2) -> tuple[dict[str, Any], dict[str, Any]]:
+def tiny_dit_configs(
+    action_dim: int = 7, *, latent_channels: int = 48, text_dim: int = 32, num_layers: int = 2
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(video_dit_config, action_dit_config)`` of a FastWAM small enough to build and run in milliseconds.
 
     The structure is the full model's (two heads of 16, three RoPE axes in the video DiT, an action DiT whose
@@ -101,17 +175,34 @@ def tiny_dit_configs(action_dim: int = 7, *, latent_channels: int = 48, text_dim
     ``latent_channels`` must be the VAE's ``z_dim`` and ``text_dim`` the text encoder's width.
     """
     video = default_video_dit_config(action_dim)
-    video.update(in_dim=latent_channels, out_dim=latent_channels, hidden_dim=32, ffn_dim=64, freq_dim=16,
-                 text_dim=text_dim, num_heads=2, attn_head_dim=16, num_layers=num_layers)
+    video.update(
+        in_dim=latent_channels,
+        out_dim=latent_channels,
+        hidden_dim=32,
+        ffn_dim=64,
+        freq_dim=16,
+        text_dim=text_dim,
+        num_heads=2,
+        attn_head_dim=16,
+        num_layers=num_layers,
+    )
     action = default_action_dit_config(action_dim)
-    action.update(hidden_dim=24, ffn_dim=48, num_heads=2, attn_head_dim=16, num_layers=num_layers,
-                  text_dim=text_dim, freq_dim=16)
+    action.update(
+        hidden_dim=24,
+        ffn_dim=48,
+        num_heads=2,
+        attn_head_dim=16,
+        num_layers=num_layers,
+        text_dim=text_dim,
+        freq_dim=16,
+    )
     return video, action
 
 
 def _fastwam_normalization() -> dict[str, NormalizationMode]:
-    return normalization_mapping(NormalizationMode.IDENTITY, NormalizationMode.MEAN_STD,
-                                 NormalizationMode.MEAN_STD)
+    return normalization_mapping(
+        NormalizationMode.IDENTITY, NormalizationMode.MEAN_STD, NormalizationMode.MEAN_STD
+    )
 
 
 def _schedule() -> dict[str, Any]:
@@ -129,47 +220,75 @@ def _positive_int(name: str, value: Any) -> None:
         raise ValueError(f"--policy.{name} must be an integer ≥ 1, got {value!r}")
 
 
-def _check_keys(flag: str, config: dict[str, Any], required: tuple[str, ...],
-                optional: dict[str, Any]) -> None:
+def _check_keys(
+    flag: str, config: dict[str, Any], required: tuple[str, ...], optional: dict[str, Any]
+) -> None:
     missing = [k for k in required if k not in config]
     if missing:
         raise ValueError(f"--policy.{flag} lacks {', '.join(missing)} (see default_{flag}() for a full one)")
     unknown = sorted(set(config) - set(required) - set(optional))
     if unknown:
-        raise ValueError(f"--policy.{flag} has unknown keys {', '.join(unknown)} (known: "
-                         f"{', '.join(sorted({*required, *optional}))})")
+        raise ValueError(
+            f"--policy.{flag} has unknown keys {', '.join(unknown)} (known: "
+            f"{', '.join(sorted({*required, *optional}))})"
+        )
 
 
 def _check_video_dit(video: dict[str, Any]) -> None:
-    _check_keys("video_dit_config", video, VIDEO_REQUIRED_KEYS,
-                {**VIDEO_FIXED_KEYS, **VIDEO_OPTIONAL_DEFAULTS})
+    _check_keys(
+        "video_dit_config", video, VIDEO_REQUIRED_KEYS, {**VIDEO_FIXED_KEYS, **VIDEO_OPTIONAL_DEFAULTS}
+    )
     for key, value in VIDEO_FIXED_KEYS.items():
         if key in video and bool(video[key]) != value:
-            raise ValueError(f"--policy.video_dit_config: {key}={video[key]!r} is not supported by FastWAM "
-                             f"(only {str(value).lower()})")
+            raise ValueError(
+                f"--policy.video_dit_config: {key}={video[key]!r} is not supported by FastWAM "
+                f"(only {str(value).lower()})"
+            )
     if not video.get("seperated_timestep", False):
-        raise ValueError("--policy.video_dit_config: seperated_timestep must be true (FastWAM gives the "
-                         "clean first latent frame timestep 0 and the others the sampled one)")
-    for key in ("hidden_dim", "in_dim", "ffn_dim", "out_dim", "text_dim", "freq_dim", "num_heads",
-                "attn_head_dim", "num_layers"):
+        raise ValueError(
+            "--policy.video_dit_config: seperated_timestep must be true (FastWAM gives the "
+            "clean first latent frame timestep 0 and the others the sampled one)"
+        )
+    for key in (
+        "hidden_dim",
+        "in_dim",
+        "ffn_dim",
+        "out_dim",
+        "text_dim",
+        "freq_dim",
+        "num_heads",
+        "attn_head_dim",
+        "num_layers",
+    ):
         _positive_int(f"video_dit_config.{key}", video[key])
     patch = video["patch_size"]
-    if not isinstance(patch, (list, tuple)) or len(patch) != 3 or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in patch):
+    if (
+        not isinstance(patch, (list, tuple))
+        or len(patch) != 3
+        or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in patch)
+    ):
         raise ValueError(f"--policy.video_dit_config.patch_size must be three integers ≥ 1, got {patch!r}")
     if video["attn_head_dim"] * video["num_heads"] != video["hidden_dim"]:
-        raise ValueError(f"--policy.video_dit_config: attn_head_dim ({video['attn_head_dim']}) × num_heads "
-                         f"({video['num_heads']}) must equal hidden_dim ({video['hidden_dim']}) (Wan's "
-                         "attention)")
+        raise ValueError(
+            f"--policy.video_dit_config: attn_head_dim ({video['attn_head_dim']}) × num_heads "
+            f"({video['num_heads']}) must equal hidden_dim ({video['hidden_dim']}) (Wan's "
+            "attention)"
+        )
     if video["attn_head_dim"] % 2 or video["freq_dim"] % 2:
-        raise ValueError("--policy.video_dit_config: attn_head_dim and freq_dim must be even (rotary and "
-                         "sinusoidal embeddings pair channels)")
-    for key, choices in (("video_attention_mask_mode", VIDEO_MASK_MODES),
-                         ("action_group_causal_mask_mode", GROUP_MASK_MODES)):
+        raise ValueError(
+            "--policy.video_dit_config: attn_head_dim and freq_dim must be even (rotary and "
+            "sinusoidal embeddings pair channels)"
+        )
+    for key, choices in (
+        ("video_attention_mask_mode", VIDEO_MASK_MODES),
+        ("action_group_causal_mask_mode", GROUP_MASK_MODES),
+    ):
         value = video.get(key, VIDEO_OPTIONAL_DEFAULTS[key])
         if value not in choices:
-            raise ValueError(f"--policy.video_dit_config.{key}: invalid choice {value!r} (choose from "
-                             f"{', '.join(choices)})")
+            raise ValueError(
+                f"--policy.video_dit_config.{key}: invalid choice {value!r} (choose from "
+                f"{', '.join(choices)})"
+            )
 
 
 def _check_action_dit(action: dict[str, Any], video: dict[str, Any], action_dim: int) -> None:
@@ -177,20 +296,28 @@ def _check_action_dit(action: dict[str, Any], video: dict[str, Any], action_dim:
     for key in ("hidden_dim", "ffn_dim", "text_dim", "freq_dim", "num_heads", "attn_head_dim", "num_layers"):
         _positive_int(f"action_dit_config.{key}", action[key])
     if action["attn_head_dim"] % 2 or action["freq_dim"] % 2:
-        raise ValueError("--policy.action_dit_config: attn_head_dim and freq_dim must be even (rotary and "
-                         "sinusoidal embeddings pair channels)")
+        raise ValueError(
+            "--policy.action_dit_config: attn_head_dim and freq_dim must be even (rotary and "
+            "sinusoidal embeddings pair channels)"
+        )
     if action["action_dim"] != action_dim:
-        raise ValueError(f"--policy.action_dit_config.action_dim ({action['action_dim']}) must equal "
-                         f"--policy.action_dim ({action_dim})")
+        raise ValueError(
+            f"--policy.action_dit_config.action_dim ({action['action_dim']}) must equal "
+            f"--policy.action_dim ({action_dim})"
+        )
     for key in ("num_heads", "attn_head_dim", "num_layers"):
         if action[key] != video[key]:
-            raise ValueError(f"--policy.action_dit_config.{key} ({action[key]}) must equal "
-                             f"video_dit_config.{key} ({video[key]}): the mixture of transformers attends "
-                             "over both experts' tokens layer by layer")
+            raise ValueError(
+                f"--policy.action_dit_config.{key} ({action[key]}) must equal "
+                f"video_dit_config.{key} ({video[key]}): the mixture of transformers attends "
+                "over both experts' tokens layer by layer"
+            )
     if action["text_dim"] != video["text_dim"]:
-        raise ValueError(f"--policy.action_dit_config.text_dim ({action['text_dim']}) must equal "
-                         f"video_dit_config.text_dim ({video['text_dim']}): both experts read the same text "
-                         "context")
+        raise ValueError(
+            f"--policy.action_dit_config.text_dim ({action['text_dim']}) must equal "
+            f"video_dit_config.text_dim ({video['text_dim']}): both experts read the same text "
+            "context"
+        )
 
 
 FASTWAM_SPEC = PolicySpec(
@@ -203,10 +330,14 @@ FASTWAM_SPEC = PolicySpec(
     # LoRA on the action expert: every linear layer of its blocks (self- and cross-attention q/k/v/o, the
     # FFN). LeRobot's FastWAMPolicy defines no default targets; a LeRobot user passes the same regex as
     # --peft.target_modules.
-    peft_targets=(r"model\.mot\.layers\.\d+\.blocks\.action\."
-                  r"(self_attn\.(q|k|v|o)|cross_attn\.(q|k|v|o)|ffn\.(0|2))"),
+    peft_targets=(
+        r"model\.mot\.layers\.\d+\.blocks\.action\."
+        r"(self_attn\.(q|k|v|o)|cross_attn\.(q|k|v|o)|ffn\.(0|2))"
+    ),
     init_only_fields=("base_model_id",),
     extension_fields=("compile_action_infer",),
+    # diffusers (the Wan2.2 VAE) and transformers (UMT5 and its tokenizer), as lerobot[fastwam]
+    extras=("fastwam",),
 )
 
 
@@ -217,34 +348,68 @@ class FastWAMConfig(PolicyConfig):
     type: ClassVar[str] = "fastwam"
     spec: ClassVar[PolicySpec] = FASTWAM_SPEC
 
-    action_dim: int = field(default=7, metadata={
-        "help": "Action channels per step (the dataset's action width)."})
-    proprio_dim: int | None = field(default=8, metadata={
-        "help": "observation.state width, encoded as one extra text-context token; null: no proprioception."})
+    action_dim: int = field(
+        default=7, metadata={"help": "Action channels per step (the dataset's action width)."}
+    )
+    proprio_dim: int | None = field(
+        default=8,
+        metadata={
+            "help": "observation.state width, encoded as one extra text-context token; null: no "
+            "proprioception."
+        },
+    )
     action_horizon: int = field(default=32, metadata={"help": "Actions predicted per chunk."})
     n_action_steps: int = field(default=32, metadata={"help": "Actions executed per predicted chunk."})
-    num_video_frames: int = field(default=33, metadata={
-        "help": "Raw frame window of the video target; every action_video_freq_ratio-th frame is used."})
+    num_video_frames: int = field(
+        default=33,
+        metadata={
+            "help": "Raw frame window of the video target; every action_video_freq_ratio-th frame is used."
+        },
+    )
     action_video_freq_ratio: int = field(default=4, metadata={"help": "Actions per video frame."})
-    image_size: tuple[int, int] = field(default=(224, 448), converter=tuple, metadata={
-        "help": "(height, width) of the camera images concatenated along the width."})
+    image_size: tuple[int, int] = field(
+        default=(224, 448),
+        converter=tuple,
+        metadata={"help": "(height, width) of the camera images concatenated along the width."},
+    )
     context_len: int = 128
-    model_id: str = field(default=WAN22_MODEL_ID, metadata={
-        "help": f"{WAN22_MODEL_ID} or a local path (LeRobot's base-creation source of the video DiT)."})
-    tokenizer_model_id: str = field(default=WAN_T5_TOKENIZER_ID, metadata={
-        "help": "UMT5 tokenizer: a Hub repo in the HF cache or a local directory."})
-    text_encoder_model_id: str = field(default=WAN22_DIFFUSERS_MODEL_ID, metadata={
-        "help": "Diffusers repo (or local directory) holding the UMT5 text encoder and the Wan2.2 VAE."})
-    base_model_id: str | None = field(default=FASTWAM_BASE_MODEL_ID, metadata={
-        "help": "Weights a fresh full-size policy starts from: a local directory or a repo in the HF cache; "
-                "null: random weights."})
+    model_id: str = field(
+        default=WAN22_MODEL_ID,
+        metadata={
+            "help": f"{WAN22_MODEL_ID} or a local path (LeRobot's base-creation source of the video DiT)."
+        },
+    )
+    tokenizer_model_id: str = field(
+        default=WAN_T5_TOKENIZER_ID,
+        metadata={"help": "UMT5 tokenizer: a Hub repo in the HF cache or a local directory."},
+    )
+    text_encoder_model_id: str = field(
+        default=WAN22_DIFFUSERS_MODEL_ID,
+        metadata={
+            "help": "Diffusers repo (or local directory) holding the UMT5 text encoder and the Wan2.2 VAE."
+        },
+    )
+    base_model_id: str | None = field(
+        default=FASTWAM_BASE_MODEL_ID,
+        metadata={
+            "help": "Weights a fresh full-size policy starts from: a local directory or a repo in the HF "
+            "cache; null: random weights."
+        },
+    )
     tokenizer_max_len: int = 128
-    load_text_encoder: bool = field(default=True, metadata={
-        "help": "Load UMT5 to encode task text; false: batches carry precomputed context/context_mask."})
-    mot_checkpoint_mixed_attn: bool = field(default=False, metadata={
-        "help": "Recompute each layer's joint attention in backward instead of keeping it."})
-    torch_dtype: str = field(default="bfloat16", metadata={"help": "Dtype of the networks.",
-                                                            "choices": TORCH_DTYPES})
+    load_text_encoder: bool = field(
+        default=True,
+        metadata={
+            "help": "Load UMT5 to encode task text; false: batches carry precomputed context/context_mask."
+        },
+    )
+    mot_checkpoint_mixed_attn: bool = field(
+        default=False,
+        metadata={"help": "Recompute each layer's joint attention in backward instead of keeping it."},
+    )
+    torch_dtype: str = field(
+        default="bfloat16", metadata={"help": "Dtype of the networks.", "choices": TORCH_DTYPES}
+    )
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     num_inference_steps: int = 10
     inference_seed: int | None = 42
@@ -253,15 +418,29 @@ class FastWAMConfig(PolicyConfig):
     negative_prompt: str = ""
     sigma_shift: float | None = None
     tiled: bool = False
-    fp32_attention: bool = field(default=True, metadata={
-        "help": "Attention in fp32 whatever torch_dtype is."})
-    compile_action_infer: bool = field(default=False, metadata={
-        "help": "torch.compile the cached action denoising at inference (LeRobot main; not in 0.6.1)."})
-    use_gradient_checkpointing: bool = field(default=False, metadata={
-        "help": "Activation checkpointing of every MoTLayer (as "
-                "--accelerator.activation_checkpointing.mode=full)."})
-    freeze_video_expert: bool = field(default=False, metadata={
-        "help": "Train the action expert and proprio encoder alone; the ~5 B video expert stays as loaded."})
+    fp32_attention: bool = field(
+        default=True, metadata={"help": "Attention in fp32 whatever torch_dtype is."}
+    )
+    compile_action_infer: bool = field(
+        default=False,
+        metadata={
+            "help": "torch.compile the cached action denoising at inference (LeRobot main; not in 0.6.1)."
+        },
+    )
+    use_gradient_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "Activation checkpointing of every MoTLayer (as "
+            "--accelerator.activation_checkpointing.mode=full)."
+        },
+    )
+    freeze_video_expert: bool = field(
+        default=False,
+        metadata={
+            "help": "Train the action expert and proprio encoder alone; the ~5 B video expert stays as "
+            "loaded."
+        },
+    )
     toggle_action_dimensions: list[int] = field(factory=list, converter=lambda v: [int(d) for d in v])
     video_scheduler: dict[str, Any] = field(factory=_schedule)
     action_scheduler: dict[str, Any] = field(factory=_schedule)
@@ -274,20 +453,33 @@ class FastWAMConfig(PolicyConfig):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for name in ("action_dim", "action_horizon", "n_action_steps", "num_video_frames",
-                     "action_video_freq_ratio", "num_inference_steps", "tokenizer_max_len", "context_len"):
+        for name in (
+            "action_dim",
+            "action_horizon",
+            "n_action_steps",
+            "num_video_frames",
+            "action_video_freq_ratio",
+            "num_inference_steps",
+            "tokenizer_max_len",
+            "context_len",
+        ):
             _positive_int(name, getattr(self, name))
         if self.proprio_dim is not None:
             _positive_int("proprio_dim", self.proprio_dim)
         if self.n_obs_steps != 1:
-            raise ValueError(f"--policy.n_obs_steps must be 1 for fastwam (got {self.n_obs_steps}): the "
-                             "video window is set by --policy.num_video_frames")
+            raise ValueError(
+                f"--policy.n_obs_steps must be 1 for fastwam (got {self.n_obs_steps}): the "
+                "video window is set by --policy.num_video_frames"
+            )
         if self.model_id != WAN22_MODEL_ID and not _is_local_path(self.model_id):
-            raise ValueError(f"--policy.model_id must be {WAN22_MODEL_ID} or an explicit local path, got "
-                             f"{self.model_id!r}")
+            raise ValueError(
+                f"--policy.model_id must be {WAN22_MODEL_ID} or an explicit local path, got {self.model_id!r}"
+            )
         if self.torch_dtype not in TORCH_DTYPES:
-            raise ValueError(f"--policy.torch_dtype: invalid choice {self.torch_dtype!r} (choose from "
-                             f"{', '.join(TORCH_DTYPES)})")
+            raise ValueError(
+                f"--policy.torch_dtype: invalid choice {self.torch_dtype!r} (choose from "
+                f"{', '.join(TORCH_DTYPES)})"
+            )
         self._check_timing()
         self._check_image_size()
         self._check_dicts()
@@ -305,54 +497,71 @@ class FastWAMConfig(PolicyConfig):
         if not self.input_features:
             object.__setattr__(self, "input_features", self._default_inputs())
         if not self.output_features:
-            object.__setattr__(self, "output_features",
-                               {ACTION: PolicyFeature(FeatureType.ACTION, (self.action_dim,))})
+            object.__setattr__(
+                self, "output_features", {ACTION: PolicyFeature(FeatureType.ACTION, (self.action_dim,))}
+            )
 
     # -- checks on the settings alone --------------------------------------------------------------
     def _check_timing(self) -> None:
         """LeRobot's rules tying the video window, the frame subsampling and the action chunk together."""
         if self.n_action_steps > self.action_horizon:
-            raise ValueError(f"--policy.n_action_steps ({self.n_action_steps}) cannot exceed "
-                             f"--policy.action_horizon ({self.action_horizon})")
+            raise ValueError(
+                f"--policy.n_action_steps ({self.n_action_steps}) cannot exceed "
+                f"--policy.action_horizon ({self.action_horizon})"
+            )
         span = self.num_video_frames - 1
         if span % self.action_video_freq_ratio:
-            raise ValueError(f"--policy.num_video_frames - 1 ({span}) must be divisible by "
-                             f"--policy.action_video_freq_ratio ({self.action_video_freq_ratio})")
+            raise ValueError(
+                f"--policy.num_video_frames - 1 ({span}) must be divisible by "
+                f"--policy.action_video_freq_ratio ({self.action_video_freq_ratio})"
+            )
         transitions = span // self.action_video_freq_ratio
         if transitions % 4:
-            raise ValueError(f"the video has {transitions + 1} frames after subsampling; the Wan VAE needs "
-                             f"4k + 1 (--policy.num_video_frames - 1 = {span} must be a multiple of 4 × "
-                             f"--policy.action_video_freq_ratio = {4 * self.action_video_freq_ratio})")
+            raise ValueError(
+                f"the video has {transitions + 1} frames after subsampling; the Wan VAE needs "
+                f"4k + 1 (--policy.num_video_frames - 1 = {span} must be a multiple of 4 × "
+                f"--policy.action_video_freq_ratio = {4 * self.action_video_freq_ratio})"
+            )
         if self.action_horizon % transitions:
-            raise ValueError(f"--policy.action_horizon ({self.action_horizon}) must be divisible by the "
-                             f"number of video transitions ({transitions})")
+            raise ValueError(
+                f"--policy.action_horizon ({self.action_horizon}) must be divisible by the "
+                f"number of video transitions ({transitions})"
+            )
 
     def _check_image_size(self) -> None:
         def multiple_of_16(side) -> bool:
             return isinstance(side, int) and not isinstance(side, bool) and side >= 16 and side % 16 == 0
 
         if len(self.image_size) != 2 or not all(multiple_of_16(side) for side in self.image_size):
-            raise ValueError(f"--policy.image_size must be [height, width], multiples of 16 (the Wan VAE's "
-                             f"downsampling), got {list(self.image_size)}")
+            raise ValueError(
+                f"--policy.image_size must be [height, width], multiples of 16 (the Wan VAE's "
+                f"downsampling), got {list(self.image_size)}"
+            )
 
     def _check_dicts(self) -> None:
         for name in ("video_scheduler", "action_scheduler"):
             value = getattr(self, name)
             if set(value) != {"train_shift", "infer_shift", "num_train_timesteps"}:
-                raise ValueError(f"--policy.{name} must have the keys train_shift, infer_shift, "
-                                 f"num_train_timesteps; got {sorted(value)}")
+                raise ValueError(
+                    f"--policy.{name} must have the keys train_shift, infer_shift, "
+                    f"num_train_timesteps; got {sorted(value)}"
+                )
             if not all(value[key] > 0 for key in ("train_shift", "infer_shift", "num_train_timesteps")):
-                raise ValueError(f"--policy.{name}: shifts and num_train_timesteps must be positive, got "
-                                 f"{value}")
+                raise ValueError(
+                    f"--policy.{name}: shifts and num_train_timesteps must be positive, got {value}"
+                )
         if set(self.loss) != {"lambda_video", "lambda_action"}:
-            raise ValueError(f"--policy.loss must have the keys lambda_video and lambda_action, got "
-                             f"{sorted(self.loss)}")
+            raise ValueError(
+                f"--policy.loss must have the keys lambda_video and lambda_action, got {sorted(self.loss)}"
+            )
         if self.sigma_shift is not None and not self.sigma_shift > 0:
             raise ValueError(f"--policy.sigma_shift must be positive or null, got {self.sigma_shift}")
         bad = [d for d in self.toggle_action_dimensions if not 0 <= d < self.action_dim]
         if bad:
-            raise ValueError(f"--policy.toggle_action_dimensions {bad} are outside the action's "
-                             f"{self.action_dim} dimensions")
+            raise ValueError(
+                f"--policy.toggle_action_dimensions {bad} are outside the action's "
+                f"{self.action_dim} dimensions"
+            )
 
     def _default_inputs(self) -> dict[str, PolicyFeature]:
         """LeRobot's synthetic inputs: one camera at the full image size, and the state when proprio is on."""
@@ -372,10 +581,14 @@ class FastWAMConfig(PolicyConfig):
         from lerobot_cli.datasets.features import dataset_to_policy_features
 
         features = dataset_to_policy_features(dataset_features)
-        outputs = ({k: f for k, f in features.items() if f.type is FeatureType.ACTION}
-                   or dict(self.output_features))
-        cameras = sorted(k for k, ft in dataset_features.items()
-                         if k.startswith(CAMERA_PREFIX) and ft.get("dtype") in ("video", "image"))
+        outputs = {k: f for k, f in features.items() if f.type is FeatureType.ACTION} or dict(
+            self.output_features
+        )
+        cameras = sorted(
+            k
+            for k, ft in dataset_features.items()
+            if k.startswith(CAMERA_PREFIX) and ft.get("dtype") in ("video", "image")
+        )
         if not cameras:
             return attrs.evolve(self, output_features=outputs)
         height, width = self.image_size
@@ -387,24 +600,33 @@ class FastWAMConfig(PolicyConfig):
     def validate_features(self) -> None:
         """LeRobot's feature rules, checked once the features come from the dataset."""
         if not self.image_features:
-            raise ValueError(f"fastwam needs a camera (observation.images.*), but the inputs have none: "
-                             f"{sorted(self.input_features) or 'none'}")
+            raise ValueError(
+                f"fastwam needs a camera (observation.images.*), but the inputs have none: "
+                f"{sorted(self.input_features) or 'none'}"
+            )
         action = self.action_feature
         if action is None:
-            raise ValueError(f"fastwam needs an 'action' output feature; got "
-                             f"{sorted(self.output_features) or 'none'}")
+            raise ValueError(
+                f"fastwam needs an 'action' output feature; got {sorted(self.output_features) or 'none'}"
+            )
         if tuple(action.shape) != (self.action_dim,):
-            raise ValueError(f"the action has shape {list(action.shape)} but --policy.action_dim is "
-                             f"{self.action_dim}; pass --policy.action_dim={action.shape[-1]}")
+            raise ValueError(
+                f"the action has shape {list(action.shape)} but --policy.action_dim is "
+                f"{self.action_dim}; pass --policy.action_dim={action.shape[-1]}"
+            )
         if self.proprio_dim is not None:
             state = self.robot_state_feature
             if state is None:
-                raise ValueError(f"--policy.proprio_dim={self.proprio_dim} needs observation.state, which "
-                                 "the inputs lack; pass --policy.proprio_dim=null to train without "
-                                 "proprioception")
+                raise ValueError(
+                    f"--policy.proprio_dim={self.proprio_dim} needs observation.state, which "
+                    "the inputs lack; pass --policy.proprio_dim=null to train without "
+                    "proprioception"
+                )
             if tuple(state.shape) != (self.proprio_dim,):
-                raise ValueError(f"observation.state has shape {list(state.shape)} but --policy.proprio_dim "
-                                 f"is {self.proprio_dim}; pass --policy.proprio_dim={state.shape[-1]}")
+                raise ValueError(
+                    f"observation.state has shape {list(state.shape)} but --policy.proprio_dim "
+                    f"is {self.proprio_dim}; pass --policy.proprio_dim={state.shape[-1]}"
+                )
         height, width = self.image_size
         total = 0
         for name, feature in self.image_features.items():
@@ -412,13 +634,16 @@ class FastWAMConfig(PolicyConfig):
             if len(shape) != 3 or shape[0] != 3:
                 raise ValueError(f"fastwam camera {name} must be (3, H, W), got {list(shape)}")
             if shape[1] != height:
-                raise ValueError(f"fastwam camera {name} is {shape[1]} pixels high; --policy.image_size "
-                                 f"needs {height}")
+                raise ValueError(
+                    f"fastwam camera {name} is {shape[1]} pixels high; --policy.image_size needs {height}"
+                )
             total += shape[2]
         if total != width:
-            raise ValueError(f"fastwam's cameras are {total} pixels wide side by side, but "
-                             f"--policy.image_size needs {width} (each of the {len(self.image_features)} "
-                             "cameras gets width // cameras; choose a width the camera count divides)")
+            raise ValueError(
+                f"fastwam's cameras are {total} pixels wide side by side, but "
+                f"--policy.image_size needs {width} (each of the {len(self.image_features)} "
+                "cameras gets width // cameras; choose a width the camera count divides)"
+            )
 
     # -- what the runner reads -----------------------------------------------------------------------
     @property
@@ -440,14 +665,21 @@ class FastWAMConfig(PolicyConfig):
 
     def optimizer_preset(self) -> OptimizerConfig:
         # LeRobot's AdamWConfig(lr, weight_decay), its other defaults: betas 0.9/0.999, eps 1e-8, clip 10.
-        return OptimizerConfig(type="adamw", lr=self.optimizer_lr, betas=(0.9, 0.999), eps=1e-8,
-                               weight_decay=self.optimizer_weight_decay, grad_clip_norm=10.0)
+        return OptimizerConfig(
+            type="adamw",
+            lr=self.optimizer_lr,
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            weight_decay=self.optimizer_weight_decay,
+            grad_clip_norm=10.0,
+        )
 
     def fits_base_model(self) -> bool:
         """Whether ``lerobot/fastwam_base``'s weights fit these network sizes (LeRobot's rule)."""
         video, action = default_video_dit_config(self.action_dim), default_action_dit_config(self.action_dim)
-        return (all(self.video_dit_config.get(k) == video[k] for k in _BASE_VIDEO_KEYS)
-                and all(self.action_dit_config.get(k) == action[k] for k in _BASE_ACTION_KEYS))
+        return all(self.video_dit_config.get(k) == video[k] for k in _BASE_VIDEO_KEYS) and all(
+            self.action_dit_config.get(k) == action[k] for k in _BASE_ACTION_KEYS
+        )
 
 
 class BaseModelUnavailable(ValueError):
@@ -467,8 +699,10 @@ def resolve_base_model(config: FastWAMConfig) -> Path | None:
     if path.is_dir():
         return path
     if path.exists() or _is_local_path(name):
-        raise BaseModelUnavailable(f"--policy.base_model_id={name}: no directory there; give the directory "
-                                   "of a FastWAM pretrained_model/, a Hub repo in the HF cache, or null")
+        raise BaseModelUnavailable(
+            f"--policy.base_model_id={name}: no directory there; give the directory "
+            "of a FastWAM pretrained_model/, a Hub repo in the HF cache, or null"
+        )
     try:
         from huggingface_hub import snapshot_download
 
@@ -479,4 +713,5 @@ def resolve_base_model(config: FastWAMConfig) -> Path | None:
         raise BaseModelUnavailable(
             f"--policy.base_model_id={name} is neither a local directory nor in the Hugging Face cache "
             f"({constants.HF_HUB_CACHE}): download it once with network access (`hf download {name}`), or "
-            "pass --policy.base_model_id=null to start from random weights") from None
+            "pass --policy.base_model_id=null to start from random weights"
+        ) from None

@@ -44,8 +44,9 @@ _LEGACY_BLOCK = re.compile(r"mixtures\.([^.]+)\.blocks\.(\d+)\.(.+)$")
 class MoTLayer(nn.Module):
     """Layer i of the mixture: ``blocks["video"]`` and ``blocks["action"]`` (see the module docstring)."""
 
-    def __init__(self, blocks: dict[str, DiTBlock], num_heads: int, fp32_attention: bool,
-                 checkpoint_attention: bool) -> None:
+    def __init__(
+        self, blocks: dict[str, DiTBlock], num_heads: int, fp32_attention: bool, checkpoint_attention: bool
+    ) -> None:
         super().__init__()
         self.blocks = nn.ModuleDict(blocks)
         self.num_heads = num_heads
@@ -88,8 +89,9 @@ class MoTLayer(nn.Module):
         k = torch.cat([opened[name][1] for name in names], dim=1)
         v = torch.cat([opened[name][2] for name in names], dim=1)
         if mask.shape[0] != q.shape[1]:
-            raise ValueError(f"the mixture mask covers {mask.shape[0]} tokens, the experts bring "
-                             f"{q.shape[1]}")
+            raise ValueError(
+                f"the mixture mask covers {mask.shape[0]} tokens, the experts bring {q.shape[1]}"
+            )
         attended = self._attend(q, k, v, mask)
         out, start = {}, 0
         for name in names:
@@ -115,14 +117,17 @@ class MoT(nn.Module):
         super().__init__()
         for key in ("num_layers", "num_heads", "head_dim", "fp32_attention"):
             if getattr(video, key) != getattr(action, key):
-                raise ValueError(f"the video and action DiTs must share {key}: {getattr(video, key)} vs "
-                                 f"{getattr(action, key)}")
+                raise ValueError(
+                    f"the video and action DiTs must share {key}: {getattr(video, key)} vs "
+                    f"{getattr(action, key)}"
+                )
         self.mixtures = nn.ModuleDict({"video": video, "action": action})
         self.num_layers, self.num_heads = video.num_layers, video.num_heads
         self.fp32_attention = video.fp32_attention
         self.layers = nn.ModuleList(
             MoTLayer({"video": v, "action": a}, self.num_heads, self.fp32_attention, checkpoint_attention)
-            for v, a in zip(video.make_blocks(), action.make_blocks(), strict=True))
+            for v, a in zip(video.make_blocks(), action.make_blocks(), strict=True)
+        )
 
     def forward(self, streams: dict[str, ExpertInput], mask: Tensor) -> dict[str, Tensor]:
         """Joint pass: every layer over both experts' tokens; returns each expert's last tokens."""
@@ -140,8 +145,9 @@ class MoT(nn.Module):
         """The video expert alone under ``mask`` (``(S_v, S_v)``); each layer's rotated keys and values."""
         _check_square(mask, "video mask")
         if mask.shape[0] != stream.tokens.shape[1]:
-            raise ValueError(f"the video mask covers {mask.shape[0]} tokens, the video brings "
-                             f"{stream.tokens.shape[1]}")
+            raise ValueError(
+                f"the video mask covers {mask.shape[0]} tokens, the video brings {stream.tokens.shape[1]}"
+            )
         cache = []
         for layer in self.layers:
             tokens, k, v = layer("video_prefill", stream=stream, mask=mask)
@@ -149,8 +155,9 @@ class MoT(nn.Module):
             cache.append((k, v))
         return cache
 
-    def action_with_cache(self, stream: ExpertInput, cache: Sequence[tuple[Tensor, Tensor]],
-                          mask: Tensor) -> Tensor:
+    def action_with_cache(
+        self, stream: ExpertInput, cache: Sequence[tuple[Tensor, Tensor]], mask: Tensor
+    ) -> Tensor:
         """The action expert against cached video keys/values; ``mask`` is the joint ``(S_v + S_a)²`` mask
         (its action rows are used). Returns the action expert's last tokens."""
         _check_square(mask, "mixture mask")
@@ -159,8 +166,9 @@ class MoT(nn.Module):
         video_len = cache[0][0].shape[1]
         total = video_len + stream.tokens.shape[1]
         if mask.shape[0] != total:
-            raise ValueError(f"the mixture mask covers {mask.shape[0]} tokens, cache and actions bring "
-                             f"{total}")
+            raise ValueError(
+                f"the mixture mask covers {mask.shape[0]} tokens, cache and actions bring {total}"
+            )
         rows = mask[video_len:total, :total]
         for layer, (k_video, v_video) in zip(self.layers, cache, strict=True):
             tokens = layer("action_cached", stream=stream, k_video=k_video, v_video=v_video, mask=rows)
@@ -173,7 +181,7 @@ class MoT(nn.Module):
         ``MoT`` does the same)."""
         renamed = {}
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            match = _LEGACY_BLOCK.match(key[len(prefix):])
+            match = _LEGACY_BLOCK.match(key[len(prefix) :])
             if match is not None:
                 expert, index, rest = match.groups()
                 renamed[f"{prefix}layers.{index}.blocks.{expert}.{rest}"] = state_dict.pop(key)

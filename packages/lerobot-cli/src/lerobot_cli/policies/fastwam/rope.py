@@ -63,17 +63,23 @@ def video_token_phasors(table: Tensor, frames: int, height: int, width: int) -> 
     c = table.shape[1]
     axis_f, axis_h, axis_w = table.split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
     grid = (frames, height, width)
-    per_token = torch.cat([axis_f[:frames].view(frames, 1, 1, -1).expand(*grid, -1),
-                           axis_h[:height].view(1, height, 1, -1).expand(*grid, -1),
-                           axis_w[:width].view(1, 1, width, -1).expand(*grid, -1)], dim=-1)
+    per_token = torch.cat(
+        [
+            axis_f[:frames].view(frames, 1, 1, -1).expand(*grid, -1),
+            axis_h[:height].view(1, height, 1, -1).expand(*grid, -1),
+            axis_w[:width].view(1, 1, width, -1).expand(*grid, -1),
+        ],
+        dim=-1,
+    )
     return per_token.reshape(frames * height * width, 1, -1)
 
 
 def action_token_phasors(table: Tensor, length: int) -> Tensor:
     """``(length, 1, c)`` phasors of action steps ``0 … length-1``."""
     if length > table.shape[0]:
-        raise ValueError(f"action token length {length} exceeds the rotary table ({table.shape[0]} "
-                         "positions)")
+        raise ValueError(
+            f"action token length {length} exceeds the rotary table ({table.shape[0]} positions)"
+        )
     return table[:length].view(length, 1, -1)
 
 

@@ -90,12 +90,15 @@ class VideoDiT(nn.Module):
         self.fp32_attention = bool(config.get("fp32_attention", True))
         self.use_gradient_checkpointing = bool(config.get("use_gradient_checkpointing", False))
         if self.head_dim * self.num_heads != self.hidden_dim:
-            raise ValueError(f"video DiT: attn_head_dim × num_heads must equal hidden_dim, got "
-                             f"{self.head_dim} × {self.num_heads} ≠ {self.hidden_dim}")
+            raise ValueError(
+                f"video DiT: attn_head_dim × num_heads must equal hidden_dim, got "
+                f"{self.head_dim} × {self.num_heads} ≠ {self.hidden_dim}"
+            )
         d = self.hidden_dim
         self.patch_embedding = nn.Conv3d(self.in_dim, d, kernel_size=self.patch_size, stride=self.patch_size)
-        self.text_embedding = nn.Sequential(nn.Linear(self.text_dim, d), nn.GELU(approximate="tanh"),
-                                            nn.Linear(d, d))
+        self.text_embedding = nn.Sequential(
+            nn.Linear(self.text_dim, d), nn.GELU(approximate="tanh"), nn.Linear(d, d)
+        )
         self.time_embedding = nn.Sequential(nn.Linear(self.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
         self.head = VideoHead(d, math.prod(self.patch_size) * self.out_dim, self.eps)
@@ -114,8 +117,10 @@ class VideoDiT(nn.Module):
 
     def make_blocks(self) -> list[DiTBlock]:
         """The expert's ``num_layers`` blocks, initialised as Wan's (owned by the MoT layers)."""
-        blocks = [DiTBlock(self.hidden_dim, self.num_heads, self.head_dim, self.ffn_dim, self.eps)
-                  for _ in range(self.num_layers)]
+        blocks = [
+            DiTBlock(self.hidden_dim, self.num_heads, self.head_dim, self.ffn_dim, self.eps)
+            for _ in range(self.num_layers)
+        ]
         for block in blocks:
             _xavier_linears(block)
         return blocks
@@ -127,8 +132,14 @@ class VideoDiT(nn.Module):
     def self_attention_mask(self, seq_len: int, tokens_per_frame: int, device: torch.device) -> Tensor:
         return video_self_mask(self.attention_mask_mode, seq_len, tokens_per_frame, device)
 
-    def embed(self, latents: Tensor, timestep: Tensor, context: Tensor, context_mask: Tensor | None = None,
-              action: Tensor | None = None) -> VideoEmbedding:
+    def embed(
+        self,
+        latents: Tensor,
+        timestep: Tensor,
+        context: Tensor,
+        context_mask: Tensor | None = None,
+        action: Tensor | None = None,
+    ) -> VideoEmbedding:
         """Tokens and per-forward constants from latents ``(B, C, T, H, W)``, timesteps ``(B,)`` (or ``(1,)``
         in eval), text context ``(B, L, text_dim)`` with its mask ``(B, L)``, and (action-conditioned DiTs)
         actions."""
@@ -138,8 +149,9 @@ class VideoDiT(nn.Module):
         batch, frames = latents.shape[0], latents.shape[2]
         ph, pw = self.patch_size[1], self.patch_size[2]
         if latents.shape[3] % ph or latents.shape[4] % pw:
-            raise ValueError(f"latent height × width {tuple(latents.shape[3:])} must be divisible by the "
-                             f"patch {(ph, pw)}")
+            raise ValueError(
+                f"latent height × width {tuple(latents.shape[3:])} must be divisible by the patch {(ph, pw)}"
+            )
         tokens_per_frame = (latents.shape[3] // ph) * (latents.shape[4] // pw)
         # Every token carries its frame's timestep; the clean first frame's is 0 (in the weights' dtype, as
         # Wan).
@@ -157,8 +169,9 @@ class VideoDiT(nn.Module):
         seq_len = math.prod(grid)
         context = self.text_embedding(context)
         if self.action_conditioned and action is not None:
-            context, context_mask = self._with_actions(context, context_mask, action.to(dtype), grid,
-                                                       tokens_per_frame)
+            context, context_mask = self._with_actions(
+                context, context_mask, action.to(dtype), grid, tokens_per_frame
+            )
         else:
             context_mask = context_mask.unsqueeze(1).expand(-1, seq_len, -1)
         tokens = x.flatten(2).transpose(1, 2).contiguous()
@@ -166,8 +179,14 @@ class VideoDiT(nn.Module):
         stream = ExpertInput(tokens, t_mod, phasors, torch.float32, context, context_mask)
         return VideoEmbedding(stream, t, grid, tokens_per_frame)
 
-    def _with_actions(self, context: Tensor, context_mask: Tensor, action: Tensor, grid: tuple[int, int, int],
-                      tokens_per_frame: int) -> tuple[Tensor, Tensor]:
+    def _with_actions(
+        self,
+        context: Tensor,
+        context_mask: Tensor,
+        action: Tensor,
+        grid: tuple[int, int, int],
+        tokens_per_frame: int,
+    ) -> tuple[Tensor, Tensor]:
         """Action-conditioned DiTs: the actions (embedded, plus sinusoidal step positions) join the context,
         and latent frame g + 1 sees the actions of transition g (or up to g) only."""
         batch, steps = action.shape[:2]
@@ -179,8 +198,9 @@ class VideoDiT(nn.Module):
         context = torch.cat([context, emb], dim=1)
         groups = grid[0] - 1
         if groups <= 0:
-            raise ValueError("an action-conditioned video DiT needs at least 2 latent frames when actions "
-                             "are given")
+            raise ValueError(
+                "an action-conditioned video DiT needs at least 2 latent frames when actions are given"
+            )
         if steps % groups:
             raise ValueError(f"{steps} actions cannot be split over {groups} latent transitions")
         groups_mask = group_causal_mask(groups, tokens_per_frame, steps // groups, self.group_mask_mode)
@@ -191,8 +211,14 @@ class VideoDiT(nn.Module):
         mask[:, tokens_per_frame:, text_len:] = groups_mask
         return context, mask
 
-    def _checked(self, latents: Tensor, timestep: Tensor, context: Tensor, context_mask: Tensor | None,
-                 action: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _checked(
+        self,
+        latents: Tensor,
+        timestep: Tensor,
+        context: Tensor,
+        context_mask: Tensor | None,
+        action: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """LeRobot's input contract: shapes, a default all-true context mask, and in eval one latent or one
         timestep broadcast over the batch."""
         if latents.ndim != 5:
@@ -204,16 +230,19 @@ class VideoDiT(nn.Module):
         frames = latents.shape[2]
         if self.action_conditioned and not (frames == 1 and action is None):
             if action is None or action.ndim != 3 or action.shape[2] != self.action_dim:
-                raise ValueError(f"an action-conditioned video DiT needs actions (B, horizon, "
-                                 f"{self.action_dim})")
+                raise ValueError(
+                    f"an action-conditioned video DiT needs actions (B, horizon, {self.action_dim})"
+                )
             if frames <= 1 or action.shape[1] % (frames - 1):
-                raise ValueError(f"the action horizon {action.shape[1]} must split over {frames - 1} latent "
-                                 "transitions")
+                raise ValueError(
+                    f"the action horizon {action.shape[1]} must split over {frames - 1} latent transitions"
+                )
         if context_mask is None:
             context_mask = torch.ones(context.shape[:2], dtype=torch.bool, device=context.device)
         elif tuple(context_mask.shape) != tuple(context.shape[:2]):
-            raise ValueError(f"context_mask must be (B, L) = {tuple(context.shape[:2])}, got "
-                             f"{tuple(context_mask.shape)}")
+            raise ValueError(
+                f"context_mask must be (B, L) = {tuple(context.shape[:2])}, got {tuple(context_mask.shape)}"
+            )
         batch = latents.shape[0]
         if batch != context.shape[0]:
             if self.training or batch != 1:
