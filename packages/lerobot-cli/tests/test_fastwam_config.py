@@ -199,7 +199,14 @@ def test_switches_propagate_into_the_network_configs():
         ({"n_obs_steps": 2}, r"^--policy.n_obs_steps must be 1 for fastwam"),
         (
             {"toggle_action_dimensions": [7]},
-            r"^--policy.toggle_action_dimensions \[7\] are outside the action's 7",
+            (
+                r"^--policy.toggle_action_dimensions \[7\] are outside the action's 7 dimensions "
+                r"\(valid: -7 to 6, negative ones count from the end\)$"
+            ),
+        ),
+        (
+            {"toggle_action_dimensions": [-1, -8]},
+            r"^--policy.toggle_action_dimensions \[-8\] are outside the action's 7 dimensions",
         ),
         (
             {"loss": {"lambda_video": 1.0}},
@@ -212,6 +219,20 @@ def test_settings_are_refused_in_one_line(overrides, message):
     with pytest.raises(ValueError, match=message) as exc:
         FastWAMConfig(**overrides)
     assert "\n" not in str(exc.value)
+
+
+def test_negative_toggle_dimensions_count_from_the_end_as_in_lerobot(tmp_path, monkeypatch):
+    """LeRobot's processor resolves -1 as the last dimension and its config checks nothing, so its
+    config.json may say [-1]: accepted, kept as written, and read back from such a file."""
+    from lerobot_cli.policies import registry
+
+    monkeypatch.setitem(registry._REGISTERED, "fastwam", FastWAMConfig)
+    assert FastWAMConfig(toggle_action_dimensions=[-1, 0, -7]).toggle_action_dimensions == [-1, 0, -7]
+    assert FastWAMConfig(action_dim=6, toggle_action_dimensions=[-6]).toggle_action_dimensions == [-6]
+    cfg = tiny(toggle_action_dimensions=[-1])
+    save_policy_config(cfg, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["toggle_action_dimensions"] == [-1]
+    assert load_policy_config(tmp_path).toggle_action_dimensions == [-1]
 
 
 def _tiny_with(video_change=None, action_change=None, **overrides) -> FastWAMConfig:

@@ -441,7 +441,14 @@ class FastWAMConfig(PolicyConfig):
             "loaded."
         },
     )
-    toggle_action_dimensions: list[int] = field(factory=list, converter=lambda v: [int(d) for d in v])
+    toggle_action_dimensions: list[int] = field(
+        factory=list,
+        converter=lambda v: [int(d) for d in v],
+        metadata={
+            "help": "Action dimensions turned from [0, 1] into -1/+1 commands after unnormalisation "
+            "(LIBERO's gripper); negative ones count from the end."
+        },
+    )
     video_scheduler: dict[str, Any] = field(factory=_schedule)
     action_scheduler: dict[str, Any] = field(factory=_schedule)
     loss: dict[str, float] = field(factory=lambda: {"lambda_video": 1.0, "lambda_action": 1.0})
@@ -556,11 +563,14 @@ class FastWAMConfig(PolicyConfig):
             )
         if self.sigma_shift is not None and not self.sigma_shift > 0:
             raise ValueError(f"--policy.sigma_shift must be positive or null, got {self.sigma_shift}")
-        bad = [d for d in self.toggle_action_dimensions if not 0 <= d < self.action_dim]
+        # LeRobot's processor counts a negative dimension from the end (its config checks nothing, so a
+        # config.json with [-1] is LeRobot's); one outside the action would fail only at the first action
+        bad = [d for d in self.toggle_action_dimensions if not -self.action_dim <= d < self.action_dim]
         if bad:
             raise ValueError(
-                f"--policy.toggle_action_dimensions {bad} are outside the action's "
-                f"{self.action_dim} dimensions"
+                f"--policy.toggle_action_dimensions {bad} are outside the action's {self.action_dim} "
+                f"dimensions (valid: {-self.action_dim} to {self.action_dim - 1}, negative ones count "
+                "from the end)"
             )
 
     def _default_inputs(self) -> dict[str, PolicyFeature]:
