@@ -54,6 +54,15 @@ def _peft_lines(cfg: TrainConfig) -> list[str]:
     ]
 
 
+def _initial_weights_lines(cfg: TrainConfig) -> list[str]:
+    """What a fresh policy's weights start from when its config says (FastWAM: its base model, or why
+    none); a resume starts from its checkpoint instead."""
+    if cfg.policy is None or cfg.resume:
+        return []
+    initial = cfg.policy.initial_weights()
+    return [] if initial is None else [f"Initial weights: {initial.note}"]
+
+
 def _ema_lines(cfg: TrainConfig, runtime: ParallelRuntime) -> list[str]:
     ema = cfg.ema
     if not ema.enable:
@@ -95,6 +104,7 @@ def banner_lines(
         precision_line(cfg.accelerator.mixed_precision, policy),
         f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
+        *_initial_weights_lines(cfg),
         *_peft_lines(cfg),
         *_ema_lines(cfg, runtime),
         effective_batch_line(cfg.batch_size, p.dp_world_size, k),

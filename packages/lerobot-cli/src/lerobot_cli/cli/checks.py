@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.extras import missing_extra_message
@@ -49,6 +51,7 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
         )
     check_extras(cfg)
     check_custom_code(cfg)
+    check_external_sources(cfg)
     check_policy_fits_local_dataset(cfg)
     if cfg.peft is not None:
         check_peft(cfg)
@@ -110,13 +113,15 @@ def check_policy_fits_local_dataset(cfg: TrainConfig) -> None:
 
 def check_custom_code(cfg: TrainConfig) -> None:
     """A tokenizer directory that names its own Python code is refused before torch (never run, never a
-    "[y/N]" prompt): the one ``--policy.tokenizer_name`` names, and those a ``--policy.path``'s
-    ``policy_preprocessor.json`` names (the pipeline it brings). The loader checks again for the rest."""
+    "[y/N]" prompt): the policy's (its ``tokenizer()`` hook: pi0's ``--policy.tokenizer_name``, FastWAM's
+    ``--policy.tokenizer_model_id``), and those a ``--policy.path``'s ``policy_preprocessor.json`` names (the
+    pipeline it brings). The loader checks again for the rest."""
     from lerobot_ckpt.layout import PREPROCESSOR_CONFIG
 
     from lerobot_cli.custom_code import CustomCodeError, refuse_custom_code, tokenizers_named_in
 
-    named = [("--policy.tokenizer_name", cfg.policy.tokenizer())]
+    tokenizer = cfg.policy.tokenizer()
+    named = [(tokenizer.flag, tokenizer.value)] if tokenizer is not None else []
     if cfg.policy.pretrained_path:
         file = Path(cfg.policy.pretrained_path) / PREPROCESSOR_CONFIG
         named += [(f"{file}: tokenizer_name", name) for name in tokenizers_named_in(file)]
@@ -125,6 +130,25 @@ def check_custom_code(cfg: TrainConfig) -> None:
             refuse_custom_code(name)
         except CustomCodeError as exc:
             raise UsageError(exc.naming(setting)) from None
+
+
+def check_external_sources(cfg: TrainConfig) -> None:
+    """What the policy reads from outside the dataset and checkpoints and never downloads (its
+    ``external_sources()`` hook: FastWAM's frozen VAE, text encoder, tokenizer and base weights), each
+    found on this machine before any heavy work, or one line naming its flag and the download (exit 2).
+    On a resume the init-only fields are cleared first (the checkpoint's weights replace what they would
+    initialise); a dry run reads none of them."""
+    if cfg.dry_run:
+        return
+    policy = cfg.policy
+    if cfg.resume:
+        cleared = [name for name in spec_of(policy).init_only_fields if getattr(policy, name) is not None]
+        policy = attrs.evolve(policy, **{name: None for name in cleared}) if cleared else policy
+    for source in policy.external_sources():
+        try:
+            source.resolve()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def check_peft(cfg: TrainConfig) -> None:

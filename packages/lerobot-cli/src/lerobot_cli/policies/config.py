@@ -10,13 +10,40 @@ for an optional attribute.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import ClassVar
 
-from attrs import define, field
+from attrs import define, field, frozen
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
+
+
+@frozen
+class Source:
+    """Something a policy reads from outside the run's dataset and checkpoints (a tokenizer, a frozen
+    encoder, weights a fresh policy starts from), as its user named it: the ``flag`` that names it
+    (``--policy.tokenizer_name``; "" when the policy fixes it and no flag can change it) and its ``value``
+    (a Hub repo id or a local path). ``resolve``: the local path it is read from, found without any
+    download, or a ``ValueError`` in one line naming ``flag`` and how to get it (None: read elsewhere,
+    e.g. a tokenizer the processors load). Torch-free, so the check runs before any heavy work."""
+
+    flag: str
+    value: str
+    resolve: Callable[[], Path] | None = field(default=None, eq=False, repr=False)
+
+
+@frozen
+class InitialWeights:
+    """Where a fresh policy's weights start from, when the policy says (``PolicyConfig.initial_weights``):
+    ``directory``, a ``pretrained_model/`` whose ``model.safetensors`` is loaded over the fresh weights
+    (tensors it lacks or holds in other shapes stay fresh, named in one warning), or None (the fresh
+    weights as built); ``note`` says which and why, in the run's banner."""
+
+    note: str
+    directory: Path | None = None
 
 
 def _default_normalization() -> dict[str, NormalizationMode]:
@@ -128,9 +155,24 @@ class PolicyConfig:
         checkpointing, read as ``--accelerator.activation_checkpointing.mode=full``; False by default."""
         return False
 
-    def tokenizer(self) -> str | None:
-        """The tokenizer the processors load (a Hub repo or a directory), checked before work;
-        None by default."""
+    def tokenizer(self) -> Source | None:
+        """The tokenizer the processors or the model load (a Hub repo or a directory) and the flag naming
+        it: a directory whose files name their own Python code is refused before any work, in a line
+        naming that flag; None by default."""
+        return None
+
+    def external_sources(self) -> tuple[Source, ...]:
+        """What the policy reads from outside the run's dataset and checkpoints and never downloads
+        (frozen encoders, weights a fresh policy starts from), each resolved before any heavy work: one
+        that is not there ends the run in its ``resolve()``'s line (exit 2), not in a traceback on every
+        rank. On a resume the spec's ``init_only_fields`` are cleared before asking (what they initialise
+        is not read then); ``--dry_run`` checks none. Empty by default."""
+        return ()
+
+    def initial_weights(self) -> InitialWeights | None:
+        """Weights a fresh policy starts from beyond its own initialisation (FastWAM: its base model),
+        loaded when the policy is built and said in the banner; never read when weights come from a
+        checkpoint (the spec's ``init_only_fields`` are cleared then). None by default."""
         return None
 
     def backbone_weights(self) -> str | None:

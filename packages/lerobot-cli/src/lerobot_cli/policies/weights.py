@@ -9,6 +9,7 @@ are, one copy of each shared tensor (safetensors refuses aliases; tied names are
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import load_policy_config, save_policy_config
 
 MODEL_NAME = MODEL_WEIGHTS  # LeRobot's name, spelled by lerobot_ckpt.layout
+log = logging.getLogger(__name__)
 
 
 def without_init_only_fields(config: PolicyConfig) -> PolicyConfig:
@@ -34,8 +36,78 @@ def without_init_only_fields(config: PolicyConfig) -> PolicyConfig:
 
 
 def build_policy(config: PolicyConfig) -> nn.Module:
-    """Instantiate the module class that the registry names for ``config`` (fresh weights)."""
-    return registry.policy_class(config)(config)
+    """Instantiate the module class that the registry names for ``config`` (fresh weights), then load the
+    weights its ``initial_weights()`` names over them (FastWAM's base model). Those come from init-only
+    fields, which every load of saved weights clears first, so a checkpoint's policy never reads them;
+    a policy built on the meta device (``--dry_run``) reads no file."""
+    policy = registry.policy_class(config)(config)
+    initial = config.initial_weights()
+    if initial is not None and initial.directory is not None and not _on_meta(policy):
+        load_initial_weights(
+            policy, Path(initial.directory) / MODEL_NAME, adapt=registry.state_dict_adapter(config)
+        )
+    return policy
+
+
+def _on_meta(module: nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in module.state_dict().values())
+
+
+def _named(names: list[str], limit: int = 16) -> str:
+    shown = ", ".join(names[:limit])
+    return f"{shown}, and {len(names) - limit} more" if len(names) > limit else shown
+
+
+def load_initial_weights(
+    module: nn.Module, file: str | Path, *, strict: bool = False, adapt=None
+) -> tuple[list[str], list[str]]:
+    """Load the weights a fresh policy starts from (another policy's ``model.safetensors``: FastWAM's base
+    model) over ``module``'s own, by name, with LeRobot's cross-embodiment rule (FastWAM's
+    ``_load_as_safetensor``): a tensor whose shape differs from the module's (another action or state
+    width) keeps its fresh initialisation, as does every tensor the file lacks, and one warning names them;
+    ``strict`` refuses both instead (a ``ValueError`` naming them). The file's tensors the module lacks
+    are ignored. Returns ``(other_shapes, missing)``, the names kept fresh."""
+    file = Path(file)
+    if not file.is_file():
+        raise FileNotFoundError(f"no weights file at {file}")
+    state, _ = read_tensors(file)  # a truncated or absurd file: one sentence naming it
+    if adapt is not None:
+        state = adapt(module, state)
+    own = module.state_dict()
+    other_shapes = sorted(k for k, t in state.items() if k in own and tuple(own[k].shape) != tuple(t.shape))
+    if strict and other_shapes:
+        raise ValueError(
+            f"{file}: {len(other_shapes)} tensors have other shapes than {type(module).__name__}'s "
+            f"(strict load): {_named(other_shapes)}"
+        )
+    for name in other_shapes:
+        del state[name]
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape mismatch under a name only the module's own load hooks know
+        raise ValueError(f"{file} does not fit {type(module).__name__}: {str(exc).splitlines()[0]}") from None
+    loaded_storages = {_storage_key(own[k]) for k in state if k in own}
+    missing = sorted(k for k in result.missing_keys if _storage_key(own[k]) not in loaded_storages)
+    if strict and (missing or result.unexpected_keys):
+        raise ValueError(
+            f"{file} does not fit {type(module).__name__} (strict load): {len(missing)} missing keys "
+            f"{missing[:8]}, {len(result.unexpected_keys)} unexpected keys {result.unexpected_keys[:8]}"
+        )
+    parts = []
+    if other_shapes:
+        parts.append(
+            f"{len(other_shapes)} tensors of other shapes (another action or state width) keep their fresh "
+            f"initialisation: {_named(other_shapes)}"
+        )
+    if missing:
+        parts.append(
+            f"{len(missing)} tensors the file lacks keep their fresh initialisation: {_named(missing)}"
+        )
+    if result.unexpected_keys:
+        parts.append(f"{len(result.unexpected_keys)} tensors of the file the policy lacks ignored")
+    if parts:
+        log.warning("initial weights from %s, every other tensor loaded; %s", file, "; ".join(parts))
+    return other_shapes, missing
 
 
 def _storage_key(t: Tensor) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
-from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.config import PolicyConfig, Source
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, LEROBOT_GEMMA_VARIANTS, VISION_VARIANTS
 from lerobot_cli.policies.spec import PolicySpec
@@ -252,8 +252,8 @@ class PiFlowConfig(PolicyConfig):
     def activation_checkpointing(self) -> bool:
         return self.gradient_checkpointing
 
-    def tokenizer(self) -> str | None:
-        return self.tokenizer_name
+    def tokenizer(self) -> Source | None:
+        return Source("--policy.tokenizer_name", self.tokenizer_name) if self.tokenizer_name else None
 
     def with_empty_cameras(self) -> dict[str, PolicyFeature]:
         """Input features plus the ``empty_cameras`` placeholders LeRobot adds (all -1 images, masked out)."""
