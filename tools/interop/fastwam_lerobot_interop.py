@@ -166,6 +166,7 @@ def _ours_config(case: str):
         n_action_steps=HORIZON,
         torch_dtype="float32",
         load_text_encoder=False,
+        variant="tiny",  # the policy builds a tiny VAE beside the networks (no UMT5), not the real one
         fp32_attention=spec["fp32_attention"],
         video_dit_config=video,
         action_dit_config=action,
@@ -253,6 +254,7 @@ def _legacy_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def ours_check(work: Path) -> tuple[bool, dict]:
+    import attrs
     from lerobot_cli.policies.fastwam.config import FastWAMConfig
     from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
     from lerobot_cli.policies.serialization import policy_config_from_dict, policy_config_to_dict
@@ -290,7 +292,7 @@ def ours_check(work: Path) -> tuple[bool, dict]:
         inputs = load_inputs(work / case / "inputs.safetensors")
         reference = load_file(str(directory / "reference.safetensors"))
         for layout in ("current", "legacy"):
-            policy = FastWAMPolicy(config)
+            policy = FastWAMPolicy(attrs.evolve(config, variant="tiny"))  # a tiny VAE, not the real one
             state = load_file(str(directory / "model.safetensors"))
             if layout == "legacy":
                 legacy = directory / "legacy.safetensors"

@@ -125,18 +125,18 @@ def tiny(**overrides) -> FastWAMConfig:
     return FastWAMConfig(video_dit_config=video, action_dit_config=action, **overrides)
 
 
-def test_fields_are_lerobots_plus_compile_action_infer():
+def test_fields_are_lerobots_plus_compile_action_infer_and_variant():
     ours = {a.name for a in attrs.fields(FastWAMConfig)}
-    assert ours - LEROBOT_FIELDS == {"compile_action_infer"}
+    assert ours - LEROBOT_FIELDS == {"compile_action_infer", "variant"}
     assert LEROBOT_FIELDS <= ours
-    assert FastWAMConfig.spec.extension_fields == ("compile_action_infer",)
+    assert FastWAMConfig.spec.extension_fields == ("compile_action_infer", "variant")
     assert FastWAMConfig.spec.extras == ("fastwam",)
 
 
 def test_defaults_and_derivations_are_lerobots():
     cfg = FastWAMConfig()
     assert {k: getattr(cfg, k) for k in LEROBOT_DEFAULTS} == LEROBOT_DEFAULTS
-    assert cfg.compile_action_infer is False
+    assert cfg.compile_action_infer is False and cfg.variant == "full"
     assert cfg.video_dit_config == default_video_dit_config(7) and cfg.video_dit_config["hidden_dim"] == 3072
     assert cfg.action_dit_config == default_action_dit_config(7)
     assert cfg.action_dit_config["hidden_dim"] == 1024
@@ -422,6 +422,7 @@ def test_config_json_holds_lerobots_fields_and_the_sidecar_the_extension(tmp_pat
     assert json.loads((tmp_path / "config_extensions.json").read_text()) == {
         "type": "fastwam",
         "compile_action_infer": True,
+        "variant": "full",
     }
     assert policy_config_from_dict(written, FastWAMConfig).compile_action_infer is False  # config.json alone
     merged = json.loads(file.read_text()) | {"compile_action_infer": True}
@@ -435,6 +436,13 @@ def test_a_saved_config_loads_back_equal(tmp_path, monkeypatch):
     cfg = tiny(compile_action_infer=True, freeze_video_expert=True, sigma_shift=3.0, inference_seed=None)
     save_policy_config(cfg, tmp_path)
     assert load_policy_config(tmp_path) == cfg
+    # variant=tiny: config.json holds the tiny networks it derived, the sidecar the variant
+    small = FastWAMConfig(variant="tiny", action_dim=2, proprio_dim=None)
+    assert (small.video_dit_config, small.action_dit_config) == tiny_dit_configs(2)
+    save_policy_config(small, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["video_dit_config"]["hidden_dim"] == 32
+    assert json.loads((tmp_path / "config_extensions.json").read_text())["variant"] == "tiny"
+    assert load_policy_config(tmp_path) == small
 
 
 def test_base_model_resolution_is_offline_and_one_line(tmp_path, monkeypatch):

@@ -41,7 +41,15 @@ B, HORIZON = 2, 8
 def tiny(**overrides) -> FastWAMConfig:
     video, action = tiny_dit_configs()
     video.update(overrides.pop("video", {}))
-    settings = {"torch_dtype": "float32", "action_horizon": HORIZON, "n_action_steps": HORIZON, **overrides}
+    # variant=tiny without a text encoder: the policy builds only a tiny VAE beside the networks tested here
+    settings = {
+        "torch_dtype": "float32",
+        "action_horizon": HORIZON,
+        "n_action_steps": HORIZON,
+        "variant": "tiny",
+        "load_text_encoder": False,
+        **overrides,
+    }
     return FastWAMConfig(video_dit_config=video, action_dit_config=action, **settings)
 
 

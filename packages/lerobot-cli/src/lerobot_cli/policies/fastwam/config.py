@@ -10,8 +10,14 @@ On a dataset, :meth:`FastWAMConfig.fit_dataset` does what LeRobot's ``make_polic
 ``set_dataset_feature_metadata``: every ``observation.images.*`` camera, sorted, at ``image_size[1] / n``
 pixels wide (they are concatenated along the width into one video), and the dataset's action.
 
-One field is ours: ``compile_action_infer`` (LeRobot's main branch, after 0.6.1). It lives in
-``config_extensions.json``, not ``config.json``, whose unknown keys LeRobot 0.6.1's parser refuses.
+Two fields are ours, in ``config_extensions.json``, not ``config.json`` (whose unknown keys LeRobot 0.6.1's
+parser refuses): ``compile_action_infer`` (LeRobot's main branch, after 0.6.1) and ``variant``.
+``variant=tiny`` is for tests and CPU demos: the networks default to :func:`tiny_dit_configs` (explicit
+``video_dit_config`` / ``action_dit_config`` still win) and the policy builds a tiny Wan2.2-shaped VAE and
+UMT5 from config with fixed seeds instead of loading the real ones, so nothing but the tokenizer
+(``tokenizer_model_id``, e.g. the bundled ``data/tokenizers/demo_bytes``) is read from disk. LeRobot has no
+such variant: it reads the tiny networks from ``config.json`` but loads the real VAE and UMT5, whose
+4096-wide context does not fit the tiny DiTs' ``text_dim``.
 
 ``base_model_id``: LeRobot points ``pretrained_path`` at ``lerobot/fastwam_base`` in ``__post_init__``
 whenever the network sizes are the base's, and downloads it when the policy is built. Here
@@ -47,6 +53,7 @@ DEFAULT_PROMPT_TEMPLATE = (
     "A video recorded from a robot's point of view executing the following instruction: {task}"
 )
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
+VARIANTS = ("full", "tiny")  # full: LeRobot's frozen VAE and UMT5, loaded; tiny: built from config (tests)
 VIDEO_MASK_MODES = ("bidirectional", "per_frame_causal", "first_frame_causal")
 GROUP_MASK_MODES = ("causal", "group_diagonal")
 CAMERA_PREFIX = "observation.images."
@@ -335,7 +342,7 @@ FASTWAM_SPEC = PolicySpec(
         r"(self_attn\.(q|k|v|o)|cross_attn\.(q|k|v|o)|ffn\.(0|2))"
     ),
     init_only_fields=("base_model_id",),
-    extension_fields=("compile_action_infer",),
+    extension_fields=("compile_action_infer", "variant"),
     # diffusers (the Wan2.2 VAE) and transformers (UMT5 and its tokenizer), as lerobot[fastwam]
     extras=("fastwam",),
 )
@@ -343,7 +350,8 @@ FASTWAM_SPEC = PolicySpec(
 
 @define(frozen=True, kw_only=True)
 class FastWAMConfig(PolicyConfig):
-    """LeRobot 0.6.1's FastWAM settings (plus ``compile_action_infer``); see the module docstring."""
+    """LeRobot 0.6.1's FastWAM settings (plus ``compile_action_infer`` and ``variant``); see the module
+    docstring."""
 
     type: ClassVar[str] = "fastwam"
     spec: ClassVar[PolicySpec] = FASTWAM_SPEC
@@ -427,6 +435,14 @@ class FastWAMConfig(PolicyConfig):
             "help": "torch.compile the cached action denoising at inference (LeRobot main; not in 0.6.1)."
         },
     )
+    variant: str = field(
+        default="full",
+        metadata={
+            "help": "full: the Wan2.2 VAE and UMT5 loaded from their sources; tiny: test-size networks and "
+            "a tiny VAE and UMT5 built from config (tests, CPU demos; only the tokenizer is read).",
+            "choices": VARIANTS,
+        },
+    )
     use_gradient_checkpointing: bool = field(
         default=False,
         metadata={
@@ -487,13 +503,25 @@ class FastWAMConfig(PolicyConfig):
                 f"--policy.torch_dtype: invalid choice {self.torch_dtype!r} (choose from "
                 f"{', '.join(TORCH_DTYPES)})"
             )
+        if self.variant not in VARIANTS:
+            raise ValueError(
+                f"--policy.variant: invalid choice {self.variant!r} (choose from {', '.join(VARIANTS)})"
+            )
         self._check_timing()
         self._check_image_size()
         self._check_dicts()
         # LeRobot's derivations: the networks' configs (defaults when unset or empty) with the top-level
         # switches copied in, and the synthetic features of a config that names none.
-        video = copy.deepcopy(self.video_dit_config) or default_video_dit_config(self.action_dim)
-        action = copy.deepcopy(self.action_dit_config) or default_action_dit_config(self.action_dim)
+        if self.variant == "tiny":  # unset networks get the tiny sizes (before LeRobot's defaults would)
+            tiny_video, tiny_action = tiny_dit_configs(self.action_dim)
+        else:
+            tiny_video, tiny_action = {}, {}
+        video = (
+            copy.deepcopy(self.video_dit_config) or tiny_video or default_video_dit_config(self.action_dim)
+        )
+        action = (
+            copy.deepcopy(self.action_dit_config) or tiny_action or default_action_dit_config(self.action_dim)
+        )
         for dit in (video, action):
             dit["fp32_attention"] = bool(self.fp32_attention)
             dit["use_gradient_checkpointing"] = bool(self.use_gradient_checkpointing)

@@ -1,15 +1,35 @@
-"""``FastWAMPolicy``: the trainable FastWAM module behind ``--policy.type=fastwam`` — networks and passes.
+"""``FastWAMPolicy``: the trainable FastWAM module behind ``--policy.type=fastwam``, its loss and its actions.
 
-What is here: the networks with LeRobot 0.6.1's state-dict names, shapes and dtypes (``model.mot.mixtures.*``,
-``model.mot.layers.<i>.blocks.{video,action}.*``, ``model.proprio_encoder.*``), ``freeze_video_expert``,
-``get_optim_params``, and the core passes of :class:`FastWAMModel` — the joint MoT prediction of video and
-action velocities, and the first-frame prefill with the cached action prediction — on latents, timesteps and
-text context the caller provides. What is not here yet: the training loss (noise and timestep draws, latent
-encoding, weighting) and ``select_action`` / ``predict_action_chunk``; ``forward`` is not defined until
-they are, and the policy type is not registered.
+The networks carry LeRobot 0.6.1's state-dict names, shapes and dtypes (``model.mot.mixtures.*``,
+``model.mot.layers.<i>.blocks.{video,action}.*``, ``model.proprio_encoder.*``). :class:`FastWAMModel` holds
+the core passes (the joint MoT prediction of video and action velocities; the first-frame prefill and the
+cached action prediction); :class:`FastWAMPolicy` adds what LeRobot's ``FastWAMPolicy`` and ``FastWAM`` do
+around them, with LeRobot's numbers:
 
-The frozen Wan2.2 VAE and UMT5 text encoder are not part of this module (not in its state dict, parameters,
-optimizer or FSDP units), as in LeRobot; the core takes latents and context tensors.
+- ``forward(batch) -> (loss, parts)``: the cameras as one video (``video.py``), cast to ``torch_dtype``,
+  mapped [0, 1] -> [-1, 1] and encoded by the frozen VAE; the text context (below); the state's first frame
+  as one more context token; the training draws (``loss.draw_targets``: video noise, video timesteps, action
+  noise, action timesteps, in that order from the global RNG); the joint pass; ``lambda_video · video loss
+  + lambda_action · action loss`` (``action_is_pad`` masks; ``image_is_pad`` only when the batch names it,
+  as LeRobot). ``parts`` are ``loss_video`` / ``loss_action`` lambda-weighted as LeRobot logs them, but as
+  detached 0-d tensors: the training loop reads no device value in a step.
+- ``predict_action_chunk`` / ``select_action``: LeRobot's ``infer_action`` one sample at a time: the first
+  frame's latents, the video K/V prefilled once, ``num_inference_steps`` Euler steps of the action expert
+  from noise drawn in float32 by ``torch.Generator(rand_device).manual_seed(inference_seed)`` (every
+  sample of a batch starts from the same noise, as in LeRobot; a null seed draws from the global RNG), on
+  the action schedule's ``infer_shift`` grid (``sigma_shift`` overrides it); float32 out.
+
+The text context comes, in this order, from the batch's own ``context`` / ``context_mask`` (LeRobot's batch
+accepts them), from precomputed per-task contexts (:meth:`FastWAMPolicy.use_task_contexts`, ``contexts.py``)
+when the batch has a ``task`` and no ``prompt``, else from the prompt (the batch's ``prompt``, or
+``prompt_template`` around its ``task``) through the frozen UMT5. At inference LeRobot refuses a batch with
+both a prompt and a context; here the context wins, as it does in training.
+
+The frozen Wan2.2 VAE and UMT5 text encoder (``FrozenParts``) are not part of this module (not in its state
+dict, parameters, optimizer or FSDP units), as in LeRobot. The policy builds them when it is built (loaded
+from ``sources.py``'s offline resolution, or, with ``variant=tiny``, built from config with fixed seeds; not
+at all on the meta device, where a dry run plans the networks) and moves them to its parameters' device and
+``torch_dtype`` itself at first use, so every rank holds its copy where it computes.
 
 Dtype: every parameter is ``torch_dtype`` (bf16 by default), the proprio encoder included, as LeRobot builds
 it; inside, the video expert's time embedding, time projection and head compute in fp32, attention in fp32
@@ -19,7 +39,8 @@ with ``fp32_attention`` (see ``video_dit`` and ``blocks``).
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,10 +48,19 @@ from torch import Tensor, nn
 from lerobot_cli.policies.fastwam.action_dit import ActionDiT
 from lerobot_cli.policies.fastwam.attention import mot_attention_mask
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
+from lerobot_cli.policies.fastwam.contexts import TaskContexts
+from lerobot_cli.policies.fastwam.frozen import FrozenParts
+from lerobot_cli.policies.fastwam.loss import action_loss, draw_targets, video_loss
 from lerobot_cli.policies.fastwam.mot import MoT
+from lerobot_cli.policies.fastwam.schedule import FlowSchedule
+from lerobot_cli.policies.fastwam.text import batch_prompts
+from lerobot_cli.policies.fastwam.video import inference_image, stack_video
 from lerobot_cli.policies.fastwam.video_dit import VideoDiT
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+OBS_STATE = "observation.state"
+ACTION = "action"
+TINY_SEED = 0  # variant=tiny: the frozen parts' weights, the same on every rank and in every process
 
 
 class VideoCache(NamedTuple):
@@ -137,8 +167,78 @@ class FastWAMModel(nn.Module):
         return self.action_expert.unembed(tokens, action)
 
 
+def build_frozen_parts(config: FastWAMConfig) -> FrozenParts:
+    """The frozen VAE and (with ``load_text_encoder``) the prompt encoder ``config`` names, on the CPU in
+    ``torch_dtype``.
+
+    ``variant=full``: loaded from their resolved local folders (``sources.py``: a directory, or a complete
+    Hugging Face cache snapshot; never a download): the VAE from ``text_encoder_model_id``'s ``vae/``, UMT5
+    from its ``text_encoder/``, the tokenizer from ``tokenizer_model_id``. ``variant=tiny``: a tiny Wan2.2-
+    shaped VAE and a tiny UMT5 (``text_dim`` wide, a vocabulary covering the tokenizer) built from config
+    under a fixed seed, so every rank and every later process builds the same weights; only the tokenizer is
+    read. A source that is missing raises ``FrozenPartUnavailableError`` (one line naming the flag)."""
+    from lerobot_cli.policies.fastwam import sources
+    from lerobot_cli.policies.fastwam.text import (
+        PromptEncoder,
+        build_umt5_encoder,
+        load_umt5_encoder,
+        load_umt5_tokenizer,
+        tiny_umt5_config,
+    )
+    from lerobot_cli.policies.fastwam.vae import build_wan_vae, load_wan_vae, tiny_wan_vae_config
+
+    dtype = TORCH_DTYPES[config.torch_dtype]
+    text_setting, tokenizer_setting = "--policy.text_encoder_model_id", "--policy.tokenizer_model_id"
+    text_dim = int(config.video_dit_config["text_dim"])
+    if config.variant == "tiny":
+        prompts = None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(TINY_SEED)
+            vae = build_wan_vae(tiny_wan_vae_config(), dtype=dtype)
+            if config.load_text_encoder:
+                folder = sources.resolve_part(config.tokenizer_model_id, sources.TOKENIZER, tokenizer_setting)
+                tokenizer = load_umt5_tokenizer(folder)
+                encoder_config = tiny_umt5_config(d_model=text_dim, vocab_size=max(384, len(tokenizer)))
+                encoder = build_umt5_encoder(encoder_config, dtype=dtype)
+                prompts = PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
+    else:
+        found = sources.resolve_frozen_sources(
+            vae_model_id=config.text_encoder_model_id,
+            text_encoder_model_id=config.text_encoder_model_id if config.load_text_encoder else None,
+            tokenizer_model_id=config.tokenizer_model_id if config.load_text_encoder else None,
+            settings=(text_setting, text_setting, tokenizer_setting),
+        )
+        vae = load_wan_vae(found.vae, dtype=dtype)
+        prompts = None
+        if config.load_text_encoder:
+            encoder = load_umt5_encoder(found.text_encoder, dtype=dtype)
+            prompts = PromptEncoder(load_umt5_tokenizer(found.tokenizer), encoder, config.tokenizer_max_len)
+    in_dim = int(config.video_dit_config["in_dim"])
+    if vae.z_dim != in_dim:
+        raise ValueError(
+            f"the VAE has {vae.z_dim} latent channels but --policy.video_dit_config.in_dim is {in_dim}"
+        )
+    if prompts is not None and prompts.dim != text_dim:
+        raise ValueError(
+            f"the text encoder is {prompts.dim} wide but --policy.video_dit_config.text_dim is {text_dim}"
+        )
+    return FrozenParts(vae, prompts)
+
+
+class _Compiled:
+    """The compiled cached action step, held outside the module tree; a deepcopy (an EMA shadow) starts
+    without one (it compiles its own at its first use)."""
+
+    def __init__(self) -> None:
+        self.step: Callable[..., Tensor] | None = None
+
+    def __deepcopy__(self, memo: dict) -> _Compiled:
+        return _Compiled()
+
+
 class FastWAMPolicy(nn.Module):
-    """FastWAM's trainable part (``self.model``) and its policy-level switches; see the module docstring."""
+    """FastWAM's trainable part (``self.model``), its loss and its action inference; see the module
+    docstring."""
 
     name: ClassVar[str] = "fastwam"
     config_class: ClassVar[type[FastWAMConfig]] = FastWAMConfig
@@ -146,13 +246,30 @@ class FastWAMPolicy(nn.Module):
     _fsdp_wrap_modules: ClassVar[list[str]] = list(FastWAMConfig.spec.wrap_units)
     _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = FastWAMConfig.spec.no_forward_modules
 
-    def __init__(self, config: FastWAMConfig) -> None:
+    def __init__(self, config: FastWAMConfig, frozen: FrozenParts | None = None) -> None:
+        """``frozen``: the VAE and prompt encoder to use (tests); by default built from ``config`` (see
+        :func:`build_frozen_parts`), except on the meta device, where they are built at their first use."""
         super().__init__()
         config.validate_features()
         self.config = config
         self.model = FastWAMModel(config)
         if config.freeze_video_expert:
             self._freeze_video_expert()
+        video, action = config.video_scheduler, config.action_scheduler
+        with torch.device("cpu"):  # host statistics, also when the networks are built on the meta device
+            self.video_schedule = FlowSchedule(int(video["num_train_timesteps"]), float(video["train_shift"]))
+            self.action_schedule = FlowSchedule(
+                int(action["num_train_timesteps"]), float(action["train_shift"])
+            )
+            self.action_infer_schedule = FlowSchedule(
+                int(action["num_train_timesteps"]), float(action["infer_shift"])
+            )
+        if frozen is None and torch.get_default_device().type != "meta":
+            frozen = build_frozen_parts(config)
+        # plain attributes (nn.Module keeps non-module objects out of its tree, state dict and parameters)
+        self.frozen: FrozenParts | None = frozen
+        self.task_contexts: TaskContexts | None = None
+        self._compiled = _Compiled()
         self.reset()
 
     def _freeze_video_expert(self) -> None:
@@ -172,3 +289,269 @@ class FastWAMPolicy(nn.Module):
     def reset(self) -> None:
         """Drop queued actions; call when an episode starts."""
         self._action_queue: deque[Tensor] = deque(maxlen=self.config.n_action_steps)
+
+    def use_task_contexts(self, contexts: TaskContexts | None) -> None:
+        """Read each batch's context from ``contexts`` by its ``task`` (see ``contexts.py``) instead of
+        encoding the prompt; None: encode again. A batch's own ``context`` / ``context_mask`` still win."""
+        if contexts is not None:
+            width = int(self.config.video_dit_config["text_dim"])
+            if contexts.context.shape[-1] != width:
+                raise ValueError(
+                    f"the precomputed task contexts are {contexts.context.shape[-1]} wide, the policy's "
+                    f"text_dim is {width}"
+                )
+            if contexts.template != self.config.prompt_template:
+                raise ValueError(
+                    f"the precomputed task contexts were made with the prompt template "
+                    f"{contexts.template!r}, not --policy.prompt_template={self.config.prompt_template!r}"
+                )
+        self.task_contexts = contexts
+
+    # -- pieces ------------------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        """``torch_dtype``: what inputs are cast to, as LeRobot casts them (whatever the parameters hold)."""
+        return TORCH_DTYPES[self.config.torch_dtype]
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def frozen_parts(self) -> FrozenParts:
+        """The frozen parts on this policy's device (built first if the policy was built on the meta
+        device); moved there at the first call after the policy moved."""
+        if self.frozen is None:
+            self.frozen = build_frozen_parts(self.config)
+        device = self._device()
+        if self.frozen.vae.device != device:
+            self.frozen.to(device)
+        return self.frozen
+
+    def _context(
+        self, batch: Mapping[str, Any], frozen: FrozenParts, device: torch.device
+    ) -> tuple[Tensor, Tensor]:
+        """``(context [B, L, D] in torch_dtype, context_mask [B, L] bool)`` on ``device``; see the module
+        docstring for the order of the sources."""
+        context, mask = batch.get("context"), batch.get("context_mask")
+        if context is None or mask is None:
+            task = batch.get("task")
+            if self.task_contexts is not None and batch.get("prompt") is None and task is not None:
+                context, mask = self.task_contexts.lookup(task, device)
+            else:
+                prompt = batch_prompts(batch, self.config.prompt_template)
+                if prompt is None:
+                    raise KeyError(
+                        "FastWAM needs the batch's task (or prompt) to encode, or precomputed "
+                        "context/context_mask"
+                    )
+                if frozen.prompts is None:
+                    raise ValueError(
+                        "--policy.load_text_encoder=false: batches must carry context/context_mask, or "
+                        "the policy needs precomputed task contexts (use_task_contexts)"
+                    )
+                context, mask = frozen.prompts.encode(prompt)
+        if context.ndim == 2 and mask.ndim == 1:  # one sample's context
+            context, mask = context.unsqueeze(0), mask.unsqueeze(0)
+        if context.ndim != 3 or mask.ndim != 2 or tuple(mask.shape) != tuple(context.shape[:2]):
+            raise ValueError(
+                f"context/context_mask must be [B, L, D] / [B, L], got {list(context.shape)} and "
+                f"{list(mask.shape)}"
+            )
+        return context.to(device=device, dtype=self.dtype), mask.to(device=device, dtype=torch.bool)
+
+    def _proprio(self, batch: Mapping[str, Any], batch_size: int) -> Tensor | None:
+        """The state the proprio token encodes, ``[B, proprio_dim]``: the batch's ``proprio`` or
+        ``observation.state``, its first frame when it has a time axis (LeRobot reads frame 0)."""
+        if self.model.proprio_encoder is None:
+            return None
+        proprio = batch.get("proprio", batch.get(OBS_STATE))
+        if proprio is None:
+            raise KeyError(
+                f"--policy.proprio_dim={self.config.proprio_dim} needs observation.state in the batch "
+                "(or --policy.proprio_dim=null)"
+            )
+        if proprio.ndim == 1:
+            proprio = proprio.unsqueeze(0)
+        if proprio.ndim == 3:
+            proprio = proprio[:, 0]
+        if proprio.ndim != 2 or tuple(proprio.shape) != (batch_size, self.config.proprio_dim):
+            raise ValueError(
+                f"observation.state must be [B, {self.config.proprio_dim}] or [B, T, "
+                f"{self.config.proprio_dim}] with B = {batch_size}, got {list(proprio.shape)}"
+            )
+        return proprio
+
+    def _training_video(self, batch: Mapping[str, Any]) -> Tensor:
+        video = batch.get("video")
+        if video is None:
+            video = stack_video(
+                batch, image_size=self.config.image_size, model_video_frames=self.config.model_video_frames
+            )
+        if video.ndim != 5 or video.shape[1] != 3:
+            raise ValueError(f"the FastWAM video must be [B, 3, T, H, W], got {list(video.shape)}")
+        frames, height, width = video.shape[2:]
+        if height % 16 or width % 16:
+            raise ValueError(f"the video's height and width must be multiples of 16, got {height}x{width}")
+        if frames % 4 != 1 or frames < 5:
+            raise ValueError(
+                f"the video has {frames} frames; the Wan VAE needs 4k + 1 with k >= 1 (5, 9, …, 33): check "
+                "the observation delta indices (--policy.num_video_frames / action_video_freq_ratio)"
+            )
+        return video
+
+    @staticmethod
+    def _check_pad(name: str, is_pad: Tensor | None, shape: tuple[int, int]) -> Tensor | None:
+        if is_pad is not None and tuple(is_pad.shape) != shape:
+            raise ValueError(f"{name} must be [B, T] = {list(shape)}, got {list(is_pad.shape)}")
+        return is_pad
+
+    # -- training ----------------------------------------------------------------------------------------
+    def forward(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """LeRobot's FastWAM training loss for a (pre-processed) batch: ``(loss, {"loss_video",
+        "loss_action"})``, the parts lambda-weighted and detached (0-d tensors, no host read)."""
+        frozen = self.frozen_parts()
+        device, dtype = self._device(), self.dtype
+        video = self._training_video(batch)
+        if ACTION not in batch:
+            raise KeyError("FastWAM training needs the batch's action")
+        action = batch[ACTION]
+        batch_size, frames = video.shape[0], video.shape[2]
+        if action.ndim != 3 or action.shape[0] != batch_size:
+            raise ValueError(
+                f"the action must be [B, horizon, dim] with B = {batch_size}, got {list(action.shape)}"
+            )
+        horizon = action.shape[1]
+        if horizon % (frames - 1):
+            raise ValueError(
+                f"the action horizon {horizon} must be divisible by the video's {frames - 1} transitions"
+            )
+        action_is_pad = self._check_pad("action_is_pad", batch.get("action_is_pad"), (batch_size, horizon))
+        image_is_pad = self._check_pad("image_is_pad", batch.get("image_is_pad"), (batch_size, frames))
+
+        latents = frozen.vae.encode_video(video, dtype=dtype)  # float32, no graph (the VAE is frozen)
+        context, context_mask = self._context(batch, frozen, device)
+        proprio = self._proprio(batch, batch_size)
+        if proprio is not None:
+            proprio = proprio.to(device=device, dtype=dtype)
+        context, context_mask = self.model.append_proprio(context, context_mask, proprio)
+        action = action.to(device=device, dtype=dtype)
+        if action_is_pad is not None:
+            action_is_pad = action_is_pad.to(device=device, dtype=torch.bool)
+        if image_is_pad is not None:
+            image_is_pad = image_is_pad.to(device=device, dtype=torch.bool)
+
+        targets = draw_targets(latents, action, self.video_schedule, self.action_schedule, True)
+        pred_video, pred_action = self.model.predict(
+            targets.latents,
+            targets.timestep_video,
+            targets.noisy_action,
+            targets.timestep_action,
+            context,
+            context_mask,
+            video_actions=action,
+        )
+        loss_video = video_loss(
+            pred_video,
+            targets.target_video,
+            targets.timestep_video,
+            self.video_schedule,
+            True,
+            image_is_pad,
+            temporal_factor=frozen.vae.temporal_downsample_factor,
+        )
+        loss_action = action_loss(
+            pred_action, targets.target_action, targets.timestep_action, self.action_schedule, action_is_pad
+        )
+        lambda_video, lambda_action = (
+            float(self.config.loss["lambda_video"]),
+            float(self.config.loss["lambda_action"]),
+        )
+        loss = lambda_video * loss_video + lambda_action * loss_action
+        return loss, {
+            "loss_video": lambda_video * loss_video.detach(),
+            "loss_action": lambda_action * loss_action.detach(),
+        }
+
+    # -- inference ---------------------------------------------------------------------------------------
+    def _action_step(self) -> Callable[..., Tensor]:
+        """One cached action prediction; ``torch.compile``d once per policy with ``compile_action_infer``
+        (CUDA graphs on a GPU, as LeRobot's reduce-overhead mode)."""
+        if not self.config.compile_action_infer:
+            return self.model.predict_action
+        if self._compiled.step is None:
+            device = self._device()
+            self.model.action_expert.rope.on(device)  # built before tracing: no guard on the lazy table
+            mode = "reduce-overhead" if device.type == "cuda" else None
+            self._compiled.step = torch.compile(self.model.predict_action, mode=mode, fullgraph=True)
+        return self._compiled.step
+
+    @torch.no_grad()
+    def predict_action_chunk(self, batch: dict[str, Any]) -> Tensor:
+        """``[B, action_horizon, action_dim]`` normalised actions in float32 (LeRobot's ``infer_action`` per
+        sample); puts the policy in eval mode."""
+        self.eval()
+        frozen = self.frozen_parts()
+        device = self._device()
+        images = inference_image(
+            batch, image_size=self.config.image_size, model_video_frames=self.config.model_video_frames
+        )
+        batch_size = images.shape[0]
+        proprio = self._proprio(batch, batch_size)
+        seed = batch.get("seed", self.config.inference_seed)
+        rand_device = batch.get("rand_device", self.config.rand_device)
+        steps = int(batch.get("num_inference_steps", self.config.num_inference_steps))
+        shift = batch.get("sigma_shift", self.config.sigma_shift)
+        timesteps, deltas = self.action_infer_schedule.inference_steps(
+            steps, device, self.dtype, shift=None if shift is None else float(shift)
+        )
+        step = self._action_step()
+        chunks = []
+        for i in range(batch_size):
+            sample = _one_sample(batch, i, batch_size)
+            generator = None if seed is None else torch.Generator(device=rand_device).manual_seed(int(seed))
+            latents = torch.randn(
+                (1, self.config.action_horizon, self.config.action_dim),
+                generator=generator,
+                device=rand_device,
+                dtype=torch.float32,
+            ).to(device=device, dtype=self.dtype)
+            first_frame = frozen.vae.encode_image(images[i : i + 1].to(device=device, dtype=self.dtype))
+            context, context_mask = self._context(sample, frozen, device)
+            token = None if proprio is None else proprio[i : i + 1].to(device=device, dtype=self.dtype)
+            context, context_mask = self.model.append_proprio(context, context_mask, token)
+            cache = self.model.prefill(first_frame, context, context_mask, self.config.action_horizon)
+            for timestep, delta in zip(timesteps, deltas, strict=True):
+                if self._compiled.step is not None and device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                velocity = step(cache, latents, timestep.unsqueeze(0), context, context_mask)
+                latents = FlowSchedule.euler(velocity, delta, latents)
+            chunks.append(latents.to(torch.float32))
+        return torch.cat(chunks).to(_batch_device(batch))
+
+    @torch.no_grad()
+    def select_action(self, batch: dict[str, Any]) -> Tensor:
+        """The ``[B, action_dim]`` action for this step, from the queue refilled with the first
+        ``n_action_steps`` of a new chunk when it runs empty."""
+        self.eval()
+        if not self._action_queue:
+            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
+            self._action_queue.extend(chunk.transpose(0, 1))
+        return self._action_queue.popleft()
+
+
+def _one_sample(batch: Mapping[str, Any], index: int, batch_size: int) -> dict[str, Any]:
+    """Sample ``index`` of a batch as LeRobot slices its inference inputs: a tensor with the batch as its
+    first dimension and a list of ``batch_size`` items are indexed, anything else is shared."""
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, Tensor) and value.ndim > 0 and value.shape[0] == batch_size:
+            out[key] = value[index : index + 1]
+        elif isinstance(value, (list, tuple)) and len(value) == batch_size:
+            out[key] = value[index]
+        else:
+            out[key] = value
+    return out
+
+
+def _batch_device(batch: Mapping[str, Any]) -> torch.device:
+    """The device of the batch's first tensor (LeRobot returns the chunk there), else the CPU."""
+    return next((v.device for v in batch.values() if isinstance(v, Tensor)), torch.device("cpu"))
