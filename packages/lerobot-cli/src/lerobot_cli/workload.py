@@ -83,6 +83,14 @@ def _datasets(
     )
 
 
+def features_are_derived(policy: PolicyConfig) -> bool:
+    """Whether ``policy``'s features are the ones its class fills in when none are given (FastWAM's, as
+    LeRobot's config derives them: one camera at the full image size, the state and action of its flags):
+    nobody fixed them, so the dataset replaces them (``fit_dataset``) instead of having to match them."""
+    fresh = attrs.evolve(policy, input_features={}, output_features={})
+    return (fresh.input_features, fresh.output_features) == (policy.input_features, policy.output_features)
+
+
 def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source: str) -> None:
     """A policy whose features were fixed elsewhere (a checkpoint, ``--policy.path``) must find them in
     the dataset: otherwise it fails later as a shape error deep in the model, or as weights that
@@ -183,7 +191,7 @@ def build_workload(
             load_policy_config(processors_from / POLICY_CONFIG),
             "the checkpoint being resumed",
         )
-    if reference.input_features or reference.output_features:
+    if (reference.input_features or reference.output_features) and not features_are_derived(reference):
         check_features_fit(reference, meta.features, root, source)
     policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
     delta = resolve_delta_timestamps(

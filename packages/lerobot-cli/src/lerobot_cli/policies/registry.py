@@ -24,6 +24,7 @@ ENTRY_POINT_GROUP = "lerobot_cli.policies"
 _BUILTIN: dict[str, str] = {
     "act": "lerobot_cli.policies.act.config:ACTConfig",
     "diffusion": "lerobot_cli.policies.diffusion.config:DiffusionConfig",
+    "fastwam": "lerobot_cli.policies.fastwam.config:FastWAMConfig",
     "mlp": "lerobot_cli.policies.mlp.config:MLPConfig",
     "pi0": "lerobot_cli.policies.pi0.config:PI0Config",
     "pi05": "lerobot_cli.policies.pi05.config:PI05Config",
