@@ -1,0 +1,454 @@
+"""Our whole FastWAM policy against LeRobot 0.6.1's: files both ways, the training loss, its parts, every
+gradient, and the action chunks.
+
+LeRobot needs its own environment (Python 3.12, lerobot 0.6.1 with diffusers and transformers), so this
+script runs in two interpreters and hands files between them:
+
+    uv run python tools/interop/fastwam_policy_lerobot_interop.py --lerobot-python <LeRobot env python>
+
+1. ours-write     (our env)      The frozen parts both sides load: a tiny Wan2.2-shaped VAE (diffusers'
+                                 ``save_pretrained``), a tiny UMT5 encoder (transformers' ``save_pretrained``:
+                                 the weights travel as files, transformers 5.24 and 5.5 initialise
+                                 differently) and a byte-level UMT5 tokenizer this check writes
+                                 (packages/lerobot-cli/tests/umt5_tokenizer.py). Per case: our ``config.json``
+                                 (+ sidecar), a seeded policy saved as ``model.safetensors``, a training batch
+                                 and a live batch, and our outputs on them as reference.
+2. lerobot-check  (LeRobot env)  LeRobot's ``FastWAMPolicy.from_pretrained(<our directory>, strict=True)``,
+                                 its three frozen-part loaders pointed at those files (its code otherwise
+                                 untouched), recomputes our reference: ``forward`` (its
+                                 ``_batch_to_training_sample`` + ``training_loss``) under the same seed, then
+                                 ``backward``, and ``predict_action_chunk`` (its ``infer_action`` per sample).
+                                 Then a policy seeded on its side, written by its own ``save_pretrained``,
+                                 with its outputs.
+3. ours-check     (our env)      That directory: its ``config.json`` read by our serializer, its weights
+                                 loaded into our policy strictly (our ``load_weights``), our outputs equal
+                                 LeRobot's.
+
+Outputs compared per case (fp32, CPU), each with ``torch.equal``:
+
+* ``loss``, ``loss_video``, ``loss_action``: the training loss of one batch (2 samples: cameras of other
+  sizes resized and concatenated, the prompt template around each task through UMT5, the state's frame 0 as
+  the proprio token, padded action steps) and its parts as LeRobot logs them (lambda-weighted; LeRobot hands
+  Python floats, ours 0-d tensors: compared in float64, where the lambdas 0.5/1/2 multiply exactly);
+* ``draw.*``: the four draws of the step (video noise, video timesteps, action noise, action timesteps),
+  recorded on both sides from the same seed; LeRobot's side then replays ours (as
+  fastwam_flow_lerobot_interop.py does for bf16), so the loss compares what each draw is used for even if
+  a torch version drew other numbers;
+* ``grad.*``: the gradient of every trainable parameter (``loss.backward()``);
+* ``chunk``: ``predict_action_chunk`` on a live batch of 2 (the first frame, prefill, Euler steps; seeded
+  noise, every sample re-seeded as LeRobot does), float32.
+
+Tolerance: 0. Both sides run the same operations in the same order and dtypes (the VAE's and UMT5's numbers
+are already bit-equal in fastwam_processor_lerobot_interop.py, the networks' in fastwam_lerobot_interop.py,
+the schedule and losses in fastwam_flow_lerobot_interop.py), so a difference is a bug, not rounding. Inputs
+read back from safetensors are cloned first (``load_inputs``): an mmap'd tensor's address changes how CPU
+kernels split it into vector lanes, which alone moved outputs by 1e-7 in fastwam_lerobot_interop.py.
+
+Cases: ``default`` (LeRobot's defaults at tiny sizes: schedules, lambdas, 10 Euler steps, seed 42; two
+cameras, proprio 3) and ``custom`` (other train and inference shifts and timestep counts, lambdas 0.5 / 2,
+freeze_video_expert, mot_checkpoint_mixed_attn, attention in the inputs' dtype, no proprio, one camera,
+3 Euler steps with sigma_shift 2.5, seed 7). bf16 is not compared: LeRobot's fp32 regions are CUDA autocast
+contexts, so its bf16 model cannot run on the CPU. Exit status 0: everything passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Self
+
+import torch
+from safetensors.torch import load_file, save_file
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER_HELPER = REPO / "packages" / "lerobot-cli" / "tests" / "umt5_tokenizer.py"
+BATCH, ACTION_DIM, STATE_DIM, HORIZON, RAW_FRAMES, RATIO = 2, 4, 3, 8, 9, 2
+MODEL_FRAMES = (RAW_FRAMES - 1) // RATIO + 1  # 5: one latent transition
+IMAGE_SIZE = (32, 64)
+MAX_LEN = 128  # the byte-level template is 85 tokens: room for the task
+TASKS = ["pick up the red cube", "open the top drawer"]
+SEED = 1234  # the tiny VAE and UMT5
+CASES = {
+    "default": {"cameras": {"observation.images.left": (40, 40), "observation.images.right": (24, 48)}},
+    "custom": {
+        "cameras": {"observation.images.top": (48, 80)},
+        "config": {
+            "proprio_dim": None,
+            "video_scheduler": {"train_shift": 3.0, "infer_shift": 7.0, "num_train_timesteps": 1000},
+            "action_scheduler": {"train_shift": 2.0, "infer_shift": 6.0, "num_train_timesteps": 800},
+            "loss": {"lambda_video": 0.5, "lambda_action": 2.0},
+            "freeze_video_expert": True,
+            "mot_checkpoint_mixed_attn": True,
+            "fp32_attention": False,
+            "num_inference_steps": 3,
+            "sigma_shift": 2.5,
+            "inference_seed": 7,
+        },
+    },
+}
+PARTS = ("loss", "loss_video", "loss_action")
+
+
+class Draws:
+    """Records, or replays (``replay``), the ``torch.randn_like`` / ``torch.rand`` calls of a block (the
+    training step's four draws: both are looked up on ``torch`` at call time, on both sides)."""
+
+    def __init__(self, replay: list[torch.Tensor] | None = None) -> None:
+        self.replay, self.seen = (None if replay is None else list(replay)), []
+
+    def __enter__(self) -> Self:
+        self.saved = torch.randn_like, torch.rand
+
+        def wrap(name, real):
+            def draw(*args, **kwargs):
+                if self.replay is None:
+                    value = real(*args, **kwargs)
+                    self.seen.append(value.detach().clone())
+                    return value
+                value = self.replay.pop(0)
+                if name == "randn_like":
+                    assert value.shape == args[0].shape and value.dtype == args[0].dtype, name
+                self.seen.append(value.clone())
+                return value.clone()
+
+            return draw
+
+        torch.randn_like, torch.rand = wrap("randn_like", self.saved[0]), wrap("rand", self.saved[1])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.randn_like, torch.rand = self.saved
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def load_inputs(file: Path) -> dict[str, torch.Tensor]:
+    """The file's tensors as fresh allocations (see the module docstring)."""
+    return {key: value.clone() for key, value in load_file(str(file)).items()}
+
+
+def perturb_constants(module: torch.nn.Module, seed: int) -> None:
+    """Random values for parameters built constant (norm scales, zero biases, the zero video head)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(module.named_parameters()):
+            if param.numel() == 1 or bool((param == param.flatten()[0]).all()):
+                param.add_(0.1 * torch.randn(param.shape, generator=g))
+
+
+def make_batches(case: str, seed: int) -> dict[str, torch.Tensor]:
+    """A training batch (``train.*``: every camera at the delta indices, the state too, a padded action
+    chunk) and a live batch (``live.*``: one frame per camera, the state), cameras at their own sizes."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, (h, w) in CASES[case]["cameras"].items():
+        out[f"train.{key}"] = torch.rand(BATCH, MODEL_FRAMES, 3, h, w, generator=g)
+        out[f"live.{key}"] = torch.rand(BATCH, 3, h, w, generator=g)
+    if CASES[case].get("config", {}).get("proprio_dim", STATE_DIM) is not None:
+        # (without proprio LeRobot's inference refuses a state it would not read; ours ignores it)
+        out["train.observation.state"] = torch.randn(BATCH, MODEL_FRAMES, STATE_DIM, generator=g)
+        out["live.observation.state"] = torch.randn(BATCH, STATE_DIM, generator=g)
+    out["train.action"] = torch.randn(BATCH, HORIZON, ACTION_DIM, generator=g)
+    is_pad = torch.zeros(BATCH, HORIZON, dtype=torch.bool)
+    is_pad[1, 5:] = True
+    out["train.action_is_pad"] = is_pad
+    return out
+
+
+def batch_of(data: dict[str, torch.Tensor], prefix: str) -> dict:
+    batch = {k[len(prefix) + 1 :]: v for k, v in data.items() if k.startswith(prefix + ".")}
+    return {**batch, "task": list(TASKS)}
+
+
+def run_policy(policy, data: dict[str, torch.Tensor], seed: int, replay: list | None = None) -> dict:
+    """``forward`` + ``backward`` under ``seed`` (its draws recorded, or ``replay``ed), then the chunk."""
+    policy.train()
+    policy.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    with Draws(replay) as draws:
+        loss, parts = policy.forward(batch_of(data, "train"))
+    loss.backward()
+    out = {
+        "loss": loss.detach().double(),
+        **{k: torch.as_tensor(parts[k], dtype=torch.float64) for k in ("loss_video", "loss_action")},
+        **{f"draw.{i}": d for i, d in enumerate(draws.seen)},
+        **{f"grad.{n}": p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None},
+    }
+    policy.zero_grad(set_to_none=True)
+    if hasattr(policy, "reset"):
+        policy.reset()
+    out["chunk"] = policy.predict_action_chunk(batch_of(data, "live"))
+    return out
+
+
+def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple[bool, dict]:
+    """Exact equality of every reference tensor; figures: max |Δ| per output, over draws and gradients."""
+    ok, figures, grouped = True, {}, {"draws": 0.0, "gradients": 0.0}
+    if set(ref) != set(got):
+        print(
+            f"[{tag}] different outputs: only in the reference {sorted(set(ref) - set(got))[:5]}, only "
+            f"computed {sorted(set(got) - set(ref))[:5]}"
+        )
+        ok = False
+    for key in sorted(set(ref) & set(got)):
+        a, b = ref[key], got[key]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            print(f"[{tag}] {key}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
+            ok = False
+            continue
+        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+        group = "draws" if key.startswith("draw.") else "gradients" if key.startswith("grad.") else None
+        if group:
+            grouped[group] = max(grouped[group], diff)
+        else:
+            figures[key] = diff
+        if not torch.equal(a, b):
+            print(f"[{tag}] {key}: max |Δ| {diff:.3e}")
+            ok = False
+    figures.update(grouped)
+    figures["grad_tensors"] = sum(1 for k in ref if k.startswith("grad."))
+    return ok, figures
+
+
+def save(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+
+
+# ---------------------------------------------------------------- our side
+
+
+def _ours_config(case: str):
+    from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
+    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+
+    spec = CASES[case]
+    settings = dict(spec.get("config", {}))
+    cameras = spec["cameras"]
+    width = IMAGE_SIZE[1] // len(cameras)
+    inputs = {k: PolicyFeature(FeatureType.VISUAL, (3, IMAGE_SIZE[0], width)) for k in sorted(cameras)}
+    proprio = settings.pop("proprio_dim", STATE_DIM)
+    if proprio is not None:
+        inputs["observation.state"] = PolicyFeature(FeatureType.STATE, (proprio,))
+    video, action = tiny_dit_configs(ACTION_DIM)
+    return FastWAMConfig(
+        action_dim=ACTION_DIM,
+        proprio_dim=proprio,
+        action_horizon=HORIZON,
+        n_action_steps=HORIZON,
+        num_video_frames=RAW_FRAMES,
+        action_video_freq_ratio=RATIO,
+        image_size=IMAGE_SIZE,
+        torch_dtype="float32",
+        tokenizer_max_len=MAX_LEN,
+        video_dit_config=video,
+        action_dit_config=action,
+        input_features=inputs,
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))},
+        device="cpu",
+        **settings,
+    )
+
+
+def _our_frozen(work: Path, config):
+    from lerobot_cli.policies.fastwam.frozen import FrozenParts
+    from lerobot_cli.policies.fastwam.text import PromptEncoder, load_umt5_encoder, load_umt5_tokenizer
+    from lerobot_cli.policies.fastwam.vae import load_wan_vae
+
+    encoder = load_umt5_encoder(work / "umt5", dtype=torch.float32)
+    prompts = PromptEncoder(load_umt5_tokenizer(work / "tokenizer"), encoder, config.tokenizer_max_len)
+    return FrozenParts(load_wan_vae(work / "vae", dtype=torch.float32), prompts)
+
+
+def ours_write(work: Path) -> None:
+    from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
+    from lerobot_cli.policies.fastwam.text import build_umt5_encoder, tiny_umt5_config
+    from lerobot_cli.policies.fastwam.vae import build_wan_vae, tiny_wan_vae_config
+    from lerobot_cli.policies.serialization import save_policy_config
+    from lerobot_cli.policies.weights import save_state_dict
+
+    spec = importlib.util.spec_from_file_location("umt5_tokenizer", TOKENIZER_HELPER)
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    helper.save_tiny_umt5_tokenizer(work / "tokenizer")
+    torch.manual_seed(SEED)
+    build_wan_vae(tiny_wan_vae_config()).autoencoder.save_pretrained(str(work / "vae"))
+    torch.manual_seed(SEED)
+    build_umt5_encoder(tiny_umt5_config(d_model=32)).save_pretrained(str(work / "umt5"))
+    for index, case in enumerate(CASES):
+        directory = work / case / "ours"
+        config = _ours_config(case)
+        save_policy_config(config, directory)
+        torch.manual_seed(100 + index)
+        policy = FastWAMPolicy(config, frozen=_our_frozen(work, config))
+        perturb_constants(policy, 200 + index)
+        save_state_dict(policy.state_dict(), directory / "model.safetensors")
+        save(make_batches(case, 300 + index), work / case / "inputs.safetensors")
+        data = load_inputs(work / case / "inputs.safetensors")
+        save(run_policy(policy, data, seed=400 + index), directory / "reference.safetensors")
+
+
+def ours_check(work: Path) -> tuple[bool, dict]:
+    from lerobot_cli.policies.fastwam.config import FastWAMConfig
+    from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
+    from lerobot_cli.policies.serialization import policy_config_from_dict, policy_config_to_dict
+    from lerobot_cli.policies.weights import load_weights
+
+    ok, figures = True, {}
+    for index, case in enumerate(CASES):
+        directory = work / case / "lerobot"
+        written = json.loads((directory / "config.json").read_text())
+        config = policy_config_from_dict(written, FastWAMConfig)
+        ours_view = policy_config_to_dict(config)
+        mismatched = sorted(
+            k for k in written if k != "device" and json.loads(json.dumps(ours_view[k])) != written[k]
+        )
+        if mismatched:
+            print(f"[ours] {case}: LeRobot's config.json reads back differently in {mismatched}")
+            ok = False
+        policy = FastWAMPolicy(config, frozen=_our_frozen(work, config))
+        load_weights(policy, directory / "model.safetensors", strict=True)  # LeRobot's save_pretrained file
+        data = load_inputs(work / case / "inputs.safetensors")
+        reference = load_file(str(directory / "reference.safetensors"))
+        passed, numbers = compare(f"ours {case}", reference, run_policy(policy, data, seed=500 + index))
+        ok &= passed
+        figures[case] = numbers
+    return ok, figures
+
+
+# ---------------------------------------------------------------- LeRobot's side
+
+
+def _lerobot_modeling(work: Path):
+    """LeRobot's FastWAM with its three frozen-part loaders reading this check's files (its own loaders
+    would fetch the 5 B Wan2.2 repository); everything else is LeRobot's code as installed."""
+    from diffusers import AutoencoderKLWan
+    from lerobot.policies.fastwam import modeling_fastwam as modeling
+    from lerobot.policies.fastwam.wan import WanVideoVAE38
+    from lerobot.policies.fastwam.wan.components import WanTextEncoder, WanTokenizer
+    from transformers import UMT5EncoderModel
+
+    def vae(*, torch_dtype, device):
+        pretrained = AutoencoderKLWan.from_pretrained(str(work / "vae"), torch_dtype=torch_dtype)
+        return WanVideoVAE38(dtype=torch_dtype, device=device, pretrained=pretrained)
+
+    def text_encoder(*, model_id, torch_dtype, device, **_):
+        pretrained = UMT5EncoderModel.from_pretrained(str(work / "umt5"), dtype=torch_dtype)
+        return WanTextEncoder(dtype=torch_dtype, device=device, pretrained=pretrained)
+
+    modeling.load_pretrained_wan_vae = vae
+    modeling.load_pretrained_wan_text_encoder = text_encoder
+    modeling.build_wan_tokenizer = lambda *, model_id, tokenizer_max_len: WanTokenizer(
+        str(work / "tokenizer"), tokenizer_max_len
+    )
+    return modeling
+
+
+def lerobot_check(work: Path) -> bool:
+    import logging
+    import warnings
+
+    import draccus
+    from lerobot.configs.policies import PreTrainedConfig
+
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore", message="CUDA is not available")  # its fp32 autocast regions on CPU
+    modeling = _lerobot_modeling(work)
+    ok, report = True, {}
+    for index, case in enumerate(CASES):
+        ours_dir = work / case / "ours"
+        written = json.loads((ours_dir / "config.json").read_text())
+        config = PreTrainedConfig.from_pretrained(str(ours_dir))
+        parsed = json.loads(json.dumps(draccus.encode(config, PreTrainedConfig)))
+        differ = sorted(k for k in written if k not in ("device", "type") and parsed.get(k) != written[k])
+        if differ:
+            print(f"[lerobot] {case}: LeRobot reads our config.json differently in {differ}")
+            ok = False
+        policy = modeling.FastWAMPolicy.from_pretrained(str(ours_dir), strict=True)
+        data = load_inputs(work / case / "inputs.safetensors")
+        reference = load_file(str(ours_dir / "reference.safetensors"))
+        own = run_policy(policy, data, seed=400 + index)  # LeRobot's own draws from our seed
+        draws_equal, _ = compare(
+            f"lerobot {case} draws",
+            {k: v for k, v in reference.items() if k.startswith("draw.")},
+            {k: v for k, v in own.items() if k.startswith("draw.")},
+        )
+        replay = [reference[f"draw.{i}"] for i in range(sum(k.startswith("draw.") for k in reference))]
+        passed, figures = compare(f"lerobot {case}", reference, run_policy(policy, data, 400 + index, replay))
+        ok &= passed and draws_equal
+        report[case] = figures | {"own_draws_equal": draws_equal}
+        torch.manual_seed(600 + index)
+        theirs = modeling.FastWAMPolicy(config)
+        perturb_constants(theirs, 700 + index)
+        out_dir = work / case / "lerobot"
+        theirs.save_pretrained(str(out_dir))
+        save(run_policy(theirs, data, seed=500 + index), out_dir / "reference.safetensors")
+    (work / "lerobot_report.json").write_text(json.dumps(report))
+    return ok
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _print_figures(tag: str, figures: dict) -> None:
+    for case, numbers in figures.items():
+        print(f"{tag} {case}: max |Δ| {numbers}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "ours-write", "ours-check", "lerobot-check"]
+    )
+    parser.add_argument("--work", type=Path, help="work directory (default: a fresh temporary one)")
+    parser.add_argument(
+        "--lerobot-python",
+        default="/tmp/lerobot-venv/bin/python",
+        help="interpreter of the environment where LeRobot is installed",
+    )
+    args = parser.parse_args()
+    if args.mode == "ours-write":
+        ours_write(args.work)
+        return 0
+    if args.mode == "lerobot-check":
+        return 0 if lerobot_check(args.work) else 1
+    if args.mode == "ours-check":
+        ok, figures = ours_check(args.work)
+        (args.work / "ours_report.json").write_text(json.dumps(figures))
+        return 0 if ok else 1
+    start = time.monotonic()
+    work = args.work or Path(tempfile.mkdtemp(prefix="fastwam-policy-interop-"))
+    work.mkdir(parents=True, exist_ok=True)
+    me = str(Path(__file__).resolve())
+    ours_write(work)
+    theirs_ok = (
+        subprocess.run(
+            [args.lerobot_python, me, "lerobot-check", "--work", str(work)], check=False
+        ).returncode
+        == 0
+    )
+    ours_ok = (
+        subprocess.run([sys.executable, me, "ours-check", "--work", str(work)], check=False).returncode == 0
+    )
+    if (work / "lerobot_report.json").is_file():
+        _print_figures("LeRobot on our files,", json.loads((work / "lerobot_report.json").read_text()))
+    if (work / "ours_report.json").is_file():
+        _print_figures("ours on LeRobot's files,", json.loads((work / "ours_report.json").read_text()))
+    seconds = time.monotonic() - start
+    print(
+        f"LeRobot computes ours: {'PASS' if theirs_ok else 'FAIL'}; we compute LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'} ({seconds:.0f} s)"
+    )
+    return 0 if theirs_ok and ours_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
