@@ -31,9 +31,10 @@ Outputs compared per case (fp32, CPU), each with ``torch.equal``:
   the proprio token, padded action steps) and its parts as LeRobot logs them (lambda-weighted; LeRobot hands
   Python floats, ours 0-d tensors: compared in float64, where the lambdas 0.5/1/2 multiply exactly);
 * ``draw.*``: the four draws of the step (video noise, video timesteps, action noise, action timesteps),
-  recorded on both sides from the same seed; LeRobot's side then replays ours (as
-  fastwam_flow_lerobot_interop.py does for bf16), so the loss compares what each draw is used for even if
-  a torch version drew other numbers;
+  recorded on both sides from the same seed (the batches carry no dataset ``index``: with one, ours draws
+  per sample for layout-independent losses, as pi0's does, where LeRobot draws from the global RNG);
+  LeRobot's side then replays ours (as fastwam_flow_lerobot_interop.py does for bf16), so the loss compares
+  what each draw is used for even if a torch version drew other numbers;
 * ``grad.*``: the gradient of every trainable parameter (``loss.backward()``);
 * ``chunk``: ``predict_action_chunk`` on a live batch of 2 (the first frame, prefill, Euler steps; seeded
   noise, every sample re-seeded as LeRobot does), float32.

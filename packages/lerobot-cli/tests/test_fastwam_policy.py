@@ -228,6 +228,56 @@ def test_action_padding_masks_the_action_loss_only(policy):
     assert not torch.equal(padded["loss_action"], unpadded["loss_action"])
 
 
+def test_with_dataset_indices_each_sample_draws_the_same_wherever_it_lands(policy):
+    """With ``index`` (every dataset batch has it) a sample's noise and timesteps follow the sample, not its
+    place in the batch or which rank holds it: the loss of a batch is the mean of its halves' losses, each
+    half from the same global RNG state (every rank seeds alike), and does not change when the batch is
+    reordered. Without ``index`` the draws follow the position (LeRobot's global RNG)."""
+    batch = training_batch()
+    batch = {k: (v[[0, 1, 2, 0]] if isinstance(v, torch.Tensor) else [*v, v[0]]) for k, v in batch.items()}
+    batch["index"] = torch.tensor([10, 11, 12, 13])
+
+    def parts(b):
+        torch.manual_seed(21)
+        _, out = policy(b)
+        return torch.stack([out["loss_video"], out["loss_action"]])
+
+    def subset(rows):
+        return {
+            k: (v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows]) for k, v in batch.items()
+        }
+
+    whole = parts(batch)
+    halves = (parts(subset([0, 1])) + parts(subset([2, 3]))) / 2
+    assert torch.allclose(whole, halves, rtol=1e-6, atol=0), (whole, halves)
+    assert torch.allclose(parts(subset([3, 1, 0, 2])), whole, rtol=1e-6, atol=0)
+    # samples 0 and 3 are the same frames: with their own indices they draw differently
+    assert not torch.allclose(parts(subset([0, 1])), parts(subset([3, 1])), rtol=1e-6, atol=0)
+    del batch["index"]
+    assert not torch.allclose(parts(subset([3, 1, 0, 2])), parts(batch), rtol=1e-3, atol=0)
+
+
+def test_the_index_path_is_draw_targets_per_sample_under_its_own_seed(policy, monkeypatch):
+    """Each sample's draws are ``loss.draw_targets``'s (LeRobot's order, the clean first frame) under a
+    seed made of one global draw and the sample's index."""
+    batch = {k: v[2:] for k, v in training_batch().items()}  # the last sample (tensors and tasks)
+    batch["index"] = torch.tensor([7])
+    seen = []
+    real = policy.model.predict
+    monkeypatch.setattr(policy.model, "predict", lambda *args, **kw: seen.append(args) or real(*args, **kw))
+    torch.manual_seed(21)
+    policy(batch)
+    torch.manual_seed(21)
+    base = int(torch.randint(0, 2**62, ()))
+    video = stack_video(batch, image_size=policy.config.image_size, model_video_frames=FRAMES)
+    latents = policy.frozen.vae.encode(video * 2.0 - 1.0)
+    torch.manual_seed((base + 0x9E3779B97F4A7C15 * 8) % 2**63)
+    expected = draw_targets(latents, batch["action"], FlowSchedule(1000, 3.0), FlowSchedule(800, 2.0), True)
+    got = seen[0]
+    for i, name in enumerate(("latents", "timestep_video", "noisy_action", "timestep_action")):
+        assert torch.equal(got[i], getattr(expected, name)), name
+
+
 def test_gradients_reach_the_trainable_parameters_only(tokenizer_dir):
     policy = tiny_policy(tokenizer_dir, freeze_video_expert=True)
     loss, _ = policy(training_batch())

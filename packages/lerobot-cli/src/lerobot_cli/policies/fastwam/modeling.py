@@ -50,7 +50,7 @@ from lerobot_cli.policies.fastwam.attention import mot_attention_mask
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.contexts import TaskContexts
 from lerobot_cli.policies.fastwam.frozen import FrozenParts
-from lerobot_cli.policies.fastwam.loss import action_loss, draw_targets, video_loss
+from lerobot_cli.policies.fastwam.loss import FlowTargets, action_loss, draw_targets, video_loss
 from lerobot_cli.policies.fastwam.mot import MoT
 from lerobot_cli.policies.fastwam.schedule import FlowSchedule
 from lerobot_cli.policies.fastwam.text import batch_prompts
@@ -439,7 +439,7 @@ class FastWAMPolicy(nn.Module):
         if image_is_pad is not None:
             image_is_pad = image_is_pad.to(device=device, dtype=torch.bool)
 
-        targets = draw_targets(latents, action, self.video_schedule, self.action_schedule, True)
+        targets = self._draw_targets(batch, latents, action)
         pred_video, pred_action = self.model.predict(
             targets.latents,
             targets.timestep_video,
@@ -470,6 +470,40 @@ class FastWAMPolicy(nn.Module):
             "loss_video": lambda_video * loss_video.detach(),
             "loss_action": lambda_action * loss_action.detach(),
         }
+
+    def _draw_targets(self, batch: Mapping[str, Any], latents: Tensor, action: Tensor) -> FlowTargets:
+        """The step's noise and timesteps. With the batch's dataset ``index`` each sample draws its own, on
+        the host, from one draw of the global RNG plus its index (LeRobot's four draws in LeRobot's order),
+        so a sample gets the same draws whichever rank and micro-batch it lands in: one process, DDP, FSDP
+        and HSDP train alike on one global batch (every rank seeds the global RNG alike and draws in
+        lockstep; a resume restores it), as pi0's and diffusion's do. Without an ``index`` (a foreign batch)
+        the draws come from the global RNG directly, as in LeRobot (``loss.draw_targets``)."""
+        index = batch.get("index")
+        if not isinstance(index, Tensor) or index.numel() != latents.shape[0]:
+            return draw_targets(latents, action, self.video_schedule, self.action_schedule, True)
+        base = int(torch.randint(0, 2**62, ()))
+        draws: list[list[Tensor]] = [[], [], [], []]
+        for sample in index.reshape(-1).tolist():
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
+                draws[0].append(torch.randn((1, *latents.shape[1:]), dtype=latents.dtype))
+                draws[1].append(self.video_schedule.sample_timesteps(1, "cpu", latents.dtype))
+                draws[2].append(torch.randn((1, *action.shape[1:]), dtype=action.dtype))
+                draws[3].append(self.action_schedule.sample_timesteps(1, "cpu", action.dtype))
+        # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
+        noise_video, timestep_video, noise_action, timestep_action = (
+            torch.cat(d).to(latents.device, non_blocking=True) for d in draws
+        )
+        noisy_latents = self.video_schedule.noisy(latents, noise_video, timestep_video)
+        noisy_latents[:, :, 0:1] = latents[:, :, 0:1]  # the clean first frame, as draw_targets keeps it
+        return FlowTargets(
+            latents=noisy_latents,
+            target_video=self.video_schedule.velocity(latents, noise_video),
+            timestep_video=timestep_video,
+            noisy_action=self.action_schedule.noisy(action, noise_action, timestep_action),
+            target_action=self.action_schedule.velocity(action, noise_action),
+            timestep_action=timestep_action,
+        )
 
     # -- inference ---------------------------------------------------------------------------------------
     def _action_step(self) -> Callable[..., Tensor]:
