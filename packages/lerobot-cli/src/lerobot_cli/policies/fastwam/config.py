@@ -329,11 +329,24 @@ def _check_action_dit(action: dict[str, Any], video: dict[str, Any], action_dim:
 
 FASTWAM_SPEC = PolicySpec(
     model="lerobot_cli.policies.fastwam.modeling:FastWAMPolicy",
+    # LeRobot's make_fastwam_pre_post_processors: the default lists plus the action-toggle post step
+    processors="lerobot_cli.policies.fastwam.processors:fastwam_processor_steps",
     # Each MoTLayer owns video block i and action block i and is the only module whose forward runs them.
     wrap_units=("MoTLayer",),
     # Modules whose parts the model calls directly (the experts' embed/unembed, the MoT's prefill and cached
-    # action passes, the core's predict): never FSDP units, or their parameters would not be gathered there.
-    no_forward_modules=("FastWAMModel", "MoT", "VideoDiT", "ActionDiT"),
+    # action passes, the core's predict; a block's open/close and its attention projections, inside
+    # MoTLayer.forward; the video head's project): never FSDP units, or their parameters would not be
+    # gathered there. The size rule (--accelerator.fsdp.min_num_params) passes over them too, so their
+    # parameters count to the MoTLayer (or the root) that does run.
+    no_forward_modules=(
+        "FastWAMModel",
+        "MoT",
+        "VideoDiT",
+        "ActionDiT",
+        "DiTBlock",
+        "Projections",
+        "VideoHead",
+    ),
     # LoRA on the action expert: every linear layer of its blocks (self- and cross-attention q/k/v/o, the
     # FFN). LeRobot's FastWAMPolicy defines no default targets; a LeRobot user passes the same regex as
     # --peft.target_modules.
