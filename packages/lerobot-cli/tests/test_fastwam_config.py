@@ -10,12 +10,11 @@ from pathlib import Path
 import attrs
 import pytest
 from lerobot_cli.policies.dataset_fit import policy_config_for_dataset
+from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
 from lerobot_cli.policies.fastwam.config import (
-    BaseModelUnavailable,
     FastWAMConfig,
     default_action_dit_config,
     default_video_dit_config,
-    resolve_base_model,
     tiny_dit_configs,
 )
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
@@ -467,12 +466,18 @@ def test_base_model_resolution_is_offline_and_one_line(tmp_path, monkeypatch):
     assert "--policy.base_model_id=null" in message and "\n" not in message
     local = tmp_path / "base"
     local.mkdir()
+    with pytest.raises(BaseModelUnavailable, match=r"base: no model.safetensors in that directory"):
+        resolve_base_model(FastWAMConfig(base_model_id=str(local)))
+    (local / "model.safetensors").write_text("")
     assert resolve_base_model(FastWAMConfig(base_model_id=str(local))) == local
     snapshot = tmp_path / "hub" / "models--lerobot--fastwam_base" / "snapshots" / ("a" * 40)
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
     (tmp_path / "hub" / "models--lerobot--fastwam_base" / "refs").mkdir()
     (tmp_path / "hub" / "models--lerobot--fastwam_base" / "refs" / "main").write_text("a" * 40)
+    with pytest.raises(BaseModelUnavailable):  # a snapshot without the weights is not the base
+        resolve_base_model(FastWAMConfig())
+    (snapshot / "model.safetensors").write_text("")
     assert resolve_base_model(FastWAMConfig()) == snapshot
     # written null once the weights are the policy's own
     assert "base_model_id" in FastWAMConfig.spec.init_only_fields

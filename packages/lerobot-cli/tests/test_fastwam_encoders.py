@@ -346,8 +346,8 @@ def test_a_missing_part_is_one_line_naming_the_download_before_any_heavy_import(
     assert line == (
         "Wan-AI/Wan2.2-TI2V-5B-Diffusers: the Wan2.2 VAE is not in the Hugging Face cache (not cached), "
         "and runs never download it; download it once with network access: "
-        "hf download Wan-AI/Wan2.2-TI2V-5B-Diffusers --include 'vae/*' (or name a local directory "
-        "holding it)"
+        "hf download Wan-AI/Wan2.2-TI2V-5B-Diffusers --include 'vae/*' (FastWAM reads it from that "
+        "repository in the Hugging Face cache, as LeRobot does)"
     )
     assert imported == "[]"
 

@@ -41,8 +41,10 @@ def build_policy(config: PolicyConfig) -> nn.Module:
     fields, which every load of saved weights clears first, so a checkpoint's policy never reads them;
     a policy built on the meta device (``--dry_run``) reads no file."""
     policy = registry.policy_class(config)(config)
+    if _on_meta(policy):  # shapes only: the hook is not even asked (it may look for files)
+        return policy
     initial = config.initial_weights()
-    if initial is not None and initial.directory is not None and not _on_meta(policy):
+    if initial is not None and initial.directory is not None:
         load_initial_weights(
             policy, Path(initial.directory) / MODEL_NAME, adapt=registry.state_dict_adapter(config)
         )

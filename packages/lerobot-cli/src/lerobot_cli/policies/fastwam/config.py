@@ -19,13 +19,21 @@ UMT5 from config with fixed seeds instead of loading the real ones, so nothing b
 such variant: it reads the tiny networks from ``config.json`` but loads the real VAE and UMT5, whose
 4096-wide context does not fit the tiny DiTs' ``text_dim``.
 
+What is read from where (``PolicyConfig.external_sources``, each found offline before any work or one line
+naming its flag and ``hf download``; ``sources.frozen_part_sources``): the Wan2.2 VAE always from
+``Wan-AI/Wan2.2-TI2V-5B-Diffusers``'s ``vae/`` in the Hugging Face cache, as LeRobot 0.6.1 (no field moves
+it); with ``load_text_encoder`` the UMT5 text encoder from ``text_encoder_model_id``'s ``text_encoder/`` and
+its tokenizer from ``tokenizer_model_id`` (a Hub repo in the cache or a local directory, the tokenizer under
+the custom-code refusal); without, neither: each batch must then carry its ``context`` / ``context_mask``,
+and a dataset that has none is refused by :meth:`FastWAMConfig.fit_dataset`.
+
 ``base_model_id``: LeRobot points ``pretrained_path`` at ``lerobot/fastwam_base`` in ``__post_init__``
 whenever the network sizes are the base's, and downloads it when the policy is built. Here
-``pretrained_path`` stays what ``--policy.path`` says, and :func:`resolve_base_model` names the directory a
-fresh full-size policy initialises from: a local directory, or the repo's snapshot in the Hugging Face cache
-(no network). Anything else is one line saying how to download it or to pass ``--policy.base_model_id=null``.
-Being init-only, the field is written as ``null`` once the weights are the policy's own (as LeRobot drops
-the automatic path).
+``pretrained_path`` stays what ``--policy.path`` says, and a fresh policy starts from the base's weights
+through ``PolicyConfig.initial_weights`` (``base.py``: a local directory or the repo's snapshot in the Hugging
+Face cache, LeRobot's cross-embodiment rule for tensors of other shapes, a base of another size judged by its
+own ``config.json``). Being init-only, the field is written as ``null`` once the weights are the policy's own
+(as LeRobot drops the automatic path).
 
 :func:`tiny_dit_configs` gives network sizes for tests and CPU demos (a model built in milliseconds); LeRobot
 builds the same tiny model from the same ``config.json``.
@@ -41,7 +49,7 @@ import attrs
 from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig
-from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
@@ -106,29 +114,6 @@ ACTION_REQUIRED_KEYS = (
     "num_layers",
 )
 ACTION_OPTIONAL_DEFAULTS = {"use_gradient_checkpointing": False, "fp32_attention": True}
-
-# Network sizes that decide whether lerobot/fastwam_base's weights fit (LeRobot's compatibility keys).
-_BASE_VIDEO_KEYS = (
-    "patch_size",
-    "in_dim",
-    "hidden_dim",
-    "ffn_dim",
-    "freq_dim",
-    "text_dim",
-    "out_dim",
-    "num_heads",
-    "attn_head_dim",
-    "num_layers",
-)
-_BASE_ACTION_KEYS = (
-    "hidden_dim",
-    "ffn_dim",
-    "num_heads",
-    "attn_head_dim",
-    "num_layers",
-    "text_dim",
-    "freq_dim",
-)
 
 
 def default_video_dit_config(action_dim: int) -> dict[str, Any]:
@@ -402,26 +387,33 @@ class FastWAMConfig(PolicyConfig):
     )
     tokenizer_model_id: str = field(
         default=WAN_T5_TOKENIZER_ID,
-        metadata={"help": "UMT5 tokenizer: a Hub repo in the HF cache or a local directory."},
+        metadata={
+            "help": "UMT5 tokenizer, read with load_text_encoder only: a Hub repo in the HF cache or a local "
+            "directory."
+        },
     )
     text_encoder_model_id: str = field(
         default=WAN22_DIFFUSERS_MODEL_ID,
         metadata={
-            "help": "Diffusers repo (or local directory) holding the UMT5 text encoder and the Wan2.2 VAE."
+            "help": "UMT5 text encoder, from its text_encoder/ folder, read with load_text_encoder only: a "
+            "Diffusers repo in the HF cache or a local directory. The Wan2.2 VAE is not read from here: "
+            f"always from {WAN22_DIFFUSERS_MODEL_ID}'s vae/ in the HF cache, as LeRobot does."
         },
     )
     base_model_id: str | None = field(
         default=FASTWAM_BASE_MODEL_ID,
         metadata={
-            "help": "Weights a fresh full-size policy starts from: a local directory or a repo in the HF "
-            "cache; null: random weights."
+            "help": "Weights a fresh policy starts from when its networks are the base's size (a local "
+            "directory's own config.json, else LeRobot's full size): a FastWAM pretrained_model/ directory "
+            "or a repo in the HF cache; tensors of other shapes stay fresh; null: random weights."
         },
     )
     tokenizer_max_len: int = 128
     load_text_encoder: bool = field(
         default=True,
         metadata={
-            "help": "Load UMT5 to encode task text; false: batches carry precomputed context/context_mask."
+            "help": "Load UMT5 and its tokenizer to encode task text; false: neither is read and each batch "
+            "must carry context/context_mask (the dataset's)."
         },
     )
     mot_checkpoint_mixed_attn: bool = field(
@@ -631,6 +623,15 @@ class FastWAMConfig(PolicyConfig):
         by :meth:`validate_features` before any weight is built."""
         from lerobot_cli.datasets.features import dataset_to_policy_features
 
+        if not self.load_text_encoder and not {"context", "context_mask"} <= set(dataset_features):
+            # LeRobot fails at the first batch ("Prompt encoding requires loaded text encoder/tokenizer")
+            from lerobot_cli.cli.errors import UsageError  # torch-free; one line, also from the runner
+
+            raise UsageError(
+                "--policy.load_text_encoder=false: FastWAM then reads each sample's text context from the "
+                "batch, but the dataset has no context/context_mask features; pass "
+                "--policy.load_text_encoder=true to encode the task text with UMT5"
+            )
         features = dataset_to_policy_features(dataset_features)
         outputs = {k: f for k, f in features.items() if f.type is FeatureType.ACTION} or dict(
             self.output_features
@@ -725,44 +726,33 @@ class FastWAMConfig(PolicyConfig):
             grad_clip_norm=10.0,
         )
 
+    def full_size_networks(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """LeRobot's default DiT configs at this ``action_dim``: the size of ``lerobot/fastwam_base``."""
+        return default_video_dit_config(self.action_dim), default_action_dit_config(self.action_dim)
+
     def fits_base_model(self) -> bool:
-        """Whether ``lerobot/fastwam_base``'s weights fit these network sizes (LeRobot's rule)."""
-        video, action = default_video_dit_config(self.action_dim), default_action_dit_config(self.action_dim)
-        return all(self.video_dit_config.get(k) == video[k] for k in _BASE_VIDEO_KEYS) and all(
-            self.action_dit_config.get(k) == action[k] for k in _BASE_ACTION_KEYS
-        )
+        """Whether the base's weights fit these network sizes (``base.py``: LeRobot's full size for a Hub id,
+        a local directory's own ``config.json``)."""
+        from lerobot_cli.policies.fastwam.base import size_difference
 
+        return size_difference(self) is None
 
-class BaseModelUnavailable(ValueError):
-    """``base_model_id`` names weights that are neither a local directory nor in the Hugging Face cache."""
+    # -- what the run reads from outside its dataset and checkpoints ---------------------------------------
+    def tokenizer(self) -> Source | None:
+        """The UMT5 tokenizer, under the custom-code refusal; not read without the text encoder."""
+        if not self.load_text_encoder:
+            return None
+        return Source("--policy.tokenizer_model_id", self.tokenizer_model_id)
 
+    def external_sources(self) -> tuple[Source, ...]:
+        """The frozen VAE, UMT5 and tokenizer this config reads and the base it starts from (``sources.py``,
+        ``base.py``), each found offline before any work."""
+        from lerobot_cli.policies.fastwam.sources import external_sources
 
-def resolve_base_model(config: FastWAMConfig) -> Path | None:
-    """The directory a fresh policy initialises from, or None when LeRobot would not auto-load one (weights
-    from ``--policy.path``, a PEFT run, ``base_model_id=null``, or network sizes other than the base's).
+        return external_sources(self)
 
-    Offline by design: a local directory, else the repo's snapshot in the Hugging Face cache; otherwise
-    :class:`BaseModelUnavailable` in one line."""
-    if config.pretrained_path or config.use_peft or not config.base_model_id or not config.fits_base_model():
-        return None
-    name = config.base_model_id
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or _is_local_path(name):
-        raise BaseModelUnavailable(
-            f"--policy.base_model_id={name}: no directory there; give the directory "
-            "of a FastWAM pretrained_model/, a Hub repo in the HF cache, or null"
-        )
-    try:
-        from huggingface_hub import snapshot_download
+    def initial_weights(self) -> InitialWeights | None:
+        """The base model's weights over a fresh policy, or why none (``base.py``)."""
+        from lerobot_cli.policies.fastwam.base import initial_weights
 
-        return Path(snapshot_download(repo_id=name, repo_type="model", local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached / bad repo id / broken cache: one line, with what to do
-        from huggingface_hub import constants
-
-        raise BaseModelUnavailable(
-            f"--policy.base_model_id={name} is neither a local directory nor in the Hugging Face cache "
-            f"({constants.HF_HUB_CACHE}): download it once with network access (`hf download {name}`), or "
-            "pass --policy.base_model_id=null to start from random weights"
-        ) from None
+        return initial_weights(self)

@@ -2,8 +2,10 @@
 
 LeRobot 0.6.1 loads the Wan2.2 VAE from ``Wan-AI/Wan2.2-TI2V-5B-Diffusers`` (``vae/``, a fixed id), the
 UMT5-XXL text encoder from ``text_encoder_model_id`` (``text_encoder/`` of that repository) and the
-tokenizer from ``tokenizer_model_id`` (``google/umt5-xxl``). Here each may also be a local directory:
-the repository's root (holding the subfolder) or the part's own folder.
+tokenizer from ``tokenizer_model_id`` (``google/umt5-xxl``). Here the text encoder and the tokenizer may
+also be a local directory: the repository's root (holding the subfolder) or the part's own folder. The VAE's
+repository stays LeRobot's, in the cache, whatever ``text_encoder_model_id`` says (``frozen_part_sources``:
+what a config reads from where, for the policy that loads it and for the check before the run).
 
 A Hub id is looked up in the cache only (``local_files_only=True``: ``HF_HUB_OFFLINE`` or not, a run never
 downloads them). The text encoder alone is ~11 GB, and every rank of a job would fetch it at once, deep
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from attrs import field, frozen
@@ -91,10 +94,17 @@ class FrozenPartUnavailableError(ValueError):
             )
         include = "".join(f" '{pattern}'" for pattern in self.part.include)
         include = f" --include{include}" if include else ""
+        # no setting: a source the policy fixes (the VAE's repository, as LeRobot's), so no directory can
+        # stand in for it
+        instead = (
+            "or name a local directory holding it"
+            if setting
+            else "FastWAM reads it from that repository in the Hugging Face cache, as LeRobot does"
+        )
         return (
             f"{named}: the {self.part.name} is not in the Hugging Face cache ({self.reason}), and runs never "
             f"download it; download it once with network access: hf download {self.source}{include} "
-            f"(or name a local directory holding it)"
+            f"({instead})"
         )
 
 
@@ -194,3 +204,47 @@ def resolve_frozen_sources(
         if tokenizer_model_id is None
         else resolve_part(tokenizer_model_id, TOKENIZER, tokenizer_setting),
     )
+
+
+def frozen_part_sources(config) -> tuple[tuple[FrozenPart, str, str | None], ...]:
+    """What a FastWAM run with ``config`` reads of its frozen parts, and from where: ``(part, source, flag)``
+    (flag None: fixed by the policy).
+
+    ``variant=full``: the Wan2.2 VAE from ``Wan-AI/Wan2.2-TI2V-5B-Diffusers``'s ``vae/``, always, as LeRobot
+    0.6.1 loads it (``text_encoder_model_id`` does not move it); with ``load_text_encoder`` the UMT5 text
+    encoder from ``text_encoder_model_id`` (its ``text_encoder/``) and the tokenizer from
+    ``tokenizer_model_id``. ``variant=tiny``: the VAE and UMT5 are built from config, so only the tokenizer,
+    with ``load_text_encoder``. ``load_text_encoder=false``: neither UMT5 nor its tokenizer (they only encode
+    prompts; LeRobot loads the tokenizer anyway, unused), the contexts come from the batch."""
+    text = config.load_text_encoder
+    tokenizer = (TOKENIZER, config.tokenizer_model_id, "--policy.tokenizer_model_id")
+    if config.variant == "tiny":
+        return (tokenizer,) if text else ()
+    vae = (VAE, WAN22_DIFFUSERS_MODEL_ID, None)
+    if not text:
+        return (vae,)
+    return (vae, (TEXT_ENCODER, config.text_encoder_model_id, "--policy.text_encoder_model_id"), tokenizer)
+
+
+def resolve_config_parts(config) -> dict[str, Path]:
+    """The local folders of every frozen part ``config`` reads (:func:`frozen_part_sources`), by the part's
+    ``subfolder`` name (``vae``, ``text_encoder``, ``tokenizer``); the first missing one raises
+    :class:`FrozenPartUnavailableError` naming its flag. What the policy loads, and what the run checks
+    before any work, come from this one list."""
+    return {
+        part.subfolder: resolve_part(source, part, flag) for part, source, flag in frozen_part_sources(config)
+    }
+
+
+def external_sources(config) -> tuple:
+    """FastWAM's ``PolicyConfig.external_sources``: its frozen parts (:func:`frozen_part_sources`) and the
+    base model a fresh policy starts from (``base.py``), each resolvable offline or one line."""
+    from lerobot_cli.policies.config import Source
+    from lerobot_cli.policies.fastwam.base import base_model_source
+
+    found = [
+        Source(flag or "", source, partial(resolve_part, source, part, flag))
+        for part, source, flag in frozen_part_sources(config)
+    ]
+    base = base_model_source(config)
+    return (*found, *([base] if base is not None else []))
