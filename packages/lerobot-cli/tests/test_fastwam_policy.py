@@ -372,19 +372,45 @@ def test_tiny_frozen_parts_are_the_same_in_every_process_and_leave_the_rng_alone
             assert torch.equal(x, y), name
 
 
-def test_the_full_variant_loads_from_its_sources_or_fails_in_one_line(tokenizer_dir, tmp_path):
+def test_the_full_variant_loads_its_frozen_parts_from_their_sources(tokenizer_dir, tmp_path, monkeypatch):
+    """variant=full: the VAE from LeRobot's Wan2.2 repository in the Hugging Face cache, UMT5 from
+    ``text_encoder_model_id`` (here a local directory), the tokenizer from ``tokenizer_model_id``; tiny
+    weights stand in for them. An empty cache is one line (sources.py's), before any frozen weight."""
+    from lerobot_cli.policies.fastwam.sources import WAN22_DIFFUSERS_MODEL_ID
+    from lerobot_cli.policies.fastwam.text import build_umt5_encoder, tiny_umt5_config
+    from lerobot_cli.policies.fastwam.vae import build_wan_vae, tiny_wan_vae_config
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     video, action = tiny_dit_configs(ACTION_DIM)
     config = tiny_config(
         tokenizer_dir,
         variant="full",
-        text_encoder_model_id=str(tmp_path / "wan"),
+        text_encoder_model_id=str(tmp_path / "umt5"),
         video_dit_config=video,
         action_dit_config=action,
     )
     with pytest.raises(FrozenPartUnavailableError) as exc:
         FastWAMPolicy(config)
-    assert str(exc.value).startswith(f"--policy.text_encoder_model_id={tmp_path / 'wan'}: no such directory")
+    assert str(exc.value).startswith(f"{WAN22_DIFFUSERS_MODEL_ID}: the Wan2.2 VAE is not in the Hugging Face")
     assert "\n" not in str(exc.value)
+
+    repo = cache / f"models--{WAN22_DIFFUSERS_MODEL_ID.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    torch.manual_seed(3)
+    vae = build_wan_vae(tiny_wan_vae_config())
+    vae.autoencoder.save_pretrained(str(repo / "snapshots" / "0123abcd" / "vae"))
+    encoder = build_umt5_encoder(tiny_umt5_config(d_model=32))
+    encoder.save_pretrained(str(tmp_path / "umt5" / "text_encoder"))
+    policy = FastWAMPolicy(config)
+    for ours, saved in ((policy.frozen.vae, vae), (policy.frozen.prompts.encoder, encoder)):
+        mine = ours.state_dict()
+        assert all(torch.equal(mine[k], v) for k, v in saved.state_dict().items())
+    loss, _ = policy(training_batch())
+    assert torch.isfinite(loss)
 
 
 def test_tiny_networks_and_frozen_parts_unless_networks_are_given(tokenizer_dir):

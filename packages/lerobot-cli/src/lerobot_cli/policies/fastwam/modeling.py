@@ -171,13 +171,15 @@ def build_frozen_parts(config: FastWAMConfig) -> FrozenParts:
     """The frozen VAE and (with ``load_text_encoder``) the prompt encoder ``config`` names, on the CPU in
     ``torch_dtype``.
 
-    ``variant=full``: loaded from their resolved local folders (``sources.py``: a directory, or a complete
-    Hugging Face cache snapshot; never a download): the VAE from ``text_encoder_model_id``'s ``vae/``, UMT5
-    from its ``text_encoder/``, the tokenizer from ``tokenizer_model_id``. ``variant=tiny``: a tiny Wan2.2-
-    shaped VAE and a tiny UMT5 (``text_dim`` wide, a vocabulary covering the tokenizer) built from config
-    under a fixed seed, so every rank and every later process builds the same weights; only the tokenizer is
-    read. A source that is missing raises ``FrozenPartUnavailableError`` (one line naming the flag)."""
-    from lerobot_cli.policies.fastwam import sources
+    What is read from where is ``sources.resolve_config_parts`` (the list the run checks before any work):
+    ``variant=full`` loads the Wan2.2 VAE from LeRobot's repository, UMT5 from ``text_encoder_model_id`` and
+    the tokenizer from ``tokenizer_model_id``, each from a local directory or a complete Hugging Face cache
+    snapshot, never a download. ``variant=tiny`` builds a tiny Wan2.2-shaped VAE and a tiny UMT5
+    (``text_dim`` wide, a vocabulary covering the tokenizer) from config under a fixed seed in a forked RNG,
+    so every rank and every later process builds the same weights and the run's random stream is left as
+    it was; only the tokenizer is read. A missing source raises ``FrozenPartUnavailableError`` (one line
+    naming its flag)."""
+    from lerobot_cli.policies.fastwam.sources import resolve_config_parts
     from lerobot_cli.policies.fastwam.text import (
         PromptEncoder,
         build_umt5_encoder,
@@ -188,31 +190,24 @@ def build_frozen_parts(config: FastWAMConfig) -> FrozenParts:
     from lerobot_cli.policies.fastwam.vae import build_wan_vae, load_wan_vae, tiny_wan_vae_config
 
     dtype = TORCH_DTYPES[config.torch_dtype]
-    text_setting, tokenizer_setting = "--policy.text_encoder_model_id", "--policy.tokenizer_model_id"
     text_dim = int(config.video_dit_config["text_dim"])
+    folders = resolve_config_parts(config)
+    prompts = None
     if config.variant == "tiny":
-        prompts = None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(TINY_SEED)
             vae = build_wan_vae(tiny_wan_vae_config(), dtype=dtype)
             if config.load_text_encoder:
-                folder = sources.resolve_part(config.tokenizer_model_id, sources.TOKENIZER, tokenizer_setting)
-                tokenizer = load_umt5_tokenizer(folder)
+                tokenizer = load_umt5_tokenizer(folders["tokenizer"])
                 encoder_config = tiny_umt5_config(d_model=text_dim, vocab_size=max(384, len(tokenizer)))
                 encoder = build_umt5_encoder(encoder_config, dtype=dtype)
                 prompts = PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
     else:
-        found = sources.resolve_frozen_sources(
-            vae_model_id=config.text_encoder_model_id,
-            text_encoder_model_id=config.text_encoder_model_id if config.load_text_encoder else None,
-            tokenizer_model_id=config.tokenizer_model_id if config.load_text_encoder else None,
-            settings=(text_setting, text_setting, tokenizer_setting),
-        )
-        vae = load_wan_vae(found.vae, dtype=dtype)
-        prompts = None
+        vae = load_wan_vae(folders["vae"], dtype=dtype)
         if config.load_text_encoder:
-            encoder = load_umt5_encoder(found.text_encoder, dtype=dtype)
-            prompts = PromptEncoder(load_umt5_tokenizer(found.tokenizer), encoder, config.tokenizer_max_len)
+            encoder = load_umt5_encoder(folders["text_encoder"], dtype=dtype)
+            tokenizer = load_umt5_tokenizer(folders["tokenizer"])
+            prompts = PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
     in_dim = int(config.video_dit_config["in_dim"])
     if vae.z_dim != in_dim:
         raise ValueError(
