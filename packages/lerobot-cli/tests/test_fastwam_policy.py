@@ -349,6 +349,20 @@ def test_frozen_parts_are_outside_the_module_and_follow_its_device(tokenizer_dir
     assert next(frozen.prompts.encoder.parameters()).device.type == "meta"
 
 
+def test_an_ema_copy_shares_the_frozen_parts_and_compiles_its_own_step(tokenizer_dir, monkeypatch):
+    import copy
+
+    monkeypatch.setattr(modeling.torch, "compile", lambda fn, **kwargs: fn)
+    policy = tiny_policy(tokenizer_dir, compile_action_infer=True)
+    policy.predict_action_chunk(live_batch())
+    assert policy._compiled.step is not None
+    shadow = copy.deepcopy(policy)  # what --ema.* keeps
+    assert shadow.frozen is policy.frozen  # 11 GB of UMT5 at full size: read-only, never copied
+    assert shadow._compiled.step is None  # its own compiled step, of its own model, at its first use
+    shadow.predict_action_chunk(live_batch())
+    assert shadow._compiled.step is not None and shadow._compiled.step != policy._compiled.step
+
+
 def test_on_the_meta_device_the_frozen_parts_wait_for_their_first_use(tmp_path):
     config = tiny_config(tmp_path / "no_tokenizer_here")
     with torch.device("meta"):
