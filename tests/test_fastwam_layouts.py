@@ -65,7 +65,7 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
     ``runs[name + ".stdout"]`` what it printed. The FSDP2 run's step-4 checkpoint is converted between the
     launches (its copy, ``runs["converted"]``, loses its shards), so the later launches resume from it."""
     root = tmp_path_factory.mktemp("fastwam")
-    names = ("ddp", "fsdp", "frozen", "single", "resumed_single", "hsdp", "resumed_ddp")
+    names = ("ddp", "fsdp", "frozen", "single", "resumed_single", "hsdp", "resumed_ddp", "size_rule")
     out: dict[str, Path | str] = {name: root / name for name in names}
     steps = [*TINY, "--steps=4", "--save_checkpoint=false"]
     two = {
@@ -113,7 +113,12 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
     four = {
         "hsdp": [*steps, batch(4), "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"],
     }
-    two_again = {"resumed_ddp": [*resume, batch(2)]}
+    two_again = {
+        "resumed_ddp": [*resume, batch(2)],
+        # a size rule small enough to make the video expert's fp32 time projection (6,336 parameters) a unit
+        # of its own: its forward must run for FSDP to gather it
+        "size_rule": [*steps, batch(2), "--parallelism.dp_shard=2", "--accelerator.fsdp.min_num_params=6000"],
+    }
     for nproc, group in ((1, one), (4, four), (2, two_again)):
         for name, flags in group.items():
             flags.append(f"--output_dir={out[name]}")
@@ -165,6 +170,19 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_a_size_rule_unit_inside_the_fp32_time_path_is_gathered(runs):
+    """``--accelerator.fsdp.min_num_params=6000`` makes ``time_projection.1`` (an fp32 linear of the video
+    expert) a unit of its own. It computes in its own ``forward`` (``Fp32Linear``), so FSDP's hook gathers
+    it; computed outside its call, every rank failed at step 1 ("mixed torch.Tensor and DTensor")."""
+    stdout = runs["size_rule.stdout"]
+    assert "model.mot.mixtures.video.time_projection.1 (Fp32Linear)" in stdout, stdout[-3000:]
+    reference, got = metrics(runs["single"]), metrics(runs["size_rule"])
+    assert sorted(got) == [1, 2, 3, 4]
+    for step, parts in reference.items():
+        for key, value in parts.items():
+            assert abs(got[step][key] - value) <= 1e-5 * max(1.0, abs(value)), (step, key)
 
 
 def test_fsdp2_shards_each_mot_layer(runs):

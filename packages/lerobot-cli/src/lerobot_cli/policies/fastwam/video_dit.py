@@ -31,16 +31,19 @@ from lerobot_cli.policies.fastwam.rope import RopeTables, sinusoidal_embedding, 
 from lerobot_cli.policies.fastwam.stream import ExpertInput
 
 
-def linear_fp32(linear: nn.Linear, x: Tensor) -> Tensor:
-    """``linear(x)`` in fp32: input, weight and bias upcast (what an fp32 autocast region computes)."""
-    return F.linear(x.float(), linear.weight.float(), None if linear.bias is None else linear.bias.float())
+class Fp32Linear(nn.Linear):
+    """A linear layer computing in fp32 whatever its weights' dtype: input, weight and bias upcast (what an
+    fp32 autocast region computes).
 
+    The upcast lives in ``forward`` so the layer always runs through its own ``__call__``: FSDP gathers a
+    unit's parameters in a hook on that call, so a size rule (``--accelerator.fsdp.min_num_params``) that
+    picks one of these layers as a unit still finds its weights gathered. Same parameters and names as
+    ``nn.Linear``.
+    """
 
-def sequential_fp32(layers: nn.Sequential, x: Tensor) -> Tensor:
-    """``layers(x)`` with every linear layer in fp32 (activations run in their input's dtype, fp32 here)."""
-    for layer in layers:
-        x = linear_fp32(layer, x) if isinstance(layer, nn.Linear) else layer(x)
-    return x
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x.float(), self.weight.float(), bias)
 
 
 class VideoHead(nn.Module):
@@ -49,7 +52,7 @@ class VideoHead(nn.Module):
     def __init__(self, hidden_dim: int, out_features: int, eps: float) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(hidden_dim, eps=eps, elementwise_affine=False)
-        self.head = nn.Linear(hidden_dim, out_features)
+        self.head = Fp32Linear(hidden_dim, out_features)
         self.modulation = nn.Parameter(torch.randn(1, 2, hidden_dim) / hidden_dim**0.5)
 
     def project(self, x: Tensor, t: Tensor) -> Tensor:
@@ -59,7 +62,7 @@ class VideoHead(nn.Module):
             shift, scale = (self.modulation.unsqueeze(0) + t.unsqueeze(2)).chunk(2, dim=2)
             normed = F.layer_norm(x.float(), self.norm.normalized_shape, None, None, self.norm.eps)
             normed = normed.to(x.dtype)
-            return linear_fp32(self.head, normed * (1 + scale.squeeze(2)) + shift.squeeze(2))
+            return self.head(normed * (1 + scale.squeeze(2)) + shift.squeeze(2))
 
 
 class VideoEmbedding(NamedTuple):
@@ -99,8 +102,8 @@ class VideoDiT(nn.Module):
         self.text_embedding = nn.Sequential(
             nn.Linear(self.text_dim, d), nn.GELU(approximate="tanh"), nn.Linear(d, d)
         )
-        self.time_embedding = nn.Sequential(nn.Linear(self.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
-        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
+        self.time_embedding = nn.Sequential(Fp32Linear(self.freq_dim, d), nn.SiLU(), Fp32Linear(d, d))
+        self.time_projection = nn.Sequential(nn.SiLU(), Fp32Linear(d, 6 * d))
         self.head = VideoHead(d, math.prod(self.patch_size) * self.out_dim, self.eps)
         self._init_weights()
         if self.action_conditioned:  # built after Wan's init, so it keeps torch's default initialisation
@@ -160,8 +163,8 @@ class VideoDiT(nn.Module):
         token_t[:, 0, :] = 0
         with torch.autocast(timestep.device.type, enabled=False):
             t_features = sinusoidal_embedding(self.freq_dim, token_t.reshape(-1)).float()
-            t = sequential_fp32(self.time_embedding, t_features).reshape(batch, -1, self.hidden_dim)
-            t_mod = sequential_fp32(self.time_projection, t).unflatten(2, (6, self.hidden_dim))
+            t = self.time_embedding(t_features).reshape(batch, -1, self.hidden_dim)
+            t_mod = self.time_projection(t).unflatten(2, (6, self.hidden_dim))
         t_mod = t_mod.to(dtype)
 
         x = self.patch_embedding(latents)
