@@ -58,6 +58,19 @@ TINY_DIFFUSION = [
     "--policy.num_train_timesteps=20",
     "--policy.scheduler_warmup_steps=0",
 ]
+# FastWAM at the size of packages/lerobot-cli/tests/test_fastwam_demo.py (the guide's fastwam-tiny block):
+# tiny DiTs, VAE and UMT5 built from config, the demo tokenizer, so nothing is read from the Hub cache
+TINY_FASTWAM = [
+    "--policy.variant=tiny",
+    f"--policy.tokenizer_model_id={REPO / 'data' / 'tokenizers' / 'demo_bytes'}",
+    "--policy.action_dim=2",
+    "--policy.proprio_dim=2",
+    "--policy.num_video_frames=5",
+    "--policy.action_video_freq_ratio=1",
+    "--policy.action_horizon=8",
+    "--policy.n_action_steps=8",
+    "--policy.image_size=[32,32]",
+]
 TINY_RUN = ["--num_workers=0", "--log_freq=1"]
 LAUNCH_TIMEOUT_S = 240  # hard limit per command; the whole file takes ~2.5 min on 2 CPU cores
 TOOL_TIMEOUT_S = 120
@@ -197,6 +210,9 @@ def _train_args(args: list[str], spec: dict, cwd: Path) -> list[str]:
         extra += TINY_DIFFUSION
     if ("--policy.type=pi0" in args or "--policy.type=pi05" in args) and "--dry_run=true" not in args:
         extra += TINY_VLA  # a dry run plans the full size on the meta device, in seconds
+    fastwam = "--policy.type=fastwam" in args and "--policy.variant=tiny" not in args
+    if fastwam and "--dry_run=true" not in args:
+        extra += TINY_FASTWAM  # a full-size command, run tiny (its torch_dtype and layout flags kept)
     if spec.get("steps"):
         steps = int(spec["steps"])
     elif "--resume=true" in args:

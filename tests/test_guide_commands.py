@@ -15,7 +15,9 @@ command per line) and rewritten generically:
 * ``lerobot-train`` (direct, or the script of ``torchrun`` / ``accelerate launch``): ``--num_workers=0
   --log_freq=1 --steps=2`` appended (later flags win), a tiny ACT when the command says
   ``--policy.type=act``, a tiny pi0 / pi05 with the demo tokenizer when it says ``--policy.type=pi0`` or
-  ``pi05`` (not for ``--dry_run=true``, which plans the full size on the meta device); a
+  ``pi05``, a tiny FastWAM (``--policy.variant=tiny``, the demo tokenizer) when it says
+  ``--policy.type=fastwam`` without ``--policy.variant=tiny`` (neither for ``--dry_run=true``, which
+  plans the full size on the meta device); a
   ``--resume=true`` command gets ``--steps=<checkpoint step + 2>``.
 * launchers get a free port; ``uv sync`` runs as ``--locked --dry-run --offline`` (it must not change the
   shared environment); ``source X`` checks that X activates an environment holding ``lerobot-train``.

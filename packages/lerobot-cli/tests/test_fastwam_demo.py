@@ -1,55 +1,54 @@
 """``lerobot-train --policy.type=fastwam`` on the bundled demo dataset: a tiny FastWAM trains offline.
 
-``--policy.variant=tiny`` builds tiny DiTs and a tiny Wan2.2-shaped VAE and UMT5 from config, and the task
-text goes through ``data/tokenizers/demo_bytes`` (the byte-level stand-in the pi0 demo uses), so nothing is
-downloaded (the Hugging Face Hub is set offline here). The demo's 64×64 camera becomes a 5-frame 32×32
-video (``num_video_frames=5`` at ``action_video_freq_ratio=1``: every frame, one latent transition) and
-the 2-D reaching actions an 8-step chunk. About 30-50 s on 2 CPU cores.
+The command is the user guide's ``fastwam-tiny`` block (docs/guide.md, section FastWAM), read from the guide
+and run as written, with only ``--output_dir`` moved to a temporary directory, so the guide and this test
+cannot drift apart. ``--policy.variant=tiny`` builds tiny DiTs and a tiny Wan2.2-shaped VAE and UMT5 from
+config, and the task text goes through ``data/tokenizers/demo_bytes`` (the byte-level stand-in the pi0 demo
+uses), so nothing is downloaded (the Hugging Face Hub is set offline here). The demo's 64×64 camera becomes
+a 5-frame 32×32 video (``num_video_frames=5`` at ``action_video_freq_ratio=1``: every frame, one latent
+transition) and the 2-D reaching actions an 8-step chunk. About 30-50 s on 2 CPU cores.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import torch
 from lerobot_cli.train import main
 
 REPO = Path(__file__).resolve().parents[3]
-DEMO = REPO / "data" / "lerobot" / "demo_reach"
-TOKENIZER = REPO / "data" / "tokenizers" / "demo_bytes"
-STEPS, LOG = 40, 5
+GUIDE = REPO / "docs" / "guide.md"
+GUIDE_BLOCK = re.compile(r"<!-- test: id=fastwam-tiny\b[^>]*-->\s*```bash\n(.*?)```", re.DOTALL)
 
-DEMO_FLAGS = [
-    "--dataset.repo_id=lerobot/demo_reach",
-    f"--dataset.root={DEMO}",
-    "--policy.type=fastwam",
-    "--policy.variant=tiny",
-    "--policy.torch_dtype=float32",
-    f"--policy.tokenizer_model_id={TOKENIZER}",
-    "--policy.action_dim=2",
-    "--policy.proprio_dim=2",
-    "--policy.num_video_frames=5",
-    "--policy.action_video_freq_ratio=1",
-    "--policy.action_horizon=8",
-    "--policy.n_action_steps=8",
-    "--policy.image_size=[32,32]",
-    "--policy.optimizer_lr=3e-3",
-    "--batch_size=8",
-    "--num_workers=0",
-]
+
+def guide_command() -> list[str]:
+    """The guide's ``fastwam-tiny`` command as ``lerobot-train`` arguments; its relative ``data/`` paths (the
+    repository's bundled dataset and tokenizer) resolved against the repository, as the guide's test does."""
+    block = GUIDE_BLOCK.search(GUIDE.read_text())
+    assert block, "docs/guide.md lost its fastwam-tiny block"
+    argv = shlex.split(block.group(1).replace("\\\n", " "))
+    assert argv[0] == "lerobot-train", argv
+    return [re.sub(r"^(--[\w.]+=)data/", lambda m: f"{m.group(1)}{REPO / 'data'}/", a) for a in argv[1:]]
+
+
+def flag(argv: list[str], name: str) -> str:
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    assert values, f"the guide's fastwam-tiny command has no --{name}"
+    return values[-1]
+
+
+DEMO_FLAGS = guide_command()
+STEPS, LOG = int(flag(DEMO_FLAGS, "steps")), int(flag(DEMO_FLAGS, "log_freq"))
 
 
 def test_a_tiny_fastwam_trains_offline_on_the_demo_and_its_loss_goes_down(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "demo_fastwam"
-    argv = [
-        *DEMO_FLAGS,
-        f"--steps={STEPS}",
-        f"--log_freq={LOG}",
-        f"--save_freq={STEPS}",
-        f"--output_dir={out}",
-    ]
+    assert flag(DEMO_FLAGS, "save_freq") == str(STEPS) and STEPS % LOG == 0, DEMO_FLAGS
+    argv = [*DEMO_FLAGS, f"--output_dir={out}"]  # the guide's command; later flags win
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "Policy: fastwam; learnable params 73,050 / total 73,050" in printed, printed
@@ -99,3 +98,29 @@ def test_features_the_config_derives_are_not_held_against_the_dataset():
     act = registry.config_class("act")
     assert not features_are_derived(act(input_features=given))
     assert features_are_derived(act())  # nothing given, nothing derived: nothing to check either
+
+
+def test_the_guides_downloads_are_the_commands_a_run_asks_for():
+    """docs/guide.md's "What to download first" lists, line for line, the ``hf download`` commands a
+    full-size run names when a part is missing from the cache (the VAE, UMT5, its tokenizer, the base)."""
+    from lerobot_cli.policies.fastwam import sources
+    from lerobot_cli.policies.fastwam.config import FASTWAM_BASE_MODEL_ID, FastWAMConfig
+
+    section = GUIDE.read_text().split("### What to download first", 1)[1]
+    block = re.search(r"```text\n(.*?)```", section, re.DOTALL)
+    assert block, "docs/guide.md lost the FastWAM downloads block"
+    listed = block.group(1).strip().splitlines()
+
+    config = FastWAMConfig()
+    parts = [
+        (sources.VAE, sources.WAN22_DIFFUSERS_MODEL_ID),
+        (sources.TEXT_ENCODER, config.text_encoder_model_id),
+        (sources.TOKENIZER, config.tokenizer_model_id),
+    ]
+    asked = []
+    for part, source in parts:
+        line = sources.FrozenPartUnavailableError(part, source, "not cached").naming(None)
+        asked.append(re.search(r"download it once with network access: (hf download .*?) \(", line).group(1))
+    assert config.base_model_id == FASTWAM_BASE_MODEL_ID
+    asked.append(f"hf download {config.base_model_id}")  # base.py's line
+    assert listed == asked
