@@ -123,6 +123,14 @@ def test_none_against_the_policys_own_checkpointing_switch_is_refused():
     )  # none by default
     flags["policy.gradient_checkpointing"] = "false"
     check_checkpointing_off(build_train_config(flags).config, flags)
+    # FastWAM's switch has another name, and the line names it
+    fastwam = {
+        "policy.type": "fastwam",
+        "policy.use_gradient_checkpointing": "true",
+        "accelerator.activation_checkpointing.mode": "none",
+    }
+    with pytest.raises(UsageError, match=r"add --policy.use_gradient_checkpointing=false to turn it off"):
+        check_checkpointing_off(build_train_config(fastwam).config, fastwam)
 
 
 def test_bare_boolean_flag():

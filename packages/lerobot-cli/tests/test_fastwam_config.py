@@ -149,7 +149,7 @@ def test_defaults_and_derivations_are_lerobots():
     assert cfg.model_video_frames == 9
     assert cfg.observation_delta_indices == [0, 4, 8, 12, 16, 20, 24, 28, 32]
     assert cfg.action_delta_indices == list(range(32))
-    assert cfg.activation_checkpointing() is False
+    assert cfg.activation_checkpointing() is None
 
 
 def test_switches_propagate_into_the_network_configs():
@@ -164,7 +164,7 @@ def test_switches_propagate_into_the_network_configs():
     for dit in (cfg.video_dit_config, cfg.action_dit_config):
         assert dit["fp32_attention"] is False and dit["use_gradient_checkpointing"] is True
     assert video["fp32_attention"] is True  # the caller's dict is not mutated
-    assert cfg.activation_checkpointing() is True
+    assert cfg.activation_checkpointing() == "--policy.use_gradient_checkpointing"
     empty = FastWAMConfig(video_dit_config={}, action_dit_config={})  # LeRobot: `or default`
     assert empty.video_dit_config == default_video_dit_config(7)
 

@@ -81,14 +81,15 @@ def check_extras(cfg: TrainConfig) -> None:
 
 def check_checkpointing_off(cfg: TrainConfig, flags: dict[str, str]) -> None:
     """``--accelerator.activation_checkpointing.mode=none`` given, while the policy's own
-    ``gradient_checkpointing=true`` (pi0/pi05, LeRobot's field, read as ``full``) would turn it on anyway:
-    say which switch to turn off rather than checkpoint silently (a resume inherits the policy's field)."""
+    switch (pi0/pi05's ``gradient_checkpointing``, FastWAM's ``use_gradient_checkpointing``, read as
+    ``full``) would turn it on anyway: say which switch to turn off rather than checkpoint silently (a resume
+    inherits the policy's field)."""
     given = flags.get("accelerator.activation_checkpointing.mode", "").strip()
-    if given == "none" and cfg.policy.activation_checkpointing():
+    switch = cfg.policy.activation_checkpointing()
+    if given == "none" and switch:
         raise UsageError(
-            "--accelerator.activation_checkpointing.mode=none, but --policy.gradient_checkpointing=true "
-            "(the policy's own switch, read as mode=full) turns activation checkpointing on: add "
-            "--policy.gradient_checkpointing=false to turn it off"
+            f"--accelerator.activation_checkpointing.mode=none, but {switch}=true (the policy's own switch, "
+            f"read as mode=full) turns activation checkpointing on: add {switch}=false to turn it off"
         )
 
 

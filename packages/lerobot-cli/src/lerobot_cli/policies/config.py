@@ -150,10 +150,12 @@ class PolicyConfig:
         ``drop_n_last_frames``, applied by the sampler as LeRobot's is); 0 by default."""
         return 0
 
-    def activation_checkpointing(self) -> bool:
-        """Whether the policy's own switch (LeRobot's ``gradient_checkpointing``) asks for activation
-        checkpointing, read as ``--accelerator.activation_checkpointing.mode=full``; False by default."""
-        return False
+    def activation_checkpointing(self) -> str | None:
+        """The flag of the policy's own switch (LeRobot's ``gradient_checkpointing``, FastWAM's
+        ``use_gradient_checkpointing``) when it asks for activation checkpointing, read as
+        ``--accelerator.activation_checkpointing.mode=full``; None when it does not (the default). The flag
+        name lets a refusal say which switch to turn off."""
+        return None
 
     def tokenizer(self) -> Source | None:
         """The tokenizer the processors or the model load (a Hub repo or a directory) and the flag naming

@@ -712,8 +712,8 @@ class FastWAMConfig(PolicyConfig):
     def action_delta_indices(self) -> list[int]:
         return list(range(self.action_horizon))
 
-    def activation_checkpointing(self) -> bool:
-        return self.use_gradient_checkpointing
+    def activation_checkpointing(self) -> str | None:
+        return "--policy.use_gradient_checkpointing" if self.use_gradient_checkpointing else None
 
     def optimizer_preset(self) -> OptimizerConfig:
         # LeRobot's AdamWConfig(lr, weight_decay), its other defaults: betas 0.9/0.999, eps 1e-8, clip 10.

@@ -249,8 +249,8 @@ class PiFlowConfig(PolicyConfig):
                     f"{limit}; raise --policy.max_{what}_dim to at least {feature.shape[-1]}"
                 )
 
-    def activation_checkpointing(self) -> bool:
-        return self.gradient_checkpointing
+    def activation_checkpointing(self) -> str | None:
+        return "--policy.gradient_checkpointing" if self.gradient_checkpointing else None
 
     def tokenizer(self) -> Source | None:
         return Source("--policy.tokenizer_name", self.tokenizer_name) if self.tokenizer_name else None
