@@ -66,7 +66,7 @@ def test_pretrained_weights_file_points_dcp_only_checkpoints_to_the_converter(tm
         pretrained_weights_file(step)
     assert str(info.value) == (
         f"{pm} holds its weights only as DCP shards (pytorch_model_fsdp_0/, written by "
-        "--checkpoint_format=dcp), which cannot be loaded as a pretrained model; convert them first: "
+        "checkpoint_format=dcp), which cannot be loaded as a pretrained model; convert them first: "
         f"lerobot-convert-dcp --checkpoint_dir={pm}"
     )
     (pm / "adapter_model.safetensors").write_bytes(b"")

@@ -27,6 +27,12 @@ def test_every_path_the_library_names_is_a_flag(path):
             "from --accelerator.fsdp.mixed_precision_policy.*)",
         ),
         ("device=tpu: not a torch device", "--policy.device=tpu: not a torch device"),
+        # lerobot_ckpt's run settings (config paths in the library, flags here)
+        (
+            "its weights use policy.path=/runs/a/pretrained_model",
+            "its weights use --policy.path=/runs/a/pretrained_model",
+        ),
+        ("(written by checkpoint_format=dcp), which", "(written by --checkpoint_format=dcp), which"),
         (
             "by the parallelism.* / accelerator.* settings of",
             "by the --parallelism.* / --accelerator.* flags of",

@@ -44,7 +44,7 @@ def pretrained_weights_file(path: Path | str) -> Path:
     if (directory / MODEL_DCP_DIR).is_dir():
         raise UnsupportedCheckpointError(
             f"{directory} holds its weights only as DCP shards ({MODEL_DCP_DIR}/, written by "
-            f"--checkpoint_format=dcp), which cannot be loaded as a pretrained model; convert them first: "
+            f"checkpoint_format=dcp), which cannot be loaded as a pretrained model; convert them first: "
             f"{CONVERTER} --checkpoint_dir={directory}"
         )
     raise MissingCheckpointFileError(

@@ -310,7 +310,7 @@ def read_record(paths: CheckpointPaths) -> TrainingStepRecord:
         raise MissingCheckpointFileError(
             paths.training_state,
             f"{paths.root} has no training state, so it cannot be resumed; to start a new run from its "
-            f"weights use --policy.path={paths.pretrained_model}",
+            f"weights use policy.path={paths.pretrained_model}",
         )
     if not path.is_file():
         raise MissingCheckpointFileError(path)
@@ -328,7 +328,7 @@ def read_record(paths: CheckpointPaths) -> TrainingStepRecord:
             + ("" if has_dcp else f" and there is no {MODEL_DCP_DIR}/ or {OPTIMIZER_DCP_DIR}/ directory")
             + ". Its training state (gathered weights + a full optimizer state) cannot be resumed as a "
             f"sharded run, or any run, here. Its weights load as a starting point with "
-            f"--policy.path={paths.pretrained_model}"
+            f"policy.path={paths.pretrained_model}"
         )
     version = raw.get("format_version")
     if isinstance(version, int) and version > RECORD_FORMAT_VERSION:

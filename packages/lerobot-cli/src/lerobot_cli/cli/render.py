@@ -18,8 +18,13 @@ import re
 from functools import cache
 
 LIBRARY_SECTIONS = ("parallelism", "accelerator", "ema")  # the TrainConfig sections the library configs fill
-# Library arguments the CLI fills from a flag of another name (the runner passes --policy.device as device=).
-ARGUMENTS = {"device": "policy.device"}
+# Library arguments the CLI fills from a flag of another name (the runner passes --policy.device as device=),
+# and the run settings lerobot_ckpt's messages name by config path (policy.path=, checkpoint_format=).
+ARGUMENTS = {
+    "device": "policy.device",
+    "policy.path": "policy.path",
+    "checkpoint_format": "checkpoint_format",
+}
 
 _NOT_AFTER = r"(?<![\w.\-/])"  # not inside a flag (--x), an attribute chain (cfg.x) or a file path (a/x)
 _SECTION = rf"(?:{'|'.join(LIBRARY_SECTIONS)})"
@@ -27,7 +32,7 @@ _PATH = re.compile(_NOT_AFTER + rf"({_SECTION}(?:\.\w+)*)(\.\*)?")
 _ONE_PATH = rf"{_SECTION}(?:\.\w+)*(?:\.\*)?"
 # "parallelism.* / accelerator.* settings": the library's word for what the CLI calls flags
 _NAMED_SETTINGS = re.compile(_NOT_AFTER + rf"({_ONE_PATH}(?: / {_ONE_PATH})*) settings\b")
-_ARGUMENT = re.compile(_NOT_AFTER + rf"({'|'.join(ARGUMENTS)})=")
+_ARGUMENT = re.compile(_NOT_AFTER + rf"({'|'.join(map(re.escape, ARGUMENTS))})=")
 
 
 @cache
