@@ -12,8 +12,14 @@ From pytest: ``load_helper("umt5_tokenizer")`` (conftest.py); elsewhere load thi
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "byte_tokenizer", Path(__file__).with_name("byte_tokenizer.py")
+)
+byte_tokenizer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(byte_tokenizer)
 
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0..2, T5's layout
 PAD_ID, EOS_ID, UNK_ID = range(3)
@@ -22,30 +28,20 @@ VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 
 def build_tiny_umt5_tokenizer():
     """The tokenizer as a ``transformers`` fast tokenizer object (not saved)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one symbol per byte value
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *alphabet])}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", EOS_ID)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    return byte_tokenizer.build_byte_tokenizer(
+        SPECIAL_TOKENS,
+        single="$A </s>",
+        pair="$A </s> $B </s>",
+        added="</s>",
+        eos_token="</s>",
+        pad_token="<pad>",
     )
 
 
 def save_tiny_umt5_tokenizer(directory: str | Path) -> Path:
     """Write the tokenizer into ``directory`` (tokenizer.json + tokenizer_config.json); returns it."""
-    directory = Path(directory)
-    build_tiny_umt5_tokenizer().save_pretrained(str(directory))
-    return directory
+    return byte_tokenizer.save_tokenizer(build_tiny_umt5_tokenizer(), directory)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUTPUT_DIR")
-    print(save_tiny_umt5_tokenizer(sys.argv[1]))
+    byte_tokenizer.main(save_tiny_umt5_tokenizer)
