@@ -11,6 +11,12 @@ DDP, does not reduce their gradients either. Left alone, every rank would train 
 the replicas would drift apart silently, so :func:`average_gradients` averages those gradients
 over the data-parallel group after each synchronising backward. :func:`apply_sharding` returns
 them, and ``wrap_model`` keeps them on the ``WrappedModel`` whose ``gradient_sync`` does it.
+
+Methods that run instead of ``forward`` are registered with ``register_fsdp_forward_method`` so they gather
+like ``forward``: a unit member's ``_fsdp_forward_methods`` (pi0's ``joint``), and on the root LeRobot's
+inference entry points (:data:`ROOT_FORWARD_METHODS`, those the model has) plus its class's own
+``_fsdp_forward_methods``. Without that, ``policy.predict_action_chunk(batch)`` on a sharded policy would use
+the root's parameters (those no unit took: embeddings, encoders, heads) as shards and fail.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard,
 
 from lerobot_parallel.plan import ShardingPlan
 from lerobot_parallel.runtime import ParallelRuntime
+
+# LeRobot's inference entry points, called on the policy (the FSDP root) instead of forward.
+ROOT_FORWARD_METHODS = ("predict_action_chunk", "select_action")
 
 
 def offload_policy(cpu_offload: bool) -> OffloadPolicy:
@@ -73,7 +82,17 @@ def apply_sharding(
             for method in getattr(type(member), "_fsdp_forward_methods", ()):
                 register_fsdp_forward_method(member, method)
     fully_shard(model, mp_policy=root_mp, **common)
+    for method in root_forward_methods(model):
+        register_fsdp_forward_method(model, method)
     return model, tuple(p for p in model.parameters() if p in ignored and p.requires_grad)
+
+
+def root_forward_methods(model: nn.Module) -> tuple[str, ...]:
+    """The root's methods that run instead of ``forward`` (registered so they gather the root's own
+    parameters): those of :data:`ROOT_FORWARD_METHODS` the model has (a PEFT wrapper has its policy's),
+    then the ones its class declares in ``_fsdp_forward_methods``."""
+    present = [name for name in ROOT_FORWARD_METHODS if callable(getattr(model, name, None))]
+    return tuple(dict.fromkeys([*present, *getattr(type(model), "_fsdp_forward_methods", ())]))
 
 
 @torch.no_grad()
