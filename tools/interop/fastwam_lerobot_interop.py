@@ -54,6 +54,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from _interop_common import compare_exact, load_inputs, perturb_constants
 from safetensors.torch import load_file, save_file
 
 BATCH, HORIZON, ACTION_DIM, PROPRIO, TEXT_LEN, TEXT_DIM, LATENT = 2, 8, 7, 8, 5, 32, 48
@@ -96,16 +97,6 @@ def make_inputs(seed: int, proprio: bool) -> dict[str, torch.Tensor]:
     return inputs
 
 
-@torch.no_grad()
-def perturb_constants(module: torch.nn.Module, seed: int) -> None:
-    """Random values for parameters built constant (norm scales, zero biases, the zero video head), which
-    would hide a dropped bias or a norm scale applied twice."""
-    g = torch.Generator().manual_seed(seed)
-    for _, param in sorted(module.named_parameters()):
-        if param.numel() == 1 or bool((param == param.flatten()[0]).all()):
-            param.add_(0.1 * torch.randn(param.shape, generator=g))
-
-
 def loss_of(
     pred_video: torch.Tensor, pred_action: torch.Tensor, inputs: dict[str, torch.Tensor]
 ) -> torch.Tensor:
@@ -118,36 +109,9 @@ def gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def load_inputs(file: Path) -> dict[str, torch.Tensor]:
-    """The inputs file as fresh tensors: ``load_file``'s tensors can sit at addresses CPU kernels split
-    differently into vector lanes than a fresh allocation's, which moves the last bit of some reductions."""
-    return {key: value.clone() for key, value in load_file(str(file)).items()}
-
-
 def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple[bool, dict]:
     """Exact equality of every reference tensor; figures are max |Δ| per output and over all gradients."""
-    ok, figures, grad_max = True, {}, 0.0
-    if set(ref) != set(got):
-        print(
-            f"[{tag}] different outputs: only in the reference {sorted(set(ref) - set(got))[:5]}, only "
-            f"computed {sorted(set(got) - set(ref))[:5]}"
-        )
-        ok = False
-    for key in sorted(set(ref) & set(got)):
-        a, b = ref[key], got[key]
-        if a.shape != b.shape or a.dtype != b.dtype:
-            print(f"[{tag}] {key}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
-            ok = False
-            continue
-        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-        if key.startswith("grad."):
-            grad_max = max(grad_max, diff)
-        else:
-            figures[key] = diff
-        if not torch.equal(a, b):
-            ok = False
-    figures["gradients"] = grad_max
-    return ok, figures
+    return compare_exact(tag, ref, got, {"grad.": "gradients"}, print_mismatches=False)
 
 
 # ---------------------------------------------------------------- our side

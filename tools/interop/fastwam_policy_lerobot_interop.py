@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Self
 
 import torch
+from _interop_common import compare_exact, load_inputs, perturb_constants
 from safetensors.torch import load_file, save_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,20 +131,6 @@ class Draws:
 # ---------------------------------------------------------------- shared helpers
 
 
-def load_inputs(file: Path) -> dict[str, torch.Tensor]:
-    """The file's tensors as fresh allocations (see the module docstring)."""
-    return {key: value.clone() for key, value in load_file(str(file)).items()}
-
-
-def perturb_constants(module: torch.nn.Module, seed: int) -> None:
-    """Random values for parameters built constant (norm scales, zero biases, the zero video head)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in sorted(module.named_parameters()):
-            if param.numel() == 1 or bool((param == param.flatten()[0]).all()):
-                param.add_(0.1 * torch.randn(param.shape, generator=g))
-
-
 def make_batches(case: str, seed: int) -> dict[str, torch.Tensor]:
     """A training batch (``train.*``: every camera at the delta indices, the state too, a padded action
     chunk) and a live batch (``live.*``: one frame per camera, the state), cameras at their own sizes."""
@@ -191,29 +178,8 @@ def run_policy(policy, data: dict[str, torch.Tensor], seed: int, replay: list | 
 
 def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> tuple[bool, dict]:
     """Exact equality of every reference tensor; figures: max |Δ| per output, over draws and gradients."""
-    ok, figures, grouped = True, {}, {"draws": 0.0, "gradients": 0.0}
-    if set(ref) != set(got):
-        print(
-            f"[{tag}] different outputs: only in the reference {sorted(set(ref) - set(got))[:5]}, only "
-            f"computed {sorted(set(got) - set(ref))[:5]}"
-        )
-        ok = False
-    for key in sorted(set(ref) & set(got)):
-        a, b = ref[key], got[key]
-        if a.shape != b.shape or a.dtype != b.dtype:
-            print(f"[{tag}] {key}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
-            ok = False
-            continue
-        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-        group = "draws" if key.startswith("draw.") else "gradients" if key.startswith("grad.") else None
-        if group:
-            grouped[group] = max(grouped[group], diff)
-        else:
-            figures[key] = diff
-        if not torch.equal(a, b):
-            print(f"[{tag}] {key}: max |Δ| {diff:.3e}")
-            ok = False
-    figures.update(grouped)
+    groups = {"draw.": "draws", "grad.": "gradients"}
+    ok, figures = compare_exact(tag, ref, got, groups, print_mismatches=True)
     figures["grad_tensors"] = sum(1 for k in ref if k.startswith("grad."))
     return ok, figures
 
