@@ -124,18 +124,24 @@ def tiny(**overrides) -> FastWAMConfig:
     return FastWAMConfig(video_dit_config=video, action_dit_config=action, **overrides)
 
 
-def test_fields_are_lerobots_plus_compile_action_infer_and_variant():
+def test_fields_are_lerobots_plus_compile_action_infer_precompute_and_variant():
     ours = {a.name for a in attrs.fields(FastWAMConfig)}
-    assert ours - LEROBOT_FIELDS == {"compile_action_infer", "variant"}
+    assert ours - LEROBOT_FIELDS == {"compile_action_infer", "precompute_task_contexts", "variant"}
     assert LEROBOT_FIELDS <= ours
-    assert FastWAMConfig.spec.extension_fields == ("compile_action_infer", "variant")
+    assert FastWAMConfig.spec.extension_fields == (
+        "compile_action_infer",
+        "precompute_task_contexts",
+        "variant",
+    )
     assert FastWAMConfig.spec.extras == ("fastwam",)
 
 
 def test_defaults_and_derivations_are_lerobots():
     cfg = FastWAMConfig()
     assert {k: getattr(cfg, k) for k in LEROBOT_DEFAULTS} == LEROBOT_DEFAULTS
-    assert cfg.compile_action_infer is False and cfg.variant == "full"
+    assert (
+        cfg.compile_action_infer is False and cfg.variant == "full" and cfg.precompute_task_contexts is False
+    )
     assert cfg.video_dit_config == default_video_dit_config(7) and cfg.video_dit_config["hidden_dim"] == 3072
     assert cfg.action_dit_config == default_action_dit_config(7)
     assert cfg.action_dit_config["hidden_dim"] == 1024
@@ -421,6 +427,7 @@ def test_config_json_holds_lerobots_fields_and_the_sidecar_the_extension(tmp_pat
     assert json.loads((tmp_path / "config_extensions.json").read_text()) == {
         "type": "fastwam",
         "compile_action_infer": True,
+        "precompute_task_contexts": False,
         "variant": "full",
     }
     assert policy_config_from_dict(written, FastWAMConfig).compile_action_infer is False  # config.json alone
@@ -489,3 +496,12 @@ def test_tiny_configs_are_valid_and_small():
     # attention wider than the hidden width, as in the full action DiT
     assert cfg.action_dit_config["num_heads"] * cfg.action_dit_config["attn_head_dim"] != 24
     assert not cfg.fits_base_model() and FastWAMConfig().fits_base_model()
+
+
+def test_precomputing_task_contexts_needs_the_text_encoder():
+    """The contexts are UMT5's: without ``load_text_encoder`` there is nothing to encode them with."""
+    assert tiny(precompute_task_contexts=True).load_text_encoder
+    with pytest.raises(
+        ValueError, match=r"^--policy.precompute_task_contexts=true encodes each task with UMT5"
+    ):
+        tiny(precompute_task_contexts=True, load_text_encoder=False)

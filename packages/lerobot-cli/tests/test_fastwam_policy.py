@@ -165,11 +165,19 @@ def test_forward_is_lerobots_loss_from_the_cameras_prompt_and_first_state(policy
 
 def test_parts_are_detached_tensors_and_the_step_reads_no_device_value(policy):
     """The loop forbids host syncs in a step: the parts are 0-d detached tensors, and forward + backward
-    read nothing back (batch context, and precomputed task contexts; prompt encoding is text.py's)."""
+    read nothing back with the batch's context or precomputed task contexts. Through UMT5, our code reads
+    nothing either (the padding is zeroed on the device, not row by row at each prompt's length read back:
+    one read per row before); transformers' mask builder reads one bool per prompt batch (``padding_mask
+    .all()`` in ``masking_utils``), which ``precompute_task_contexts`` keeps out of the step."""
     batch = training_batch()
     context, mask = policy.frozen.prompts.encode(prompts(batch["task"], policy.config))
     contexts = precompute_task_contexts(TASKS, policy.frozen.prompts, template=policy.config.prompt_template)
-    for extra, task_contexts in (({"context": context, "context_mask": mask}, None), ({}, contexts)):
+    cases = (
+        ({"context": context, "context_mask": mask}, None, []),
+        ({}, contexts, []),
+        ({}, None, ["__bool__"]),
+    )
+    for extra, task_contexts, reads in cases:
         policy.use_task_contexts(task_contexts)
         try:
             with HostSyncCounter() as counter:
@@ -178,7 +186,7 @@ def test_parts_are_detached_tensors_and_the_step_reads_no_device_value(policy):
         finally:
             policy.use_task_contexts(None)
             policy.zero_grad(set_to_none=True)
-        assert counter.syncs(any_label=True) == []
+        assert counter.syncs(any_label=True) == reads
         for part in parts.values():
             assert isinstance(part, torch.Tensor) and part.ndim == 0 and not part.requires_grad
 
@@ -214,6 +222,44 @@ def test_context_comes_from_the_batch_then_task_contexts_then_the_prompt(policy)
     finally:
         policy.use_task_contexts(None)
         policy.frozen.prompts.encode = real_encode
+
+
+def test_precomputed_task_contexts_train_without_umt5_and_inference_builds_it(tokenizer_dir):
+    """``precompute_task_contexts``: the policy is built without UMT5; the training hook encodes each task
+    once (here one process) and the loss is the encoded one's; the text encoder is held by no rank. At
+    inference, with no contexts, UMT5 is built at the first prompt: the same weights, the same chunk as a
+    policy built with it."""
+    from lerobot_cli.policies.training_run import TrainingRun
+
+    with_encoder = tiny_policy(tokenizer_dir)
+    precomputing = tiny_policy(tokenizer_dir, precompute_task_contexts=True)
+    assert with_encoder.frozen.prompts is not None and precomputing.frozen.prompts is None
+    tasks = ("an unused task", *dict.fromkeys(TASKS))
+    lines = precomputing.config.prepare_training(precomputing, TrainingRun(tasks, torch.device("cpu")))
+    assert lines == [
+        (
+            "Task contexts: 3 task(s) encoded once on rank 0, 0.05 MiB per rank; the text encoder (0.13 MiB) "
+            "is held by 0 of 1 rank(s) while training (--policy.precompute_task_contexts=true)"
+        )
+    ]
+    assert precomputing.frozen.prompts is None and precomputing.task_contexts.tasks == tasks
+    batch = training_batch()
+    torch.manual_seed(3)
+    reference = with_encoder(batch)[0]
+    torch.manual_seed(3)
+    assert torch.allclose(precomputing(batch)[0], reference, atol=1e-6, rtol=0)
+    assert precomputing.frozen.prompts is None
+    # the hook does nothing without the switch
+    assert with_encoder.config.prepare_training(with_encoder, TrainingRun(tasks, torch.device("cpu"))) == []
+    assert with_encoder.task_contexts is None
+
+    precomputing.use_task_contexts(None)
+    chunk = precomputing.predict_action_chunk(live_batch())
+    built = precomputing.frozen.prompts
+    assert built is not None
+    reference_weights = with_encoder.frozen.prompts.encoder.state_dict()
+    assert all(torch.equal(t, reference_weights[k]) for k, t in built.encoder.state_dict().items())
+    assert torch.equal(chunk, with_encoder.predict_action_chunk(live_batch()))
 
 
 def test_action_padding_masks_the_action_loss_only(policy):

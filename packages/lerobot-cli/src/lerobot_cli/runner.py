@@ -39,6 +39,7 @@ from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
 from lerobot_cli.peft.basefile import PeftSetupError
+from lerobot_cli.policies.training_run import TrainingRun, distributed_run
 from lerobot_cli.publish import PublishError, ema_repo_id, publish, wants_publish
 from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
@@ -184,6 +185,14 @@ class _HeldOut:
         reporter.log_eval(step, metrics, len(self.indices), "EMA" if self.ema is not None else "live")
 
 
+def _training_run(workload, runtime: ParallelRuntime) -> TrainingRun:
+    """What the policy's ``prepare_training`` hook sees of this run: the dataset's tasks in index order."""
+    tasks = tuple(text for _, text in sorted(workload.dataset.meta.tasks.items()))
+    if runtime.is_distributed:
+        return distributed_run(tasks, runtime.device)
+    return TrainingRun(tasks=tasks, device=runtime.device)
+
+
 def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = None) -> TrainLoop:
     """Train on this rank; returns the finished loop (its ``model`` is still wrapped and sharded)."""
     cfg, resume = plan.cfg, plan.resume
@@ -194,6 +203,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     workload = build_workload(
         cfg, device=str(runtime.device), processors_from=processors_from, resuming=resume is not None
     )
+    prepared = workload.policy_config.prepare_training(workload.policy, _training_run(workload, runtime))
     rows = _training_rows(workload)
     num_samples = len(workload.dataset) if rows is None else len(rows)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
@@ -258,6 +268,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             workload.dataset.meta.num_episodes,
             loop.step,
         ):
+            reporter.print(line)
+        for line in prepared:
             reporter.print(line)
         # the whole plan when sharded; unsharded runs list only activation checkpointing and compile
         for line in plan_.describe() if runtime.parallelism.is_sharded else plan_.describe_regions():

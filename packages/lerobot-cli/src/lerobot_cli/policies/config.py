@@ -12,13 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from attrs import define, field, frozen
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
+
+if TYPE_CHECKING:  # torch-free at run time
+    from torch import nn
+
+    from lerobot_cli.policies.training_run import TrainingRun
 
 
 @frozen
@@ -176,6 +181,12 @@ class PolicyConfig:
         loaded when the policy is built and said in the banner; never read when weights come from a
         checkpoint (the spec's ``init_only_fields`` are cleared then). None by default."""
         return None
+
+    def prepare_training(self, policy: nn.Module, run: TrainingRun) -> list[str]:
+        """Once per training run, on every rank, after ``policy`` is built (weights loaded; under PEFT the
+        wrapper) and before it is wrapped or sharded: work cheaper done once than per batch (FastWAM's
+        precomputed task contexts). Returns lines for the main rank's banner. Nothing by default."""
+        return []
 
     def backbone_weights(self) -> str | None:
         """The pretrained backbone file a fresh policy with cameras initialises from (downloaded once per

@@ -10,8 +10,10 @@ On a dataset, :meth:`FastWAMConfig.fit_dataset` does what LeRobot's ``make_polic
 ``set_dataset_feature_metadata``: every ``observation.images.*`` camera, sorted, at ``image_size[1] / n``
 pixels wide (they are concatenated along the width into one video), and the dataset's action.
 
-Two fields are ours, in ``config_extensions.json``, not ``config.json`` (whose unknown keys LeRobot 0.6.1's
-parser refuses): ``compile_action_infer`` (LeRobot's main branch, after 0.6.1) and ``variant``.
+Three fields are ours, in ``config_extensions.json``, not ``config.json`` (whose unknown keys LeRobot 0.6.1's
+parser refuses): ``compile_action_infer`` (LeRobot's main branch, after 0.6.1), ``precompute_task_contexts``
+(``precompute.py``: each task's text context encoded once at the start of a training run, so no rank holds
+UMT5 while it trains) and ``variant``.
 ``variant=tiny`` is for tests and CPU demos: the networks default to :func:`tiny_dit_configs` (explicit
 ``video_dit_config`` / ``action_dit_config`` still win) and the policy builds a tiny Wan2.2-shaped VAE and
 UMT5 from config with fixed seeds instead of loading the real ones, so nothing but the tokenizer
@@ -340,7 +342,7 @@ FASTWAM_SPEC = PolicySpec(
         r"(self_attn\.(q|k|v|o)|cross_attn\.(q|k|v|o)|ffn\.(0|2))"
     ),
     init_only_fields=("base_model_id",),
-    extension_fields=("compile_action_infer", "variant"),
+    extension_fields=("compile_action_infer", "precompute_task_contexts", "variant"),
     # diffusers (the Wan2.2 VAE) and transformers (UMT5 and its tokenizer), as lerobot[fastwam]
     extras=("fastwam",),
 )
@@ -440,6 +442,14 @@ class FastWAMConfig(PolicyConfig):
             "help": "torch.compile the cached action denoising at inference (LeRobot main; not in 0.6.1)."
         },
     )
+    precompute_task_contexts: bool = field(
+        default=False,
+        metadata={
+            "help": "Training: encode each dataset task's text once on rank 0 at the start and share the "
+            "contexts, so no rank holds UMT5 while it trains (needs load_text_encoder; inference still "
+            "encodes the prompt)."
+        },
+    )
     variant: str = field(
         default="full",
         metadata={
@@ -511,6 +521,12 @@ class FastWAMConfig(PolicyConfig):
         if self.variant not in VARIANTS:
             raise ValueError(
                 f"--policy.variant: invalid choice {self.variant!r} (choose from {', '.join(VARIANTS)})"
+            )
+        if self.precompute_task_contexts and not self.load_text_encoder:
+            raise ValueError(
+                "--policy.precompute_task_contexts=true encodes each task with UMT5 once, at the start: it "
+                "needs --policy.load_text_encoder=true (with false, the dataset's context/context_mask are "
+                "read instead)"
             )
         self._check_timing()
         self._check_image_size()
@@ -750,6 +766,13 @@ class FastWAMConfig(PolicyConfig):
         from lerobot_cli.policies.fastwam.sources import external_sources
 
         return external_sources(self)
+
+    def prepare_training(self, policy: Any, run: Any) -> list[str]:
+        """``precompute_task_contexts``: each task's context encoded once on rank 0 and shared, so no rank
+        holds UMT5 while training (``precompute.py``)."""
+        from lerobot_cli.policies.fastwam.precompute import prepare_task_contexts
+
+        return prepare_task_contexts(self, policy, run)
 
     def initial_weights(self) -> InitialWeights | None:
         """The base model's weights over a fresh policy, or why none (``base.py``)."""

@@ -53,7 +53,8 @@ from lerobot_cli.policies.fastwam.frozen import FrozenParts
 from lerobot_cli.policies.fastwam.loss import FlowTargets, action_loss, draw_targets, video_loss
 from lerobot_cli.policies.fastwam.mot import MoT
 from lerobot_cli.policies.fastwam.schedule import FlowSchedule
-from lerobot_cli.policies.fastwam.text import batch_prompts
+from lerobot_cli.policies.fastwam.text import PromptEncoder, batch_prompts
+from lerobot_cli.policies.fastwam.vae import WanVAE
 from lerobot_cli.policies.fastwam.video import inference_image, stack_video
 from lerobot_cli.policies.fastwam.video_dit import VideoDiT
 
@@ -167,9 +168,16 @@ class FastWAMModel(nn.Module):
         return self.action_expert.unembed(tokens, action)
 
 
-def build_frozen_parts(config: FastWAMConfig) -> FrozenParts:
-    """The frozen VAE and (with ``load_text_encoder``) the prompt encoder ``config`` names, on the CPU in
-    ``torch_dtype``.
+def holds_prompt_encoder(config: FastWAMConfig) -> bool:
+    """Whether a policy builds UMT5 with itself: with ``load_text_encoder``, unless a training run
+    precomputes each task's context (``precompute_task_contexts``; then only that run's main rank loads it,
+    once, and inference builds it at its first prompt)."""
+    return config.load_text_encoder and not config.precompute_task_contexts
+
+
+def build_frozen_parts(config: FastWAMConfig, *, prompts: bool | None = None) -> FrozenParts:
+    """The frozen VAE and (``prompts``; by default :func:`holds_prompt_encoder`) the prompt encoder
+    ``config`` names, on the CPU in ``torch_dtype``.
 
     What is read from where is ``sources.resolve_config_parts`` (the list the run checks before any work):
     ``variant=full`` loads the Wan2.2 VAE from LeRobot's repository, UMT5 from ``text_encoder_model_id`` and
@@ -179,45 +187,66 @@ def build_frozen_parts(config: FastWAMConfig) -> FrozenParts:
     so every rank and every later process builds the same weights and the run's random stream is left as
     it was; only the tokenizer is read. A missing source raises ``FrozenPartUnavailableError`` (one line
     naming its flag)."""
-    from lerobot_cli.policies.fastwam.sources import resolve_config_parts
-    from lerobot_cli.policies.fastwam.text import (
-        PromptEncoder,
-        build_umt5_encoder,
-        load_umt5_encoder,
-        load_umt5_tokenizer,
-        tiny_umt5_config,
-    )
-    from lerobot_cli.policies.fastwam.vae import build_wan_vae, load_wan_vae, tiny_wan_vae_config
+    from lerobot_cli.policies.fastwam.vae import load_wan_vae
 
-    dtype = TORCH_DTYPES[config.torch_dtype]
-    text_dim = int(config.video_dit_config["text_dim"])
-    folders = resolve_config_parts(config)
-    prompts = None
+    if prompts is None:
+        prompts = holds_prompt_encoder(config)
     if config.variant == "tiny":
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(TINY_SEED)
-            vae = build_wan_vae(tiny_wan_vae_config(), dtype=dtype)
-            if config.load_text_encoder:
-                tokenizer = load_umt5_tokenizer(folders["tokenizer"])
-                encoder_config = tiny_umt5_config(d_model=text_dim, vocab_size=max(384, len(tokenizer)))
-                encoder = build_umt5_encoder(encoder_config, dtype=dtype)
-                prompts = PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
+        vae, encoder = _tiny_frozen_parts(config, prompts)
     else:
-        vae = load_wan_vae(folders["vae"], dtype=dtype)
-        if config.load_text_encoder:
-            encoder = load_umt5_encoder(folders["text_encoder"], dtype=dtype)
-            tokenizer = load_umt5_tokenizer(folders["tokenizer"])
-            prompts = PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
+        from lerobot_cli.policies.fastwam.sources import resolve_config_parts
+
+        vae = load_wan_vae(resolve_config_parts(config)["vae"], dtype=TORCH_DTYPES[config.torch_dtype])
+        encoder = build_prompt_encoder(config) if prompts else None
     in_dim = int(config.video_dit_config["in_dim"])
     if vae.z_dim != in_dim:
         raise ValueError(
             f"the VAE has {vae.z_dim} latent channels but --policy.video_dit_config.in_dim is {in_dim}"
         )
-    if prompts is not None and prompts.dim != text_dim:
+    return FrozenParts(vae, encoder)
+
+
+def build_prompt_encoder(config: FastWAMConfig) -> PromptEncoder:
+    """UMT5 and its tokenizer as ``config`` names them (see :func:`build_frozen_parts`), on the CPU; the
+    tiny variant's equals the one :func:`build_frozen_parts` builds beside its VAE, weight for weight."""
+    from lerobot_cli.policies.fastwam.sources import resolve_config_parts
+    from lerobot_cli.policies.fastwam.text import load_umt5_encoder, load_umt5_tokenizer
+
+    if config.variant == "tiny":
+        prompts = _tiny_frozen_parts(config, True)[1]
+    else:
+        folders = resolve_config_parts(config)
+        prompts = PromptEncoder(
+            load_umt5_tokenizer(folders["tokenizer"]),
+            load_umt5_encoder(folders["text_encoder"], dtype=TORCH_DTYPES[config.torch_dtype]),
+            config.tokenizer_max_len,
+        )
+    text_dim = int(config.video_dit_config["text_dim"])
+    if prompts.dim != text_dim:
         raise ValueError(
             f"the text encoder is {prompts.dim} wide but --policy.video_dit_config.text_dim is {text_dim}"
         )
-    return FrozenParts(vae, prompts)
+    return prompts
+
+
+def _tiny_frozen_parts(config: FastWAMConfig, prompts: bool) -> tuple[WanVAE, PromptEncoder | None]:
+    """The tiny VAE and UMT5, in this order from one forked RNG seeded with ``TINY_SEED`` (the encoder's
+    weights come after the VAE's draws, so building it alone builds the VAE too: a few thousand values)."""
+    from lerobot_cli.policies.fastwam.sources import resolve_config_parts
+    from lerobot_cli.policies.fastwam.text import build_umt5_encoder, load_umt5_tokenizer, tiny_umt5_config
+    from lerobot_cli.policies.fastwam.vae import build_wan_vae, tiny_wan_vae_config
+
+    dtype = TORCH_DTYPES[config.torch_dtype]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        vae = build_wan_vae(tiny_wan_vae_config(), dtype=dtype)
+        if not prompts:
+            return vae, None
+        tokenizer = load_umt5_tokenizer(resolve_config_parts(config)["tokenizer"])
+        text_dim = int(config.video_dit_config["text_dim"])
+        encoder_config = tiny_umt5_config(d_model=text_dim, vocab_size=max(384, len(tokenizer)))
+        encoder = build_umt5_encoder(encoder_config, dtype=dtype)
+        return vae, PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
 
 
 class _Compiled:
@@ -338,12 +367,7 @@ class FastWAMPolicy(nn.Module):
                         "FastWAM needs the batch's task (or prompt) to encode, or precomputed "
                         "context/context_mask"
                     )
-                if frozen.prompts is None:
-                    raise ValueError(
-                        "--policy.load_text_encoder=false: batches must carry context/context_mask, or "
-                        "the policy needs precomputed task contexts (use_task_contexts)"
-                    )
-                context, mask = frozen.prompts.encode(prompt)
+                context, mask = self._prompt_encoder(frozen, device).encode(prompt)
         if context.ndim == 2 and mask.ndim == 1:  # one sample's context
             context, mask = context.unsqueeze(0), mask.unsqueeze(0)
         if context.ndim != 3 or mask.ndim != 2 or tuple(mask.shape) != tuple(context.shape[:2]):
@@ -352,6 +376,19 @@ class FastWAMPolicy(nn.Module):
                 f"{list(mask.shape)}"
             )
         return context.to(device=device, dtype=self.dtype), mask.to(device=device, dtype=torch.bool)
+
+    def _prompt_encoder(self, frozen: FrozenParts, device: torch.device) -> PromptEncoder:
+        """UMT5 on ``device``; built here at the first prompt when the policy was built without it (a
+        ``precompute_task_contexts`` config used for inference, say)."""
+        if frozen.prompts is None:
+            if not self.config.load_text_encoder:
+                raise ValueError(
+                    "--policy.load_text_encoder=false: batches must carry context/context_mask, or "
+                    "the policy needs precomputed task contexts (use_task_contexts)"
+                )
+            frozen.prompts = build_prompt_encoder(self.config)
+            frozen.prompts.encoder.to(device)
+        return frozen.prompts
 
     def _proprio(self, batch: Mapping[str, Any], batch_size: int) -> Tensor | None:
         """The state the proprio token encodes, ``[B, proprio_dim]``: the batch's ``proprio`` or

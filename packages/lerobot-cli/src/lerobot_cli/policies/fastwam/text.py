@@ -159,6 +159,9 @@ class PromptEncoder:
         ids = ids.to(device)
         mask = mask.to(device, dtype=torch.bool)
         context = self.encoder(input_ids=ids, attention_mask=mask.long()).last_hidden_state
-        for row, length in enumerate(mask.gt(0).sum(dim=1).long()):
-            context[row, length:] = 0
+        # positions from each prompt's length on (the count of its mask's ones, whatever the padding side)
+        # are zeroed on the device: no readback of the lengths, so no host sync per prompt batch
+        length = mask.sum(dim=1, keepdim=True)
+        past = torch.arange(mask.shape[1], device=device).unsqueeze(0) >= length
+        context = context.masked_fill(past.unsqueeze(-1), 0)
         return context, torch.ones_like(mask)
