@@ -15,18 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _memory_common import run_workers
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -101,22 +94,7 @@ def launch(args: argparse.Namespace, nproc: int, out: Path) -> dict:
         "--grad-accum",
         str(args.grad_accum),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    if nproc == 1:
-        cmd = [sys.executable, *me]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={nproc}",
-            f"--master-port={_free_port()}",
-            *me,
-        ]
-    subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())
+    return run_workers(me, None if nproc == 1 else nproc, out, args.timeout)
 
 
 def main() -> None:

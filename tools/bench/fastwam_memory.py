@@ -38,14 +38,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Self
+
+from _memory_common import (
+    ESTIMATE_HEADER,
+    STATE_HEADER,
+    above_target,
+    estimate_columns,
+    largest_rank,
+    mib,
+    plan_memory,
+    run_workers,
+    state_columns,
+)
 
 HEAD_DIM = 128  # LeRobot's attention head width, both experts
 TEXT_DIM, CONTEXT_LEN = 256, 16
@@ -55,12 +63,6 @@ FRAMES = 17  # raw window: every 4th frame, 5 frames, 2 latent frames after the 
 HORIZON = 16
 FULL = {"DDP x8": ("--parallelism.dp_replicate=8",), "FSDP2 x8": ("--parallelism.dp_shard=8",)}
 FULL["HSDP 2x4"] = ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=4")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_config(layers: int, heads: int):
@@ -222,12 +224,7 @@ def worker(args: argparse.Namespace) -> None:
                         "units": [u.class_name for u in plan.units],
                         "root": plan.root.num_params,
                         "vae_bytes": FrozenParts(vae).nbytes(),
-                        "estimate": {
-                            "params": plan.memory.params,
-                            "grads": plan.memory.grads,
-                            "optimizer": plan.memory.optimizer,
-                            "total": plan.memory.total,
-                        },
+                        "estimate": plan_memory(plan.memory),
                     }
                 )
             )
@@ -237,19 +234,7 @@ def launch(args: argparse.Namespace, nproc: int, dp_shard: int, out: Path) -> di
     me = [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--dp-shard", str(dp_shard)]
     me += ["--device", args.device, "--layers", str(args.layers), "--heads", str(args.heads)]
     me += ["--batch-size", str(args.batch_size)]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--master-port={_free_port()}",
-        *me,
-    ]
-    subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())
+    return run_workers(me, nproc, out, args.timeout)
 
 
 def estimate_full_size() -> dict:
@@ -274,28 +259,13 @@ def estimate_full_size() -> dict:
             parsed = build_train_config(split_argv([*flags, "--accelerator.mixed_precision=bf16"]).flags)
             cfg = attrs.evolve(parsed.config, policy=policy.config)
             plan = sharding_plan(cfg, policy, ParallelRuntime.preview(cfg.parallelism))
-            m = plan.memory
-            rows[name] = {
-                "params": m.params,
-                "grads": m.grads,
-                "optimizer": m.optimizer,
-                "total": m.total,
-                "units": len(plan.units),
-            }
+            rows[name] = {**plan_memory(plan.memory), "units": len(plan.units)}
         out["freeze_video_expert" if freeze else "all trainable"] = {
             "params": params,
             "trainable": trainable,
             "plans": rows,
         }
     return out
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:9.1f} MiB"
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:7.2f} GiB"
 
 
 def main() -> None:
@@ -328,7 +298,7 @@ def main() -> None:
         f"(video {args.heads * HEAD_DIM} wide, action {args.heads * HEAD_DIM // 2}): "
         f"{ddp_run['params']:,} parameters, all trainable; fp32, AdamW, device {args.device}, "
         f"batch {args.batch_size} per rank, {FRAMES} frames of {IMAGE[0]}x{IMAGE[1]}; "
-        f"tiny frozen VAE {_mib(ddp_run['vae_bytes']).strip()} per rank (outside the counts)"
+        f"tiny frozen VAE {mib(ddp_run['vae_bytes']).strip()} per rank (outside the counts)"
     )
     units = fsdp_run["units"]
     print(
@@ -337,17 +307,12 @@ def main() -> None:
         "step over what it held before the model was built; transient = peak over what it held when the "
         "step began)"
     )
-    print(
-        f"  {'topology':<10} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
-        f"{'target':>7} {'estimate':>13} {'peak':>13} {'ratio':>7} {'transient':>13} {'step':>7}"
-    )
+    print(f"  {'topology':<10} {STATE_HEADER} {'peak':>13} {'ratio':>7} {'transient':>13} {'step':>7}")
     summary: dict = {"measured": {}, "estimated": {}}
     for name, run in runs.items():
-        top = max(run["ranks"], key=lambda r: r["total"])
+        top, n, ratio, target = largest_rank(run, ddp)
         peak = max(r["peak"] for r in run["ranks"])
         transient = max(r["transient"] for r in run["ranks"])
-        n = 1 if run["mode"] == "ddp" else run["world_size"]
-        ratio, target = top["total"] / ddp, 1.05 / n
         step_s = max(r["step_s"] for r in run["ranks"])
         summary["measured"][name] = {
             "ratio": ratio,
@@ -361,10 +326,9 @@ def main() -> None:
         }
         exact = "" if top["total"] == run["estimate"]["total"] else "  ESTIMATE DIFFERS"
         print(
-            f"  {name:<10} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
-            f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])} "
-            f"{_mib(peak)} {peak / ddp_peak:7.3f} {_mib(transient)} {step_s:6.1f}s"
-            f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}{exact}"
+            f"  {name:<10} {state_columns(top, ratio, target, run['estimate'])} "
+            f"{mib(peak)} {peak / ddp_peak:7.3f} {mib(transient)} {step_s:6.1f}s"
+            f"{above_target(n, ratio, target)}{exact}"
         )
 
     est = estimate_full_size()
@@ -372,17 +336,14 @@ def main() -> None:
         "ESTIMATED (LeRobot's full FastWAM on the meta device, planned as --dry_run=true plans it, bf16 "
         "mixed precision: fp32 masters for trainable parameters, frozen ones kept bf16; AdamW; not run)"
     )
-    print(f"  {'topology':<10} {'params':>11} {'grads':>11} {'optimizer':>11} {'total':>11} {'ratio':>7}")
+    print(f"  {'topology':<10} {ESTIMATE_HEADER} {'ratio':>7}")
     for setting, row in est.items():
         ddp_est = row["plans"]["DDP x8"]["total"]
         summary["estimated"][setting] = row
         print(f"  {setting}: {row['params']:,} parameters, {row['trainable']:,} trained")
         for name, m in row["plans"].items():
             units = f"  ({m['units']} MoTLayer units + the root)" if m["units"] else ""
-            print(
-                f"  {name:<10} {_gib(m['params'])} {_gib(m['grads'])} {_gib(m['optimizer'])} "
-                f"{_gib(m['total'])} {m['total'] / ddp_est:7.4f}{units}"
-            )
+            print(f"  {name:<10} {estimate_columns(m)} {m['total'] / ddp_est:7.4f}{units}")
     print(f"(wall time {time.perf_counter() - started:.0f} s)")
     print(json.dumps(summary))
 

@@ -15,18 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _memory_common import STATE_HEADER, above_target, largest_rank, plan_memory, run_workers, state_columns
 
 
 def _act(image_size: int):
@@ -80,12 +72,7 @@ def worker(args: argparse.Namespace) -> None:
                         "world_size": rt.world_size,
                         "ranks": every,
                         "params": sum(p.numel() for p in policy.parameters()) if rt.mode == "ddp" else None,
-                        "estimate": {
-                            "params": plan.memory.params,
-                            "grads": plan.memory.grads,
-                            "optimizer": plan.memory.optimizer,
-                            "total": plan.memory.total,
-                        },
+                        "estimate": plan_memory(plan.memory),
                         "units": len(plan.units),
                         "loss": float(loss.detach()),
                     }
@@ -106,23 +93,7 @@ def launch(args: argparse.Namespace, nproc: int, dp_shard: int, out: Path) -> di
         "--image-size",
         str(args.image_size),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--master-port={_free_port()}",
-        *me,
-    ]
-    subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:9.1f} MiB"
+    return run_workers(me, nproc, out, args.timeout)
 
 
 def main() -> None:
@@ -148,16 +119,10 @@ def main() -> None:
         f"image {args.image_size}x{args.image_size}; largest rank after one step "
         "(params + grads + optimizer state)"
     )
-    print(
-        f"{'topology':<18} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
-        f"{'target':>7} {'estimate':>13}"
-    )
+    print(f"{'topology':<18} {STATE_HEADER}")
     summary = {}
     for name, run in runs.items():
-        top = max(run["ranks"], key=lambda r: r["total"])
-        n = run["world_size"] if run["mode"] != "ddp" else 1
-        ratio = top["total"] / ddp
-        target = 1.05 / n
+        top, n, ratio, target = largest_rank(run, ddp)
         summary[name] = {
             "ratio": ratio,
             "target": target,
@@ -166,9 +131,7 @@ def main() -> None:
             "units": run["units"],
         }
         print(
-            f"{name:<18} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
-            f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])}"
-            f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}"
+            f"{name:<18} {state_columns(top, ratio, target, run['estimate'])}{above_target(n, ratio, target)}"
         )
     print(json.dumps(summary))
 

@@ -38,14 +38,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _memory_common import (
+    ESTIMATE_HEADER,
+    STATE_HEADER,
+    above_target,
+    estimate_columns,
+    largest_rank,
+    plan_memory,
+    run_workers,
+    state_columns,
+)
 
 # (paligemma_variant, action_expert_variant, vision_variant); bench_250m is registered by this script.
 SIZES = {
@@ -55,12 +62,6 @@ SIZES = {
 }
 STATE_DIM = ACTION_DIM = 6
 TOKENS = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _register_bench_variants() -> None:
@@ -168,12 +169,7 @@ def worker(args: argparse.Namespace) -> None:
                         "first_step_s": first,
                         "step_s": times,
                         "grouped": [u.label for u in plan.units if u.members][:1],
-                        "estimate": {
-                            "params": plan.memory.params,
-                            "grads": plan.memory.grads,
-                            "optimizer": plan.memory.optimizer,
-                            "total": plan.memory.total,
-                        },
+                        "estimate": plan_memory(plan.memory),
                     }
                 )
             )
@@ -200,19 +196,7 @@ def launch(args: argparse.Namespace, nproc: int, dp_shard: int, out: Path) -> di
         "--measured",
         args.measured,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--master-port={_free_port()}",
-        *me,
-    ]
-    subprocess.run(cmd, env=env, check=True, timeout=args.timeout, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())
+    return run_workers(me, nproc, out, args.timeout)
 
 
 def estimate(size: str, shards: list[int]) -> dict:
@@ -231,23 +215,8 @@ def estimate(size: str, shards: list[int]) -> dict:
     }
     for name, world, shard in (("DDP (2 procs)", 2, 1), *((f"FSDP dp_shard={n}", n, n) for n in shards)):
         plan = build_plan(policy, ParallelRuntime.preview(ParallelismConfig(dp_shard=shard).resolve(world)))
-        m = plan.memory
-        out["plans"][name] = {
-            "params": m.params,
-            "grads": m.grads,
-            "optimizer": m.optimizer,
-            "total": m.total,
-            "units": len(plan.units),
-        }
+        out["plans"][name] = {**plan_memory(plan.memory), "units": len(plan.units)}
     return out
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:9.1f} MiB"
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:7.2f} GiB"
 
 
 def main() -> None:
@@ -290,15 +259,10 @@ def main() -> None:
         "  largest rank after one step (params + grads + optimizer state); step = slowest rank's wall time, "
         f"median (min) of {args.timed_steps}"
     )
-    print(
-        f"  {'topology':<18} {'params':>13} {'grads':>13} {'optimizer':>13} {'total':>13} {'ratio':>7} "
-        f"{'target':>7} {'estimate':>13} {'step':>17} {'vs DDP':>7}"
-    )
+    print(f"  {'topology':<18} {STATE_HEADER} {'step':>17} {'vs DDP':>7}")
     summary: dict = {"measured": {}, "estimated": {}}
     for name, run in runs.items():
-        top = max(run["ranks"], key=lambda r: r["total"])
-        n = run["world_size"] if run["mode"] != "ddp" else 1
-        ratio, target = top["total"] / ddp, 1.05 / n
+        top, n, ratio, target = largest_rank(run, ddp)
         step_s = statistics.median(run["step_s"])
         summary["measured"][name] = {
             "ratio": ratio,
@@ -310,10 +274,9 @@ def main() -> None:
             "procs": run["world_size"],
         }
         print(
-            f"  {name:<18} {_mib(top['params'])} {_mib(top['grads'])} {_mib(top['optimizer'])} "
-            f"{_mib(top['total'])} {ratio:7.4f} {target:7.4f} {_mib(run['estimate']['total'])} "
+            f"  {name:<18} {state_columns(top, ratio, target, run['estimate'])} "
             f"{step_s:7.3f}s ({min(run['step_s']):6.3f}s) {step_s / ddp_step:6.2f}x"
-            f"{'' if n == 1 or ratio <= target else '  ABOVE TARGET'}"
+            f"{above_target(n, ratio, target)}"
         )
     grouped = runs[f"FSDP dp_shard={args.shards[0]}"]["grouped"]
     print(
@@ -329,18 +292,12 @@ def main() -> None:
         f"(paligemma {vlm}, expert {expert}, vision {vision}): {est['params']:,} parameters, "
         f"{est['trainable']:,} trainable; AdamW, fp32"
     )
-    print(
-        f"  {'topology':<18} {'params':>11} {'grads':>11} {'optimizer':>11} {'total':>11} {'ratio':>7} "
-        f"{'target':>7}"
-    )
+    print(f"  {'topology':<18} {ESTIMATE_HEADER} {'ratio':>7} {'target':>7}")
     for name, m in est["plans"].items():
         n = 1 if name.startswith("DDP") else int(name.rsplit("=", 1)[1])
         ratio = m["total"] / ddp_est
         summary["estimated"][name] = {"ratio": ratio, "target": 1.05 / n, **m}
-        print(
-            f"  {name:<18} {_gib(m['params'])} {_gib(m['grads'])} {_gib(m['optimizer'])} {_gib(m['total'])} "
-            f"{ratio:7.4f} {1.05 / n:7.4f}"
-        )
+        print(f"  {name:<18} {estimate_columns(m)} {ratio:7.4f} {1.05 / n:7.4f}")
     print(f"(wall time {time.perf_counter() - started:.0f} s)")
     print(json.dumps(summary))
 
