@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from _interop_common import perturb_constants  # a fresh model's zero Gemma norms / biases
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -177,16 +178,6 @@ def make_inputs(case: Case, seed: int) -> dict[str, torch.Tensor]:
 
 def batch_of(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k[len("batch.") :]: v.clone() for k, v in inputs.items() if k.startswith("batch.")}
-
-
-@torch.no_grad()
-def perturb_constants(module: torch.nn.Module, seed: int) -> None:
-    """Random values for parameters built constant (norm scales, biases): a fresh model's zero Gemma norm
-    weights and zero biases would hide a wrong ``1 + weight`` or a dropped bias."""
-    g = torch.Generator().manual_seed(seed)
-    for _, param in sorted(module.named_parameters()):
-        if param.numel() == 1 or bool((param == param.flatten()[0]).all()):
-            param.add_(0.1 * torch.randn(param.shape, generator=g))
 
 
 def model_args(batch: dict[str, torch.Tensor], images, img_masks, state, takes_state: bool) -> tuple:
