@@ -8,15 +8,23 @@ policy and, one field at a time, every setting we accept:
 1. ours-write     (our env, torch-free) for each policy and each field, configs with that field at other
                   values than its default (every choice of a choice field) that our validators accept, saved
                   with ``save_policy_config``; each read back with ``load_policy_config`` must equal the
-                  config. The cameras are ``observation.wrist_rgb`` and ``observation.top``: no
-                  ``observation.images`` prefix, listed wrist first (LeRobot keeps the config's order).
+                  config, and our fields LeRobot lacks (the spec's ``extension_fields``: pi0's
+                  ``tokenizer_name``, FastWAM's ``variant`` …) must be in ``config_extensions.json`` with the
+                  config's values, never in ``config.json``. The cameras are ``observation.wrist_rgb`` and
+                  ``observation.top``: no ``observation.images`` prefix, listed wrist first (LeRobot keeps the
+                  config's order).
 2. lerobot-check  (LeRobot env) ``PreTrainedConfig.from_pretrained`` on each directory: it must parse, and
                   every value we wrote must be the value LeRobot's parsed config holds (nested dicts: every
                   key we wrote; ``device`` aside, which LeRobot's ``__post_init__`` moves to an available
                   device). A tiny pi0/pi05 (``paligemma_variant=gemma_tiny``, which LeRobot cannot build) must
                   be refused with LeRobot's own message (``TINY_REFUSAL``), never parsed into something else,
-                  and an ``mlp`` (LeRobot has no such policy) by its type.
-3. lerobot-fields (LeRobot env) writes the dataclass fields of LeRobot's config class for each of our policy
+                  and an ``mlp`` (LeRobot has no such policy) by its type. Each parsed config is then written
+                  by LeRobot's own ``_save_pretrained`` (what its ``save_pretrained`` writes) into
+                  ``<case>/lerobot``.
+3. ours-read      (our env) each of those LeRobot-written ``config.json`` files, read by
+                  ``load_policy_config``, must equal the config of step 1 with our extension fields at their
+                  defaults (LeRobot's file has no sidecar; ``device`` aside): the other direction.
+4. lerobot-fields (LeRobot env) writes the dataclass fields of LeRobot's config class for each of our policy
                   types (null for a type LeRobot lacks) to FILE; ``run`` compares them with the list the unit
                   tests pin (packages/lerobot-cli/tests/data/lerobot_config_fields.json).
 
@@ -38,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED_FIELDS = REPO / "packages" / "lerobot-cli" / "tests" / "data" / "lerobot_config_fields.json"
-POLICIES = ("act", "diffusion", "mlp", "pi0", "pi05")
+POLICIES = ("act", "diffusion", "fastwam", "mlp", "pi0", "pi05")
 # LeRobot refuses a tiny pi0/pi05 on purpose: it has no such model (and vision_variant=tiny, which is not in
 # config.json, is only accepted with gemma_tiny, so LeRobot never reads a tiny SigLIP as so400m).
 TINY_REFUSAL = "Invalid paligemma_variant: gemma_tiny"
@@ -49,6 +57,8 @@ CAMERAS_UNEQUAL = {
     "observation.wrist_rgb": (3, 64, 80),
     "observation.top": (3, 96, 96),
 }  # diffusion needs equal
+# FastWAM's two cameras, concatenated along the width into image_size (see _fastwam_features).
+FASTWAM_CAMERAS = ("observation.wrist_rgb", "observation.top")
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
@@ -57,12 +67,93 @@ CAMERAS_UNEQUAL = {
 def _features(policy: str) -> dict[str, Any]:
     from lerobot_cli.policies.features import PolicyFeature
 
+    if policy == "fastwam":
+        return _fastwam_features()
     cameras = CAMERAS if policy == "diffusion" else CAMERAS_UNEQUAL
     inputs = {
         "observation.state": PolicyFeature("STATE", (6,)),
         **{k: PolicyFeature("VISUAL", shape) for k, shape in cameras.items()},
     }
     return {"input_features": inputs, "output_features": {"action": PolicyFeature("ACTION", (6,))}}
+
+
+def _fastwam_features(state: int = 8, action: int = 7, size: tuple[int, int] = (224, 448)) -> dict[str, Any]:
+    """FastWAM's features as LeRobot's ``validate_features`` wants them for these settings (its
+    ``__post_init__`` refuses a config.json whose features disagree): the state ``proprio_dim`` wide, the
+    action ``action_dim`` wide, both cameras ``image_size[0]`` high and half ``image_size[1]`` wide."""
+    from lerobot_cli.policies.features import PolicyFeature
+
+    height, width = size
+    cameras = {name: PolicyFeature("VISUAL", (3, height, width // 2)) for name in FASTWAM_CAMERAS}
+    return {
+        "input_features": {"observation.state": PolicyFeature("STATE", (state,)), **cameras},
+        "output_features": {"action": PolicyFeature("ACTION", (action,))},
+    }
+
+
+def _fastwam_cases() -> dict[str, list[dict[str, Any]]]:
+    """FastWAM's fields whose other values are choices, None, strings, dicts or tied to another field
+    (LeRobot's timing rules: (num_video_frames - 1) / action_video_freq_ratio transitions, a multiple of 4
+    dividing action_horizon). They take precedence over the shared cases of the same name."""
+    from lerobot_cli.policies.fastwam.config import TORCH_DTYPES, VARIANTS, tiny_dit_configs
+
+    video, action = tiny_dit_configs(7)
+    conditioned = {
+        **video,
+        "action_conditioned": True,
+        "video_attention_mask_mode": "per_frame_causal",
+        "action_group_causal_mask_mode": "group_diagonal",
+    }
+    return {
+        "action_dim": [
+            {"action_dim": 6, **_fastwam_features(action=6)},
+            {"action_dim": 14, **_fastwam_features(action=14)},
+        ],
+        "proprio_dim": [{"proprio_dim": None}, {"proprio_dim": 6, **_fastwam_features(state=6)}],
+        "num_video_frames": [
+            {"num_video_frames": 17, "action_video_freq_ratio": 2},
+            {"num_video_frames": 65, "action_video_freq_ratio": 2},
+        ],
+        "image_size": [
+            {"image_size": (256, 512), **_fastwam_features(size=(256, 512))},
+            {"image_size": (32, 64), **_fastwam_features(size=(32, 64))},
+        ],
+        "model_id": [{"model_id": "/models/Wan2.2-TI2V-5B"}],
+        "tokenizer_model_id": [
+            {"tokenizer_model_id": "/data/tokenizers/umt5"},
+            {"tokenizer_model_id": "someone/umt5-tokenizer"},
+        ],
+        "text_encoder_model_id": [{"text_encoder_model_id": "/models/Wan2.2-TI2V-5B-Diffusers"}],
+        "base_model_id": [{"base_model_id": None}, {"base_model_id": "/checkpoints/base/pretrained_model"}],
+        "torch_dtype": [{"torch_dtype": d} for d in TORCH_DTYPES],
+        "prompt_template": [{"prompt_template": "Robot, please: {task}"}],
+        "inference_seed": [{"inference_seed": None}, {"inference_seed": 7}],
+        "rand_device": [{"rand_device": "cuda"}],
+        "negative_prompt": [{"negative_prompt": "blurry, static"}],
+        "sigma_shift": [{"sigma_shift": 2.5}],
+        "variant": [{"variant": v} for v in VARIANTS],
+        "toggle_action_dimensions": [
+            {"toggle_action_dimensions": [-1]},
+            {"toggle_action_dimensions": [0, 5]},
+        ],
+        "video_scheduler": [
+            {"video_scheduler": {"train_shift": 3.0, "infer_shift": 7.0, "num_train_timesteps": 800}}
+        ],
+        "action_scheduler": [
+            {"action_scheduler": {"train_shift": 2.0, "infer_shift": 6.0, "num_train_timesteps": 500}}
+        ],
+        "loss": [
+            {"loss": {"lambda_video": 0.5, "lambda_action": 2.0}},
+            {"loss": {"lambda_video": 0.0, "lambda_action": 1.0}},
+        ],
+        "video_dit_config": [
+            {"video_dit_config": video, "action_dit_config": action},
+            {"video_dit_config": conditioned, "action_dit_config": action},
+        ],
+        "action_dit_config": [
+            {"action_dit_config": {**action, "ffn_dim": 2 * action["ffn_dim"]}, "video_dit_config": video}
+        ],
+    }
 
 
 def _special_cases() -> dict[str, list[dict[str, Any]]]:
@@ -167,7 +258,7 @@ def cases_for(policy: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]
 
     cls = registry.config_class(policy)
     base = cls(**_features(policy))
-    special = _special_cases()
+    special = {**_special_cases(), **(_fastwam_cases() if policy == "fastwam" else {})}
     cases, uncovered = [("default", {})], []
     for a in attrs.fields(cls):
         candidates = special.get(a.name) or _generic_cases(a.name, getattr(base, a.name))
@@ -182,6 +273,32 @@ def cases_for(policy: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]
         if not accepted:
             uncovered.append(a.name)
     return cases, uncovered
+
+
+def _sidecar_problems(cfg: Any, directory: Path) -> list[str]:
+    """Our fields LeRobot lacks must be in ``config_extensions.json`` with the config's values (and ``type``),
+    never in ``config.json``; a policy without such fields writes no sidecar."""
+    ours = type(cfg).spec.extension_fields
+    written = json.loads((directory / "config.json").read_text())
+    sidecar = directory / "config_extensions.json"
+    problems = [f"{name} is in config.json" for name in ours if name in written]
+    if not ours:
+        return problems + (["a config_extensions.json was written"] if sidecar.exists() else [])
+    if not sidecar.exists():
+        return [*problems, "no config_extensions.json"]
+    expected = json.loads(json.dumps({"type": cfg.type, **{n: getattr(cfg, n) for n in ours}}, default=list))
+    extra = json.loads(sidecar.read_text())
+    if extra != expected:
+        problems.append(f"config_extensions.json holds {extra}, expected {expected}")
+    return problems
+
+
+def _jsonable(value: Any) -> Any:
+    """A manifest's view of a setting: a feature as its repr, any other iterable as a list."""
+    try:
+        return list(value)
+    except TypeError:
+        return repr(value)
 
 
 def ours_write(work: Path) -> bool:
@@ -200,13 +317,16 @@ def ours_write(work: Path) -> bool:
             if back != cfg:
                 ok = False
                 print(f"[ours] {directory.name}: read back differs from what was saved")
+            for problem in _sidecar_problems(cfg, directory):
+                ok = False
+                print(f"[ours] {directory.name}: {problem}")
             expect = TINY_REFUSAL if overrides.get("paligemma_variant") == "gemma_tiny" else None
             manifest.append(
                 {
                     "dir": directory.name,
                     "policy": policy,
                     "field": name,
-                    "setting": json.loads(json.dumps(overrides, default=list)),
+                    "setting": json.loads(json.dumps(overrides, default=_jsonable)),
                     "expect_refusal": UNKNOWN_TO_LEROBOT.get(policy) or expect,
                 }
             )
@@ -216,6 +336,57 @@ def ours_write(work: Path) -> bool:
         )
     (work / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return ok
+
+
+def _as_json(cfg: Any) -> dict[str, Any]:
+    from lerobot_cli.policies.serialization import policy_config_extensions, policy_config_to_dict
+
+    return json.loads(json.dumps({**policy_config_to_dict(cfg), **policy_config_extensions(cfg)}))
+
+
+def ours_read(work: Path) -> bool:
+    """LeRobot's ``config.json`` for every case it parsed, read by us: the case's config with our extension
+    fields at their defaults (LeRobot writes no sidecar); ``device`` aside (LeRobot moved it)."""
+    import attrs
+    from lerobot_cli.policies import registry
+    from lerobot_cli.policies.serialization import load_policy_config
+
+    manifest = json.loads((work / "manifest.json").read_text())
+    checked, failed, completed = 0, [], 0
+    for case in manifest:
+        directory = work / case["dir"] / "lerobot"
+        if case["expect_refusal"]:
+            continue
+        if not (directory / "config.json").is_file():
+            failed.append(f"{case['dir']}: LeRobot wrote no config.json")
+            continue
+        cls = registry.config_class(case["policy"])
+        cfg = load_policy_config(work / case["dir"])
+        defaults = {a.name: a.default for a in attrs.fields(cls) if a.name in cls.spec.extension_fields}
+        expected = attrs.evolve(cfg, **defaults)
+        try:
+            theirs = load_policy_config(directory)
+        except Exception as exc:  # noqa: BLE001 - reported with its message
+            failed.append(f"{case['dir']} {case['setting']}: we refuse LeRobot's config.json ({exc})")
+            continue
+        theirs = attrs.evolve(theirs, device=expected.device)
+        if theirs == expected:
+            checked += 1
+            continue
+        # a nested dict LeRobot completes with its defaults (pi0's rtc_config) differs only in those keys
+        differ = _subset_mismatches(_as_json(expected), _as_json(theirs), "config")
+        if differ:
+            failed.append(f"{case['dir']} {case['setting']}: {'; '.join(differ)}")
+        else:
+            checked += 1
+            completed += 1
+    for line in failed:
+        print(f"[ours-read] FAIL {line}")
+    print(
+        f"[ours-read] {checked} LeRobot-written config.json files read back as the configs LeRobot parsed "
+        f"({completed} with nested dicts LeRobot completed with its defaults)"
+    )
+    return not failed
 
 
 # ---------------------------------------------------------------- LeRobot side (imports lerobot)
@@ -253,7 +424,7 @@ def lerobot_check(work: Path) -> bool:
 
     logging.disable(logging.WARNING)  # "Device 'None' is not available. Switching to 'cpu'." per config
     manifest = json.loads((work / "manifest.json").read_text())
-    passed, failed = 0, []
+    passed, failed, auto = 0, [], 0
     for case in manifest:
         directory = work / case["dir"]
         expect = case["expect_refusal"]
@@ -274,7 +445,16 @@ def lerobot_check(work: Path) -> bool:
         ours = json.loads((directory / "config.json").read_text())
         ours.pop("device", None)
         theirs = json.loads(json.dumps(draccus.encode(parsed, PreTrainedConfig)))
-        problems = _subset_mismatches(ours, theirs, "config")
+        problems = []
+        if getattr(parsed, "_auto_pretrained_path", False):
+            # LeRobot's FastWAM points a fresh config's pretrained_path at base_model_id (ours loads the base
+            # in initial_weights instead) and writes it back as null: that derivation, nothing else, passes
+            auto += 1
+            if ours.pop("pretrained_path", None) is not None or str(parsed.pretrained_path) != str(
+                parsed.base_model_id
+            ):
+                problems.append(f"pretrained_path: LeRobot's {parsed.pretrained_path!r}")
+        problems += _subset_mismatches(ours, theirs, "config")
         if list(parsed.image_features) != [
             k for k, f in ours.get("input_features", {}).items() if f["type"] == "VISUAL"
         ]:
@@ -283,12 +463,16 @@ def lerobot_check(work: Path) -> bool:
             failed.append(f"{case['dir']} {case['setting']}: {'; '.join(problems)}")
         else:
             passed += 1
+        own = directory / "lerobot"
+        own.mkdir(exist_ok=True)
+        parsed._save_pretrained(own)  # what LeRobot's save_pretrained writes, for ours-read
     for line in failed:
         print(f"[lerobot] FAIL {line}")
     refused = sum(1 for c in manifest if c["expect_refusal"])
     print(
         f"[lerobot] {passed}/{len(manifest)} configs as expected ({len(manifest) - refused} to parse with "
-        f"the same values, {refused} to be refused on purpose)"
+        f"the same values, {refused} to be refused on purpose; {auto} FastWAM configs given LeRobot's "
+        f"automatic pretrained_path = base_model_id)"
     )
     return not failed
 
@@ -311,7 +495,10 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "mode", nargs="?", default="run", choices=["run", "ours-write", "lerobot-check", "lerobot-fields"]
+        "mode",
+        nargs="?",
+        default="run",
+        choices=["run", "ours-write", "lerobot-check", "ours-read", "lerobot-fields"],
     )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory, or lerobot-fields' output file")
     parser.add_argument(
@@ -324,6 +511,8 @@ def main() -> int:
         return 0 if ours_write(args.dir) else 1
     if args.mode == "lerobot-check":
         return 0 if lerobot_check(args.dir) else 1
+    if args.mode == "ours-read":
+        return 0 if ours_read(args.dir) else 1
     if args.mode == "lerobot-fields":
         lerobot_fields(args.dir, list(POLICIES))
         return 0
@@ -334,6 +523,7 @@ def main() -> int:
     lerobot_ok = (
         subprocess.run([args.lerobot_python, me, "lerobot-check", str(work)], check=False).returncode == 0
     )
+    back_ok = ours_read(work)
     fresh = work / "lerobot_config_fields.json"
     subprocess.run([args.lerobot_python, me, "lerobot-fields", str(fresh)], check=True)
     fields_ok = json.loads(fresh.read_text()) == json.loads(PINNED_FIELDS.read_text())
@@ -344,10 +534,10 @@ def main() -> int:
         )
     print(
         f"ours read back: {'PASS' if ours_ok else 'FAIL'}; LeRobot parses ours: "
-        f"{'PASS' if lerobot_ok else 'FAIL'}; pinned LeRobot fields current: "
-        f"{'PASS' if fields_ok else 'FAIL'}"
+        f"{'PASS' if lerobot_ok else 'FAIL'}; we read LeRobot's: {'PASS' if back_ok else 'FAIL'}; "
+        f"pinned LeRobot fields current: {'PASS' if fields_ok else 'FAIL'}"
     )
-    return 0 if ours_ok and lerobot_ok and fields_ok else 1
+    return 0 if ours_ok and lerobot_ok and back_ok and fields_ok else 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ LEROBOT = json.loads((Path(__file__).parent / "data" / "lerobot_config_fields.js
 EXTENSIONS = {
     "act": (),
     "diffusion": (),
+    "fastwam": ("compile_action_infer", "precompute_task_contexts", "variant"),
     "mlp": (),
     "pi0": ("tokenizer_name", "vision_variant"),
     "pi05": ("tokenizer_name", "vision_variant"),
@@ -59,12 +60,16 @@ SETTINGS = {
     "act": [{}, {"pre_norm": True, "use_vae": False, "pretrained_backbone_weights": None}],
     "diffusion": [{}, {"noise_scheduler_type": "DDIM", "resize_shape": (48, 48), "crop_ratio": 0.8}],
     "mlp": [{}, {"hidden_dim": 8}],
+    "fastwam": [
+        {"action_dim": 6, "proprio_dim": 6},
+        {"action_dim": 6, "proprio_dim": 6, "variant": "tiny", "compile_action_infer": True},
+    ],
 }
 CASES = [(policy, setting) for policy, settings in SETTINGS.items() for setting in settings]
 
 
 def test_every_builtin_policy_is_pinned():
-    assert set(EXTENSIONS) == set(LEROBOT["fields"]) >= {"act", "diffusion", "mlp", "pi0", "pi05"}
+    assert set(EXTENSIONS) == set(LEROBOT["fields"]) >= {"act", "diffusion", "fastwam", "mlp", "pi0", "pi05"}
     assert LEROBOT["lerobot_version"] == "0.6.1"
 
 
