@@ -274,6 +274,12 @@ def test_dry_run_plans_full_size_fastwam_on_eight_gpus_without_loading_anything(
     assert "parameters all-gathered in bfloat16" in plan and "fp32 master weights" in plan
     # 16 bytes per parameter (fp32 master, gradient, AdamW's two states) over 8 ranks, padding included
     assert "2.81 GiB + 2.81 GiB + 5.61 GiB = 11.22 GiB on device (0.125x of the unsharded 89.72 GiB)" in plan
+    # beside the shards, whole on every rank (parameters counted on the meta device, bf16)
+    assert (
+        "Frozen, outside the plan, on every rank: the Wan2.2 VAE 1.31 GiB and UMT5 10.58 GiB, in bfloat16; "
+        "--policy.precompute_task_contexts=true keeps UMT5 off every rank while training (1.00 MiB of "
+        "context per task instead)"
+    ) in plan
 
 
 def test_wrap_modules_flag_plans_the_same_units(dry_runs):

@@ -505,3 +505,22 @@ def test_precomputing_task_contexts_needs_the_text_encoder():
         ValueError, match=r"^--policy.precompute_task_contexts=true encodes each task with UMT5"
     ):
         tiny(precompute_task_contexts=True, load_text_encoder=False)
+
+
+def test_the_dry_run_note_counts_the_frozen_parts_each_rank_holds():
+    """Wan2.2's VAE (704,688,668 parameters) and UMT5-XXL (5,680,910,336) counted on the meta device, in
+    torch_dtype; with precompute_task_contexts UMT5 is on rank 0 at the start only."""
+    from lerobot_cli.policies.fastwam.precompute import frozen_parts_note
+    from lerobot_cli.policies.fastwam.text import umt5_parameter_count
+    from lerobot_cli.policies.fastwam.vae import wan_vae_parameter_count
+
+    assert umt5_parameter_count() == 5_680_910_336 and wan_vae_parameter_count() == 704_688_668
+    assert frozen_parts_note(FastWAMConfig(precompute_task_contexts=True)) == (
+        "Frozen, outside the plan, on every rank: the Wan2.2 VAE 1.31 GiB; UMT5 (10.58 GiB) only on rank 0 "
+        "at the start, to encode each task once: every rank then holds 1.00 MiB of context per task "
+        "(--policy.precompute_task_contexts=true)"
+    )
+    assert frozen_parts_note(FastWAMConfig(load_text_encoder=False, torch_dtype="float32")) == (
+        "Frozen, outside the plan, on every rank: the Wan2.2 VAE 2.63 GiB (no text encoder: the batches "
+        "carry contexts)"
+    )

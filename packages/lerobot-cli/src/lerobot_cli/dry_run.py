@@ -41,4 +41,6 @@ def dry_run(cfg: TrainConfig) -> int:
     learnable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     print(f"Policy: {cfg.policy.type}; parameters {total:,} (learnable {learnable:,})")
     print(as_flags("\n".join(plan.describe())))
+    for line in cfg.policy.dry_run_notes():
+        print(as_flags(line))
     return 0

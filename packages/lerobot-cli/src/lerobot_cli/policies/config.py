@@ -188,6 +188,11 @@ class PolicyConfig:
         precomputed task contexts). Returns lines for the main rank's banner. Nothing by default."""
         return []
 
+    def dry_run_notes(self) -> list[str]:
+        """Lines ``--dry_run`` prints after the plan about what the plan's per-rank estimate leaves out
+        (FastWAM: its frozen VAE and text encoder, on every rank beside the shards); none by default."""
+        return []
+
     def backbone_weights(self) -> str | None:
         """The pretrained backbone file a fresh policy with cameras initialises from (downloaded once per
         machine before the run starts); None by default."""

@@ -774,6 +774,13 @@ class FastWAMConfig(PolicyConfig):
 
         return prepare_task_contexts(self, policy, run)
 
+    def dry_run_notes(self) -> list[str]:
+        """The frozen VAE's and UMT5's bytes on every rank, counted on the meta device, and what
+        ``precompute_task_contexts`` saves (``precompute.py``)."""
+        from lerobot_cli.policies.fastwam.precompute import frozen_parts_note
+
+        return [frozen_parts_note(self)]
+
     def initial_weights(self) -> InitialWeights | None:
         """The base model's weights over a fresh policy, or why none (``base.py``)."""
         from lerobot_cli.policies.fastwam.base import initial_weights

@@ -86,3 +86,32 @@ def prepare_task_contexts(config: FastWAMConfig, policy: nn.Module, run: Trainin
         "while training (--policy.precompute_task_contexts=true)"
     )
     return [line]
+
+
+def frozen_parts_note(config: FastWAMConfig) -> str:
+    """``--dry_run``'s line on the frozen parts, which no FSDP unit holds (so every rank holds them whole,
+    beside its shards): their parameter bytes in ``torch_dtype``, counted on the meta device, and what
+    ``precompute_task_contexts`` leaves each rank instead of UMT5. The tiny variant's parts are built from
+    a vocabulary the tokenizer sets, so they are not counted: they are a few hundred KiB."""
+    from lerobot_cli.policies.fastwam.text import umt5_parameter_count
+    from lerobot_cli.policies.fastwam.vae import wan_vae_parameter_count
+
+    if config.variant == "tiny":
+        return "Frozen, outside the plan, on every rank: the tiny VAE and UMT5 built from config (KiB)"
+    size = TORCH_DTYPES[config.torch_dtype].itemsize
+    vae = f"the Wan2.2 VAE {_bytes(wan_vae_parameter_count() * size)}"
+    if not config.load_text_encoder:
+        return f"Frozen, outside the plan, on every rank: {vae} (no text encoder: the batches carry contexts)"
+    umt5 = _bytes(umt5_parameter_count() * size)
+    per_task = _bytes(config.tokenizer_max_len * int(config.video_dit_config["text_dim"]) * size)
+    if config.precompute_task_contexts:
+        return (
+            f"Frozen, outside the plan, on every rank: {vae}; UMT5 ({umt5}) only on rank 0 at the start, to "
+            f"encode each task once: every rank then holds {per_task} of context per task "
+            "(--policy.precompute_task_contexts=true)"
+        )
+    return (
+        f"Frozen, outside the plan, on every rank: {vae} and UMT5 {umt5}, in {config.torch_dtype}; "
+        f"--policy.precompute_task_contexts=true keeps UMT5 off every rank while training ({per_task} of "
+        "context per task instead)"
+    )
