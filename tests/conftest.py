@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 _HERE = Path(__file__).resolve().parent
+# Shared flag lists (fastwam_flags.py) import by name; test modules themselves stay in importlib mode.
+if str(_HERE) not in sys.path:
+    sys.path.append(str(_HERE))
 
 
 def _load_launch():

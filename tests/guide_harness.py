@@ -17,6 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from attrs import define, field
+from fastwam_flags import TINY_FASTWAM
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "guide.md"
@@ -58,19 +59,7 @@ TINY_DIFFUSION = [
     "--policy.num_train_timesteps=20",
     "--policy.scheduler_warmup_steps=0",
 ]
-# FastWAM at the size of packages/lerobot-cli/tests/test_fastwam_demo.py (the guide's fastwam-tiny block):
-# tiny DiTs, VAE and UMT5 built from config, the demo tokenizer, so nothing is read from the Hub cache
-TINY_FASTWAM = [
-    "--policy.variant=tiny",
-    f"--policy.tokenizer_model_id={REPO / 'data' / 'tokenizers' / 'demo_bytes'}",
-    "--policy.action_dim=2",
-    "--policy.proprio_dim=2",
-    "--policy.num_video_frames=5",
-    "--policy.action_video_freq_ratio=1",
-    "--policy.action_horizon=8",
-    "--policy.n_action_steps=8",
-    "--policy.image_size=[32,32]",
-]
+# FastWAM: TINY_FASTWAM (fastwam_flags.py), the guide's fastwam-tiny size, nothing read from the Hub cache
 TINY_RUN = ["--num_workers=0", "--log_freq=1"]
 LAUNCH_TIMEOUT_S = 240  # hard limit per command; the whole file takes ~2.5 min on 2 CPU cores
 TOOL_TIMEOUT_S = 120

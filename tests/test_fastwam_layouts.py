@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fastwam_flags import DEMO_FASTWAM
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
-TOKENIZER = REPO / "data" / "tokenizers" / "demo_bytes"
 BIN = Path(sys.executable).parent
 LEROBOT_TRAIN, CONVERT = str(BIN / "lerobot-train"), str(BIN / "lerobot-convert-dcp")
 
@@ -33,24 +33,7 @@ pytestmark = pytest.mark.slow
 
 # The README's tiny FastWAM on the demo (packages/lerobot-cli/tests/test_fastwam_demo.py): tiny DiTs and a
 # tiny VAE/UMT5 built from config, the bundled byte-level tokenizer; a 5-frame 32x32 video, 8-step chunks.
-TINY = [
-    "--dataset.repo_id=lerobot/demo_reach",
-    f"--dataset.root={DEMO}",
-    "--num_workers=0",
-    "--policy.type=fastwam",
-    "--policy.variant=tiny",
-    "--policy.torch_dtype=float32",
-    f"--policy.tokenizer_model_id={TOKENIZER}",
-    "--policy.action_dim=2",
-    "--policy.proprio_dim=2",
-    "--policy.num_video_frames=5",
-    "--policy.action_video_freq_ratio=1",
-    "--policy.action_horizon=8",
-    "--policy.n_action_steps=8",
-    "--policy.image_size=[32,32]",
-    "--policy.optimizer_lr=1e-3",
-    "--log_freq=1",
-]
+TINY = [*DEMO_FASTWAM, "--policy.optimizer_lr=1e-3", "--log_freq=1"]
 GLOBAL_BATCH = 8
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 

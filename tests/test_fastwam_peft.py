@@ -13,25 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from fastwam_flags import DEMO_FASTWAM
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-TINY = [
-    "--dataset.repo_id=lerobot/demo_reach",
-    f"--dataset.root={REPO / 'data/lerobot/demo_reach'}",
-    "--num_workers=0",
-    "--policy.type=fastwam",
-    "--policy.variant=tiny",
-    "--policy.torch_dtype=float32",
-    f"--policy.tokenizer_model_id={REPO / 'data/tokenizers/demo_bytes'}",
-    "--policy.action_dim=2",
-    "--policy.proprio_dim=2",
-    "--policy.num_video_frames=5",
-    "--policy.action_video_freq_ratio=1",
-    "--policy.action_horizon=8",
-    "--policy.n_action_steps=8",
-    "--policy.image_size=[32,32]",
-]
+TINY = DEMO_FASTWAM
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 
 

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fastwam_flags import TINY_FASTWAM
 
-REPO = Path(__file__).resolve().parents[1]
-TOKENIZER = REPO / "data" / "tokenizers" / "demo_bytes"
 BIN = Path(sys.executable).parent
 TASKS = ("stack the red cube on the blue one", "open the top drawer", "wipe the table")
 CAMERAS = ("observation.images.wrist_left", "observation.images.scene")
@@ -69,15 +68,8 @@ def runs(dataset, tmp_path_factory, launch) -> dict[str, Path | str]:
         "--eval_steps=3",
         "--num_workers=0",
         "--policy.type=fastwam",
-        "--policy.variant=tiny",
         "--policy.torch_dtype=float32",
-        f"--policy.tokenizer_model_id={TOKENIZER}",
-        "--policy.action_dim=2",
-        "--policy.proprio_dim=2",
-        "--policy.num_video_frames=5",
-        "--policy.action_video_freq_ratio=1",
-        "--policy.action_horizon=8",
-        "--policy.n_action_steps=8",
+        *TINY_FASTWAM,
         "--policy.image_size=[32,64]",  # two cameras, each 32 x 32
         "--policy.optimizer_lr=1e-3",
         "--parallelism.dp_shard=2",
