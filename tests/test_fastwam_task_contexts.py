@@ -5,9 +5,9 @@ A dataset of three tasks and two cameras with names of their own (written by the
 one task, so it could not tell one task's context from another's). Rank 0 encodes each task once and
 broadcasts the table; each rank then picks its samples' rows. The losses and held-out losses are the on-the-
 fly run's at every step (1e-5 relative: the contexts come from a differently sized matrix product,
-``contexts.py``), the banner says no rank holds the text encoder, and the saved policy still encodes its
-prompt (``config.json``'s ``load_text_encoder`` stays true; the switch is in ``config_extensions.json``). One
-launch of two runs.
+``contexts.py``), the banner says no rank holds the text encoder, the EMA shadow (which shares the contexts)
+follows its updates, and the saved policy still encodes its prompt (``config.json``'s ``load_text_encoder``
+stays true; the switch is in ``config_extensions.json``). One launch of two runs.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def runs(dataset, tmp_path_factory, launch) -> dict[str, Path | str]:
         "--dataset.repo_id=local/three_tasks",
         f"--dataset.root={dataset}",
         "--dataset.eval_split=0.5",  # one episode of each task held out
-        "--eval_steps=3",
+        "--eval_steps=3",  # on the EMA weights
+        "--ema.enable=true",  # the shadow shares the policy's contexts
         "--num_workers=0",
         "--policy.type=fastwam",
         "--policy.torch_dtype=float32",
@@ -80,7 +81,12 @@ def runs(dataset, tmp_path_factory, launch) -> dict[str, Path | str]:
     out: dict[str, Path | str] = {"encoded": root / "encoded", "precomputed": root / "precomputed"}
     both = [
         [*flags, f"--output_dir={out['encoded']}"],
-        [*flags, "--policy.precompute_task_contexts=true", f"--output_dir={out['precomputed']}"],
+        [
+            *flags,
+            "--policy.precompute_task_contexts=true",
+            "--save_freq=1",
+            f"--output_dir={out['precomputed']}",
+        ],
     ]
     printed = launch.lerobot_train_runs(*both, nproc=2, env={"HF_HUB_OFFLINE": "1"})
     out.update(
@@ -117,3 +123,16 @@ def test_the_saved_policy_still_encodes_its_prompt(runs):
     saved = runs["precomputed"] / "checkpoints" / "000003" / "pretrained_model"
     assert json.loads((saved / "config.json").read_text())["load_text_encoder"] is True
     assert json.loads((saved / "config_extensions.json").read_text())["precompute_task_contexts"] is True
+
+
+def test_the_ema_of_a_sharded_fastwam_follows_its_updates(runs):
+    """``--ema.enable=true`` on FSDP2 x2: each rank's shadow of its shards, merged at every save, is the EMA
+    recurrence of the live weights (tests/ema_replay.py), bitwise after the first update."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "lerobot_tests_ema_replay", Path(__file__).with_name("ema_replay.py")
+    )
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    replay.assert_ema_replays(runs["precomputed"], [1, 2, 3])
