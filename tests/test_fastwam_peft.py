@@ -3,8 +3,9 @@
 A tiny FastWAM base (the guide's demo flags, 2 steps) is saved; LoRA with the spec's default targets (the
 action blocks' attention and FFN linears, ``FastWAMConfig.spec.peft_targets``) then trains 3 steps from it on
 one process (B=4) and on FSDP2 x2 (B=2 per rank): the adapters sit on the action expert only, the base stays
-frozen, both layouts log the same losses (each sample's draws follow its dataset index), and the saved
-adapter directory loads back as base + adapter. Two launches (~40 s on 2 CPU cores).
+frozen, both layouts log the same losses (each sample's draws follow its dataset index; the FSDP2 run's
+task contexts precomputed, so no rank holds its UMT5), and the saved adapter directory loads back as base +
+adapter. Two launches (~40 s on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         env=OFFLINE,
     )
     (fsdp_out,) = launch.lerobot_train_runs(
-        [*lora, "--batch_size=2", "--parallelism.dp_shard=2", f"--output_dir={fsdp}"], nproc=2, env=OFFLINE
+        # the base's contexts precomputed (the PEFT wrapper's policy gets them): the same losses
+        [
+            *lora,
+            "--batch_size=2",
+            "--parallelism.dp_shard=2",
+            "--policy.precompute_task_contexts=true",
+            f"--output_dir={fsdp}",
+        ],
+        nproc=2,
+        env=OFFLINE,
     )
     return {
         "base": base,
@@ -84,6 +94,7 @@ def test_lora_losses_agree_on_one_process_and_fsdp2(runs):
     for step, value in single.items():
         assert abs(fsdp[step] - value) <= 1e-5 * max(1.0, abs(value)), (step, value, fsdp[step])
     assert "dp_shard=2" in runs["fsdp.stdout"]
+    assert "is held by 0 of 2 rank(s) while training" in runs["fsdp.stdout"]
 
 
 def test_the_adapter_directory_loads_as_base_plus_adapter(runs):
