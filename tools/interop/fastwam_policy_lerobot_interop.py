@@ -24,7 +24,7 @@ script runs in two interpreters and hands files between them:
                                  loaded into our policy strictly (our ``load_weights``), our outputs equal
                                  LeRobot's.
 
-Outputs compared per case (fp32, CPU), each with ``torch.equal``:
+Outputs compared per case (fp32 and bf16, CPU), each with ``torch.equal``:
 
 * ``loss``, ``loss_video``, ``loss_action``: the training loss of one batch (2 samples: cameras of other
   sizes resized and concatenated, the prompt template around each task through UMT5, the state's frame 0 as
@@ -48,8 +48,29 @@ kernels split it into vector lanes, which alone moved outputs by 1e-7 in fastwam
 Cases: ``default`` (LeRobot's defaults at tiny sizes: schedules, lambdas, 10 Euler steps, seed 42; two
 cameras, proprio 3) and ``custom`` (other train and inference shifts and timestep counts, lambdas 0.5 / 2,
 freeze_video_expert, mot_checkpoint_mixed_attn, attention in the inputs' dtype, no proprio, one camera,
-3 Euler steps with sigma_shift 2.5, seed 7). bf16 is not compared: LeRobot's fp32 regions are CUDA autocast
-contexts, so its bf16 model cannot run on the CPU. Exit status 0: everything passed.
+3 Euler steps with sigma_shift 2.5, seed 7), each also as ``<case>-bf16``: ``torch_dtype=bfloat16``
+(parameters, VAE and UMT5 in bf16, as ``--policy.torch_dtype=bfloat16`` trains).
+
+bf16 on the CPU: LeRobot computes its time embedding, time projection and video head under
+``torch.amp.autocast("cuda", dtype=torch.float32)``, inert on a CPU (its bf16 model then fails: "mat1 and mat2
+must have the same dtype"). Its side therefore runs with CUDA's autocast emulated (_cuda_autocast_on_cpu.py):
+``torch.amp.autocast`` in its wan/model.py and wan/video_dit.py is a context that sets torch's CUDA autocast
+state and pushes a ``TorchFunctionMode`` casting, as CUDA's autocast does above autograd, the eligible
+(floating, non-float64) arguments of exactly the ops on ATen's CUDA autocast lists: lower_precision_fp
+(linear, matmul, bmm, einsum, conv, SDPA, ...) to the region's dtype, fp32 / fp32_set_opt_dtype (layer_norm,
+pow, sum, softmax, ...) to float32, promote to the widest; every other op keeps ordinary type promotion, and
+an op on neither that list nor a checked list of unlisted ones stops the run. LeRobot's
+``@torch.amp.autocast("cuda", enabled=False)`` rope functions keep torch's own decorator, which clears that
+state, so nothing is cast inside them even within a region (checked by ``self_check`` on its ``rope_params``
+before the cases, with the emulation's casts). The report lists every op its regions ran and the casts made
+(there: the linears' bf16 weights and biases to float32; the head's layer_norm already gets float32 and the
+sinusoid's pow float64, so neither is cast). Ours computes those regions in fp32 explicitly (``Fp32Linear``,
+fp32 norm), so bit equality says both compute each op in the same dtype from the same values; it cannot say
+CUDA's kernels round as the CPU's do. ``--provoke-bf16-linear`` makes the emulation compute the regions'
+linears in bf16 instead, and must FAIL. bf16 training draws: ``torch.randn_like`` in bf16 gives other numbers
+in torch 2.11 than in ours (fastwam_flow_lerobot_interop.py), so the bf16 cases replay the reference's draws
+in both directions and do not require LeRobot's own draws to be equal (reported as ``own_draws_equal``);
+inference noise is drawn in float32 on both sides. Exit status 0: everything passed.
 """
 
 from __future__ import annotations
@@ -94,6 +115,8 @@ CASES = {
         },
     },
 }
+# The same two in bfloat16 (parameters, VAE and UMT5 as --policy.torch_dtype=bfloat16 builds them).
+CASES |= {f"{name}-bf16": {**spec, "torch_dtype": "bfloat16"} for name, spec in list(CASES.items())}
 PARTS = ("loss", "loss_video", "loss_action")
 
 
@@ -184,6 +207,15 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
     return ok, figures
 
 
+def _bf16(case: str) -> bool:
+    return CASES[case].get("torch_dtype") == "bfloat16"
+
+
+def _draws(reference: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The recorded draws of a reference, in order, to replay."""
+    return [reference[f"draw.{i}"] for i in range(sum(k.startswith("draw.") for k in reference))]
+
+
 def save(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
 
@@ -212,7 +244,7 @@ def _ours_config(case: str):
         num_video_frames=RAW_FRAMES,
         action_video_freq_ratio=RATIO,
         image_size=IMAGE_SIZE,
-        torch_dtype="float32",
+        torch_dtype=spec.get("torch_dtype", "float32"),
         tokenizer_max_len=MAX_LEN,
         video_dit_config=video,
         action_dit_config=action,
@@ -228,9 +260,10 @@ def _our_frozen(work: Path, config):
     from lerobot_cli.policies.fastwam.text import PromptEncoder, load_umt5_encoder, load_umt5_tokenizer
     from lerobot_cli.policies.fastwam.vae import load_wan_vae
 
-    encoder = load_umt5_encoder(work / "umt5", dtype=torch.float32)
+    dtype = getattr(torch, config.torch_dtype)
+    encoder = load_umt5_encoder(work / "umt5", dtype=dtype)
     prompts = PromptEncoder(load_umt5_tokenizer(work / "tokenizer"), encoder, config.tokenizer_max_len)
-    return FrozenParts(load_wan_vae(work / "vae", dtype=torch.float32), prompts)
+    return FrozenParts(load_wan_vae(work / "vae", dtype=dtype), prompts)
 
 
 def ours_write(work: Path) -> None:
@@ -283,7 +316,8 @@ def ours_check(work: Path) -> tuple[bool, dict]:
         load_weights(policy, directory / "model.safetensors", strict=True)  # LeRobot's save_pretrained file
         data = load_inputs(work / case / "inputs.safetensors")
         reference = load_file(str(directory / "reference.safetensors"))
-        passed, numbers = compare(f"ours {case}", reference, run_policy(policy, data, seed=500 + index))
+        replay = _draws(reference) if _bf16(case) else None  # bf16 draws differ between torch versions
+        passed, numbers = compare(f"ours {case}", reference, run_policy(policy, data, 500 + index, replay))
         ok &= passed
         figures[case] = numbers
     return ok, figures
@@ -317,16 +351,24 @@ def _lerobot_modeling(work: Path):
     return modeling
 
 
-def lerobot_check(work: Path) -> bool:
+def lerobot_check(work: Path, provoke: bool = False) -> bool:
     import logging
-    import warnings
 
+    import _cuda_autocast_on_cpu as cuda_autocast
     import draccus
     from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.fastwam.wan import model as wan_model
+    from lerobot.policies.fastwam.wan import video_dit as wan_video_dit
 
     logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore", message="CUDA is not available")  # its fp32 autocast regions on CPU
     modeling = _lerobot_modeling(work)
+    # Its fp32 regions as CUDA runs them (see the module docstring); the rope functions' own
+    # @torch.amp.autocast("cuda", enabled=False) stay torch's, and must still disable casting in a region.
+    cuda_autocast.install(wan_model, wan_video_dit)
+    cuda_autocast.self_check(lambda: wan_model.rope_params(16, 8))
+    cuda_autocast.forget()
+    if provoke:
+        cuda_autocast.CudaAutocast.override = {"linear": torch.bfloat16}
     ok, report = True, {}
     for index, case in enumerate(CASES):
         ours_dir = work / case / "ours"
@@ -346,9 +388,9 @@ def lerobot_check(work: Path) -> bool:
             {k: v for k, v in reference.items() if k.startswith("draw.")},
             {k: v for k, v in own.items() if k.startswith("draw.")},
         )
-        replay = [reference[f"draw.{i}"] for i in range(sum(k.startswith("draw.") for k in reference))]
+        replay = _draws(reference)
         passed, figures = compare(f"lerobot {case}", reference, run_policy(policy, data, 400 + index, replay))
-        ok &= passed and draws_equal
+        ok &= passed and (draws_equal or _bf16(case))  # bf16 draws: torch 2.11 draws other numbers
         report[case] = figures | {"own_draws_equal": draws_equal}
         torch.manual_seed(600 + index)
         theirs = modeling.FastWAMPolicy(config)
@@ -356,6 +398,7 @@ def lerobot_check(work: Path) -> bool:
         out_dir = work / case / "lerobot"
         theirs.save_pretrained(str(out_dir))
         save(run_policy(theirs, data, seed=500 + index), out_dir / "reference.safetensors")
+    report["ops in its CUDA autocast regions"] = cuda_autocast.seen()
     (work / "lerobot_report.json").write_text(json.dumps(report))
     return ok
 
@@ -365,7 +408,10 @@ def lerobot_check(work: Path) -> bool:
 
 def _print_figures(tag: str, figures: dict) -> None:
     for case, numbers in figures.items():
-        print(f"{tag} {case}: max |Δ| {numbers}")
+        if case in CASES:
+            print(f"{tag} {case}: max |Δ| {numbers}")
+        else:
+            print(f"{tag} {case}: {numbers}")
 
 
 def main() -> int:
@@ -381,12 +427,17 @@ def main() -> int:
         default="/tmp/lerobot-venv/bin/python",
         help="interpreter of the environment where LeRobot is installed",
     )
+    parser.add_argument(
+        "--provoke-bf16-linear",
+        action="store_true",
+        help="prove the check can fail: LeRobot's fp32 regions compute their linears in bf16 (must FAIL)",
+    )
     args = parser.parse_args()
     if args.mode == "ours-write":
         ours_write(args.work)
         return 0
     if args.mode == "lerobot-check":
-        return 0 if lerobot_check(args.work) else 1
+        return 0 if lerobot_check(args.work, args.provoke_bf16_linear) else 1
     if args.mode == "ours-check":
         ok, figures = ours_check(args.work)
         (args.work / "ours_report.json").write_text(json.dumps(figures))
@@ -398,7 +449,9 @@ def main() -> int:
     ours_write(work)
     theirs_ok = (
         subprocess.run(
-            [args.lerobot_python, me, "lerobot-check", "--work", str(work)], check=False
+            [args.lerobot_python, me, "lerobot-check", "--work", str(work)]
+            + ["--provoke-bf16-linear"] * args.provoke_bf16_linear,
+            check=False,
         ).returncode
         == 0
     )
