@@ -95,7 +95,8 @@ def _fastwam_cases() -> dict[str, list[dict[str, Any]]]:
     """FastWAM's fields whose other values are choices, None, strings, dicts or tied to another field
     (LeRobot's timing rules: (num_video_frames - 1) / action_video_freq_ratio transitions, a multiple of 4
     dividing action_horizon). They take precedence over the shared cases of the same name."""
-    from lerobot_cli.policies.fastwam.config import TORCH_DTYPES, VARIANTS, tiny_dit_configs
+    from lerobot_cli.policies.fastwam.config import TORCH_DTYPES, VARIANTS
+    from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
 
     video, action = tiny_dit_configs(7)
     conditioned = {

@@ -118,7 +118,8 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
 
 
 def _ours_config(case: str):
-    from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
+    from lerobot_cli.policies.fastwam.config import FastWAMConfig
+    from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
 
     spec = CASES[case]
     video, action = tiny_dit_configs(ACTION_DIM, latent_channels=LATENT, text_dim=TEXT_DIM)

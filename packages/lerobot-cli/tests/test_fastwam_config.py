@@ -11,8 +11,8 @@ import attrs
 import pytest
 from lerobot_cli.policies.dataset_fit import policy_config_for_dataset
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
-from lerobot_cli.policies.fastwam.config import (
-    FastWAMConfig,
+from lerobot_cli.policies.fastwam.config import FastWAMConfig
+from lerobot_cli.policies.fastwam.dit_configs import (
     default_action_dit_config,
     default_video_dit_config,
     tiny_dit_configs,

@@ -14,7 +14,8 @@ import time
 import pytest
 import torch
 from lerobot_cli.policies.fastwam import attention, rope
-from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
+from lerobot_cli.policies.fastwam.config import FastWAMConfig
+from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
 from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
 from lerobot_cli.policies.fastwam.mot import MoTLayer
 

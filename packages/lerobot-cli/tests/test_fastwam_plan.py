@@ -19,8 +19,10 @@ from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.policies.fastwam import rope
-from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
-from lerobot_cli.policies.fastwam.modeling import FastWAMModel, FastWAMPolicy
+from lerobot_cli.policies.fastwam.config import FastWAMConfig
+from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
+from lerobot_cli.policies.fastwam.model import FastWAMModel
+from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
 from lerobot_cli.workload import effective_accelerator, fp32_masters, sharding_plan
 from lerobot_parallel import ShardingError
 from lerobot_parallel.plan import ShardingPlan

@@ -17,10 +17,12 @@ import attrs
 import pytest
 import torch
 from lerobot_cli.policies.fastwam import modeling
-from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
+from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.contexts import precompute_task_contexts
+from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
+from lerobot_cli.policies.fastwam.frozen import build_frozen_parts
 from lerobot_cli.policies.fastwam.loss import action_loss, draw_targets, video_loss
-from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy, build_frozen_parts
+from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
 from lerobot_cli.policies.fastwam.schedule import FlowSchedule
 from lerobot_cli.policies.fastwam.sources import FrozenPartUnavailableError
 from lerobot_cli.policies.fastwam.video import stack_video

@@ -27,7 +27,8 @@ from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
-from lerobot_cli.policies.fastwam.config import FastWAMConfig, tiny_dit_configs
+from lerobot_cli.policies.fastwam.config import FastWAMConfig
+from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
 from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
 REPO = Path(__file__).resolve().parents[3]

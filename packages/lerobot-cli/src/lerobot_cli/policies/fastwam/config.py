@@ -3,7 +3,8 @@
 Names, defaults and derived values equal LeRobot's, so a ``config.json`` written by either side loads
 in the other: the two network configs (``video_dit_config``, ``action_dit_config``) default to the
 Wan2.2-TI2V-5B video DiT and the 1 B action DiT with ``fp32_attention`` and ``use_gradient_checkpointing``
-copied in from the top-level fields, and a config without features gets LeRobot's synthetic ones (one
+copied in from the top-level fields (``dit_configs.py`` holds the defaults, the tiny sizes and the checks
+both pass), and a config without features gets LeRobot's synthetic ones (one
 ``observation.images.image`` camera at the full ``image_size``, ``observation.state`` of ``proprio_dim``
 and ``action`` of ``action_dim``).
 On a dataset, :meth:`FastWAMConfig.fit_dataset` does what LeRobot's ``make_policy`` does with
@@ -36,9 +37,6 @@ through ``PolicyConfig.initial_weights`` (``base.py``: a local directory or the 
 Face cache, LeRobot's cross-embodiment rule for tensors of other shapes, a base of another size judged by its
 own ``config.json``). Being init-only, the field is written as ``null`` once the weights are the policy's own
 (as LeRobot drops the automatic path).
-
-:func:`tiny_dit_configs` gives network sizes for tests and CPU demos (a model built in milliseconds); LeRobot
-builds the same tiny model from the same ``config.json``.
 """
 
 from __future__ import annotations
@@ -52,6 +50,14 @@ from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
+from lerobot_cli.policies.fastwam.dit_configs import (
+    check_action_dit,
+    check_video_dit,
+    default_action_dit_config,
+    default_video_dit_config,
+    require_positive_int,
+    tiny_dit_configs,
+)
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
@@ -64,133 +70,9 @@ DEFAULT_PROMPT_TEMPLATE = (
 )
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
 VARIANTS = ("full", "tiny")  # full: LeRobot's frozen VAE and UMT5, loaded; tiny: built from config (tests)
-VIDEO_MASK_MODES = ("bidirectional", "per_frame_causal", "first_frame_causal")
-GROUP_MASK_MODES = ("causal", "group_diagonal")
 CAMERA_PREFIX = "observation.images."
 OBS_STATE = "observation.state"
 ACTION = "action"
-
-# The video DiT's keyword arguments in LeRobot (WanVideoDiT); the first group has no default there.
-VIDEO_REQUIRED_KEYS = (
-    "hidden_dim",
-    "in_dim",
-    "ffn_dim",
-    "out_dim",
-    "text_dim",
-    "freq_dim",
-    "eps",
-    "patch_size",
-    "num_heads",
-    "attn_head_dim",
-    "num_layers",
-)
-# Keys LeRobot accepts only at these values (it refuses the others when it builds the video DiT).
-VIDEO_FIXED_KEYS = {
-    "has_image_input": False,
-    "has_image_pos_emb": False,
-    "has_ref_conv": False,
-    "add_control_adapter": False,
-    "require_vae_embedding": False,
-    "require_clip_embedding": False,
-    "fuse_vae_embedding_in_latents": True,
-}
-VIDEO_OPTIONAL_DEFAULTS = {
-    "in_dim_control_adapter": 24,
-    "seperated_timestep": False,
-    "action_conditioned": False,
-    "action_dim": 7,
-    "action_group_causal_mask_mode": "causal",
-    "video_attention_mask_mode": "bidirectional",
-    "use_gradient_checkpointing": False,
-    "fp32_attention": True,
-}
-ACTION_REQUIRED_KEYS = (
-    "hidden_dim",
-    "action_dim",
-    "ffn_dim",
-    "text_dim",
-    "freq_dim",
-    "eps",
-    "num_heads",
-    "attn_head_dim",
-    "num_layers",
-)
-ACTION_OPTIONAL_DEFAULTS = {"use_gradient_checkpointing": False, "fp32_attention": True}
-
-
-def default_video_dit_config(action_dim: int) -> dict[str, Any]:
-    """The Wan2.2-TI2V-5B video DiT as FastWAM configures it (LeRobot's default ``video_dit_config``)."""
-    return {
-        "patch_size": [1, 2, 2],
-        "in_dim": 48,
-        "hidden_dim": 3072,
-        "ffn_dim": 14336,
-        "freq_dim": 256,
-        "text_dim": 4096,
-        "out_dim": 48,
-        "num_heads": 24,
-        "attn_head_dim": 128,
-        "num_layers": 30,
-        "eps": 1.0e-6,
-        "seperated_timestep": True,
-        "use_gradient_checkpointing": False,
-        "video_attention_mask_mode": "first_frame_causal",
-        "action_conditioned": False,
-        "action_dim": action_dim,
-        "action_group_causal_mask_mode": "group_diagonal",
-        "fp32_attention": True,
-    }
-
-
-def default_action_dit_config(action_dim: int) -> dict[str, Any]:
-    """The 1 B action DiT (LeRobot's default ``action_dit_config``): 30 layers in the video DiT's heads."""
-    return {
-        "action_dim": action_dim,
-        "hidden_dim": 1024,
-        "ffn_dim": 4096,
-        "num_heads": 24,
-        "attn_head_dim": 128,
-        "num_layers": 30,
-        "text_dim": 4096,
-        "freq_dim": 256,
-        "eps": 1.0e-6,
-        "use_gradient_checkpointing": False,
-        "fp32_attention": True,
-    }
-
-
-def tiny_dit_configs(
-    action_dim: int = 7, *, latent_channels: int = 48, text_dim: int = 32, num_layers: int = 2
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(video_dit_config, action_dit_config)`` of a FastWAM small enough to build and run in milliseconds.
-
-    The structure is the full model's (two heads of 16, three RoPE axes in the video DiT, an action DiT whose
-    attention width 32 differs from its hidden width 24 as the full one's 3072 differs from 1024);
-    ``latent_channels`` must be the VAE's ``z_dim`` and ``text_dim`` the text encoder's width.
-    """
-    video = default_video_dit_config(action_dim)
-    video.update(
-        in_dim=latent_channels,
-        out_dim=latent_channels,
-        hidden_dim=32,
-        ffn_dim=64,
-        freq_dim=16,
-        text_dim=text_dim,
-        num_heads=2,
-        attn_head_dim=16,
-        num_layers=num_layers,
-    )
-    action = default_action_dit_config(action_dim)
-    action.update(
-        hidden_dim=24,
-        ffn_dim=48,
-        num_heads=2,
-        attn_head_dim=16,
-        num_layers=num_layers,
-        text_dim=text_dim,
-        freq_dim=16,
-    )
-    return video, action
 
 
 def _fastwam_normalization() -> dict[str, NormalizationMode]:
@@ -207,111 +89,6 @@ def _is_local_path(value: str) -> bool:
     """LeRobot's reading of a model id as a local path: absolute, ``./``, ``../``, ``~`` or existing."""
     path = Path(value)
     return path.expanduser().is_absolute() or value.startswith(("./", "../", "~")) or path.exists()
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"--policy.{name} must be an integer ≥ 1, got {value!r}")
-
-
-def _check_keys(
-    flag: str, config: dict[str, Any], required: tuple[str, ...], optional: dict[str, Any]
-) -> None:
-    missing = [k for k in required if k not in config]
-    if missing:
-        raise ValueError(f"--policy.{flag} lacks {', '.join(missing)} (see default_{flag}() for a full one)")
-    unknown = sorted(set(config) - set(required) - set(optional))
-    if unknown:
-        raise ValueError(
-            f"--policy.{flag} has unknown keys {', '.join(unknown)} (known: "
-            f"{', '.join(sorted({*required, *optional}))})"
-        )
-
-
-def _check_video_dit(video: dict[str, Any]) -> None:
-    _check_keys(
-        "video_dit_config", video, VIDEO_REQUIRED_KEYS, {**VIDEO_FIXED_KEYS, **VIDEO_OPTIONAL_DEFAULTS}
-    )
-    for key, value in VIDEO_FIXED_KEYS.items():
-        if key in video and bool(video[key]) != value:
-            raise ValueError(
-                f"--policy.video_dit_config: {key}={video[key]!r} is not supported by FastWAM "
-                f"(only {str(value).lower()})"
-            )
-    if not video.get("seperated_timestep", False):
-        raise ValueError(
-            "--policy.video_dit_config: seperated_timestep must be true (FastWAM gives the "
-            "clean first latent frame timestep 0 and the others the sampled one)"
-        )
-    for key in (
-        "hidden_dim",
-        "in_dim",
-        "ffn_dim",
-        "out_dim",
-        "text_dim",
-        "freq_dim",
-        "num_heads",
-        "attn_head_dim",
-        "num_layers",
-    ):
-        _positive_int(f"video_dit_config.{key}", video[key])
-    patch = video["patch_size"]
-    if (
-        not isinstance(patch, (list, tuple))
-        or len(patch) != 3
-        or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in patch)
-    ):
-        raise ValueError(f"--policy.video_dit_config.patch_size must be three integers ≥ 1, got {patch!r}")
-    if video["attn_head_dim"] * video["num_heads"] != video["hidden_dim"]:
-        raise ValueError(
-            f"--policy.video_dit_config: attn_head_dim ({video['attn_head_dim']}) × num_heads "
-            f"({video['num_heads']}) must equal hidden_dim ({video['hidden_dim']}) (Wan's "
-            "attention)"
-        )
-    if video["attn_head_dim"] % 2 or video["freq_dim"] % 2:
-        raise ValueError(
-            "--policy.video_dit_config: attn_head_dim and freq_dim must be even (rotary and "
-            "sinusoidal embeddings pair channels)"
-        )
-    for key, choices in (
-        ("video_attention_mask_mode", VIDEO_MASK_MODES),
-        ("action_group_causal_mask_mode", GROUP_MASK_MODES),
-    ):
-        value = video.get(key, VIDEO_OPTIONAL_DEFAULTS[key])
-        if value not in choices:
-            raise ValueError(
-                f"--policy.video_dit_config.{key}: invalid choice {value!r} (choose from "
-                f"{', '.join(choices)})"
-            )
-
-
-def _check_action_dit(action: dict[str, Any], video: dict[str, Any], action_dim: int) -> None:
-    _check_keys("action_dit_config", action, ACTION_REQUIRED_KEYS, ACTION_OPTIONAL_DEFAULTS)
-    for key in ("hidden_dim", "ffn_dim", "text_dim", "freq_dim", "num_heads", "attn_head_dim", "num_layers"):
-        _positive_int(f"action_dit_config.{key}", action[key])
-    if action["attn_head_dim"] % 2 or action["freq_dim"] % 2:
-        raise ValueError(
-            "--policy.action_dit_config: attn_head_dim and freq_dim must be even (rotary and "
-            "sinusoidal embeddings pair channels)"
-        )
-    if action["action_dim"] != action_dim:
-        raise ValueError(
-            f"--policy.action_dit_config.action_dim ({action['action_dim']}) must equal "
-            f"--policy.action_dim ({action_dim})"
-        )
-    for key in ("num_heads", "attn_head_dim", "num_layers"):
-        if action[key] != video[key]:
-            raise ValueError(
-                f"--policy.action_dit_config.{key} ({action[key]}) must equal "
-                f"video_dit_config.{key} ({video[key]}): the mixture of transformers attends "
-                "over both experts' tokens layer by layer"
-            )
-    if action["text_dim"] != video["text_dim"]:
-        raise ValueError(
-            f"--policy.action_dit_config.text_dim ({action['text_dim']}) must equal "
-            f"video_dit_config.text_dim ({video['text_dim']}): both experts read the same text "
-            "context"
-        )
 
 
 FASTWAM_SPEC = PolicySpec(
@@ -501,9 +278,9 @@ class FastWAMConfig(PolicyConfig):
             "tokenizer_max_len",
             "context_len",
         ):
-            _positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         if self.proprio_dim is not None:
-            _positive_int("proprio_dim", self.proprio_dim)
+            require_positive_int("proprio_dim", self.proprio_dim)
         if self.n_obs_steps != 1:
             raise ValueError(
                 f"--policy.n_obs_steps must be 1 for fastwam (got {self.n_obs_steps}): the "
@@ -546,8 +323,8 @@ class FastWAMConfig(PolicyConfig):
         for dit in (video, action):
             dit["fp32_attention"] = bool(self.fp32_attention)
             dit["use_gradient_checkpointing"] = bool(self.use_gradient_checkpointing)
-        _check_video_dit(video)
-        _check_action_dit(action, video, self.action_dim)
+        check_video_dit(video)
+        check_action_dit(action, video, self.action_dim)
         object.__setattr__(self, "video_dit_config", video)
         object.__setattr__(self, "action_dit_config", action)
         if not self.input_features:

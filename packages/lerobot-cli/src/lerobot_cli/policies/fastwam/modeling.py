@@ -1,10 +1,9 @@
 """``FastWAMPolicy``: the trainable FastWAM module behind ``--policy.type=fastwam``, its loss and its actions.
 
-The networks carry LeRobot 0.6.1's state-dict names, shapes and dtypes (``model.mot.mixtures.*``,
-``model.mot.layers.<i>.blocks.{video,action}.*``, ``model.proprio_encoder.*``). :class:`FastWAMModel` holds
-the core passes (the joint MoT prediction of video and action velocities; the first-frame prefill and the
-cached action prediction); :class:`FastWAMPolicy` adds what LeRobot's ``FastWAMPolicy`` and ``FastWAM`` do
-around them, with LeRobot's numbers:
+The networks are the policy's ``model``, a :class:`FastWAMModel` (``model.py``: LeRobot 0.6.1's state-dict
+names, shapes and dtypes, and the core passes: the joint MoT prediction of video and action velocities, the
+first-frame prefill and the cached action prediction); :class:`FastWAMPolicy` adds what LeRobot's
+``FastWAMPolicy`` and ``FastWAM`` do around them, with LeRobot's numbers:
 
 - ``forward(batch) -> (loss, parts)``: the cameras as one video (``video.py``), cast to ``torch_dtype``,
   mapped [0, 1] -> [-1, 1] and encoded by the frozen VAE; the text context (below); the state's first frame
@@ -26,227 +25,34 @@ when the batch has a ``task`` and no ``prompt``, else from the prompt (the batch
 both a prompt and a context; here the context wins, as it does in training.
 
 The frozen Wan2.2 VAE and UMT5 text encoder (``FrozenParts``) are not part of this module (not in its state
-dict, parameters, optimizer or FSDP units), as in LeRobot. The policy builds them when it is built (loaded
-from ``sources.py``'s offline resolution, or, with ``variant=tiny``, built from config with fixed seeds; not
-at all on the meta device, where a dry run plans the networks) and moves them to its parameters' device and
-``torch_dtype`` itself at first use, so every rank holds its copy where it computes.
-
-Dtype: every parameter is ``torch_dtype`` (bf16 by default), the proprio encoder included, as LeRobot builds
-it; inside, the video expert's time embedding, time projection and head compute in fp32, attention in fp32
-with ``fp32_attention`` (see ``video_dit`` and ``blocks``).
+dict, parameters, optimizer or FSDP units), as in LeRobot. The policy builds them when it is built
+(``frozen.build_frozen_parts``: loaded from ``sources.py``'s offline resolution, or, with ``variant=tiny``,
+built from config with fixed seeds; not at all on the meta device, where a dry run plans the networks) and
+moves them to its parameters' device and ``torch_dtype`` itself at first use, so every rank holds its copy
+where it computes.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from lerobot_cli.policies.fastwam.action_dit import ActionDiT
-from lerobot_cli.policies.fastwam.attention import mot_attention_mask
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.contexts import TaskContexts
-from lerobot_cli.policies.fastwam.frozen import FrozenParts
+from lerobot_cli.policies.fastwam.dtypes import TORCH_DTYPES
+from lerobot_cli.policies.fastwam.frozen import FrozenParts, build_frozen_parts, build_prompt_encoder
 from lerobot_cli.policies.fastwam.loss import FlowTargets, action_loss, draw_targets, video_loss
-from lerobot_cli.policies.fastwam.mot import MoT
+from lerobot_cli.policies.fastwam.model import FastWAMModel
 from lerobot_cli.policies.fastwam.schedule import FlowSchedule
 from lerobot_cli.policies.fastwam.text import PromptEncoder, batch_prompts
-from lerobot_cli.policies.fastwam.vae import WanVAE
 from lerobot_cli.policies.fastwam.video import inference_image, stack_video
-from lerobot_cli.policies.fastwam.video_dit import VideoDiT
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 OBS_STATE = "observation.state"
 ACTION = "action"
-TINY_SEED = 0  # variant=tiny: the frozen parts' weights, the same on every rank and in every process
-
-
-class VideoCache(NamedTuple):
-    """The first frame's per-layer keys/values and the joint mask the cached action passes read."""
-
-    kv: list[tuple[Tensor, Tensor]]
-    mask: Tensor
-
-
-class FastWAMModel(nn.Module):
-    """LeRobot's ``FastWAM`` core without its frozen encoders: ``mot`` (both experts and the 30 layers) and
-    the ``proprio_encoder``. ``video_expert``, ``action_expert`` and ``dit`` are unregistered aliases of
-    ``mot.mixtures["video"]``, ``mot.mixtures["action"]`` and ``mot``: registering them too would give every
-    tensor several state-dict names."""
-
-    def __init__(self, config: FastWAMConfig) -> None:
-        super().__init__()
-        video = VideoDiT(config.video_dit_config)
-        action = ActionDiT(config.action_dit_config)
-        self.mot = MoT(video, action, checkpoint_attention=config.mot_checkpoint_mixed_attn)
-        object.__setattr__(self, "video_expert", video)
-        object.__setattr__(self, "action_expert", action)
-        object.__setattr__(self, "dit", self.mot)
-        self.text_dim = int(config.video_dit_config["text_dim"])
-        self.proprio_dim = config.proprio_dim
-        self.proprio_encoder = (
-            None if config.proprio_dim is None else nn.Linear(config.proprio_dim, self.text_dim)
-        )
-        self.to(TORCH_DTYPES[config.torch_dtype])
-
-    def append_proprio(
-        self, context: Tensor, context_mask: Tensor, proprio: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """The encoded state ``(B, proprio_dim)`` as one more context token (always attended); unchanged when
-        the policy has no proprioception or no state is given."""
-        if self.proprio_encoder is None or proprio is None:
-            return context, context_mask
-        if proprio.ndim != 2 or proprio.shape[1] != self.proprio_dim:
-            raise ValueError(f"proprio must be (B, {self.proprio_dim}), got {tuple(proprio.shape)}")
-        token = self.proprio_encoder(proprio.to(device=context.device, dtype=context.dtype).unsqueeze(1))
-        ones = torch.ones((context_mask.shape[0], 1), dtype=torch.bool, device=context_mask.device)
-        return torch.cat([context, token.to(context.dtype)], dim=1), torch.cat([context_mask, ones], dim=1)
-
-    def mixture_mask(
-        self, video_len: int, action_len: int, tokens_per_frame: int, device: torch.device
-    ) -> Tensor:
-        video = self.video_expert.self_attention_mask(video_len, tokens_per_frame, device)
-        return mot_attention_mask(video, action_len, tokens_per_frame)
-
-    def predict(
-        self,
-        latents: Tensor,
-        timestep_video: Tensor,
-        actions: Tensor,
-        timestep_action: Tensor,
-        context: Tensor,
-        context_mask: Tensor,
-        video_actions: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """Joint pass: the video velocity ``(B, C, T, H, W)`` (fp32) and the action velocity
-        ``(B, horizon, A)`` from noisy latents (first frame clean), noisy actions, their timesteps and the
-        text context. ``video_actions``: the actions an action-conditioned video DiT reads (LeRobot passes
-        the clean ones)."""
-        video = self.video_expert.embed(latents, timestep_video, context, context_mask, video_actions)
-        action = self.action_expert.embed(actions, timestep_action, context, context_mask)
-        mask = self.mixture_mask(
-            video.stream.tokens.shape[1],
-            action.stream.tokens.shape[1],
-            video.tokens_per_frame,
-            video.stream.tokens.device,
-        )
-        out = self.mot({"video": video.stream, "action": action.stream}, mask)
-        pred_video = self.video_expert.unembed(out["video"], video)
-        return pred_video, self.action_expert.unembed(out["action"], action)
-
-    def prefill(
-        self, first_frame_latents: Tensor, context: Tensor, context_mask: Tensor, action_len: int
-    ) -> VideoCache:
-        """The clean first latent frame ``(B, C, 1, H, W)`` through the video expert at timestep 0, once per
-        observation; needs ``first_frame_causal`` video masks (then the cache is exact)."""
-        if self.video_expert.attention_mask_mode != "first_frame_causal":
-            raise ValueError("cached action inference needs video_attention_mask_mode='first_frame_causal'")
-        timestep = torch.zeros(
-            (first_frame_latents.shape[0],),
-            dtype=first_frame_latents.dtype,
-            device=first_frame_latents.device,
-        )
-        video = self.video_expert.embed(first_frame_latents, timestep, context, context_mask)
-        video_len = video.stream.tokens.shape[1]
-        mask = self.mixture_mask(video_len, action_len, video.tokens_per_frame, video.stream.tokens.device)
-        return VideoCache(self.mot.prefill_video(video.stream, mask[:video_len, :video_len]), mask)
-
-    def predict_action(
-        self,
-        cache: VideoCache,
-        actions: Tensor,
-        timestep_action: Tensor,
-        context: Tensor,
-        context_mask: Tensor,
-    ) -> Tensor:
-        """The action velocity from the video cache (one denoising step of action inference)."""
-        action = self.action_expert.embed(actions, timestep_action, context, context_mask)
-        tokens = self.mot.action_with_cache(action.stream, cache.kv, cache.mask)
-        return self.action_expert.unembed(tokens, action)
-
-
-def holds_prompt_encoder(config: FastWAMConfig) -> bool:
-    """Whether a policy builds UMT5 with itself: with ``load_text_encoder``, unless a training run
-    precomputes each task's context (``precompute_task_contexts``; then only that run's main rank loads it,
-    once, and inference builds it at its first prompt)."""
-    return config.load_text_encoder and not config.precompute_task_contexts
-
-
-def build_frozen_parts(config: FastWAMConfig, *, prompts: bool | None = None) -> FrozenParts:
-    """The frozen VAE and (``prompts``; by default :func:`holds_prompt_encoder`) the prompt encoder
-    ``config`` names, on the CPU in ``torch_dtype``.
-
-    What is read from where is ``sources.resolve_config_parts`` (the list the run checks before any work):
-    ``variant=full`` loads the Wan2.2 VAE from LeRobot's repository, UMT5 from ``text_encoder_model_id`` and
-    the tokenizer from ``tokenizer_model_id``, each from a local directory or a complete Hugging Face cache
-    snapshot, never a download. ``variant=tiny`` builds a tiny Wan2.2-shaped VAE and a tiny UMT5
-    (``text_dim`` wide, a vocabulary covering the tokenizer) from config under a fixed seed in a forked RNG,
-    so every rank and every later process builds the same weights and the run's random stream is left as
-    it was; only the tokenizer is read. A missing source raises ``FrozenPartUnavailableError`` (one line
-    naming its flag)."""
-    from lerobot_cli.policies.fastwam.vae import load_wan_vae
-
-    if prompts is None:
-        prompts = holds_prompt_encoder(config)
-    if config.variant == "tiny":
-        vae, encoder = _tiny_frozen_parts(config, prompts)
-    else:
-        from lerobot_cli.policies.fastwam.sources import resolve_config_parts
-
-        vae = load_wan_vae(resolve_config_parts(config)["vae"], dtype=TORCH_DTYPES[config.torch_dtype])
-        encoder = build_prompt_encoder(config) if prompts else None
-    in_dim = int(config.video_dit_config["in_dim"])
-    if vae.z_dim != in_dim:
-        raise ValueError(
-            f"the VAE has {vae.z_dim} latent channels but --policy.video_dit_config.in_dim is {in_dim}"
-        )
-    return FrozenParts(vae, encoder)
-
-
-def build_prompt_encoder(config: FastWAMConfig) -> PromptEncoder:
-    """UMT5 and its tokenizer as ``config`` names them (see :func:`build_frozen_parts`), on the CPU; the
-    tiny variant's equals the one :func:`build_frozen_parts` builds beside its VAE, weight for weight."""
-    from lerobot_cli.policies.fastwam.sources import resolve_config_parts
-    from lerobot_cli.policies.fastwam.text import load_umt5_encoder, load_umt5_tokenizer
-
-    if config.variant == "tiny":
-        prompts = _tiny_frozen_parts(config, True)[1]
-    else:
-        folders = resolve_config_parts(config)
-        prompts = PromptEncoder(
-            load_umt5_tokenizer(folders["tokenizer"]),
-            load_umt5_encoder(folders["text_encoder"], dtype=TORCH_DTYPES[config.torch_dtype]),
-            config.tokenizer_max_len,
-        )
-    text_dim = int(config.video_dit_config["text_dim"])
-    if prompts.dim != text_dim:
-        raise ValueError(
-            f"the text encoder is {prompts.dim} wide but --policy.video_dit_config.text_dim is {text_dim}"
-        )
-    return prompts
-
-
-def _tiny_frozen_parts(config: FastWAMConfig, prompts: bool) -> tuple[WanVAE, PromptEncoder | None]:
-    """The tiny VAE and UMT5, in this order from one forked RNG seeded with ``TINY_SEED`` (the encoder's
-    weights come after the VAE's draws, so building it alone builds the VAE too: a few thousand values)."""
-    from lerobot_cli.policies.fastwam.sources import resolve_config_parts
-    from lerobot_cli.policies.fastwam.text import build_umt5_encoder, load_umt5_tokenizer, tiny_umt5_config
-    from lerobot_cli.policies.fastwam.vae import build_wan_vae, tiny_wan_vae_config
-
-    dtype = TORCH_DTYPES[config.torch_dtype]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TINY_SEED)
-        vae = build_wan_vae(tiny_wan_vae_config(), dtype=dtype)
-        if not prompts:
-            return vae, None
-        tokenizer = load_umt5_tokenizer(resolve_config_parts(config)["tokenizer"])
-        text_dim = int(config.video_dit_config["text_dim"])
-        encoder_config = tiny_umt5_config(d_model=text_dim, vocab_size=max(384, len(tokenizer)))
-        encoder = build_umt5_encoder(encoder_config, dtype=dtype)
-        return vae, PromptEncoder(tokenizer, encoder, config.tokenizer_max_len)
 
 
 class _Compiled:

@@ -6,7 +6,7 @@ prompts. With this switch the job's main rank builds UMT5 once before the policy
 task of the dataset (``meta/tasks.parquet``: training and held-out episodes alike) on its device, drops the
 encoder and broadcasts the ``[tasks, tokenizer_max_len, text_dim]`` table; every rank then picks its batch's
 rows from its own copy (1 MiB per task at full size in bf16). No rank builds UMT5 with the policy
-(``modeling.holds_prompt_encoder``), so while training none holds it, on the GPU or in host memory; the
+(``frozen.holds_prompt_encoder``), so while training none holds it, on the GPU or in host memory; the
 banner says what each rank holds and what it saved, summed over the ranks from what each one holds.
 
 The saved policy is unchanged (``load_text_encoder`` stays true, so LeRobot encodes the prompt at
@@ -15,6 +15,8 @@ fly up to the rounding of a differently sized matrix product (``contexts.py``), 
 (tests/test_fastwam_layouts.py). The table is recomputed at every start, a resume included: a cached file
 could outlive a change of the encoder's weights at the same path, and one start's encoding of a few dozen
 prompts is cheap beside the training it saves memory for.
+
+Reads a ``FastWAMConfig`` without importing it (the config imports this module).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.contexts import TaskContexts, precompute_task_contexts
-from lerobot_cli.policies.fastwam.modeling import TORCH_DTYPES, build_prompt_encoder
+from lerobot_cli.policies.fastwam.dtypes import TORCH_DTYPES
+from lerobot_cli.policies.fastwam.frozen import build_prompt_encoder
 from lerobot_cli.policies.training_run import TrainingRun
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -40,7 +42,7 @@ def _bytes(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.2f} MiB"
 
 
-def prepare_task_contexts(config: FastWAMConfig, policy: nn.Module, run: TrainingRun) -> list[str]:
+def prepare_task_contexts(config, policy: nn.Module, run: TrainingRun) -> list[str]:
     """FastWAM's ``PolicyConfig.prepare_training``: the task contexts computed on the main rank, shared with
     every rank and set on its policy (see the module docstring); the banner's line. Nothing without
     ``precompute_task_contexts``."""
@@ -88,7 +90,7 @@ def prepare_task_contexts(config: FastWAMConfig, policy: nn.Module, run: Trainin
     return [line]
 
 
-def frozen_parts_note(config: FastWAMConfig) -> str:
+def frozen_parts_note(config) -> str:
     """``--dry_run``'s line on the frozen parts, which no FSDP unit holds (so every rank holds them whole,
     beside its shards): their parameter bytes in ``torch_dtype``, counted on the meta device, and what
     ``precompute_task_contexts`` leaves each rank instead of UMT5. The tiny variant's parts are built from
