@@ -38,8 +38,9 @@ kernels split a tensor into vector lanes by its address, and an mmap'd tensor's 
 allocation's, which alone moved outputs by 1e-7. Cases: ``default`` (LeRobot's defaults at tiny sizes:
 first_frame_causal, fp32 attention, proprio 8) and ``conditioned`` (an action-conditioned video DiT with
 group_diagonal action groups, per_frame_causal video masks, attention in the inputs' dtype, no proprio).
-bf16 is not compared here: LeRobot's fp32 regions are CUDA autocast contexts, so its bf16 model cannot run
-on the CPU. Exit status 0: everything passed.
+bf16 is not compared here; fastwam_policy_lerobot_interop.py compares the whole policy in bf16 too, with
+CUDA's autocast emulated on LeRobot's side (``_cuda_autocast_on_cpu.py``: its fp32 regions are CUDA autocast
+contexts, inert on a CPU). Exit status 0: everything passed.
 """
 
 from __future__ import annotations
