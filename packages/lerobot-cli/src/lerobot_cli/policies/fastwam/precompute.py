@@ -48,10 +48,11 @@ def prepare_task_contexts(config, policy: nn.Module, run: TrainingRun) -> list[s
     ``precompute_task_contexts``."""
     if not config.precompute_task_contexts:
         return []
-    if not run.tasks:
+    tasks = tuple(dict.fromkeys(run.tasks))  # one row per distinct text, the same order on every rank
+    if not tasks:
         raise ValueError("--policy.precompute_task_contexts=true: the dataset has no tasks to encode")
     fastwam = _fastwam(policy)
-    shape = (len(run.tasks), config.tokenizer_max_len, int(config.video_dit_config["text_dim"]))
+    shape = (len(tasks), config.tokenizer_max_len, int(config.video_dit_config["text_dim"]))
     table = torch.empty(shape, dtype=TORCH_DTYPES[config.torch_dtype], device=run.device)
     encoder_bytes = 0
     if run.is_main:
@@ -60,7 +61,7 @@ def prepare_task_contexts(config, policy: nn.Module, run: TrainingRun) -> list[s
         encoder_bytes = sum(
             t.numel() * t.element_size() for t in (*prompts.encoder.parameters(), *prompts.encoder.buffers())
         )
-        made = precompute_task_contexts(run.tasks, prompts, template=config.prompt_template)
+        made = precompute_task_contexts(tasks, prompts, template=config.prompt_template)
         del prompts
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -73,7 +74,7 @@ def prepare_task_contexts(config, policy: nn.Module, run: TrainingRun) -> list[s
     run.broadcast(table)
     fastwam.use_task_contexts(
         TaskContexts(
-            tasks=run.tasks,
+            tasks=tasks,
             context=table,
             template=config.prompt_template,
             source={"text_encoder": config.text_encoder_model_id, "tokenizer": config.tokenizer_model_id},
@@ -83,7 +84,7 @@ def prepare_task_contexts(config, policy: nn.Module, run: TrainingRun) -> list[s
     holding = run.sum_over_ranks(int(frozen is not None and frozen.prompts is not None))
     encoder_bytes = run.sum_over_ranks(encoder_bytes)  # the main rank's measure, told to every rank
     line = (
-        f"Task contexts: {len(run.tasks)} task(s) encoded once on rank 0, {_bytes(table.nbytes)} per rank; "
+        f"Task contexts: {len(tasks)} task(s) encoded once on rank 0, {_bytes(table.nbytes)} per rank; "
         f"the text encoder ({_bytes(encoder_bytes)}) is held by {holding} of {run.world_size} rank(s) "
         "while training (--policy.precompute_task_contexts=true)"
     )
