@@ -71,7 +71,7 @@ def test_the_root_registers_lerobots_inference_methods(ranks):
         assert res["units"] == ["model.mot.layers.0", "model.mot.layers.1"]
         assert res["all_sharded"]
         # the MoTLayer units run through forward only: nothing to register on them
-        assert res["registered"] == {"": ["predict_action_chunk", "select_action"]}
+        assert res["registered"] == {"": ["predict_action_chunk"]}
 
 
 def test_sharded_action_chunks_equal_one_process_bit_for_bit(ranks, reference):
@@ -93,3 +93,5 @@ def test_select_action_pops_the_sharded_chunks_actions(ranks, reference):
         # n_action_steps=3: three pops from the first chunk, then a refill (same seed: its first action again)
         steps = [[row[t] for row in ref["chunk"]] for t in range(3)]
         assert res["select_action"] == [*steps, steps[0]]
+        # the refill went through the registered predict_action_chunk alone: the root stays gathered
+        assert res["root_sharded_after_select"] is False

@@ -90,6 +90,7 @@ def main() -> None:
         model.reset()
         res["select_action"] = [model.select_action(batch).tolist() for _ in range(SELECT_CALLS)]
         res["layers_resharded_after_select"] = units_sharded()
+        res["root_sharded_after_select"] = root_sharded()  # gathered: pops run no collective
     write_json(out_path(f"rank{rank()}.json"), res)
 
 

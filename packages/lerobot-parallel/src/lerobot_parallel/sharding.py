@@ -92,6 +92,12 @@ def root_forward_methods(model: nn.Module) -> tuple[str, ...]:
     parameters): those of :data:`ROOT_FORWARD_METHODS` the model has (a PEFT wrapper has its policy's),
     then the ones its class declares in ``_fsdp_forward_methods``."""
     present = [name for name in ROOT_FORWARD_METHODS if callable(getattr(model, name, None))]
+    if callable(getattr(type(model), "predict_action_chunk", None)):
+        # A policy's own select_action pops its queue and refills it through self.predict_action_chunk,
+        # which is registered: registering select_action too would nest the root's hooks, reshard the root
+        # at the outer exit and all-gather on every pop. A wrapper (PEFT) reaching its policy's methods
+        # through __getattr__ calls the policy's unregistered predict_action_chunk, so it keeps both.
+        present = [name for name in present if name != "select_action"]
     return tuple(dict.fromkeys([*present, *getattr(type(model), "_fsdp_forward_methods", ())]))
 
 
