@@ -203,11 +203,12 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     workload = build_workload(
         cfg, device=str(runtime.device), processors_from=processors_from, resuming=resume is not None
     )
-    prepared = workload.policy_config.prepare_training(workload.policy, _training_run(workload, runtime))
     rows = _training_rows(workload)
     num_samples = len(workload.dataset) if rows is None else len(rows)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
     plan_ = sharding_plan(cfg, workload.policy, runtime)
+    # after the cheap start-up checks (batch, plan), before wrapping: FastWAM's rank 0 loads UMT5 here
+    prepared = workload.policy_config.prepare_training(workload.policy, _training_run(workload, runtime))
     wrapped = wrap_model(workload.policy, runtime, plan_)
     policy = wrapped.module
     opt_cfg = cfg.optimizer or OptimizerConfig()

@@ -20,7 +20,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import attrs
 import torch
 from attrs import field, frozen
 from torch import Tensor
@@ -72,16 +71,13 @@ class TaskContexts:
                 f"no precomputed context for task(s) {missing[:3]!r} "
                 f"({len(self.tasks)} tasks precomputed): recompute them for this dataset"
             )
-        rows = torch.tensor([index[t] for t in tasks], dtype=torch.long).to(self.context.device)
+        # pinned and non-blocking toward a GPU: a blocking upload from pageable memory waits for the stream
+        rows = torch.tensor([index[t] for t in tasks], dtype=torch.long, pin_memory=self.context.is_cuda)
+        rows = rows.to(self.context.device, non_blocking=True)
         context = self.context.index_select(0, rows)
         if device is not None:
             context = context.to(device)
         return context, torch.ones(context.shape[:2], dtype=torch.bool, device=context.device)
-
-    def to(self, device: str | torch.device) -> TaskContexts:
-        """These contexts held on ``device`` (a training rank keeps them where it computes: a batch's rows
-        are then picked there, with no copy of the table per step)."""
-        return attrs.evolve(self, context=self.context.to(device))
 
     def __deepcopy__(self, memo: dict) -> TaskContexts:
         return self  # read-only: an EMA shadow of the policy shares them

@@ -9,14 +9,14 @@ rows from its own copy (1 MiB per task at full size in bf16). No rank builds UMT
 (``frozen.holds_prompt_encoder``), so while training none holds it, on the GPU or in host memory; the
 banner says what each rank holds and what it saved, summed over the ranks from what each one holds.
 
-The saved policy is unchanged (``load_text_encoder`` stays true, so LeRobot encodes the prompt at
-inference, and so does this policy, building UMT5 at its first prompt). The contexts equal encoding on the
-fly up to the rounding of a differently sized matrix product (``contexts.py``), so the losses are the same
-(tests/test_fastwam_layouts.py). The table is recomputed at every start, a resume included: a cached file
-could outlive a change of the encoder's weights at the same path, and one start's encoding of a few dozen
-prompts is cheap beside the training it saves memory for.
-
-Reads a ``FastWAMConfig`` without importing it (the config imports this module).
+The saved policy is unchanged (``load_text_encoder`` stays true, so LeRobot encodes the prompt at inference,
+and so does this policy, building UMT5 at its first prompt). The contexts equal encoding on the fly up to the
+rounding of a differently sized matrix product (``contexts.py``), so the losses are the same
+(tests/test_fastwam_task_contexts.py, without mixed precision: under autocast the on-the-fly encoder runs in
+bf16, the precomputed one in torch_dtype). The table is recomputed at every start, a resume included: a cached
+file could outlive a change of the encoder's weights at the same path, and one start's encoding of a few dozen
+prompts is cheap beside the training it saves memory for. Reads a ``FastWAMConfig`` without importing it (the
+config imports this module).
 """
 
 from __future__ import annotations
