@@ -165,3 +165,45 @@ def test_stats_missing_what_the_policy_normalizes_names_file_feature_and_key(
     # The suggested mapping uses a mode the remaining statistics support
     # (min/max are still there for the state).
     assert f'"{kind}": "{supported}"' in message and "(modes these statistics support)" in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "template", "why"),
+    [
+        ("data_path", "/{chunk_index}{file_index}/etc/x.parquet", "absolute"),
+        ("data_path", "../outside/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet", ".."),
+        (
+            "video_path",
+            "videos/../../outside/{video_key}/chunk-{chunk_index:03d}/f-{file_index:03d}.mp4",
+            "..",
+        ),
+        ("data_path", "data/chunk-{0}/file-{file_index:03d}.parquet", "not a template"),
+    ],
+)
+def test_a_path_template_leading_out_of_the_dataset_is_refused(
+    tmp_path: Path, entry: str, template: str, why: str
+) -> None:
+    """``meta/info.json`` is untrusted: its path templates must stay inside the dataset root. The
+    outside copy of the files is a valid dataset, so without the check it would load silently."""
+    root = Path(shutil.copytree(DEMO, tmp_path / "demo_reach"))
+    shutil.copytree(root / "data", tmp_path / "outside", dirs_exist_ok=True)
+    shutil.copytree(root / "videos", tmp_path / "outside", dirs_exist_ok=True)
+    _edit_json(root / "meta/info.json", lambda info: info.__setitem__(entry, template))
+    message = _error(root)
+    assert entry in message and str(root / "meta/info.json") in message and why in message
+
+
+def test_a_data_file_linked_out_of_the_dataset_is_refused(root: Path, tmp_path: Path) -> None:
+    """A symlink inside the dataset that points elsewhere on the disk is not followed; one inside the
+    root (a layout that shares files) still is."""
+    outside = tmp_path / "elsewhere.parquet"
+    shutil.copy(root / FIRST_DATA, outside)
+    (root / FIRST_DATA).unlink()
+    (root / FIRST_DATA).symlink_to(outside)
+    message = _error(root)
+    assert "is a symlink" in message and FIRST_DATA in message and "data_path" in message
+    inside = root / "data" / "real.parquet"
+    shutil.copy(outside, inside)
+    (root / FIRST_DATA).unlink()
+    (root / FIRST_DATA).symlink_to(inside)
+    assert len(LeRobotDataset(root)) > 0

@@ -29,35 +29,39 @@ from lerobot_ckpt.errors import CheckpointWriteError, UnsafeCheckpointError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_CHECKPOINT_FIX = "use a checkpoint as it was written"
 
 
 class UnsafePathError(UnsafeCheckpointError):
     """A path read from a file that leads outside the directory that named it (or through a symlink,
     or to something that is not a regular file). Raised before the path is read."""
 
-    def __init__(self, named_by: Path | str, entry: str, value: object, why: str) -> None:
+    def __init__(
+        self, named_by: Path | str, entry: str, value: object, why: str, fix: str = _CHECKPOINT_FIX
+    ) -> None:
         self.named_by = Path(named_by)
         self.entry = entry
         self.value = value
         super().__init__(
             f"{self.named_by}: {entry} = {str(value)[:200]!r} {why}; it was not read. A file may only name "
-            "a relative path without '..' that is a regular file inside its own directory: "
-            "use a checkpoint as it was written"
+            f"a relative path without '..' that is a regular file inside its own directory: {fix}"
         )
 
 
-def check_name(value: object, *, named_by: Path | str, entry: str) -> PurePosixPath:
+def check_name(
+    value: object, *, named_by: Path | str, entry: str, fix: str = _CHECKPOINT_FIX
+) -> PurePosixPath:
     """``value`` as a relative POSIX path with no ``..``, no empty or absolute part (no I/O).
 
     Used where the file is only indexed now and read later, so a bad name is refused before
     anything else happens."""
     if not isinstance(value, str) or not value:
-        raise UnsafePathError(named_by, entry, value, "is not a non-empty string")
+        raise UnsafePathError(named_by, entry, value, "is not a non-empty string", fix)
     if "\x00" in value or "\\" in value:
-        raise UnsafePathError(named_by, entry, value, "holds a NUL byte or a backslash")
+        raise UnsafePathError(named_by, entry, value, "holds a NUL byte or a backslash", fix)
     pure = PurePosixPath(value)
     if pure.is_absolute() or value.startswith("~"):
-        raise UnsafePathError(named_by, entry, value, "is an absolute path")
+        raise UnsafePathError(named_by, entry, value, "is an absolute path", fix)
     parts = value.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise UnsafePathError(
@@ -84,6 +88,7 @@ def resolve_inside(
     entry: str,
     allow_links_within: Path | str | None = None,
     kind: str = "file",
+    fix: str = _CHECKPOINT_FIX,
 ) -> Path:
     """``directory / value`` after checking the rule (see the module docstring); raises
     :class:`UnsafePathError` naming ``named_by`` and ``entry`` otherwise.
@@ -91,7 +96,7 @@ def resolve_inside(
     ``kind`` is ``"file"`` (a regular file must exist there) or ``"dir"`` (a directory). A missing
     path is reported as missing in the same one-line form. ``allow_links_within``: a symlink on the
     way is accepted only when what it points at is inside this root."""
-    pure = check_name(value, named_by=named_by, entry=entry)
+    pure = check_name(value, named_by=named_by, entry=entry, fix=fix)
     directory = Path(directory)
     root = Path(allow_links_within) if allow_links_within is not None else None
     current = directory
@@ -100,31 +105,35 @@ def resolve_inside(
         try:
             info = os.lstat(current)
         except FileNotFoundError:
-            raise UnsafePathError(named_by, entry, value, f"names {current}, which does not exist") from None
+            raise UnsafePathError(
+                named_by, entry, value, f"names {current}, which does not exist", fix
+            ) from None
         except OSError as exc:
             raise UnsafePathError(
-                named_by, entry, value, f"names {current}, which cannot be read ({exc.strerror})"
+                named_by, entry, value, f"names {current}, which cannot be read ({exc.strerror})", fix
             ) from None
         if stat.S_ISLNK(info.st_mode):
             if not _link_ok(current, root):
                 raise UnsafePathError(
-                    named_by, entry, value, f"is a symlink ({current} -> {os.readlink(current)})"
+                    named_by, entry, value, f"is a symlink ({current} -> {os.readlink(current)})", fix
                 )
             info = os.stat(current)
         last = i == len(pure.parts) - 1
         if not last and not stat.S_ISDIR(info.st_mode):
-            raise UnsafePathError(named_by, entry, value, f"goes through {current}, which is not a directory")
+            raise UnsafePathError(
+                named_by, entry, value, f"goes through {current}, which is not a directory", fix
+            )
         if last:
             wanted = stat.S_ISDIR if kind == "dir" else stat.S_ISREG
             if not wanted(info.st_mode):
                 what = "a directory" if kind == "dir" else "a regular file"
-                raise UnsafePathError(named_by, entry, value, f"names {current}, which is not {what}")
+                raise UnsafePathError(named_by, entry, value, f"names {current}, which is not {what}", fix)
     resolved = current.resolve()
     base = directory.resolve()
     if not resolved.is_relative_to(base) and not (
         root is not None and resolved.is_relative_to(root.resolve())
     ):
-        raise UnsafePathError(named_by, entry, value, f"resolves to {resolved}, outside {base}")
+        raise UnsafePathError(named_by, entry, value, f"resolves to {resolved}, outside {base}", fix)
     return current
 
 

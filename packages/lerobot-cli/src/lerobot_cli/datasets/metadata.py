@@ -6,8 +6,10 @@ imports torch, and a bad dataset should fail here, with the file named, before a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,42 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from attrs import define, field
+from lerobot_ckpt.paths import UnsafePathError, check_name, resolve_inside
 
 from lerobot_cli.datasets import layout as L
 from lerobot_cli.datasets.errors import DatasetError
 
 logger = logging.getLogger(__name__)
+
+
+def dataset_file(root: Path, entry: str, template: str, **fields: Any) -> Path:
+    """``root`` / ``template`` filled in, checked to stay inside ``root`` (a dataset is untrusted: its
+    ``meta/info.json`` names these paths, and a feature name fills ``{video_key}``).
+
+    The filled path must be relative without ``..``; when it exists it must be a regular file inside
+    ``root``, symlinks included (a link to elsewhere on the disk is refused). A missing file is left to
+    the reader, which names it. Checked once per distinct file."""
+    try:
+        relative = template.format(**fields)
+    except (KeyError, IndexError, ValueError, AttributeError) as err:
+        raise DatasetError(
+            f"{root / L.INFO_PATH}: {entry} {template!r} is not a template of "
+            f"{{{'}, {'.join(fields)}}} ({type(err).__name__}: {err})"
+        ) from None
+    return _checked_file(root, entry, relative)
+
+
+@functools.lru_cache(maxsize=65536)
+def _checked_file(root: Path, entry: str, relative: str) -> Path:
+    info = root / L.INFO_PATH
+    fix = "use the dataset as LeRobot wrote it (every file under the dataset root, no links out of it)"
+    try:
+        check_name(relative, named_by=info, entry=entry, fix=fix)
+        if not os.path.lexists(root / relative):
+            return root / relative
+        return resolve_inside(root, relative, named_by=info, entry=entry, allow_links_within=root, fix=fix)
+    except UnsafePathError as err:
+        raise DatasetError(str(err)) from None
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
@@ -256,13 +289,19 @@ class DatasetMeta:
 
     def data_file(self, pos: int) -> Path:
         """Data parquet of the episode at row ``pos`` of :attr:`episodes`."""
-        return self.root / self.info["data_path"].format(
+        return dataset_file(
+            self.root,
+            "data_path",
+            self.info["data_path"],
             chunk_index=int(self.episodes[L.EP_DATA_CHUNK][pos]),
             file_index=int(self.episodes[L.EP_DATA_FILE][pos]),
         )
 
     def video_file(self, pos: int, key: str) -> Path:
-        return self.root / self.info["video_path"].format(
+        return dataset_file(
+            self.root,
+            "video_path",
+            self.info["video_path"],
             video_key=key,
             chunk_index=int(self.episodes[L.video_column(key, "chunk_index")][pos]),
             file_index=int(self.episodes[L.video_column(key, "file_index")][pos]),
