@@ -17,6 +17,20 @@ from lerobot_ckpt.pretrained import pretrained_dir_of
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def links_root(directory: str | Path) -> Path | None:
+    """The Hugging Face cache repository (``.../models--org--name``) when ``directory`` is one of its
+    snapshots (``.../snapshots/<rev>/``, or a folder inside one), else None.
+
+    A snapshot's files are symlinks into that repository's own ``blobs/``: the one layout where a
+    pretrained directory's files may be symlinks (``lerobot_ckpt.paths``' ``allow_links_within``). The
+    path is taken as given, not resolved, so a symlinked directory cannot claim to be a snapshot."""
+    path = Path(directory).absolute()
+    for child in (path, *path.parents):
+        if child.parent.name == "snapshots" and child.parent.parent.name.startswith("models--"):
+            return child.parent.parent
+    return None
+
+
 class PolicyLocationError(ValueError):
     """The value names neither a local pretrained policy nor a downloadable Hub repo."""
 

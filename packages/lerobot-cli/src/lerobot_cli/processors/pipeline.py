@@ -7,6 +7,9 @@ imports every known policy's ``PolicySpec.processors`` module, which registers t
 pi0's newline, pi05's state-in-prompt) and fails on names it still does not know, since silently
 skipping a step (say, a normaliser) would feed a policy garbage. A step LeRobot
 names by its Python class (``"class": "module.Name"``) is never imported: only registered steps load.
+A ``state_file`` is read only as a plain relative name inside the pipeline's own directory
+(``lerobot_ckpt.paths``; symlinks only in a Hub cache snapshot): a crafted file cannot make a run load,
+and then save into its own checkpoint, a file from elsewhere on the disk.
 
 Every problem with the files (not JSON, an unknown step, a config the step refuses, a missing or
 damaged state file) is a :class:`ProcessorFileError` naming the file: a ``CheckpointError``, so the CLI
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,10 +29,12 @@ from typing import Any
 
 import torch
 from lerobot_ckpt import CheckpointError, read_tensors
+from lerobot_ckpt.paths import check_name, resolve_inside
 from safetensors.torch import save_file
 from torch import Tensor
 
 from lerobot_cli.filewrites import writing
+from lerobot_cli.policies.location import links_root
 from lerobot_cli.policies.registry import available, config_class, spec_of
 from lerobot_cli.processors.steps import STEP_REGISTRY, Batch, ProcessorStep
 
@@ -74,6 +80,21 @@ def _step_entry(path: Path, i: int, entry: Any) -> str:
         )
     raise ProcessorFileError(
         f"{path}: step {i} is {name!r}, which this trainer does not implement (known: {known})"
+    )
+
+
+def _state_file(directory: Path, path: Path, i: int, name: str, value: object) -> Path:
+    """Where step ``i``'s ``state_file`` is, checked before a byte of it is read: a plain relative name
+    inside ``directory`` (``lerobot_ckpt.paths``' rule), so a crafted pipeline file cannot load (and a
+    new run then save) a file from elsewhere on the disk. Symlinks only in a Hub cache snapshot."""
+    entry = f"steps[{i}].state_file"
+    check_name(value, named_by=path, entry=entry)
+    if not os.path.lexists(directory / str(value)):
+        raise MissingProcessorFileError(
+            f"{path}: step {i} ({name}) needs {directory / str(value)}, which is missing"
+        )
+    return resolve_inside(
+        directory, value, named_by=path, entry=entry, allow_links_within=links_root(directory)
     )
 
 
@@ -169,11 +190,7 @@ class ProcessorPipeline:
             except (TypeError, ValueError) as exc:  # unknown keys, refused values
                 raise ProcessorFileError(f"{path}: step {i} ({name}): {exc}") from None
             if entry.get("state_file"):
-                state_path = directory / str(entry["state_file"])
-                if not state_path.is_file():
-                    raise MissingProcessorFileError(
-                        f"{path}: step {i} ({name}) needs {state_path}, which is missing"
-                    )
+                state_path = _state_file(directory, path, i, name, entry["state_file"])
                 state, _ = read_tensors(state_path)  # a damaged file: the weights' one sentence, naming it
                 try:
                     step.load_state_dict(state)
