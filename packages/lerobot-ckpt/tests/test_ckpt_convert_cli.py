@@ -293,3 +293,165 @@ def test_push_to_hub_keeps_an_existing_model_card_and_reports_transport_failures
     )
     assert last.endswith("model.safetensors is written")
     assert json.loads((step / "pretrained_model" / "config.json").read_text()) == {}
+
+
+# --- writes stay inside the checkpoint, and every refusal is one line (issue 31) ---
+
+
+def _one_line(capsys, *expected: str) -> str:
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(PROG) and err.count("\n") == 1, err
+    assert all(text in err for text in expected), err
+    return err
+
+
+def _names(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()}
+
+
+def test_symlinks_planted_for_every_nearby_pid_are_never_written_through(tmp_path, capsys):
+    """A checkpoint carrying a symlink under each staged name the converter could pick (its own pid
+    among them): the conversion succeeds, writes nothing outside, and leaves the links as they were."""
+    step = make_checkpoint(tmp_path / "ckpt")
+    pm, ts = step / "pretrained_model", step / "training_state"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    outside = tmp_path / "outside_dir"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    pids = range(max(1, os.getpid() - 64), os.getpid() + 64)
+    for pid in pids:
+        (pm / f".model.safetensors.tmp-{pid}").symlink_to(victim)
+        (ts / f".training_step.json.tmp-{pid}").symlink_to(victim)
+        (pm / f".pytorch_model_fsdp_0.deleting-{pid}").symlink_to(outside)
+    planted_pm, planted_ts = _names(pm) - {"pytorch_model_fsdp_0"}, _names(ts)
+
+    assert main([f"--checkpoint_dir={step}", "--delete_dcp=true"]) == 0, capsys.readouterr().err
+    assert victim.read_text() == "precious"
+    assert _names(outside) == {"keep.txt"} and (outside / "keep.txt").read_text() == "keep"
+    assert _names(pm) == planted_pm | {"model.safetensors"}  # the links untouched, no leftovers
+    assert _names(ts) == planted_ts
+    assert all((pm / f".model.safetensors.tmp-{pid}").is_symlink() for pid in pids)
+    assert set(load_file(pm / "model.safetensors")) == {"enc.weight", "enc.bias", "steps"}
+    art = read_training_step(step).artifacts
+    assert art.model_safetensors and not art.model_dcp
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_that_is_a_directory_is_refused_in_one_line(tmp_path, capsys, overwrite):
+    step = make_checkpoint(tmp_path)
+    pm = step / "pretrained_model"
+    (pm / "model.safetensors").mkdir()
+    (pm / "model.safetensors" / "mine.txt").write_text("mine")
+    before = _names(pm)
+    assert main([f"--checkpoint_dir={step}", f"--overwrite={str(overwrite).lower()}"]) == 2
+    _one_line(capsys, f"{pm / 'model.safetensors'} is a directory, not a file", "nothing was written")
+    assert _names(pm) == before and (pm / "model.safetensors" / "mine.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_an_output_that_is_a_symlink_is_refused_in_one_line(tmp_path, capsys, dangling):
+    step = make_checkpoint(tmp_path / "ckpt")
+    pm = step / "pretrained_model"
+    victim = tmp_path / "victim.safetensors"
+    if not dangling:
+        victim.write_text("precious")
+    (pm / "model.safetensors").symlink_to(victim)
+    assert main([f"--checkpoint_dir={step}", "--overwrite=true"]) == 2
+    _one_line(capsys, f"{pm / 'model.safetensors'} is a symlink (to {victim})")
+    assert (pm / "model.safetensors").is_symlink()
+    assert victim.read_text() == "precious" if not dangling else not victim.exists()
+
+
+def test_a_symlinked_pretrained_model_is_refused_before_anything_is_written(tmp_path, capsys):
+    """step/pretrained_model -> a directory elsewhere: the weights would be written there."""
+    step = make_checkpoint(tmp_path / "ckpt")
+    elsewhere = tmp_path / "elsewhere"
+    (step / "pretrained_model").rename(elsewhere)
+    (step / "pretrained_model").symlink_to(elsewhere)
+    before = _names(elsewhere)
+    assert main([f"--checkpoint_dir={step}"]) == 2
+    _one_line(capsys, "pretrained_model is a symlink", "give the real path")
+    assert _names(elsewhere) == before
+
+
+def test_delete_dcp_on_a_symlinked_shard_directory_deletes_nothing(tmp_path, capsys):
+    step = make_checkpoint(tmp_path / "ckpt")
+    pm = step / "pretrained_model"
+    shards = tmp_path / "other_run_shards"
+    (pm / "pytorch_model_fsdp_0").rename(shards)
+    (pm / "pytorch_model_fsdp_0").symlink_to(shards)
+    before, shard_files = _names(pm), _names(shards)
+    record = (step / "training_state" / "training_step.json").read_bytes()
+    assert main([f"--checkpoint_dir={step}", "--delete_dcp=true"]) == 2
+    _one_line(capsys, "pytorch_model_fsdp_0 is a symlink", "--delete_dcp never goes through a symlink")
+    assert _names(pm) == before and _names(shards) == shard_files  # nothing written, nothing deleted
+    assert (step / "training_state" / "training_step.json").read_bytes() == record
+
+
+def test_a_tensor_named_like_the_safetensors_metadata_key_is_refused(tmp_path, capsys):
+    step = make_checkpoint(tmp_path, {"__metadata__": torch.ones(2), "w": torch.ones(3)})
+    before = _names(step / "pretrained_model")
+    assert main([f"--checkpoint_dir={step}"]) == 2
+    _one_line(capsys, "a tensor is named '__metadata__'", "nothing was written")
+    assert _names(step / "pretrained_model") == before
+
+
+def _limit_file_size() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+
+def test_a_file_size_limit_is_one_line_and_leaves_nothing_half_written(tmp_path):
+    """``ulimit -f``: the same path a full disk takes (the kernel refuses the write). SIGXFSZ keeps its
+    default action in the child, so the script itself must keep the limit from killing it silently."""
+    step = make_checkpoint(tmp_path, {"w": torch.ones(64, 256)})  # 64 KiB > the 16 KiB limit
+    pm = step / "pretrained_model"
+    before = _names(pm)
+    proc = subprocess.run(
+        [SCRIPT, f"--checkpoint_dir={step}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=_limit_file_size,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        f"{PROG}could not write {pm / 'model.safetensors'}: File too large (nothing was written; "
+        "the checkpoint is unchanged)\n"
+    )
+    assert _names(pm) == before
+
+
+@pytest.mark.parametrize(
+    ("flag", "suggestion"),
+    [
+        ("--dtpye=bfloat16", "--dtype"),
+        ("--delete_dpc=true", "--delete_dcp"),
+        ("--checkpointdir=x", "--checkpoint_dir"),
+    ],
+)
+def test_a_misspelt_flag_gets_did_you_mean(flag, suggestion, capsys):
+    assert main(["--checkpoint_dir=x", flag] if "checkpointdir" not in flag else [flag]) == 2
+    _one_line(capsys, f"unknown flag {flag.split('=')[0]}; did you mean {suggestion}?")
+
+
+def test_flags_also_parse_as_flag_space_value():
+    args = parse_args(
+        ["--checkpoint_dir", "a/b", "--dtype", "float16", "--delete_dcp", "--overwrite", "false"]
+        + ["--push_to_hub", "u/r", "--private", "TRUE"]
+    )
+    assert (args.checkpoint_dir, args.dtype, args.delete_dcp, args.overwrite) == (
+        Path("a/b"),
+        "float16",
+        True,
+        False,
+    )
+    assert (args.push_to_hub, args.private) == ("u/r", True)
+    # a boolean takes only a boolean word from the next token: a path after it is still an error
+    with pytest.raises(Exception, match="unexpected argument 'a/b'"):
+        parse_args(["--delete_dcp", "a/b"])

@@ -11,8 +11,12 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from lerobot_ckpt.errors import CheckpointWriteError
+from lerobot_ckpt.paths import create_exclusive, refuse_link
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -53,12 +57,55 @@ def fsync_tree(root: Path) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write, flush and fsync; JSON is small, so one buffered write is the whole cost."""
-    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    """Create ``path`` exclusively, write, flush and fsync; JSON is small, so one write is the whole cost.
+
+    Exclusive (:func:`~lerobot_ckpt.paths.create_exclusive`): every caller writes a new name (in a
+    staging directory it made, or a :func:`staged_sibling`), so a name that already exists, above
+    all a symlink planted in a checkpoint, raises ``FileExistsError`` instead of being written
+    through."""
+    with create_exclusive(path) as f:
+        _write_json_to(f, obj)
+
+
+def _write_json_to(f: BinaryIO, obj: Any) -> None:
+    f.write((json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def staged_sibling(path: Path, mode: int = 0o644) -> tuple[Path, BinaryIO]:
+    """A new file next to ``path`` to be renamed over it: ``.<name>.tmp-<pid>-<random>``, made by
+    ``mkstemp`` (``O_EXCL | O_NOFOLLOW``, a fresh random name until one is free).
+
+    A fixed name (``.<name>.tmp-<pid>``) is not enough in a directory someone else wrote (a
+    checkpoint one was sent): it can hold a symlink for every pid, and opening it would write
+    through it. Returns the path and the file, open for writing in binary mode."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:  # a file system without permissions (e.g. some FUSE mounts): the default is fine
+        pass
+    return Path(name), os.fdopen(fd, "wb")
+
+
+def replace_json(path: Path, obj: Any) -> None:
+    """Replace ``path`` with ``obj`` as JSON in one atomic step: a :func:`staged_sibling`, fsynced,
+    renamed over it, the directory fsynced; a crash leaves the old or the new file, never half of one.
+
+    The rename replaces the name itself (never a symlink's target); a ``path`` that is a symlink or
+    a directory is refused in one line before anything is written."""
+    refuse_link(path, "rewriting a checkpoint file")
+    if path.is_dir():
+        raise CheckpointWriteError(f"{path} is a directory, not a file: it cannot be rewritten", path=path)
+    tmp, f = staged_sibling(path)
+    try:
+        with f:
+            _write_json_to(f, obj)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def exchange(a: Path, b: Path) -> bool:

@@ -1,6 +1,8 @@
 """``lerobot-convert-dcp``: the console script around :func:`lerobot_ckpt.convert.merge.convert_dcp`.
 
-Flags follow ``lerobot-train``'s ``--name=value`` style. Usage mistakes and every problem the user
+Flags follow ``lerobot-train``'s style: ``--name=value`` or ``--name value``, a bare boolean flag
+means true, and a misspelt flag gets a "did you mean" (lerobot-ckpt cannot import lerobot-cli, so
+this small parser repeats its two rules). Usage mistakes and every problem the user
 can fix (missing shards, an existing output, a full disk) end with exit code 2 and one line
 ``lerobot-convert-dcp: error: ...``, never a traceback. Nothing here imports torch, and neither
 does a conversion without ``--dtype`` (see :mod:`lerobot_ckpt.convert.merge`): a CUDA build of torch
@@ -10,6 +12,8 @@ for a ``--dtype`` cast and for the rare chunk only ``torch.load`` can decode.
 
 from __future__ import annotations
 
+import difflib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -87,21 +91,41 @@ def _boolean(name: str, value: str | None) -> bool:
     raise UsageError(f"--{name} takes true or false (also 1/0, yes/no, on/off), got {value!r}")
 
 
+def _unknown(name: str) -> UsageError:
+    close = difflib.get_close_matches(name, sorted(_FIELDS), n=1, cutoff=0.6)
+    hint = f"; did you mean --{close[0]}?" if close else " (see --help)"
+    return UsageError(f"unknown flag --{name}{hint}")
+
+
+def _takes_next(argv: list[str], i: int, name: str) -> bool:
+    """Whether ``argv[i]`` is the value of the bare ``--name`` before it (``--name value``): anything
+    that is not a flag, and for a boolean only a boolean word (``--delete_dcp DIR`` stays an error)."""
+    if i >= len(argv) or argv[i].startswith("--") or argv[i] in ("-h",):
+        return False
+    return name not in _BOOLS or argv[i].lower() in _TRUE + _FALSE
+
+
 def parse_args(argv: list[str]) -> ConvertArgs:
     values: dict[str, object] = {}
-    for arg in argv:
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
         if not arg.startswith("--"):
-            raise UsageError(f"unexpected argument {arg!r}: flags are written --name=value")
+            raise UsageError(f"unexpected argument {arg!r}: flags are written --name=value or --name value")
         name, eq, value = arg[2:].partition("=")
         name = name.replace("-", "_")
         if name not in _FIELDS:
-            raise UsageError(f"unknown flag --{name} (see --help)")
+            raise _unknown(name)
         if name in values:
             raise UsageError(f"--{name} is given twice")
+        if not eq and _takes_next(argv, i, name):
+            value, eq = argv[i], "="
+            i += 1
         if name in _BOOLS:
             values[name] = _boolean(name, value if eq else None)
         elif not eq or not value:
-            raise UsageError(f"--{name} needs a value: --{name}=...")
+            raise UsageError(f"--{name} needs a value: --{name}=... or --{name} ...")
         else:
             values[name] = value
     if "checkpoint_dir" not in values:
@@ -239,7 +263,16 @@ def run(args: ConvertArgs) -> int:
     return 0
 
 
+def _no_kill_on_file_size_limit() -> None:
+    """A file-size limit (``ulimit -f``) kills a process with SIGXFSZ by default, without a word;
+    ignored, the write fails with EFBIG instead and the user gets the one line that names the file."""
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the console script (in-process callers keep their own signal handling)
+        _no_kill_on_file_size_limit()
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(HELP, end="")

@@ -17,7 +17,11 @@ and ``--delete_dcp``'s verification compares bytes. Importing a CUDA build of to
 record only ``torch.load`` can decode, and a tensor whose chunks split a dim other than the first.
 
 The file is written under a temporary name, fsynced and renamed, so an interrupted conversion
-never leaves a half-written ``model.safetensors``. ``delete_dcp`` re-reads the output and compares
+never leaves a half-written ``model.safetensors``. The checkpoint may be someone else's, so no
+write goes through a name it could have planted: the temporary file is made by ``mkstemp`` (a fresh
+random name, ``O_EXCL | O_NOFOLLOW``), and a destination (the output, ``training_step.json``, the
+directories holding them, a shard directory to delete) that is a symlink or a directory is refused
+in one line before anything is written. ``delete_dcp`` re-reads the output and compares
 it with the shards, updates ``training_step.json`` (so loaders take the new file), and only then
 removes the shard directory. A PEFT checkpoint (``adapter_config.json`` present) becomes
 ``adapter_model.safetensors``: its shards hold only the adapter, already under PEFT's key names.
@@ -25,8 +29,10 @@ removes the shard directory. A PEFT checkpoint (``adapter_config.json`` present)
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +41,7 @@ import attrs
 from attrs import define, field
 
 from lerobot_ckpt._dtypes import DType, dtype_of
-from lerobot_ckpt.commit.filesystem import fsync_dir, remove_quietly
+from lerobot_ckpt.commit.filesystem import fsync_dir, staged_sibling
 from lerobot_ckpt.convert.cast import cast_bytes
 from lerobot_ckpt.dcp import raw as dcp_raw
 from lerobot_ckpt.dcp.index import (
@@ -50,6 +56,7 @@ from lerobot_ckpt.dcp.index import (
 from lerobot_ckpt.dcp.untrusted import check_untrusted
 from lerobot_ckpt.errors import (
     CheckpointError,
+    CheckpointWriteError,
     CorruptCheckpointError,
     InsufficientDiskSpaceError,
     MissingCheckpointFileError,
@@ -65,8 +72,10 @@ from lerobot_ckpt.layout import (
     TRAINING_STATE_DIR,
     CheckpointPaths,
 )
+from lerobot_ckpt.paths import refuse_link
 from lerobot_ckpt.safetensors.stream import (
     FORMAT_METADATA,
+    RESERVED_NAME,
     ByteBuffer,
     SafetensorsPlan,
     SafetensorsStreamWriter,
@@ -212,15 +221,17 @@ def _largest(tensors: dict[str, StoredTensor], plan: SafetensorsPlan) -> int:
 
 def _write(
     path: Path,
+    fd: int,
     tensors: dict[str, StoredTensor],
     plan: SafetensorsPlan,
     reader: ChunkReader,
     progress: Callable[[Progress], None] | None,
 ) -> None:
-    """Fill the planned file chunk by chunk: a kernel copy when the bytes can go as they are, a cast of
-    the bytes through two reused buffers for ``--dtype`` (neither needs torch), ``torch.load`` only for
-    records of another shape (which a torch-free install refuses in one line)."""
-    writer = SafetensorsStreamWriter(path, plan)
+    """Fill the planned file (``fd``, new and ours, at ``path``) chunk by chunk: a kernel copy when the
+    bytes can go as they are, a cast of the bytes through two reused buffers for ``--dtype`` (neither
+    needs torch), ``torch.load`` only for records of another shape (which a torch-free install refuses
+    in one line)."""
+    writer = SafetensorsStreamWriter(path, plan, fd=fd)
     largest = _largest(tensors, plan)
     source = ByteBuffer(largest)  # allocated on first use
     done = 0
@@ -300,7 +311,7 @@ def _verify(path: Path, tensors: dict[str, StoredTensor], plan: SafetensorsPlan,
     """Every byte of the written file equals the plan's header and the shards' bytes (cast as
     requested), one chunk at a time: byte ranges compared directly where the bytes were copied,
     tensors through reused buffers where they were cast or decoded."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         if os.pread(fd, len(plan.header), 0) != plan.header:
             raise CorruptCheckpointError(path, "the written file's header differs from the one planned")
@@ -385,6 +396,8 @@ def convert_dcp(
     where = locate(checkpoint_dir)
     ema = where.ema_sibling
     if ema is not None and where.dcp.is_dir():  # both checked before either is written
+        _check_destinations(ema, delete_dcp)
+        _check_destinations(where, delete_dcp)
         ema_tensors, tensors = _checked_tensors(ema), _checked_tensors(where)
         _check_output(ema, overwrite)
         _check_output(where, overwrite)
@@ -392,12 +405,65 @@ def convert_dcp(
         return attrs.evolve(
             _convert(where, tensors, dtype, delete_dcp, overwrite, verify, progress), ema=ema_result
         )
+    _check_destinations(where, delete_dcp)
     return _convert(where, _checked_tensors(where), dtype, delete_dcp, overwrite, verify, progress)
+
+
+def _check_destinations(where: Located, delete_dcp: bool) -> None:
+    """Every name this conversion will write, rename or delete, checked before anything is written: a
+    symlink or a directory where a file goes, or a symlink where a directory goes, is refused in one
+    line (a checkpoint someone sent may plant one to make the converter write or delete elsewhere)."""
+    refuse_link(where.pretrained, "writing the converted weights")
+    output = where.output
+    refuse_link(output, "writing the converted weights")
+    if output.is_dir():
+        raise CheckpointWriteError(
+            f"{output} is a directory, not a file: the converted weights cannot be written there "
+            "(nothing was written; move it away and run again)",
+            path=output,
+        )
+    if where.step_dir is not None:
+        paths = CheckpointPaths(where.step_dir)
+        refuse_link(paths.training_state, "updating training_step.json")
+        refuse_link(paths.training_step, "updating training_step.json")
+    if delete_dcp:
+        refuse_link(where.dcp, "--delete_dcp")
 
 
 def _check_output(where: Located, overwrite: bool) -> None:
     if where.output.exists() and not overwrite:
         raise OutputExistsError(f"{where.output} already exists; pass --overwrite to replace it")
+
+
+def _write_failed(output: Path, exc: OSError) -> CheckpointError:
+    """A failed write (full disk, file-size limit, quota, read-only file system) in one line that
+    names the file; the checkpoint is as it was (the temporary file is removed)."""
+    if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+        return CheckpointWriteError(
+            f"could not write {output}: {exc.strerror or exc} (nothing was written; the checkpoint is "
+            "unchanged)",
+            path=output,
+            os_error=exc,
+        )
+    where = f" ({exc.filename})" if exc.filename else ""
+    return CheckpointWriteError(
+        f"converting into {output} failed: {exc.strerror or exc}{where} (nothing was written; the "
+        "checkpoint is unchanged)",
+        path=output,
+        os_error=exc,
+    )
+
+
+def _delete_shards(where: Located) -> None:
+    """Remove the shard directory: renamed in one atomic step onto an empty directory made here by
+    ``mkdtemp`` (so never over a name planted in the checkpoint, and never a half-deleted directory
+    under the real name), then removed. ``shutil.rmtree`` removes symlinks inside, never their
+    targets; a shard directory that is itself a symlink was refused before anything was written."""
+    refuse_link(where.dcp, "--delete_dcp")
+    doomed = Path(tempfile.mkdtemp(prefix=f".{MODEL_DCP_DIR}.deleting-", dir=where.pretrained))
+    os.rename(where.dcp, doomed)
+    fsync_dir(where.pretrained)
+    shutil.rmtree(doomed)
 
 
 def _checked_tensors(where: Located) -> dict[str, StoredTensor]:
@@ -420,6 +486,12 @@ def _checked_tensors(where: Located) -> dict[str, StoredTensor]:
     tensors = model_tensors(index)
     if not tensors:
         raise CorruptCheckpointError(where.dcp, "the shards hold no tensors")
+    if RESERVED_NAME in tensors:
+        raise CorruptCheckpointError(
+            where.dcp,
+            f"a tensor is named {RESERVED_NAME!r}, the key safetensors reserves for the file's metadata: "
+            "it cannot be stored in model.safetensors (nothing was written)",
+        )
     return tensors
 
 
@@ -434,29 +506,33 @@ def _convert(
 ) -> ConvertResult:
     t0 = time.monotonic()
     output = where.output
+    _check_destinations(where, delete_dcp)
     _check_output(where, overwrite)
     plan = SafetensorsPlan.build(
         ((name, _out_dtype(t.dtype, dtype), t.shape) for name, t in tensors.items()), FORMAT_METADATA
     )
     _check_disk(where.pretrained, plan.total_size, output)
 
-    tmp = where.pretrained / f".{output.name}.tmp-{os.getpid()}"
+    tmp: Path | None = None
     try:
+        tmp, staged = staged_sibling(output)
+        with staged:
+            fd = os.dup(staged.fileno())  # the stream writer owns and closes this one
         with ChunkReader(where.dcp) as reader:
-            _write(tmp, tensors, plan, reader, progress)
+            _write(tmp, fd, tensors, plan, reader, progress)
             if verify:
                 _verify(tmp, tensors, plan, reader)
         os.replace(tmp, output)
+        tmp = None
         fsync_dir(where.pretrained)
+    except OSError as exc:
+        raise _write_failed(output, exc) from None
     finally:
-        if tmp.exists():
-            remove_quietly(tmp)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)  # our own mkstemp file, never a name found there
     record_updated = _record(where, deleting=delete_dcp)
     if delete_dcp:
-        doomed = where.pretrained / f".{MODEL_DCP_DIR}.deleting-{os.getpid()}"
-        os.rename(where.dcp, doomed)  # one atomic step: never a half-deleted directory under the real name
-        fsync_dir(where.pretrained)
-        shutil.rmtree(doomed)
+        _delete_shards(where)
     return ConvertResult(
         output=output,
         tensors=len(plan.slots),

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     AnyDType = torch.dtype | DType
 
+RESERVED_NAME = "__metadata__"  # the header key of the file's string metadata, never a tensor's name
 FORMAT_METADATA = {"format": "pt"}  # what transformers/LeRobot expect in a PyTorch safetensors header
 # safetensors' Dtype enum order; save_file lays tensors out by it (descending), then by name, which
 # puts wider types first and keeps every tensor aligned. Same order here, so the files are identical.
@@ -117,6 +118,8 @@ class SafetensorsPlan:
         if metadata:
             entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         for name, dtype, shape in _ordered(specs):
+            if name == RESERVED_NAME:
+                raise ValueError(f"a tensor cannot be named {RESERVED_NAME!r}: safetensors reserves that key")
             if name in entries:
                 raise ValueError(f"tensor name {name!r} appears twice")
             size = math.prod(shape) * dtype.itemsize
@@ -218,14 +221,22 @@ def _preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
-class SafetensorsStreamWriter:
-    """Write a planned file; every byte range must be written once, then :meth:`close`."""
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
-    def __init__(self, path: Path | str, plan: SafetensorsPlan) -> None:
+
+class SafetensorsStreamWriter:
+    """Write a planned file; every byte range must be written once, then :meth:`close`.
+
+    The file is created exclusively (``O_EXCL | O_NOFOLLOW``: ``FileExistsError`` when anything has
+    the name), or ``fd`` is a new file the caller created itself (``mkstemp``); it never writes
+    through a symlink or into an existing file that someone else could have planted there. The
+    writer owns ``fd`` from then on (closes it on :meth:`close`, :meth:`abort` or a failed start)."""
+
+    def __init__(self, path: Path | str, plan: SafetensorsPlan, *, fd: int | None = None) -> None:
         self.path = Path(path)
         self.plan = plan
         self._written = 0
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = os.open(self.path, _CREATE, 0o644) if fd is None else fd
         try:
             _preallocate(self._fd, plan.total_size)
             self._pwrite(memoryview(plan.header), 0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import enum
 import importlib.metadata
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from cattrs import transform_error
 from cattrs.errors import ClassValidationError, IterableValidationError
 
 from lerobot_ckpt._version import __version__
-from lerobot_ckpt.commit.filesystem import fsync_dir, write_json
+from lerobot_ckpt.commit.filesystem import replace_json, write_json
 from lerobot_ckpt.discovery import resolve_checkpoint_dir
 from lerobot_ckpt.errors import (
     CheckpointConfigError,
@@ -32,6 +31,7 @@ from lerobot_ckpt.errors import (
     UnsupportedCheckpointError,
 )
 from lerobot_ckpt.layout import MODEL_DCP_DIR, OPTIMIZER_DCP_DIR, CheckpointPaths
+from lerobot_ckpt.paths import refuse_link
 
 RECORD_FORMAT_VERSION = 1
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
@@ -352,13 +352,13 @@ def read_training_step(checkpoint: Path | str) -> TrainingStepRecord:
 def update_artifacts(paths: CheckpointPaths, **changes: bool) -> TrainingStepRecord:
     """Rewrite ``training_step.json`` with some ``artifacts`` flags changed (e.g. after a conversion).
 
-    Written to a temporary name, fsynced and renamed over the old record, so a crash leaves one of
-    the two complete records, never a truncated one.
+    Written to a fresh ``mkstemp`` name, fsynced and renamed over the old record, so a crash leaves
+    one of the two complete records, never a truncated one; the checkpoint may be someone else's, so
+    nothing is written through a symlink it holds (``training_state/`` or the record itself being
+    one is refused in one line, see :func:`~lerobot_ckpt.commit.filesystem.replace_json`).
     """
+    refuse_link(paths.training_state, "rewriting training_step.json")
     record = read_record(paths)
     updated = attrs.evolve(record, artifacts=attrs.evolve(record.artifacts, **changes))
-    tmp = paths.training_step.with_name(f".{paths.training_step.name}.tmp-{os.getpid()}")
-    write_record(tmp, updated)
-    os.replace(tmp, paths.training_step)
-    fsync_dir(paths.training_state)
+    replace_json(paths.training_step, converter.unstructure(updated))
     return updated
