@@ -2,7 +2,8 @@
 
 Features come from the dataset unless the policy config (e.g. a ``--policy.path`` fine-tune) already
 names them; the frames each batch needs come from the policy's delta indices. Stats from the dataset
-feed the normalization processors, except when fine-tuning a policy that ships its own processors.
+(cameras' mean/std ImageNet's by default, as in LeRobot) feed the normalization processors, except when
+fine-tuning a policy that ships its own processors.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lerobot_cli.datasets import (
     resolve_dataset_root,
     resolve_delta_timestamps,
 )
+from lerobot_cli.datasets.imagenet import with_imagenet_stats
 from lerobot_cli.datasets.layout import STATS_PATH
 from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
 from lerobot_cli.peft.basefile import is_adapter_dir
@@ -208,7 +210,7 @@ def build_workload(
         pre, post = load_processors(source, device=device)
     else:
         try:
-            pre, post = make_pre_post_processors(policy_cfg, dataset.meta.stats, device=device)
+            pre, post = make_pre_post_processors(policy_cfg, processor_stats(cfg, dataset), device=device)
         except MissingStatsError as exc:
             raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
         source = None
@@ -229,6 +231,14 @@ def _load_tokenizers(pre, setting: str) -> None:
                 step.tokenizer  # noqa: B018 - the property loads it
             except (TokenizerUnavailableError, CustomCodeError) as exc:
                 raise UsageError(exc.naming(setting)) from None
+
+
+def processor_stats(cfg: TrainConfig, dataset: LeRobotDataset) -> dict:
+    """The statistics new processors are built from: the dataset's, with ImageNet's camera mean/std under
+    ``--dataset.use_imagenet_stats`` (LeRobot's default, applied where LeRobot's dataset factory does)."""
+    if not cfg.dataset.use_imagenet_stats:
+        return dataset.meta.stats
+    return with_imagenet_stats(dataset.meta.stats, dataset.meta.features)
 
 
 def stats_error_message(path: Path, exc: MissingStatsError) -> str:

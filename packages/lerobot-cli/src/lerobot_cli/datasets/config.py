@@ -31,6 +31,14 @@ class DatasetConfig:
         },
     )
     revision: str | None = field(default=None, metadata={"help": "Hub revision to download when not cached."})
+    use_imagenet_stats: bool = field(
+        default=True,
+        metadata={
+            "help": "Normalise every camera (depth maps aside) with ImageNet's mean and std instead of the "
+            "dataset's, as LeRobot does by default (the cameras' other statistics stay the dataset's); "
+            "processors loaded from --policy.path or a resumed checkpoint keep theirs."
+        },
+    )
     video_backend: str = field(default="pyav", metadata={"help": "Video decoder.", "choices": ("pyav",)})
 
     def __attrs_post_init__(self) -> None:

@@ -3,8 +3,12 @@
 The default step lists equal LeRobot's default policy pipelines (ACT's among them), so the saved files
 have the names and indices LeRobot expects:
 
-- ``policy_preprocessor``: rename → add batch dim → device → normalizer (step 3, stats of all features);
-- ``policy_postprocessor``: unnormalizer (step 0, action stats) → device("cpu").
+- ``policy_preprocessor``: rename → add batch dim → device → normalizer (step 3);
+- ``policy_postprocessor``: unnormalizer (step 0) → device("cpu").
+
+Both normalizer steps hold every statistic they are given, as LeRobot's do (its ``lerobot-train`` passes
+the dataset's whole ``meta/stats.json``, ``timestamp`` and ``index`` included), and use those of their
+features.
 
 A policy whose LeRobot pipelines differ (pi0, pi05: language steps) names a step-list function in its
 ``PolicySpec.processors`` (``"module:function"``, imported only here, so configs stay
@@ -169,7 +173,9 @@ def make_pre_post_processors(
     ``device`` (default ``config.device``, else ``"cpu"``) is where the pre-processor puts the batch.
     """
     features = {**config.input_features, **config.output_features}
-    stats = {k: v for k, v in (dataset_stats or {}).items() if k in features}
+    # Both steps keep every key of the statistics, features or not (timestamp, index …), as LeRobot's
+    # steps do: the saved files then hold the same tensors; only the features' statistics are used.
+    stats = dict(dataset_stats or {})
     normalizer = NormalizerStep(features=features, norm_map=config.normalization_mapping, stats=stats)
     missing = normalizer.missing_stats()
     if missing:
@@ -186,7 +192,7 @@ def make_pre_post_processors(
     unnormalizer = UnnormalizerStep(
         features=dict(config.output_features),
         norm_map=config.normalization_mapping,
-        stats={k: v for k, v in stats.items() if k in config.output_features},
+        stats=stats,
     )
     defaults = DefaultSteps(
         rename_observations=RenameObservationsStep(rename_map),
