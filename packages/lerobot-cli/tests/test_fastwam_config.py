@@ -9,6 +9,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.policies.dataset_fit import policy_config_for_dataset
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
@@ -297,6 +298,64 @@ def test_network_configs_are_refused_in_one_line(video, action, message):
         FastWAMConfig(video_dit_config=video_missing, action_dit_config=action_missing)
 
 
+@pytest.mark.parametrize(
+    ("video", "image_size", "message"),
+    [
+        (
+            {"in_dim": 16},
+            (224, 448),
+            (
+                r"^--policy.video_dit_config.in_dim is 16, but the video DiT reads the Wan2.2 VAE's "
+                r"latents, which have 48 channels: set it to 48$"
+            ),
+        ),
+        (
+            {"out_dim": 16},
+            (224, 448),
+            r"^--policy.video_dit_config.out_dim is 16, but the video DiT predicts the Wan2.2 VAE's latents",
+        ),
+        (
+            {"patch_size": [2, 2, 2]},
+            (224, 448),
+            (
+                r"^--policy.video_dit_config.patch_size \[2, 2, 2\] patches 2 latent frames together; "
+                r".* the first entry must be 1$"
+            ),
+        ),
+        (
+            {"patch_size": [1, 3, 3]},
+            (32, 32),
+            (
+                r"^--policy.video_dit_config.patch_size \[1, 3, 3\] does not divide the latent image "
+                r"2 x 2 \(--policy.image_size \[32, 32\] over the Wan VAE's 16x downsampling\)"
+            ),
+        ),
+        (
+            {},
+            (224, 432),
+            r"^--policy.video_dit_config.patch_size \[1, 2, 2\] does not divide the latent image 14 x 27 ",
+        ),
+    ],
+)
+def test_the_video_dit_must_fit_the_vae_latents_before_any_weight(video, image_size, message):
+    """Caught in the config, before the VAE or the model is built (they were a ValueError from the frozen
+    parts' build, a shape error at the first loss, and the DiT's patch check at the first step)."""
+    with pytest.raises(ValueError, match=message) as exc:
+        _tiny_with(video, image_size=image_size)
+    assert "\n" not in str(exc.value)
+    _tiny_with({"patch_size": [1, 1, 1]}, image_size=(16, 48))  # a 1 x 3 latent image: any 1 x 1 patch
+
+
+def test_the_latent_geometry_the_config_checks_is_the_vaes():
+    pytest.importorskip("torch")
+    from lerobot_cli.policies.fastwam import config
+    from lerobot_cli.policies.fastwam.vae import WAN22_VAE_ARCHITECTURE, tiny_wan_vae_config
+
+    for vae in (WAN22_VAE_ARCHITECTURE, tiny_wan_vae_config()):
+        assert vae["z_dim"] == config.WAN_VAE_LATENT_CHANNELS
+        assert vae["scale_factor_spatial"] == config.WAN_VAE_SPATIAL_FACTOR
+
+
 def feature(kind: str, *shape: int) -> PolicyFeature:
     return PolicyFeature(kind, shape)
 
@@ -403,10 +462,18 @@ def test_the_dataset_decides_the_action_and_state_shapes_checked_against_the_fla
     no_state.validate_features()
 
 
-def test_a_dataset_without_named_cameras_keeps_the_default_inputs_and_three_cameras_need_a_divisible_width():
-    # not named observation.images.*: LeRobot ignores it
+def test_a_dataset_without_named_cameras_is_refused_and_three_cameras_need_a_divisible_width():
+    """Not named observation.images.*: LeRobot ignores the image, keeps its synthetic camera and fails at
+    the first batch (a KeyError); here the dataset is refused in one line at start-up."""
     features = dataset_features({"observation.image": (64, 64)})
-    cfg = policy_config_for_dataset(FastWAMConfig(), features)
+    with pytest.raises(
+        UsageError,
+        match=r"^fastwam needs a camera, but the dataset has no observation.images.\* feature \(its "
+        r"observations: observation.image, observation.state\): .*use a dataset with a camera$",
+    ):
+        policy_config_for_dataset(FastWAMConfig(), features)
+    stacked = {**features, "video": {"dtype": "float32", "shape": [3, 5, 224, 448]}}
+    cfg = policy_config_for_dataset(FastWAMConfig(), stacked)  # LeRobot's pre-stacked video: read as is
     assert list(cfg.input_features) == ["observation.images.image", "observation.state"]
     three = dataset_features({f"observation.images.c{i}": (64, 64) for i in range(3)})
     with pytest.raises(
@@ -415,7 +482,7 @@ def test_a_dataset_without_named_cameras_keeps_the_default_inputs_and_three_came
         r"--policy.image_size needs 448",
     ):
         policy_config_for_dataset(FastWAMConfig(), three).validate_features()
-    policy_config_for_dataset(FastWAMConfig(image_size=(224, 432)), three).validate_features()
+    policy_config_for_dataset(FastWAMConfig(image_size=(224, 480)), three).validate_features()
 
 
 def test_config_json_holds_lerobots_fields_and_the_sidecar_the_extension(tmp_path):

@@ -71,7 +71,12 @@ DEFAULT_PROMPT_TEMPLATE = (
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
 VARIANTS = ("full", "tiny")  # full: LeRobot's frozen VAE and UMT5, loaded; tiny: built from config (tests)
 CAMERA_PREFIX = "observation.images."
+# The Wan2.2 VAE's latent channels and spatial downsampling (vae.py), whatever the variant: the video DiT must
+# read and write those latents.
+WAN_VAE_LATENT_CHANNELS = 48
+WAN_VAE_SPATIAL_FACTOR = 16
 OBS_STATE = "observation.state"
+VIDEO_KEY = "video"  # a batch may carry the stacked video itself (LeRobot's stack_video reads it first)
 ACTION = "action"
 
 
@@ -325,6 +330,7 @@ class FastWAMConfig(PolicyConfig):
             dit["use_gradient_checkpointing"] = bool(self.use_gradient_checkpointing)
         check_video_dit(video)
         check_action_dit(action, video, self.action_dim)
+        self._check_latents(video)
         object.__setattr__(self, "video_dit_config", video)
         object.__setattr__(self, "action_dit_config", action)
         if not self.input_features:
@@ -371,6 +377,34 @@ class FastWAMConfig(PolicyConfig):
                 f"downsampling), got {list(self.image_size)}"
             )
 
+    def _check_latents(self, video: dict[str, Any]) -> None:
+        """The video DiT against the Wan2.2 VAE it reads and writes (the same VAE at every ``variant``: 48
+        latent channels, 16x smaller images), here rather than when the VAE is built or at the first step.
+        """
+        for key, role in (("in_dim", "reads"), ("out_dim", "predicts")):
+            if video[key] != WAN_VAE_LATENT_CHANNELS:
+                raise ValueError(
+                    f"--policy.video_dit_config.{key} is {video[key]}, but the video DiT {role} the Wan2.2 "
+                    f"VAE's latents, which have {WAN_VAE_LATENT_CHANNELS} channels: set it to "
+                    f"{WAN_VAE_LATENT_CHANNELS}"
+                )
+        frames, height, width = video["patch_size"]
+        if frames != 1:
+            raise ValueError(
+                f"--policy.video_dit_config.patch_size {list(video['patch_size'])} patches {frames} latent "
+                "frames together; FastWAM gives every latent frame its own timestep and attention mask, "
+                "so the first entry must be 1"
+            )
+        latent = [side // WAN_VAE_SPATIAL_FACTOR for side in self.image_size]
+        if latent[0] % height or latent[1] % width:
+            raise ValueError(
+                f"--policy.video_dit_config.patch_size {list(video['patch_size'])} does not divide the "
+                f"latent image {latent[0]} x {latent[1]} (--policy.image_size {list(self.image_size)} over "
+                f"the Wan VAE's {WAN_VAE_SPATIAL_FACTOR}x downsampling): choose a patch height that divides "
+                f"{latent[0]} and a width that divides {latent[1]}, or an image size whose sixteenths they "
+                "divide"
+            )
+
     def _check_dicts(self) -> None:
         for name in ("video_scheduler", "action_scheduler"):
             value = getattr(self, name)
@@ -409,11 +443,12 @@ class FastWAMConfig(PolicyConfig):
 
     # -- the dataset ---------------------------------------------------------------------------------
     def fit_dataset(self, dataset_features: dict[str, dict]) -> FastWAMConfig:
-        """LeRobot's ``make_policy`` for FastWAM: the dataset's action as the output, and, when the dataset
-        has ``observation.images.*`` cameras, those (sorted) as the inputs, each ``image_size[1] / n`` wide,
-        plus ``observation.state`` when ``proprio_dim`` is set. The state keeps the dataset's width (LeRobot
-        writes ``proprio_dim`` whatever the data, then fails in the proprio encoder), so a mismatch is refused
-        by :meth:`validate_features` before any weight is built."""
+        """LeRobot's ``make_policy`` for FastWAM: the dataset's action as the output, and the dataset's
+        ``observation.images.*`` cameras (sorted) as the inputs, each ``image_size[1] / n`` wide, plus
+        ``observation.state`` when ``proprio_dim`` is set. A dataset without a camera (nor a stacked
+        ``video``) is refused: the policy would fail at its first batch. The state keeps the dataset's width
+        (LeRobot writes ``proprio_dim`` whatever the data, then fails in the proprio encoder), so a mismatch
+        is refused by :meth:`validate_features` before any weight is built."""
         from lerobot_cli.datasets.features import dataset_to_policy_features
 
         if not self.load_text_encoder and not {"context", "context_mask"} <= set(dataset_features):
@@ -434,8 +469,18 @@ class FastWAMConfig(PolicyConfig):
             for k, ft in dataset_features.items()
             if k.startswith(CAMERA_PREFIX) and ft.get("dtype") in ("video", "image")
         )
-        if not cameras:
+        if not cameras and VIDEO_KEY in dataset_features:  # LeRobot's pre-stacked video, read as it is
             return attrs.evolve(self, output_features=outputs)
+        if not cameras:
+            # LeRobot keeps its synthetic camera here and fails at the first batch (a KeyError)
+            from lerobot_cli.cli.errors import UsageError
+
+            observed = sorted(k for k in dataset_features if k.startswith("observation."))
+            raise UsageError(
+                f"fastwam needs a camera, but the dataset has no {CAMERA_PREFIX}* feature (its observations: "
+                f"{', '.join(observed) or 'none'}): FastWAM learns from and predicts the camera video; use a "
+                "dataset with a camera"
+            )
         height, width = self.image_size
         inputs = {k: PolicyFeature(FeatureType.VISUAL, (3, height, width // len(cameras))) for k in cameras}
         if self.proprio_dim is not None and OBS_STATE in features:
