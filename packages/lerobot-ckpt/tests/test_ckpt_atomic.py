@@ -258,3 +258,75 @@ def test_replacing_without_atomic_exchange(tmp_path, monkeypatch):
     )
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000001", "last"]
     assert _check_complete(tmp_path) == (1, 5)
+
+
+# --- no write goes through a name someone else planted (issue 31) ---
+
+
+def test_the_run_lock_is_never_written_through_a_planted_symlink(tmp_path):
+    from lerobot_ckpt import RunDirectoryError, RunLock
+    from lerobot_ckpt.layout import RUN_LOCK
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / RUN_LOCK).symlink_to(victim)
+    with pytest.raises(RunDirectoryError) as info:
+        RunLock.acquire(run_dir)
+    assert str(info.value).startswith(f"{run_dir / RUN_LOCK} is a symlink (to {victim}); the run lock")
+    assert "\n" not in str(info.value) and victim.read_text() == "precious"
+    (run_dir / RUN_LOCK).unlink()
+    os.mkfifo(run_dir / RUN_LOCK)  # not a regular file: refused, and the open does not hang
+    with pytest.raises(RunDirectoryError, match="is not a regular file"):
+        RunLock.acquire(run_dir)
+
+
+def test_json_and_safetensors_writers_create_exclusively(tmp_path):
+    """The writers every save and the converter use refuse an existing name (a symlink above all)
+    instead of writing through it; what replaces a file goes through a fresh mkstemp name."""
+    from lerobot_ckpt.commit.filesystem import replace_json, write_json
+    from lerobot_ckpt.safetensors.stream import SafetensorsPlan, SafetensorsStreamWriter
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "planted.json"
+    link.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        write_json(link, {"a": 1})
+    plan = SafetensorsPlan.build([("w", torch.float32, (2,))])
+    with pytest.raises(FileExistsError):
+        SafetensorsStreamWriter(link, plan)
+    with pytest.raises(CheckpointWriteError, match="is a symlink"):
+        replace_json(link, {"a": 1})
+    assert victim.read_text() == "precious" and link.is_symlink()
+    real = tmp_path / "record.json"
+    write_json(real, {"a": 1})
+    for pid in range(os.getpid() - 8, os.getpid() + 8):  # a fixed per-pid name would be written through
+        (tmp_path / f".record.json.tmp-{pid}").symlink_to(victim)
+    replace_json(real, {"a": 2})
+    assert real.read_text() == '{\n  "a": 2\n}\n' and victim.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.is_symlink()) == ["record.json", "victim.txt"]
+    with pytest.raises(ValueError, match="safetensors reserves that key"):
+        SafetensorsPlan.build([("__metadata__", torch.float32, (2,))])
+
+
+def test_a_save_never_writes_through_names_planted_in_checkpoints(tmp_path):
+    """A run directory someone sent (and a resume writes into) with symlinks under the staging and
+    `last` names this process will use: they are removed as leftovers, never followed."""
+    model, opt = _first_checkpoint(tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (ckpts / f".tmp-000002-{os.getpid()}").symlink_to(outside)
+    (ckpts / f".last-tmp-{os.getpid()}").symlink_to(outside / "keep.txt")
+    save_checkpoint(
+        tmp_path,
+        2,
+        run=RUN,
+        objects=TrainingObjects(model=model, optimizer=opt),
+        sampler_state={"save_index": 1},
+    )
+    assert sorted(os.listdir(ckpts)) == ["000001", "000002", "last"]
+    assert os.listdir(outside) == ["keep.txt"] and (outside / "keep.txt").read_text() == "keep"

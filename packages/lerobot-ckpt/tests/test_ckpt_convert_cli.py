@@ -404,14 +404,28 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
 
 
-def test_a_file_size_limit_is_one_line_and_leaves_nothing_half_written(tmp_path):
-    """``ulimit -f``: the same path a full disk takes (the kernel refuses the write). SIGXFSZ keeps its
-    default action in the child, so the script itself must keep the limit from killing it silently."""
+NO_FALLOCATE = r"""
+import errno, os, sys
+def unsupported(*args):
+    raise OSError(errno.EOPNOTSUPP, "not supported")
+os.posix_fallocate = unsupported  # a file system without it: the file grows by ftruncate and pwrite
+from lerobot_ckpt.convert.cli import entry_point
+sys.argv[0] = "lerobot-convert-dcp"
+entry_point()
+"""
+
+
+@pytest.mark.parametrize("fallocate", [True, False], ids=["fallocate", "no-fallocate"])
+def test_a_file_size_limit_is_one_line_and_leaves_nothing_half_written(tmp_path, fallocate):
+    """``ulimit -f``: the same path a full disk takes (the kernel refuses the write): one line naming
+    the file, whether the space is reserved by fallocate or the file grows by ftruncate. (CPython
+    ignores SIGXFSZ at start-up, so the limit gives EFBIG rather than killing the script.)"""
     step = make_checkpoint(tmp_path, {"w": torch.ones(64, 256)})  # 64 KiB > the 16 KiB limit
     pm = step / "pretrained_model"
     before = _names(pm)
+    command = [SCRIPT] if fallocate else [sys.executable, "-c", NO_FALLOCATE]
     proc = subprocess.run(
-        [SCRIPT, f"--checkpoint_dir={step}"],
+        [*command, f"--checkpoint_dir={step}"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,7 +8,10 @@ time, which the lock file records.
 
 The kernel drops a ``flock`` when its process dies, however it dies, so a crashed run never blocks
 the next one; what it leaves is a lock file whose holder record was never cleared, which the next
-run reports as a stale lock (who held it, since when) and takes over. Torch-free.
+run reports as a stale lock (who held it, since when) and takes over. The lock file is opened
+with ``O_NOFOLLOW`` and must be a regular file: a run directory someone else wrote (a run one was
+sent and resumes) may hold a symlink there, and the holder record would be written through it.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Self
@@ -86,6 +90,31 @@ def _denied(directory: Path, exc: OSError) -> RunDirectoryError:
     )
 
 
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_lock_file(path: Path, directory: Path) -> int:
+    """The lock file, created if missing, never through a symlink and only if it is a regular file
+    (``O_NONBLOCK``: a FIFO planted there must not hang the open)."""
+    try:
+        fd = os.open(path, _LOCK_FLAGS | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or path.is_symlink():
+            raise RunDirectoryError(
+                f"{path} is a symlink (to {os.readlink(path)}); the run lock is never written through a "
+                "symlink: remove it (it is not a file a run writes) or choose another output directory"
+            ) from None
+        raise _denied(directory, exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunDirectoryError(
+            f"{path} is not a regular file; the run lock cannot be taken: remove it or choose another "
+            "output directory"
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
 @define
 class RunLock:
     """The held lock; :meth:`release` (or leaving the ``with`` block) gives it up."""
@@ -119,10 +148,7 @@ class RunLock:
             raise RunDirectoryError(f"{directory} cannot be used as the run directory: it is not writable")
         path = directory / RUN_LOCK
         while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                raise _denied(directory, exc) from None
+            fd = _open_lock_file(path, directory)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:

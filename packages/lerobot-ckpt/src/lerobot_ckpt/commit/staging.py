@@ -3,7 +3,9 @@
 Order is what makes a kill harmless at any instant:
 
 1. leftovers of earlier interrupted saves are removed (never the directory ``last`` points to);
-2. everything is written into ``checkpoints/.tmp-<step>-<pid>/`` (invisible to readers);
+2. everything is written into ``checkpoints/.tmp-<step>-<pid>/`` (invisible to readers), a
+   directory this process has just created with ``mkdir`` (never an existing one, never through a
+   symlink), so nobody else's file can be waiting under a name the writers create there;
 3. the staged tree is fsynced, then renamed to ``<step>`` (or atomically exchanged with an existing
    ``<step>`` when a resumed run saves the same step again), and ``checkpoints/`` is fsynced;
 4. ``last`` is re-pointed by renaming a fresh symlink over it.
@@ -68,8 +70,9 @@ class StagedCheckpoint:
         staging = checkpoints / staging_dir_name(step, os.getpid())
         if staging.exists() or staging.is_symlink():
             remove_quietly(staging)
+        staging.mkdir()  # ours alone: mkdir never follows or reuses a name (a planted symlink fails here)
         paths = CheckpointPaths(staging)
-        paths.pretrained_model.mkdir(parents=True)
+        paths.pretrained_model.mkdir()
         paths.training_state.mkdir()
         return cls(checkpoints=checkpoints, step=step, staging=staging)
 

@@ -13,7 +13,6 @@ for a ``--dtype`` cast and for the rare chunk only ``torch.load`` can decode.
 from __future__ import annotations
 
 import difflib
-import signal
 import sys
 import time
 from pathlib import Path
@@ -263,16 +262,7 @@ def run(args: ConvertArgs) -> int:
     return 0
 
 
-def _no_kill_on_file_size_limit() -> None:
-    """A file-size limit (``ulimit -f``) kills a process with SIGXFSZ by default, without a word;
-    ignored, the write fails with EFBIG instead and the user gets the one line that names the file."""
-    if hasattr(signal, "SIGXFSZ"):
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the console script (in-process callers keep their own signal handling)
-        _no_kill_on_file_size_limit()
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(HELP, end="")
