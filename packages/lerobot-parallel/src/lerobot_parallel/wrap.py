@@ -127,9 +127,13 @@ def wrap_model(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan) -
     if plan.mode == "single":
         return WrappedModel(model=model, plan=plan, runtime=runtime)
     ddp = plan.ddp
+    # device_ids=None on every device (torch's documented choice for a single-device module as well): with
+    # device_ids, DDP's forward copies every input tensor to that device itself, so the per-sample host
+    # values the loop's placement leaves on the host (lerobot_trainloop.batch.HOST_KEYS) would be uploaded
+    # and read back with a sync every step. The caller places its batches (TrainLoop does).
     wrapped = DistributedDataParallel(
         model,
-        device_ids=[runtime.device.index] if runtime.device.type != "cpu" else None,
+        device_ids=None,
         process_group=runtime.dp_group,
         find_unused_parameters=ddp.find_unused_parameters,
         # torch 2.15 deprecates broadcast_buffers in favour of forward_sync_buffers (same per-forward sync)

@@ -2,6 +2,10 @@
 
 Batches are whatever the collate function made (dicts of tensors for LeRobot datasets,
 tuples for tensor datasets); these helpers walk the structure instead of assuming one.
+
+Which keys stay in host memory is declared here once (:data:`HOST_KEYS`): the loop's placement
+(:func:`move_to_device`, in ``TrainLoop.train_step`` and ``evaluate``) leaves them where they are, and a
+pre-processor that places batches earlier (lerobot-cli's ``DeviceStep``) reads the same set.
 """
 
 from __future__ import annotations
@@ -11,9 +15,15 @@ from typing import Any
 
 import torch
 
+# Per-sample host values: a mapping batch's entries under these keys are never moved to the device. The
+# dataset ``index`` seeds pi0's, diffusion's and FastWAM's per-sample draws, which those policies make on
+# the host (``index.tolist()``): a device copy would cost an upload and a blocking read back every step.
+HOST_KEYS: frozenset[str] = frozenset({"index"})
 
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors in ``batch`` moved to ``device``; other leaves (strings, ints) unchanged.
+
+def move_to_device(batch: Any, device: torch.device, host_keys: frozenset[str] = HOST_KEYS) -> Any:
+    """Tensors in ``batch`` moved to ``device``; other leaves (strings, ints) unchanged, and so are a
+    mapping's values under ``host_keys`` (at any depth).
 
     ``non_blocking`` for accelerators: a pinned host tensor then copies asynchronously, and an
     unpinned one is copied synchronously anyway, so it is always safe.
@@ -22,12 +32,12 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
-        moved = {k: move_to_device(v, device) for k, v in batch.items()}
+        moved = {k: v if k in host_keys else move_to_device(v, device, host_keys) for k, v in batch.items()}
         return moved if type(batch) is dict else type(batch)(moved)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(v, device) for v in batch))
+        return type(batch)(*(move_to_device(v, device, host_keys) for v in batch))
     if isinstance(batch, list | tuple):
-        return type(batch)(move_to_device(v, device) for v in batch)
+        return type(batch)(move_to_device(v, device, host_keys) for v in batch)
     return batch
 
 

@@ -229,3 +229,67 @@ class HostSyncCounter:
     def syncs(self, label: object = None, *, any_label: bool = False) -> list[str]:
         """Names of the blocking events (reads and blocking collectives) under ``label``."""
         return [name for kind, name, lab in self.events if kind != "async" and (any_label or lab == label)]
+
+
+# -- recording device placement -------------------------------------------------------------------------
+def _upload_target(t: torch.Tensor, args: tuple, kwargs: dict) -> torch.device | None:
+    """The device ``t.to(*args, **kwargs)`` places a host tensor on, or None when it is no upload: a
+    non-CPU source, a dtype-only cast, or the host named as a string (``"cpu"``). As in
+    :func:`_to_host`, a ``torch.device`` object stands for the run's device, so ``t.to(runtime.device)``
+    is an upload even on a CPU run (where it returns ``t`` itself)."""
+    if t.device.type != "cpu":
+        return None
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, torch.Tensor):
+        target = target.device
+    if isinstance(target, str):
+        target = torch.device(target)
+        return None if target.type == "cpu" else target
+    return target if isinstance(target, torch.device) else None
+
+
+class UploadRecorder:
+    """Records every host tensor placed on a device while active (``Tensor.to`` with a device, see
+    :func:`_upload_target`, and ``Tensor.cuda``), each as ``(source tensor, target, label)``.
+
+    A CPU test cannot see an upload's cost, but it sees the call that on an accelerator copies: a test
+    names a tensor (a batch's ``index`` as the model received it) and :meth:`uploads_of` says how often
+    it was placed. The sources are held (identity, not ``id``), so use it on short runs, in one thread.
+    """
+
+    def __init__(self, label=lambda: None) -> None:
+        self.label = label
+        self.events: list[tuple[torch.Tensor, torch.device, object]] = []
+        self._undo: list[tuple[str, object, bool]] = []
+
+    def __enter__(self) -> Self:
+        real_to, real_cuda = torch.Tensor.to, torch.Tensor.cuda
+        self._undo = [
+            (name, getattr(torch.Tensor, name), name in vars(torch.Tensor)) for name in ("to", "cuda")
+        ]
+
+        def to(t, *args, **kwargs):
+            target = _upload_target(t, args, kwargs)
+            if target is not None:
+                self.events.append((t, target, self.label()))
+            return real_to(t, *args, **kwargs)
+
+        def cuda(t, device=None, *args, **kwargs):
+            if t.device.type == "cpu":
+                self.events.append((t, torch.device("cuda" if device is None else device), self.label()))
+            return real_cuda(t, device, *args, **kwargs)
+
+        torch.Tensor.to, torch.Tensor.cuda = to, cuda
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, real, own in self._undo:
+            if own:  # another recorder's patch (a HostSyncCounter entered first): put it back
+                setattr(torch.Tensor, name, real)
+            else:  # inherited from torch's C base class: drop the override
+                delattr(torch.Tensor, name)
+        self._undo.clear()
+
+    def uploads_of(self, tensor: torch.Tensor, label: object = None, *, any_label: bool = False) -> int:
+        """How many times ``tensor`` itself (this object) was placed on a device under ``label``."""
+        return sum(src is tensor and (any_label or lab == label) for src, _, lab in self.events)

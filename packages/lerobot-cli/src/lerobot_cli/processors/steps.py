@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
+from lerobot_trainloop.batch import HOST_KEYS
 from torch import Tensor
 
 Batch = dict[str, Any]
@@ -120,12 +121,14 @@ class DeviceStep(ProcessorStep):
     A bare ``"cuda"`` means this process's current CUDA device, and a tensor already on a GPU stays
     there: with one process per GPU, the same saved pipeline must serve every rank.
 
-    The sample's dataset ``index`` stays in host memory: policies read it on the host (pi0's and
-    diffusion's per-sample noise seeds), and reading a device copy back would stall every step.
+    The per-sample host values (``lerobot_trainloop.batch.HOST_KEYS``: the dataset ``index``) stay in
+    host memory: policies read them on the host (pi0's, diffusion's and FastWAM's per-sample draws), and
+    reading a device copy back would stall every step. The train loop's placement owns that set; this
+    step places the rest early so that the normaliser after it runs on the device.
     """
 
     registry_name: ClassVar[str] = "device_processor"
-    host_keys: ClassVar[frozenset[str]] = frozenset({"index"})
+    host_keys: ClassVar[frozenset[str]] = HOST_KEYS
 
     def __init__(self, device: str = "cpu", float_dtype: str | None = None) -> None:
         if float_dtype is not None and float_dtype not in _FLOAT_DTYPES:

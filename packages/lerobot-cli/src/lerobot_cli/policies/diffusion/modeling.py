@@ -217,7 +217,7 @@ class DiffusionPolicy(nn.Module):
                 torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
                 noises.append(torch.randn((1, *actions.shape[1:])))
                 steps.append(torch.randint(0, self.config.num_train_timesteps, (1,)))
-        # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
+        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
         return (
             torch.cat(noises).to(actions.device, non_blocking=True),
             torch.cat(steps).to(actions.device, non_blocking=True),

@@ -328,7 +328,7 @@ class FastWAMPolicy(nn.Module):
                 draws[1].append(self.video_schedule.sample_timesteps(1, "cpu", latents.dtype))
                 draws[2].append(torch.randn((1, *action.shape[1:]), dtype=action.dtype))
                 draws[3].append(self.action_schedule.sample_timesteps(1, "cpu", action.dtype))
-        # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
+        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
         noise_video, timestep_video, noise_action, timestep_action = (
             torch.cat(d).to(latents.device, non_blocking=True) for d in draws
         )

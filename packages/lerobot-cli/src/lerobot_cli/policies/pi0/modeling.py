@@ -223,7 +223,7 @@ class PI0Policy(nn.Module):
                 torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
                 noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
                 times.append(self.model.sample_time(1, torch.device("cpu")))
-        # index came in host memory (DeviceStep.host_keys): drawn on the host, copied without a device sync
+        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
         return (
             torch.cat(noises).to(actions.device, non_blocking=True),
             torch.cat(times).to(actions.device, non_blocking=True),
