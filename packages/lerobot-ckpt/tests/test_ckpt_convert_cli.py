@@ -469,3 +469,16 @@ def test_flags_also_parse_as_flag_space_value():
     # a boolean takes only a boolean word from the next token: a path after it is still an error
     with pytest.raises(Exception, match="unexpected argument 'a/b'"):
         parse_args(["--delete_dcp", "a/b"])
+
+
+def test_push_to_hub_refuses_a_symlinked_file_before_converting(tmp_path, fake_hub, capsys):
+    """config.json -> a private file elsewhere: it would be published under the checkpoint's name."""
+    step = make_checkpoint(tmp_path / "ckpt")
+    pm = step / "pretrained_model"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    (pm / "config.json").unlink()
+    (pm / "config.json").symlink_to(secret)
+    assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy"]) == 2
+    _one_line(capsys, f"{pm / 'config.json'} is a symlink (to {secret})", "nothing was uploaded")
+    assert fake_hub == [] and not (pm / "model.safetensors").exists()

@@ -215,9 +215,11 @@ def release_freed_tensors_to_the_os(threshold: int = 1 << 20) -> bool:
 
 
 def run(args: ConvertArgs) -> int:
-    from lerobot_ckpt.convert.hub import push_to_hub
+    from lerobot_ckpt.convert.hub import push_to_hub, refuse_linked_files
     from lerobot_ckpt.convert.merge import convert_dcp, locate
 
+    if args.push_to_hub:  # refused before the conversion writes anything
+        refuse_linked_files(locate(args.checkpoint_dir).pretrained)
     release_freed_tensors_to_the_os()
     bar = _Bar() if sys.stderr.isatty() else _Lines()
     try:

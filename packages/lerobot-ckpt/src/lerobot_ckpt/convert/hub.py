@@ -3,15 +3,18 @@
 The files are chosen by name from the checkpoint layout (an allow-list, not "everything but the
 shards"), so nothing a user dropped next to them, no temporary file and no shard is uploaded. They
 go up in one commit through ``HfApi.create_commit``; a model card is added when the directory has
-none (the directory itself is not modified).
+none (the directory itself is not modified). A publishable name that is a symlink is refused in
+one line, before the conversion writes anything: a checkpoint someone sent could otherwise make the
+upload publish any file on the disk under ``config.json``.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
 from pathlib import Path
 
-from lerobot_ckpt.errors import MissingCheckpointFileError
+from lerobot_ckpt.errors import MissingCheckpointFileError, UnsafeCheckpointError
 from lerobot_ckpt.layout import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -42,15 +45,28 @@ UPLOADED_NAMES = (
 UPLOADED_GLOBS = (PREPROCESSOR_STATE_GLOB, POSTPROCESSOR_STATE_GLOB)
 
 
+def _publishable(name: str) -> bool:
+    return not name.startswith(".") and (
+        name in UPLOADED_NAMES or any(fnmatch.fnmatchcase(name, g) for g in UPLOADED_GLOBS)
+    )
+
+
+def refuse_linked_files(pretrained: Path) -> None:
+    """One line when a file that would be published is a symlink: what goes up must be the
+    checkpoint's own file, never one it points at (called before a conversion writes anything)."""
+    for p in sorted(pretrained.iterdir()):
+        if _publishable(p.name) and p.is_symlink():
+            raise UnsafeCheckpointError(
+                f"{p} is a symlink (to {os.readlink(p)}); --push_to_hub uploads only the checkpoint's own "
+                "files, never what a symlink points at: replace it with the file itself (nothing was "
+                "uploaded)"
+            )
+
+
 def files_to_upload(pretrained: Path) -> list[Path]:
     """Top-level files of ``pretrained`` that belong on the Hub, sorted; weights must be among them."""
-    chosen = sorted(
-        p
-        for p in pretrained.iterdir()
-        if p.is_file()
-        and not p.name.startswith(".")
-        and (p.name in UPLOADED_NAMES or any(fnmatch.fnmatchcase(p.name, g) for g in UPLOADED_GLOBS))
-    )
+    refuse_linked_files(pretrained)
+    chosen = sorted(p for p in pretrained.iterdir() if _publishable(p.name) and p.is_file())
     if not any(p.name in (MODEL_WEIGHTS, ADAPTER_WEIGHTS) for p in chosen):
         raise MissingCheckpointFileError(pretrained / MODEL_WEIGHTS, "nothing to publish without weights")
     return chosen
