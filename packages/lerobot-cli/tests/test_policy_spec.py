@@ -52,6 +52,46 @@ def test_a_config_without_a_spec_is_refused_at_registration():
         registry.spec_of(NoSpec())
 
 
+_PLUGIN = """
+from typing import ClassVar
+
+from attrs import define
+from lerobot_cli.policies import PolicyConfig
+from lerobot_cli.policies.mlp.config import MLPConfig
+
+
+@define(frozen=True, kw_only=True)
+class NoSpecPlugin(PolicyConfig):
+    type: ClassVar[str] = "no_spec_plugin"
+
+
+@define(frozen=True, kw_only=True)
+class WithSpecPlugin(PolicyConfig):
+    type: ClassVar[str] = "with_spec_plugin"
+    spec = MLPConfig.spec
+"""
+
+
+def test_a_plugin_config_without_a_spec_is_refused_at_lookup(tmp_path, monkeypatch):
+    """An entry point (or built-in) names its config class: ``config_class`` imports it and refuses one
+    without a spec there, before a run reads the missing model class halfway in."""
+    (tmp_path / "spec_plugin_test.py").write_text(_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    targets = {
+        "no_spec_plugin": "spec_plugin_test:NoSpecPlugin",
+        "with_spec_plugin": "spec_plugin_test:WithSpecPlugin",
+    }
+    monkeypatch.setattr(registry, "_plugin_targets", lambda: targets)
+    with pytest.raises(registry.UnknownPolicyError) as err:
+        registry.config_class("no_spec_plugin")
+    assert str(err.value) == (
+        "--policy.type=no_spec_plugin: spec_plugin_test:NoSpecPlugin sets no `spec` (a PolicySpec): the "
+        "runner reads the policy's model class, wrap units and needs from it"
+    )
+    # the same path accepts the class once it carries a spec
+    assert registry.config_class("with_spec_plugin").spec is registry.config_class("mlp").spec
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
