@@ -31,13 +31,14 @@ from lerobot_ckpt import (
 )
 from lerobot_ckpt.dcp.index import OPTIMIZER_KEY
 from lerobot_ckpt.dcp.save_load import load_dcp
+from lerobot_ckpt.paths import UnsafePathError
 from lerobot_ckpt.state import rng
 from lerobot_ckpt.state.record import Artifacts, TrainingStepRecord, write_record
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from crafted import Exploit, exploit_metadata, exploit_record, replace_record
+from crafted import Exploit, edit_metadata, exploit_metadata, exploit_record, replace_record, set_storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -166,6 +167,34 @@ def test_the_load_itself_runs_no_code_even_without_the_checks(step, marker):
     with pytest.raises(UnsupportedCheckpointError, match=r"pytorch_model_fsdp_0/\.metadata: .*posix\.system"):
         load_dcp(model_dir, "model", get_model_state_dict(model), collective=False)
     assert not marker.exists()
+
+
+def _point_outside(step: Path, where: str, theirs: Path, how: str) -> None:
+    """``step/where``'s chunks read from ``theirs/where``: by an absolute relative_path (with no shard
+    file left in ``step``) or by symlinked shard files."""
+    if how == "absolute path":
+        outside = theirs / where
+        edit_metadata(step / where, lambda m: set_storage(m, "relative_path", lambda p: str(outside / p)))
+        for shard in (step / where).glob("*.distcp"):
+            shard.unlink()
+    else:
+        for shard in (step / where).glob("*.distcp"):
+            shard.unlink()
+            shard.symlink_to(theirs / where / shard.name)
+
+
+@pytest.mark.parametrize("how", ["absolute path", "symlinked shard"])
+@pytest.mark.parametrize("where", ["pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0"])
+def test_a_shard_outside_the_checkpoint_is_refused_on_resume(tmp_path, how, where):
+    """A resume used to load another checkpoint's weights (or optimizer state) this way and train from
+    them; now one line names the directory's ``.metadata`` and the entry, and nothing changes."""
+    step, theirs = tmp_path / "ours" / "000002", tmp_path / "theirs" / "000002"
+    _save(step)
+    _save(theirs)
+    _point_outside(step, where, theirs, how)
+    why = "is an absolute path" if how == "absolute path" else "is a symlink"
+    message = _refused_unchanged(step, UnsafePathError, why)
+    assert f"{step / where / '.metadata'}: the relative_path of " in message
 
 
 def test_a_non_tensor_model_entry_is_refused(tmp_path):

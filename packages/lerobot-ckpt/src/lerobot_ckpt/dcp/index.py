@@ -36,6 +36,7 @@ from lerobot_ckpt.errors import (
     MissingCheckpointFileError,
     UnsupportedCheckpointError,
 )
+from lerobot_ckpt.paths import UnsafePathError, check_name, open_inside, resolve_inside
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +58,67 @@ def _dotted(path: PathKey) -> str:
 def _read_at(f, offset: int, n: int = 4) -> bytes:
     f.seek(offset)
     return f.read(n)
+
+
+def _path_entry(fqn: object) -> str:
+    """How :class:`~lerobot_ckpt.paths.UnsafePathError` names a storage entry's file name."""
+    return f"the relative_path of {str(fqn)[:120]}"
+
+
+def _byte_count(value: object, what: str, fqn: object, meta_path: Path) -> int:
+    """A storage entry's byte offset or length as a non-negative int, or one line saying it is not."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CorruptCheckpointError(
+            meta_path, f"the record of {fqn} has the byte {what} {value!r}, which is not an integer"
+        )
+    if value < 0:
+        raise CorruptCheckpointError(
+            meta_path,
+            f"the record of {fqn} has a bad byte {what}: {value} is negative, where a record starts at or "
+            "after byte 0 of its shard file; the metadata was edited or damaged after the save",
+        )
+    return value
+
+
+def check_storage(metadata: Any, meta_path: Path) -> dict[tuple[str, tuple[int, ...] | None], Any]:
+    """``metadata.storage_data`` keyed by ``(fqn, chunk offset)``, every entry checked before any shard
+    byte is read: its ``relative_path`` a plain relative name inside the directory
+    (:func:`lerobot_ckpt.paths.check_name`: no absolute path, no ``..``, no NUL), its byte offset and
+    length non-negative integers, and no chunk stored twice (a pickled dict may repeat a key, so
+    which record was read would depend on the reader).
+
+    Shared by :class:`DcpIndex` (every torch-free read) and the torch-side
+    :class:`~lerobot_ckpt.dcp.safe_reader.SafeReader`, so both follow the same rule."""
+    storage: dict[tuple[str, tuple[int, ...] | None], Any] = {}
+    for index, info in (metadata.storage_data or {}).items():
+        fqn = index.fqn
+        key = (fqn, None if index.offset is None else tuple(index.offset))
+        if key in storage:
+            raise CorruptCheckpointError(
+                meta_path,
+                f"the chunk of {fqn} at {key[1]} has two storage entries; a save writes one per chunk, "
+                "so the metadata was edited after the save",
+            )
+        check_name(info.relative_path, named_by=meta_path, entry=_path_entry(fqn))
+        _byte_count(info.offset, "offset", fqn, meta_path)
+        _byte_count(info.length, "length", fqn, meta_path)
+        storage[key] = info
+    return storage
+
+
+def _check_chunk(
+    key: str, offsets: tuple[int, ...], sizes: tuple[int, ...], shape: tuple[int, ...], meta_path: Path
+) -> None:
+    """A chunk's place lies inside its tensor (a negative or out-of-range one would make the
+    assembly write outside the tensor or read rows that are not there)."""
+    if not (len(offsets) == len(sizes) == len(shape)) or any(
+        o < 0 or s < 0 or o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)
+    ):
+        raise CorruptCheckpointError(
+            meta_path,
+            f"a chunk of {key} claims offsets {offsets} and sizes {sizes}, which do not lie inside "
+            f"its shape {shape}; the metadata was edited or damaged after the save",
+        )
 
 
 @define(frozen=True)
@@ -129,11 +191,9 @@ class DcpIndex:
         """The index of a ``Metadata``: the stand-in :func:`load_metadata` returns, or torch's own
         (attribute names are the same; both are read by name, never imported here)."""
         directory = Path(directory)
+        meta_path = directory / METADATA_FILE
         planner = metadata.planner_data or {}
-        storage = {
-            (index.fqn, None if index.offset is None else tuple(index.offset)): info
-            for index, info in (metadata.storage_data or {}).items()
-        }
+        storage = check_storage(metadata, meta_path)
         tensors, others, other_records = [], [], []
         for key, entry in (metadata.state_dict_metadata or {}).items():
             path = tuple(planner.get(key, (key,)))
@@ -148,8 +208,13 @@ class DcpIndex:
                     )
                 continue
             chunks = []
+            shape = tuple(int(d) for d in entry.size)
+            if any(d < 0 for d in shape):
+                raise CorruptCheckpointError(meta_path, f"{key} has the negative shape {shape}")
             for chunk in entry.chunks:
-                info = storage.get((key, tuple(chunk.offsets)))
+                offsets, sizes = tuple(int(o) for o in chunk.offsets), tuple(int(d) for d in chunk.sizes)
+                _check_chunk(key, offsets, sizes, shape, meta_path)
+                info = storage.get((key, offsets))
                 if info is None:
                     raise CorruptCheckpointError(
                         directory / METADATA_FILE, f"no storage entry for a chunk of {key}"
@@ -161,19 +226,13 @@ class DcpIndex:
                         "which lerobot-ckpt does not read"
                     )
                 chunks.append(
-                    StoredChunk(
-                        tuple(int(o) for o in chunk.offsets),
-                        tuple(int(d) for d in chunk.sizes),
-                        str(info.relative_path),
-                        int(info.offset),
-                        int(info.length),
-                    )
+                    StoredChunk(offsets, sizes, str(info.relative_path), int(info.offset), int(info.length))
                 )
             try:
                 dtype = dtype_of(entry.properties.dtype)
             except TypeError as exc:
                 raise CorruptCheckpointError(directory / METADATA_FILE, f"{key}: {exc}") from None
-            tensors.append(StoredTensor(path, dtype, tuple(int(d) for d in entry.size), tuple(chunks)))
+            tensors.append(StoredTensor(path, dtype, shape, tuple(chunks)))
         return cls(directory, tuple(tensors), tuple(others), tuple(other_records))
 
     def under(self, prefix: str) -> dict[str, StoredTensor]:
@@ -190,19 +249,48 @@ class DcpIndex:
     def prefixes(self) -> set[str]:
         return {str(t.path[0]) for t in self.tensors} | {str(p[0]) for p in self.other_paths}
 
-    def file_problems(self) -> list[str]:
-        """Shard files that are missing or shorter than the metadata says, each named."""
-        needed: dict[str, int] = {}
+    @property
+    def metadata_path(self) -> Path:
+        return self.directory / METADATA_FILE
+
+    def open_shard(self, name: str, where: str, *, buffering: int = -1) -> io.BufferedIOBase:
+        """Shard file ``name`` (a ``relative_path`` of the metadata, read for the entry ``where``)
+        opened under the one rule for names read from files (:func:`lerobot_ckpt.paths.open_inside`):
+        a regular file inside this directory, reached without a symlink, opened without following one."""
+        return open_inside(
+            self.directory, name, named_by=self.metadata_path, entry=_path_entry(where), buffering=buffering
+        )
+
+    def records_by_file(self) -> dict[str, list[tuple[str, StoredChunk, PathKey | None]]]:
+        """Every stored record by shard file: ``(dotted entry, chunk, path of a non-tensor entry)``."""
+        by_file: dict[str, list[tuple[str, StoredChunk, PathKey | None]]] = {}
         for t in self.tensors:
             for c in t.chunks:
-                needed[c.file] = max(needed.get(c.file, 0), c.start + c.length)
+                by_file.setdefault(c.file, []).append((_dotted(t.path), c, None))
+        for path, c in self.other_records:
+            by_file.setdefault(c.file, []).append((_dotted(path), c, path))
+        return by_file
+
+    def file_problems(self) -> list[str]:
+        """Shard files that are missing or shorter than the metadata says, each named.
+
+        Raises :class:`~lerobot_ckpt.paths.UnsafePathError` for a name that exists but is not a
+        regular file inside the directory (a symlink to another checkpoint's shard, a directory, a
+        FIFO): that is refused, not reported as missing."""
         problems = []
-        for name in sorted(needed):
-            path = self.directory / name
-            if not path.is_file():
+        for name, records in sorted(self.records_by_file().items()):
+            needed = max(c.start + c.length for _, c, _ in records)
+            try:
+                path = resolve_inside(
+                    self.directory, name, named_by=self.metadata_path, entry=_path_entry(records[0][0])
+                )
+            except UnsafePathError:
+                if os.path.lexists(self.directory / name):
+                    raise
                 problems.append(f"{name} is missing")
-            elif (size := path.stat().st_size) < needed[name]:
-                problems.append(f"{name} is truncated ({size} bytes, the metadata needs ≥ {needed[name]})")
+                continue
+            if (size := os.lstat(path).st_size) < needed:
+                problems.append(f"{name} is truncated ({size} bytes, the metadata needs ≥ {needed})")
         return problems
 
     def check_files(self) -> None:
@@ -221,16 +309,10 @@ class DcpIndex:
         a record's payload is not seen here (DCP stores no checksums); torch reports it while reading.
         Run :meth:`check_files` first: the ranges read here must exist.
         """
-        by_file: dict[str, list[tuple[str, StoredChunk]]] = {}
-        for t in self.tensors:
-            for c in t.chunks:
-                by_file.setdefault(c.file, []).append((_dotted(t.path), c))
-        for path, c in self.other_records:
-            by_file.setdefault(c.file, []).append((_dotted(path), c))
         problems = []
-        for name in sorted(by_file):
-            with open(self.directory / name, "rb") as f:
-                for where, c in sorted(by_file[name], key=lambda item: item[1].start):
+        for name, records in sorted(self.records_by_file().items()):
+            with self.open_shard(name, records[0][0]) as f:
+                for where, c, _ in sorted(records, key=lambda item: item[1].start):
                     if (
                         c.length < _RECORD_MIN
                         or _read_at(f, c.start) != _ZIP_HEAD
@@ -307,10 +389,17 @@ class ChunkReader:
             self._raw, self._name = None, None
 
     def raw(self, chunk: StoredChunk) -> io.RawIOBase:
-        """The open shard file holding ``chunk`` (the previous one is closed)."""
+        """The open shard file holding ``chunk`` (the previous one is closed), opened under the rule
+        for names read from files (see :meth:`DcpIndex.open_shard`)."""
         if self._name != chunk.file:
             self.close()
-            self._raw = open(self.directory / chunk.file, "rb", buffering=0)  # noqa: SIM115 - kept open across calls
+            self._raw = open_inside(  # kept open across calls
+                self.directory,
+                chunk.file,
+                named_by=self.directory / METADATA_FILE,
+                entry="a relative_path",
+                buffering=0,
+            )
             self._name = chunk.file
         return self._raw
 

@@ -22,6 +22,7 @@ alike, which is how the tests check both parses agree on real checkpoints.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from collections import OrderedDict
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -29,6 +30,7 @@ from typing import Any
 
 from lerobot_ckpt._dtypes import by_name
 from lerobot_ckpt.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from lerobot_ckpt.paths import UnsafePathError, open_inside
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _OLD_DCP = "torch.distributed._shard.sharded_tensor.metadata"  # TensorProperties' home before torch 2.2
@@ -181,9 +183,18 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def load_metadata(path: Path) -> Metadata:
     """The stand-in ``Metadata`` of a ``.metadata`` file; :class:`CorruptCheckpointError` when it is
-    not one, :class:`UnsupportedCheckpointError` when it names a class this reader does not know."""
+    not one, :class:`UnsupportedCheckpointError` when it names a class this reader does not know.
+
+    The file must be a regular file of its directory (:func:`lerobot_ckpt.paths.open_inside`): a
+    ``.metadata`` symlinked to another checkpoint's is refused, not followed."""
+    path = Path(path)
     try:
-        data = Path(path).read_bytes()
+        with open_inside(path.parent, path.name, named_by=path.parent, entry="its DCP metadata file") as f:
+            data = f.read()
+    except UnsafePathError:
+        if os.path.lexists(path):
+            raise
+        raise CorruptCheckpointError(path, "cannot read DCP metadata: the file does not exist") from None
     except OSError as exc:
         raise CorruptCheckpointError(path, f"cannot read DCP metadata: {exc}") from None
     return parse_metadata(data, path)

@@ -107,16 +107,14 @@ def load_dcp(directory: Path, key: str, targets: dict[str, Any], *, collective: 
     """
     load_metadata(directory / METADATA_FILE)  # a refusal in our words (DCP would bury it in its own)
     holder = {key: targets}
+    reader = SafeReader(directory)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(
-                holder,
-                storage_reader=SafeReader(directory),
-                planner=SafePlanner(directory),
-                no_dist=not collective,
-            )
+            dcp.load(holder, storage_reader=reader, planner=SafePlanner(directory), no_dist=not collective)
         except CheckpointException as exc:
+            if reader.refusal is not None:  # torch reports it as "metadata is None": say why instead
+                raise reader.refusal from None
             raise _translate_read(exc, directory) from None
     if holder[key] is not targets:  # DCP replaces non-tensor leaves; keep the caller's dict current
         targets.clear()

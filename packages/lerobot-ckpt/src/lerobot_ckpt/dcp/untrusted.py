@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from lerobot_ckpt.dcp.index import DcpIndex, PathKey, StoredChunk, _dotted, _Window
+from lerobot_ckpt.dcp.index import DcpIndex, PathKey, _Window
 from lerobot_ckpt.dcp.raw import ForeignPickle, check_tensor_record
 from lerobot_ckpt.errors import CorruptCheckpointError, UnsafeCheckpointError
 
@@ -82,17 +82,12 @@ def check_untrusted(index: DcpIndex) -> dict[PathKey, Any]:
     """Every record of ``index`` checked as described above; the decoded byte entries by path.
 
     Run after :meth:`DcpIndex.check_files` (the ranges read here must exist). Reads each tensor
-    record's zip directory and small pickle, not its tensor bytes."""
-    by_file: dict[str, list[tuple[str, StoredChunk, PathKey | None]]] = {}
-    for t in index.tensors:
-        for c in t.chunks:
-            by_file.setdefault(c.file, []).append((_dotted(t.path), c, None))
-    for path, c in index.other_records:
-        by_file.setdefault(c.file, []).append((_dotted(path), c, path))
+    record's zip directory and small pickle, not its tensor bytes; each shard file is opened by
+    :meth:`DcpIndex.open_shard` (inside the directory, never through a symlink)."""
     plain: dict[PathKey, Any] = {}
-    for name in sorted(by_file):
-        with open(index.directory / name, "rb", buffering=0) as raw:
-            for where, chunk, path in sorted(by_file[name], key=lambda item: item[1].start):
+    for name, records in sorted(index.records_by_file().items()):
+        with index.open_shard(name, records[0][0], buffering=0) as raw:
+            for where, chunk, path in sorted(records, key=lambda item: item[1].start):
                 if path is not None:
                     window = _Window(raw, chunk.start, chunk.length)
                     plain[path] = decode_plain(window, where, index.directory / name)
