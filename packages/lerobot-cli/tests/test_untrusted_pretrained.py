@@ -101,3 +101,65 @@ def test_a_hub_cache_snapshot_may_point_into_its_own_blobs_only(tmp_path):
     stray = _hub_snapshot(tmp_path / "hub2", source, blob_root=tmp_path / "elsewhere")
     with pytest.raises(UnsafePathError, match=r"steps\[3\].state_file = .* is a symlink"):
         load_processors(stray)
+
+
+def _adapter_dir(directory: Path) -> Path:
+    """An ``adapter_config.json`` as peft writes it for this trainer's LoRA runs."""
+    from peft import LoraConfig
+
+    directory.mkdir(parents=True, exist_ok=True)
+    LoraConfig(
+        r=4, lora_alpha=4, target_modules=r"blocks\.\d+\.linear", base_model_name_or_path="b"
+    ).save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.parametrize(
+    "key, value, why",
+    [
+        ("r", 0, "must be an integer ≥ 1"),
+        ("r", 2.5, "must be an integer ≥ 1"),
+        ("r", True, "must be an integer ≥ 1"),
+        ("target_modules", ".*", "matches every module name"),
+        ("target_modules", "(", "is not a valid regular expression"),
+        ("target_modules", [], "must be one regular expression or a non-empty list"),
+        ("peft_type", "LOHA", "is not LORA"),
+        ("lora_dropout", 1.0, "must be a number in [0, 1)"),
+        ("lora_dropout", -0.1, "must be a number in [0, 1)"),
+        ("lora_alpha", 0, "must be a number > 0"),
+        ("rank_pattern", {"blocks": 0}, "not an integer rank ≥ 1"),
+        ("alpha_pattern", {".*": 2}, "matches every module name"),
+        ("bias", "some", "must be none, all or lora_only"),
+        ("init_lora_weights", "evil", "must be true, false or one of"),
+        ("megatron_core", "os", "peft imports the module it names"),
+        ("megatron_config", {"x": 1}, "is set, and this trainer does not load adapters that set it"),
+        ("task_type", "CAUSAL_LM", "is set, and this trainer does not load adapters that set it"),
+        ("future_field", 3, "is set, and this trainer does not load adapters that set it"),
+    ],
+)
+def test_every_adapter_field_is_checked_in_one_line(tmp_path, key, value, why):
+    from lerobot_cli.peft.adapterfile import read_adapter_config
+    from lerobot_cli.peft.basefile import PeftSetupError
+
+    directory = _adapter_dir(tmp_path / "adapter")
+    assert read_adapter_config(directory)["r"] == 4  # peft's own file passes as written
+    file = directory / "adapter_config.json"
+    data = json.loads(file.read_text())
+    data[key] = value
+    file.write_text(json.dumps(data))
+    with pytest.raises(PeftSetupError) as info:
+        read_adapter_config(directory)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and f"{file}: {key} = " in message and why in message
+
+
+def test_an_adapter_config_symlinked_out_of_its_directory_is_refused(tmp_path):
+    from lerobot_ckpt import CheckpointError
+    from lerobot_cli.peft.basefile import recorded_base
+
+    outside = _adapter_dir(tmp_path / "outside")
+    directory = tmp_path / "sent"
+    directory.mkdir()
+    os.symlink(outside / "adapter_config.json", directory / "adapter_config.json")
+    with pytest.raises(CheckpointError, match=r"adapter_config.json is a symlink .* it was not read"):
+        recorded_base(directory)

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lerobot_ckpt.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from lerobot_ckpt.pretrained import pretrained_weights_file, stored_float_dtype
 from lerobot_parallel.sharding import upcast_trainable
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from torch import nn
 
+from lerobot_cli.peft.adapterfile import AdapterConfigError, read_adapter_config
 from lerobot_cli.peft.basefile import (
     PeftSetupError,
     base_reference,
@@ -29,6 +31,7 @@ from lerobot_cli.peft.basefile import (
 )
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.location import own_file
 from lerobot_cli.policies.registry import spec_of
 from lerobot_cli.policies.weights import load_policy
 
@@ -118,6 +121,22 @@ def save_adapter_config(model: PeftModel, directory: Path) -> None:
     model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
 
 
+def checked_lora_config(directory: Path) -> LoraConfig:
+    """The adapter's ``LoraConfig`` from its checked fields (:mod:`lerobot_cli.peft.adapterfile`), after
+    checking that its weights are the directory's own ``adapter_model.safetensors`` (peft falls back to
+    a pickled ``adapter_model.bin`` when that is missing)."""
+    file = own_file(directory, ADAPTER_WEIGHTS)
+    if not file.is_file():
+        raise PeftSetupError(f"{file} is missing: the adapter's weights must be {ADAPTER_WEIGHTS}")
+    fields = read_adapter_config(directory)
+    try:
+        return LoraConfig.from_peft_type(**fields)
+    except (TypeError, ValueError) as exc:
+        raise AdapterConfigError(
+            f"{directory / ADAPTER_CONFIG}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        ) from None
+
+
 def load_adapter_policy(
     directory: Path,
     *,
@@ -142,9 +161,23 @@ def load_adapter_policy(
         policy = _matching_dtype(
             policy, stored_float_dtype(pretrained_weights_file(base_dir)), mixed_precision, str(base_dir)
         )
-    model = PeftModel.from_pretrained(
-        policy, str(directory), adapter_name=ADAPTER_NAME, is_trainable=trainable, autocast_adapter_dtype=True
-    )
+    lora = checked_lora_config(directory)  # peft never reads the file itself
+    try:
+        model = PeftModel.from_pretrained(
+            policy,
+            str(directory),
+            adapter_name=ADAPTER_NAME,
+            is_trainable=trainable,
+            autocast_adapter_dtype=True,
+            config=lora,
+        )
+    except (ValueError, RuntimeError, KeyError) as exc:  # targets peft cannot adapt, weights of other shapes
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if len(detail) > 300:
+            detail = detail[:300] + " …"
+        raise AdapterConfigError(
+            f"{directory}: the adapter does not fit its base policy {base_dir}: {detail}"
+        ) from None
     if trainable and mixed_precision != "no":
         upcast_trainable(model)
     return config, (model.train() if trainable else model.eval())

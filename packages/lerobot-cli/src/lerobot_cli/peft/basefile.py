@@ -9,7 +9,6 @@ before any process group exists.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -29,13 +28,16 @@ def is_adapter_dir(directory: str | Path) -> bool:
 
 def recorded_base(directory: str | Path) -> str:
     """The base policy an adapter directory was trained on (local path or Hub repo id)."""
-    file = Path(directory) / ADAPTER_CONFIG
-    try:
-        base = json.loads(file.read_text()).get(BASE_KEY)
-    except (OSError, ValueError, AttributeError) as exc:
-        raise PeftSetupError(f"{file} is not a readable PEFT adapter config ({exc})") from None
-    if not isinstance(base, str) or not base:
-        raise PeftSetupError(f"{file} records no {BASE_KEY}: the base policy of this adapter is unknown")
+    from lerobot_cli.peft.adapterfile import read_adapter_config  # it imports this module's error
+
+    # Every field's value is checked before the base is resolved (a download, maybe); the keys only a
+    # load needs are required by the load.
+    base = read_adapter_config(directory, complete=False).get(BASE_KEY)
+    if base is None:
+        raise PeftSetupError(
+            f"{Path(directory) / ADAPTER_CONFIG} records no {BASE_KEY}: the base policy of this adapter is "
+            "unknown"
+        )
     return base
 
 

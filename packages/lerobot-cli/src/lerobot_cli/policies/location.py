@@ -8,9 +8,11 @@ the value; the CLI adds the flag.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+from lerobot_ckpt.errors import UnsafeCheckpointError
 from lerobot_ckpt.layout import POLICY_CONFIG
 from lerobot_ckpt.pretrained import pretrained_dir_of
 
@@ -29,6 +31,28 @@ def links_root(directory: str | Path) -> Path | None:
         if child.parent.name == "snapshots" and child.parent.parent.name.startswith("models--"):
             return child.parent.parent
     return None
+
+
+def own_file(directory: str | Path, name: str) -> Path:
+    """``directory / name`` (a fixed name: ``config.json``, ``adapter_config.json``, …) when it is the
+    directory's own file: a symlink there would make a run read (and save as its own) a file from
+    anywhere on the disk, so it is refused in one line unless it points into the Hub cache repository
+    the directory is a snapshot of. A missing file is left to the caller's own sentence."""
+    path = Path(directory) / name
+    if not path.is_symlink():
+        return path
+    root = links_root(directory)
+    try:
+        inside = root is not None and path.resolve(strict=True).is_relative_to(root.resolve())
+    except (OSError, RuntimeError):
+        inside = False
+    if not inside:
+        raise UnsafeCheckpointError(
+            f"{path} is a symlink (to {os.readlink(path)}), so it was not read: a pretrained directory's "
+            "files are read only when they are its own (symlinks only in a Hugging Face cache snapshot, "
+            "into its blobs/); copy the file in instead"
+        )
+    return path
 
 
 class PolicyLocationError(ValueError):
