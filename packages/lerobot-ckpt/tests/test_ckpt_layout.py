@@ -4,7 +4,12 @@ import os
 from pathlib import Path
 
 import pytest
-from lerobot_ckpt import CheckpointNotFoundError, CheckpointPaths, resolve_checkpoint_dir
+from lerobot_ckpt import (
+    CheckpointNotFoundError,
+    CheckpointPaths,
+    UnsafeCheckpointError,
+    resolve_checkpoint_dir,
+)
 from lerobot_ckpt.discovery import latest_checkpoint, list_checkpoints, read_last, resolve_last
 from lerobot_ckpt.layout import is_transient_name, parse_step_dir_name, staging_dir_name, step_dir_name
 
@@ -157,6 +162,52 @@ def test_every_accepted_resume_path_names_the_step_dir(tmp_path):
     ):
         assert resolve_checkpoint_dir(given) == step, given
     assert resolve_checkpoint_dir(str(ckpts / "000010")) == (ckpts / "000010").resolve()
+
+
+def _point_last(ckpts: Path, target: str) -> None:
+    (ckpts / "last").unlink()
+    os.symlink(target, ckpts / "last")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "absolute other run",  # another run's checkpoint, by an absolute path
+        "../../other/checkpoints/000007",  # the same, by ../
+        "symlinked sibling",  # a name beside it that is itself a symlink to the other run
+        "..",  # not a step directory at all
+    ],
+)
+def test_a_last_pointing_outside_its_checkpoints_dir_is_refused(tmp_path, target):
+    """Followed before, so a copied or downloaded run resumed (and trained on) whatever it named."""
+    ckpts = _fake_run(tmp_path, [3, 5], last=5)
+    other = _fake_run(tmp_path / "x", [7]).parent.parent  # tmp_path/x/run
+    (tmp_path / "other").symlink_to(other / "run", target_is_directory=True)
+    if target == "absolute other run":
+        target = str(other / "run" / "checkpoints" / "000007")
+    elif target == "symlinked sibling":
+        os.symlink(other / "run" / "checkpoints" / "000007", ckpts / "000009")
+        target = "000009"
+    _point_last(ckpts, target)
+    pattern = rf"{ckpts / 'last'} points to .*which is not a step directory of {ckpts}"
+    for call in (
+        lambda: read_last(ckpts),
+        lambda: resolve_last(ckpts),
+        lambda: latest_checkpoint(tmp_path / "run"),
+        lambda: resolve_checkpoint_dir(tmp_path / "run"),
+        lambda: resolve_checkpoint_dir(ckpts / "last"),
+        lambda: resolve_checkpoint_dir(ckpts / "last" / "pretrained_model" / "train_config.json"),
+    ):
+        with pytest.raises(UnsafeCheckpointError, match=pattern):
+            call()
+
+
+def test_a_last_naming_its_sibling_stays_valid_however_it_is_written(tmp_path):
+    ckpts = _fake_run(tmp_path, [3, 5], last=5)
+    for target in ("000005", str(ckpts / "000005"), "./000005"):
+        _point_last(ckpts, target)
+        assert read_last(ckpts).resolve() == (ckpts / "000005").resolve(), target
+        assert resolve_checkpoint_dir(ckpts / "last") == (ckpts / "000005").resolve(), target
 
 
 def test_bad_resume_paths(tmp_path):

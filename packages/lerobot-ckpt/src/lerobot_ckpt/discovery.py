@@ -5,6 +5,11 @@ solely through the atomic rename at the end of a save, so it is complete. Dot-pr
 of an interrupted save are never returned. ``last`` is authoritative over "highest step number":
 a run resumed from an older checkpoint may leave newer, abandoned step directories behind.
 Torch-free, so a CLI can resolve ``--config_path`` before importing torch.
+
+``last`` is a symlink a run directory may carry from anywhere (a copied or downloaded run), so it is
+followed only to a step directory beside it in its own ``checkpoints/``, which is what
+:mod:`lerobot_ckpt.commit` writes; one that leads elsewhere (an absolute path, ``../``, a step
+directory that is itself a symlink) is refused with :class:`UnsafeCheckpointError`, never followed.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lerobot_ckpt.errors import CheckpointNotFoundError
+from lerobot_ckpt.errors import CheckpointNotFoundError, UnsafeCheckpointError
 from lerobot_ckpt.layout import (
     CHECKPOINTS_DIR,
     LAST_LINK,
@@ -43,14 +48,41 @@ def read_last(checkpoints: Path | str) -> Path | None:
     A dangling pointer only occurs on file systems without atomic directory exchange (see
     :mod:`lerobot_ckpt.commit.filesystem`) when a save replacing that very step was killed; callers fall back
     to the newest step directory.
+
+    Raises :class:`UnsafeCheckpointError` when ``last`` leads outside its ``checkpoints/`` directory
+    (see the module docstring).
     """
     link = Path(checkpoints) / LAST_LINK
     if link.is_symlink():
         target = Path(os.readlink(link))
         resolved = target if target.is_absolute() else link.parent / target
+        if not os.path.lexists(resolved):
+            return None
+        _check_sibling(link, target, resolved)
         return resolved if resolved.is_dir() else None
     # A real directory named `last` (a copy made with `cp -L`) is still a checkpoint.
     return link if link.is_dir() else None
+
+
+def _check_sibling(link: Path, target: Path, resolved: Path) -> None:
+    """``last``'s target is a step directory of ``link``'s own directory once every symlink on the
+    way is resolved (a sibling named by an absolute path is still a sibling)."""
+    root = link.parent.resolve()
+    real = resolved.resolve()
+    if real.parent != root or parse_step_dir_name(real.name) is None:
+        raise UnsafeCheckpointError(
+            f"{link} points to {target} (that is {real}), which is not a step directory of {root}; "
+            "`last` is only followed to a checkpoint beside it, so it was not: point it at one "
+            f"(ln -sfn <step> {link}) or pass the checkpoint you mean itself as --config_path"
+        )
+
+
+def _check_last_on_the_way(given: Path) -> None:
+    """Any ``last`` symlink among ``given`` and its parents, checked as :func:`read_last` does
+    (``--config_path=run/checkpoints/last/pretrained_model/train_config.json`` goes through it)."""
+    for path in (given, *given.parents):
+        if path.name == LAST_LINK and path.is_symlink():
+            read_last(path.parent)
 
 
 def resolve_last(checkpoints: Path | str) -> Path:
@@ -93,6 +125,7 @@ def resolve_checkpoint_dir(path: Path | str) -> Path:
     the checkpoint is resumable: loading does that and says what is missing.
     """
     given = Path(path).expanduser()
+    _check_last_on_the_way(given.absolute())
     if not given.exists() and not given.is_symlink():
         raise CheckpointNotFoundError(f"{given} does not exist")
     if given.is_symlink() and not given.exists():
