@@ -9,12 +9,17 @@ the last log step.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from lerobot_cli.filewrites import writing
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -48,6 +53,21 @@ def format_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
         if not (isinstance(metrics[k], float) and math.isnan(metrics[k]))
     ]
     return f"step {step}/{total} " + " ".join(parts)
+
+
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_for_append(path: Path) -> TextIO:
+    """``metrics.jsonl`` opened for appending, never through a symlink (``O_NOFOLLOW``) and only when
+    it is a regular file: the run-directory check refuses a planted link in one line first, this
+    keeps one appearing later from being followed (the write then fails naming the file)."""
+    with writing(path):
+        fd = os.open(path, _APPEND, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 class Reporter:
@@ -134,7 +154,7 @@ class Reporter:
         }
         if self._jsonl is None:  # opened at the first record: a run that fails before it leaves no empty file
             self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
-            self._jsonl = self._metrics_path.open("a", encoding="utf-8")
+            self._jsonl = _open_for_append(self._metrics_path)
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         if self.tracker is not None:

@@ -13,7 +13,10 @@ from the files alone, whether the directory may be used:
   could want, and no step appears twice in ``metrics.jsonl``.
 
 Checks happen before the model is built; the moves happen just before the first step (``apply``),
-so a run refused in between leaves the directory as it was.
+so a run refused in between leaves the directory as it was. A run directory may be one somebody
+sent (resumed in place), so nothing here writes through a name it holds: ``metrics.jsonl`` or
+``abandoned/`` being a symlink is refused in one line at the check, and rewritten files go through a
+fresh ``mkstemp`` name renamed over them (a fixed ``.tmp-<pid>`` name could be a planted symlink).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from lerobot_ckpt import (
     step_dir_name,
     transient_leftovers,
 )
+from lerobot_ckpt.commit.filesystem import staged_sibling
 from lerobot_ckpt.layout import ABANDONED_DIR, CHECKPOINTS_DIR, LAST_LINK, RUN_LOCK
 
 from lerobot_cli.cli.errors import UsageError
@@ -57,10 +61,30 @@ def _line_step(line: str) -> int | None:
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
-    os.replace(tmp, path)
+    """Replace ``path`` by ``lines`` atomically, through a new file of our own (never a planted name)."""
+    tmp, f = staged_sibling(path)
+    try:
+        with f:
+            f.write("".join(ln + "\n" for ln in lines).encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
+
+
+def _refuse_links(directory: Path) -> None:
+    """The names a run writes or moves into at its top level must not lead elsewhere."""
+    for name, what in ((METRICS_FILE, "its metrics are appended to"), (ABANDONED_DIR, "it moves files into")):
+        path = directory / name
+        if path.is_symlink():
+            raise UsageError(
+                f"--output_dir={directory} holds {name} as a symlink (to {os.readlink(path)}), a name "
+                f"{what}: a run never writes through a symlink; remove it or choose another --output_dir "
+                "(nothing was changed)"
+            )
 
 
 @define
@@ -141,6 +165,7 @@ def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunD
     """Decide (read-only) what the run may do to its directory; raises UsageError when it may not."""
     cfg = plan.cfg
     directory = Path(cfg.output_dir)
+    _refuse_links(directory)
     checkpoints = directory / CHECKPOINTS_DIR
     leftovers = tuple(transient_leftovers(checkpoints))
     resume = plan.resume
