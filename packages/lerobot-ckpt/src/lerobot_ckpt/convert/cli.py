@@ -43,6 +43,8 @@ one process, without GPU or process group; memory stays about one tensor, not th
   --private=true           create the Hub repository as private
   --overwrite=true         replace an existing model.safetensors
   -h, --help               show this help and exit
+
+Flags are written --name=value or --name value; a boolean flag alone means true.
 """
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 _BOOLS = ("delete_dcp", "private", "overwrite")
