@@ -25,7 +25,6 @@ import torch
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.cli.errors import UsageError
-from lerobot_cli.policies import registry
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
@@ -38,11 +37,6 @@ TRAIN = str(Path(sys.executable).parent / "lerobot-train")
 WAN = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
 CAMERA = "observation.images.top"
 DEMO_DIMS = ("--policy.action_dim=2", "--policy.proprio_dim=2")  # the demo's action and observation.state
-
-
-@pytest.fixture
-def fastwam(monkeypatch):
-    monkeypatch.setitem(registry._REGISTERED, "fastwam", FastWAMConfig)
 
 
 @pytest.fixture
@@ -123,7 +117,7 @@ def _check(*flags: str) -> None:
     check_runnable(cfg.finalized(), None)
 
 
-def test_each_missing_source_is_one_line_naming_its_flag_and_download(fastwam, hub):
+def test_each_missing_source_is_one_line_naming_its_flag_and_download(hub):
     with pytest.raises(UsageError) as exc:
         _check()
     assert str(exc.value) == (
@@ -166,7 +160,7 @@ NO_CONTEXTS = (
 )
 
 
-def test_a_tiny_fastwam_needs_no_source_but_its_tokenizer(fastwam, hub):
+def test_a_tiny_fastwam_needs_no_source_but_its_tokenizer(hub):
     _check("--policy.variant=tiny", f"--policy.tokenizer_model_id={DEMO_TOKENIZER}")
     with pytest.raises(UsageError, match=r"^--policy.tokenizer_model_id=google/umt5-xxl: the UMT5 tokenizer"):
         _check("--policy.variant=tiny")
@@ -195,7 +189,7 @@ def test_without_the_text_encoder_the_dataset_must_carry_the_contexts():
     tiny_config(load_text_encoder=True).fit_dataset(features)
 
 
-def test_resume_and_dry_run_do_not_ask_for_the_base(fastwam, hub):
+def test_resume_and_dry_run_do_not_ask_for_the_base(hub):
     cache_repo(hub, WAN, {"vae/config.json": "{}", "vae/diffusion_pytorch_model.safetensors": ""})
     base = ["--dataset.repo_id=a/b", "--policy.type=fastwam", "--policy.load_text_encoder=false"]
     cfg = build_train_config(dict(f.removeprefix("--").split("=", 1) for f in base)).config.finalized()
@@ -207,7 +201,7 @@ def test_resume_and_dry_run_do_not_ask_for_the_base(fastwam, hub):
     check_external_sources(attrs.evolve(cfg, dry_run=True))
 
 
-def test_the_tokenizer_flag_is_under_the_custom_code_refusal(fastwam, hub, tmp_path):
+def test_the_tokenizer_flag_is_under_the_custom_code_refusal(hub, tmp_path):
     directory = tmp_path / "tok"
     directory.mkdir()
     (directory / "tokenizer_config.json").write_text(
@@ -236,9 +230,6 @@ TORCH_FREE = (
     "from lerobot_cli.cli.build import build_train_config\n"
     "from lerobot_cli.cli.checks import check_runnable\n"
     "from lerobot_cli.cli.errors import UsageError\n"
-    "from lerobot_cli.policies import registry\n"
-    "from lerobot_cli.policies.fastwam.config import FastWAMConfig\n"
-    "registry._REGISTERED['fastwam'] = FastWAMConfig\n"
     "cfg = build_train_config({'dataset.repo_id': 'a/b', 'policy.type': 'fastwam'}).config.finalized()\n"
     "try:\n    check_runnable(cfg, None)\nexcept UsageError as exc:\n    print(str(exc).split(':')[0])\n"
     "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))\n"
@@ -278,7 +269,6 @@ def _train(tmp_path: Path, hub: Path, env: dict[str, str], *flags: str) -> subpr
     )
 
 
-@pytest.mark.skipif("fastwam" not in registry._BUILTIN, reason="fastwam is not a built-in policy yet")
 def test_lerobot_train_stops_in_one_line_once_per_job(tmp_path, hub):
     res = _train(tmp_path, hub, {}, f"--policy.tokenizer_model_id={DEMO_TOKENIZER}")
     assert res.returncode == 2, res.stderr[-3000:]
@@ -322,7 +312,7 @@ def tiny_config(**overrides) -> FastWAMConfig:
 
 
 @pytest.fixture
-def tiny_base(tmp_path, fastwam) -> tuple[Path, dict[str, torch.Tensor]]:
+def tiny_base(tmp_path) -> tuple[Path, dict[str, torch.Tensor]]:
     """A tiny FastWAM's pretrained_model/ (config.json with its tiny networks + model.safetensors)."""
     from lerobot_cli.policies.weights import build_policy, save_pretrained
 
@@ -379,7 +369,7 @@ def test_a_base_of_other_sizes_is_not_loaded_and_the_banner_says_why(tiny_base):
     assert FastWAMConfig(base_model_id=str(directory)).initial_weights().directory is None  # full vs tiny
 
 
-def test_a_dry_run_builds_a_full_size_fastwam_without_its_base(hub, fastwam):
+def test_a_dry_run_builds_a_full_size_fastwam_without_its_base(hub):
     """On the meta device nothing is read: the base (absent here) is not even looked for."""
     from lerobot_cli.policies.weights import build_policy
 
