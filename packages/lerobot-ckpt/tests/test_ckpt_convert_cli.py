@@ -482,3 +482,15 @@ def test_push_to_hub_refuses_a_symlinked_file_before_converting(tmp_path, fake_h
     assert main([f"--checkpoint_dir={step}", "--push_to_hub=user/policy"]) == 2
     _one_line(capsys, f"{pm / 'config.json'} is a symlink (to {secret})", "nothing was uploaded")
     assert fake_hub == [] and not (pm / "model.safetensors").exists()
+
+
+def test_a_last_pointer_leading_outside_checkpoints_is_not_converted_into(tmp_path, capsys):
+    """checkpoints/last -> another run's step: converting `last` would write into that run."""
+    elsewhere = make_checkpoint(tmp_path / "other_run")
+    mine = tmp_path / "mine" / "checkpoints"
+    mine.mkdir(parents=True)
+    (mine / "last").symlink_to(elsewhere)
+    before = _names(elsewhere / "pretrained_model")
+    assert main([f"--checkpoint_dir={mine / 'last'}"]) == 2
+    _one_line(capsys, f"{mine / 'last'} points to {elsewhere}", "not a step directory")
+    assert _names(elsewhere / "pretrained_model") == before

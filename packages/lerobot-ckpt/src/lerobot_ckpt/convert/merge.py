@@ -54,6 +54,7 @@ from lerobot_ckpt.dcp.index import (
     row_slabs,
 )
 from lerobot_ckpt.dcp.untrusted import check_untrusted
+from lerobot_ckpt.discovery import _check_last_on_the_way
 from lerobot_ckpt.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -152,6 +153,7 @@ def locate(checkpoint_dir: Path | str) -> Located:
     given = Path(checkpoint_dir).expanduser()
     if not given.exists():
         raise MissingCheckpointFileError(given, "no such directory")
+    _check_last_on_the_way(given)  # `last` leading outside checkpoints/ would be written into there
     path = given.resolve()
     if path.is_file():
         path = path.parent
