@@ -24,6 +24,7 @@ from lerobot_trainloop.evaluation import EvalBatches, evaluate
 from lerobot_trainloop.loader import resumable_loader
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
 from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
+from lerobot_trainloop.worker_failures import DataLoaderWorkerDied, named_worker_deaths, worker_error_message
 from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 from lerobot_cli.banner import banner_lines
@@ -36,6 +37,7 @@ from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.split import eval_sample_indices
 from lerobot_cli.fetching import prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
+from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer, build_scheduler
 from lerobot_cli.peft.basefile import PeftSetupError
@@ -97,12 +99,12 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
             _setup_logging(runtime.is_main)
             try:
                 train(plan, runtime, work)
-            except (CheckpointSaveError, PublishError) as exc:
+            except (CheckpointSaveError, PublishError, WorkerLostError) as exc:
                 _exit(str(exc), 1, runtime, release)
             except ModelMismatchError as exc:
                 _exit(str(exc) + (resume.mismatch_hint(cfg) if resume else ""), 2, runtime, release)
-            except USER_ERRORS as exc:
-                _exit(str(exc), 2, runtime, release)
+            except USER_ERRORS as exc:  # one raised in a DataLoader worker: its message, as without workers
+                _exit(worker_error_message(exc), 2, runtime, release)
     except ParallelismError as exc:  # topology refused before the process group existed
         _exit(str(exc) + (resume.topology_hint() if resume else ""), 2, release=release)
     return 0
@@ -280,6 +282,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)
         if cfg.log_freq > 0:
             loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)
+        held_out = None
         if cfg.eval_steps > 0 and workload.eval_dataset is not None:  # before a save at the same step
             held_out = _HeldOut(workload, cfg, runtime, loop)
             reporter.print(held_out.describe())
@@ -300,7 +303,13 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         # forwarding what a scheduler sent every process) must not kill it, a later one still does.
         with watch:
             try:
-                loop.run((pre(batch) for batch in loader), cfg.steps)
+                # a worker that died (the OOM killer's SIGKILL) is named, not torch's traceback from anywhere
+                with named_worker_deaths(loader, held_out.loader if held_out is not None else None):
+                    loop.run((pre(batch) for batch in loader), cfg.steps)
+            except DataLoaderWorkerDied as exc:
+                last = checkpointer.last_path or (resume.checkpoint if resume is not None else None)
+                rank = runtime.rank if runtime.is_distributed else None
+                raise WorkerLostError(worker_death_line(exc, cfg.num_workers, last, rank)) from exc
             except TrainingInterrupted as exc:
                 reporter.print(f"{exc} at step {loop.step}")
                 # every rank is at this step: never save a NaN the last log step did not see

@@ -40,6 +40,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -117,6 +118,9 @@ class ShieldedDataLoader(DataLoader):
 
     def __init__(self, *args, **kwargs) -> None:
         self._shield: ShieldWorker | None = None
+        # The iterator made last (weakly: a caller that drops it still ends its workers), so that a dead
+        # worker can be named when the loader is not persistent (worker_failures.py).
+        self.last_iterator: Callable[[], object | None] | None = None
         if kwargs.get("num_workers", 0) > 0 and SHIELD_SUPPORTED:
             self._shield = ShieldWorker(kwargs.pop("worker_init_fn", None))
             kwargs["worker_init_fn"] = self._shield
@@ -126,8 +130,11 @@ class ShieldedDataLoader(DataLoader):
 
     def __iter__(self):
         if self._shield is None:
-            return super().__iter__()
-        self._shield.parent = os.getpid()
-        self._shield.main_thread_forks = threading.current_thread() is threading.main_thread()
-        with stop_signals_blocked():  # the first iterator (and each one without persistent workers) forks
-            return super().__iter__()
+            iterator = super().__iter__()
+        else:
+            self._shield.parent = os.getpid()
+            self._shield.main_thread_forks = threading.current_thread() is threading.main_thread()
+            with stop_signals_blocked():  # the first iterator (and each without persistent workers) forks
+                iterator = super().__iter__()
+        self.last_iterator = weakref.ref(iterator)
+        return iterator
