@@ -92,6 +92,12 @@ def _nul(ours: Path, theirs: Path) -> str:
     return "holds a NUL byte"
 
 
+def _newline(ours: Path, theirs: Path) -> str:
+    """A control character: the name would split the one-line message (found by the random test)."""
+    edit_metadata(ours / MODEL, lambda m: set_storage(m, "relative_path", lambda p: f"{p}\n"))
+    return "a control character"
+
+
 def _directory(ours: Path, theirs: Path) -> str:
     (ours / MODEL / "sub").mkdir()
     edit_metadata(ours / MODEL, lambda m: set_storage(m, "relative_path", "sub"))
@@ -110,6 +116,7 @@ CRAFTS = {
     "symlinked shard file": _symlinked_shard,
     "symlinked directory": _symlinked_dir,
     "NUL byte": _nul,
+    "newline": _newline,
     "a directory": _directory,
     "a FIFO": _fifo,
 }

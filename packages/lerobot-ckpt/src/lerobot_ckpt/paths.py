@@ -57,8 +57,10 @@ def check_name(
     anything else happens."""
     if not isinstance(value, str) or not value:
         raise UnsafePathError(named_by, entry, value, "is not a non-empty string", fix)
-    if "\x00" in value or "\\" in value:
-        raise UnsafePathError(named_by, entry, value, "holds a NUL byte or a backslash", fix)
+    if "\\" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):  # a NUL, or a newline in a message
+        raise UnsafePathError(
+            named_by, entry, value, "holds a NUL byte, a control character or a backslash", fix
+        )
     pure = PurePosixPath(value)
     if pure.is_absolute() or value.startswith("~"):
         raise UnsafePathError(named_by, entry, value, "is an absolute path", fix)

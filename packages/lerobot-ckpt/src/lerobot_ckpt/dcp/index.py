@@ -99,9 +99,9 @@ def check_storage(metadata: Any, meta_path: Path) -> dict[tuple[str, tuple[int, 
                 f"the chunk of {fqn} at {key[1]} has two storage entries; a save writes one per chunk, "
                 "so the metadata was edited after the save",
             )
-        check_name(info.relative_path, named_by=meta_path, entry=_path_entry(fqn))
-        _byte_count(info.offset, "offset", fqn, meta_path)
-        _byte_count(info.length, "length", fqn, meta_path)
+        check_name(getattr(info, "relative_path", None), named_by=meta_path, entry=_path_entry(fqn))
+        _byte_count(getattr(info, "offset", None), "offset", fqn, meta_path)  # None fields are not pickled
+        _byte_count(getattr(info, "length", None), "length", fqn, meta_path)
         storage[key] = info
     return storage
 
