@@ -4,14 +4,17 @@
 CUDA wheels are gigabytes). NumPy has float16/32/64 with IEEE round-to-nearest-even, which is what
 torch does; it has no bfloat16, so bfloat16 is handled as its bit pattern: widening is a 16-bit
 shift, narrowing is torch's ``round_to_nearest_even`` (add ``0x7FFF`` plus the lowest kept bit and
-truncate). Like torch, a float64 or float16 source goes through float32 on its way to bfloat16, and a
-value too large for the target becomes an infinity.
+truncate). Like torch (whose ``Half`` and ``BFloat16`` are built from a float), a float64 source goes
+through float32 on its way to bfloat16 or float16: rounded twice, which differs from rounding once
+when float32 lands exactly on a tie. A value too large for the target becomes an infinity.
 
-Every value that is not a NaN is bit-equal to torch's cast (tested against torch on every float32 bit
-pattern class, subnormals and overflow included). A NaN stays a NaN of the same sign class, but its
-payload is not reproduced: torch's own payloads differ between its scalar and vectorised kernels
-(``0x7FC0`` versus ``0xFFFF`` for bfloat16 on the same machine), so there is no single answer to match;
-here bfloat16 NaNs are ``0x7FC0`` (c10's reference) and float16 NaNs are quieted as torch quiets them.
+Every value that is not a NaN is bit-equal to torch's cast: tests/test_ckpt_cast.py compares the
+bytes with torch's for every pair of these dtypes on a fixed table of bit patterns (ties with an even
+and an odd kept bit, ±0, subnormals, the largest finite values, overflow, ±inf, NaNs of both signs).
+A NaN stays a NaN, with its sign except to bfloat16, but its payload is not reproduced: torch's own
+payloads differ between its scalar and vectorised kernels (``0x7FC0`` versus ``0xFFFF`` for bfloat16
+on the same machine, whatever the NaN's sign), so there is no single answer to match; here bfloat16
+NaNs are ``0x7FC0`` (c10's reference) and float16 NaNs are quieted as torch quiets them.
 NumPy is imported only when a cast is asked for.
 """
 
@@ -40,7 +43,7 @@ def _to_bfloat16(np: Any, values: Any) -> Any:
 
 
 def _to_float16(np: Any, values: Any) -> Any:
-    out = values.astype(np.float16).view(np.uint16)
+    out = values.astype(np.float32).astype(np.float16).view(np.uint16)  # twice, as torch rounds float64
     return np.where(np.isnan(values), out | np.uint16(0x0200), out)  # quiet NaN, as torch writes it
 
 
