@@ -74,6 +74,15 @@ def _exit(
     raise SystemExit(code)
 
 
+def _exit_alone(message: str, code: int, release: Callable[[], None] | None = None) -> None:
+    """This rank's own failure (its DataLoader worker died; its line names the rank): printed at once by
+    this rank, not once per job after waiting for the main rank, which knows nothing of it."""
+    if release is not None:
+        release()
+    print(f"{PROG}: error: {as_flags(message)}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
 class _LowerLevelFormatter(logging.Formatter):
     """``lerobot-train: warning: …``, the one style of every warning the CLI prints."""
 
@@ -99,7 +108,9 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
             _setup_logging(runtime.is_main)
             try:
                 train(plan, runtime, work)
-            except (CheckpointSaveError, PublishError, WorkerLostError) as exc:
+            except WorkerLostError as exc:
+                _exit_alone(str(exc), 1, release)
+            except (CheckpointSaveError, PublishError) as exc:
                 _exit(str(exc), 1, runtime, release)
             except ModelMismatchError as exc:
                 _exit(str(exc) + (resume.mismatch_hint(cfg) if resume else ""), 2, runtime, release)
