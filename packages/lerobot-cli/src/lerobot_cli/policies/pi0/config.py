@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import attrs
 from attrs import define, field
 
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
@@ -225,6 +226,14 @@ class PiFlowConfig(PolicyConfig):
                     "is not supported here (real-time chunking is an inference feature of LeRobot); set "
                     "it to null"
                 )
+
+    def fit_dataset(self, dataset_features: dict[str, dict]) -> PiFlowConfig:
+        """LeRobot's ``make_policy``: ``action_feature_names`` are the dataset's action names (whatever the
+        config said), which the pre-processor's relative-actions step saves in its file."""
+        names = (dataset_features.get("action") or {}).get("names")
+        if names is None:
+            return self
+        return attrs.evolve(self, action_feature_names=list(names))
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""

@@ -1,6 +1,10 @@
-"""``--dataset.use_imagenet_stats``: LeRobot's default (true) normalises every camera with ImageNet's mean and
+"""Defaults that must be LeRobot's, as the saved processor files show them.
+
+``--dataset.use_imagenet_stats``: LeRobot's default (true) normalises every camera with ImageNet's mean and
 std; false keeps the dataset's. Run in this process: a tiny ACT trains one step on the demo dataset with
 the default and with the flag false, and the saved processor files and ``train_config.json`` are read back.
+pi0/pi05 take ``action_feature_names`` from the dataset's action names, as LeRobot's ``make_policy`` does
+(its relative-actions step saves them in the pre-processor file).
 
 LeRobot 0.6.1's dataset factory replaces only ``mean`` and ``std`` of each camera (min, max and count stay
 the dataset's) and its ``lerobot-train`` hands the whole ``meta/stats.json`` to both normalizer steps, so
@@ -16,6 +20,10 @@ import numpy as np
 import pytest
 import torch
 from lerobot_cli.datasets.imagenet import with_imagenet_stats
+from lerobot_cli.datasets.metadata import load_meta
+from lerobot_cli.policies.dataset_fit import policy_config_for_dataset
+from lerobot_cli.policies.pi0.config import PI0Config
+from lerobot_cli.policies.pi05.config import PI05Config
 from lerobot_cli.train import main
 from safetensors.torch import load_file
 
@@ -114,3 +122,15 @@ def test_imagenet_stats_skip_depth_maps_and_leave_the_input_alone():
     for key in ("depth", "legacy_depth", "state"):
         assert out[key]["mean"] is mean, key
     assert stats["cam"]["mean"] is mean  # the dataset's metadata is not modified
+
+
+@pytest.mark.parametrize("config_class", [PI0Config, PI05Config])
+def test_pi_action_feature_names_come_from_the_dataset(config_class):
+    features = load_meta(DEMO).features
+    assert features["action"]["names"] == ["x", "y"]
+    fitted = policy_config_for_dataset(config_class(action_feature_names=["a", "b"]), features)
+    assert fitted.action_feature_names == ["x", "y"]  # LeRobot overwrites what the config said
+    features = {k: v for k, v in features.items() if k != "action"} | {
+        "action": {k: v for k, v in features["action"].items() if k != "names"}
+    }
+    assert policy_config_for_dataset(config_class(), features).action_feature_names is None
