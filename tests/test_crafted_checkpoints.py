@@ -1,7 +1,8 @@
 """A checkpoint someone else wrote cannot run code on ``--resume=true`` or in ``lerobot-convert-dcp``.
 
 One real FSDP2 ×2 run (DCP shards for the model, the optimizer and the EMA) is copied and edited the way
-an attacker would: a record replaced by a pickle that runs ``touch <marker>``. Each copy is resumed on
+an attacker would: a record replaced by a pickle that runs ``touch <marker>``, or the model's
+``relative_path`` entries pointed at another checkpoint's shards. Each copy is resumed on
 one and on two processes and converted; every one must end with exit 2 and one line naming the file
 and the entry, leave the checkpoint as it was, and never create the marker. The library-level cases
 (each record kind, the load path without its pre-checks, param-group values) are in
@@ -19,7 +20,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages" / "lerobot-ckpt" / "tests"))
-from crafted import exploit_metadata, exploit_record, replace_record  # the library tests' crafting tools
+from crafted import (  # the library tests' crafting tools
+    edit_metadata,
+    exploit_metadata,
+    exploit_record,
+    replace_record,
+    set_storage,
+)
 
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
 CONVERT = str(Path(sys.executable).parent / "lerobot-convert-dcp")
@@ -66,7 +73,22 @@ CRAFTS = {
         replace_record(step / EMA, key, exploit_record(marker)),
     ),
     "model .metadata": lambda step, marker: (MODEL, "posix.system", exploit_metadata(step / MODEL, marker)),
+    "model relative_path": lambda step, marker: (
+        MODEL,
+        "the relative_path of model.",
+        _elsewhere(step / MODEL),
+    ),
 }
+
+
+def _elsewhere(shards: Path) -> None:
+    """The model's chunks named by absolute paths into the run's own, unedited checkpoint (another
+    checkpoint on the same disk), with no shard file left here: a resume used to train from those
+    weights, and the converter wrote them as this checkpoint's model.safetensors."""
+    other = shards.parents[4] / "base" / "checkpoints" / "000002" / MODEL
+    edit_metadata(shards, lambda m: set_storage(m, "relative_path", lambda p: str(other / p)))
+    for shard in shards.glob("*.distcp"):
+        shard.unlink()
 
 
 @pytest.fixture(scope="module")
