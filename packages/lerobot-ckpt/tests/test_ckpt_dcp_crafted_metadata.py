@@ -7,7 +7,8 @@ drawn by a seeded generator (hypothesis is not in the lock): a ``relative_path``
 ``..``, ``.``, a NUL, a backslash, ``~``, is empty, not a string, names a directory, a symlink to their
 shard or to our own, a nested directory that is a symlink, or a nested directory that is real (valid);
 a byte offset or length that is negative, huge, shifted, another record's, not an integer; a chunk
-offset or size outside its tensor; a tensor shape that is negative or huge; a chunk stored twice; a
+offset or size outside its tensor; a tensor shape that is negative or huge; a dtype other than the
+record's; a chunk stored twice; a
 shard replaced by a symlink, deleted or truncated; ``.metadata`` itself a symlink to theirs.
 
 The converter runs in-process (``main([...])``) under a ``sys.addaudithook`` that records every open,
@@ -272,6 +273,11 @@ def _shape_edit(rng, metadata, step, theirs):
     entry.size = torch.Size(dims)
 
 
+def _dtype_edit(rng, metadata, step, theirs):
+    entry = metadata.state_dict_metadata[rng.choice(sorted(metadata.state_dict_metadata))]
+    entry.properties.dtype = rng.choice([torch.float16, torch.bfloat16, torch.float64, torch.int32])
+
+
 def _duplicate_edit(rng, metadata, step, theirs):
     fqn, other = rng.sample(sorted(i.fqn for i in metadata.storage_data), 2)
     duplicate_storage(metadata, fqn, rng.choice([fqn, other]))
@@ -303,6 +309,7 @@ EDITS = [
     _overlap_edit,
     _chunk_edit,
     _shape_edit,
+    _dtype_edit,
     _duplicate_edit,
     _file_edit,
 ]

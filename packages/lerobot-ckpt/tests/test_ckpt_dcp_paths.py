@@ -208,6 +208,22 @@ def test_a_chunk_outside_its_tensor_is_refused(pair, capsys, edit, match):
     assert re.search(match, err), err
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_a_dtype_other_than_the_records_is_refused(pair, capsys, dtype):
+    """The converter decoded the float32 record and wrote it cast to the dtype the metadata claimed
+    (exit 0, a model.safetensors with one tensor silently in float16)."""
+    ours, _ = pair
+
+    def claim(metadata):
+        metadata.state_dict_metadata["model.0.bias"].properties.dtype = dtype
+
+    edit_metadata(ours / MODEL, claim)
+    err = _one_line(capsys, [f"--checkpoint_dir={ours}"])
+    name = str(dtype).removeprefix("torch.")
+    assert f"0.bias: stored chunk is float32, the metadata says {name}" in err, err
+    assert not (ours / "pretrained_model" / "model.safetensors").exists()
+
+
 def test_a_chunk_stored_twice_is_refused(pair, capsys):
     """Which of two entries for one chunk a reader took would depend on the reader."""
     ours, _ = pair

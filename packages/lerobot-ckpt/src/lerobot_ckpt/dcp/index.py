@@ -130,6 +130,7 @@ class StoredChunk:
     file: str
     start: int
     length: int
+    dtype: DType | None = None  # the tensor's, as the metadata says (None: a non-tensor record)
 
     def is_row_slab(self, shape: tuple[int, ...]) -> bool:
         """True when the chunk is whole along every dim but the first (FSDP's Shard(0) pieces)."""
@@ -208,6 +209,10 @@ class DcpIndex:
                     )
                 continue
             chunks = []
+            try:
+                dtype = dtype_of(entry.properties.dtype)
+            except TypeError as exc:
+                raise CorruptCheckpointError(directory / METADATA_FILE, f"{key}: {exc}") from None
             shape = tuple(int(d) for d in entry.size)
             if any(d < 0 for d in shape):
                 raise CorruptCheckpointError(meta_path, f"{key} has the negative shape {shape}")
@@ -226,12 +231,10 @@ class DcpIndex:
                         "which lerobot-ckpt does not read"
                     )
                 chunks.append(
-                    StoredChunk(offsets, sizes, str(info.relative_path), int(info.offset), int(info.length))
+                    StoredChunk(
+                        offsets, sizes, str(info.relative_path), int(info.offset), int(info.length), dtype
+                    )
                 )
-            try:
-                dtype = dtype_of(entry.properties.dtype)
-            except TypeError as exc:
-                raise CorruptCheckpointError(directory / METADATA_FILE, f"{key}: {exc}") from None
             tensors.append(StoredTensor(path, dtype, shape, tuple(chunks)))
         return cls(directory, tuple(tensors), tuple(others), tuple(other_records))
 
@@ -337,6 +340,19 @@ class DcpIndex:
             )
 
 
+def _one_line(exc: BaseException) -> str:
+    """torch's decoding error in one line: the weights-only unpickler's own verdict when there is one
+    (the message around it advises loading the file with ``weights_only=False``, which would run
+    whatever the record names), else the first line."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        detail = next((line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()), "")
+        return f"the weights-only unpickler refused it ({detail[:160]})"
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
+    return lines[0][:200]
+
+
 class _Window(io.RawIOBase):
     """A read-only view of ``[start, start + length)`` of an open file, so ``torch.load`` reads one
     record straight into the tensor's storage (``readinto``) instead of through a bytes copy."""
@@ -416,13 +432,19 @@ class ChunkReader:
             )
         except Exception as exc:  # noqa: BLE001 - any decoding failure is a corrupt shard
             raise CorruptCheckpointError(
-                self.directory / chunk.file, f"cannot decode {where} at byte {chunk.start}: {exc}"
+                self.directory / chunk.file, f"cannot decode {where} at byte {chunk.start}: {_one_line(exc)}"
             ) from None
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != chunk.sizes:
             got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise CorruptCheckpointError(
                 self.directory / chunk.file,
                 f"{where}: stored chunk is {got}, the metadata says {chunk.sizes}",
+            )
+        if chunk.dtype is not None and tensor.dtype != chunk.dtype.torch:  # else silently cast on writing
+            raise CorruptCheckpointError(
+                self.directory / chunk.file,
+                f"{where}: stored chunk is {str(tensor.dtype).removeprefix('torch.')}, "
+                f"the metadata says {chunk.dtype.name}",
             )
         return tensor
 
