@@ -103,3 +103,49 @@ def test_apply_sharding_registers_the_roots_and_the_units_forward_methods(one_ra
     registered = {name for name in ("predict_action_chunk", "select_action") if name in vars(model)}
     assert registered == {"predict_action_chunk"}
     assert all("joint" in vars(block) for block in model.blocks)
+
+
+class BatchPolicy(Policy):
+    """Takes a batch dict and notes the ``index`` it got, as pi0/diffusion/FastWAM read it."""
+
+    def forward(self, batch):
+        self.indices = getattr(self, "indices", []) + [batch["index"]]
+        return super().forward(batch["x"])
+
+
+def test_the_sharded_roots_input_move_leaves_the_index_on_the_host(one_rank_mesh, monkeypatch):
+    """FSDP2's root pre-forward copies every input tensor to a CUDA device (``_to_kwargs``); on CPU it
+    skips that, so the device check is made to pass (a privateuse1 backend named ``cpu``) and the tensors
+    handed to the move are recorded."""
+    import torch.distributed.fsdp._fully_shard._fsdp_state as fsdp_state
+
+    handed: list[torch.Tensor] = []
+    real_to_kwargs = fsdp_state._to_kwargs
+
+    def to_kwargs(args, kwargs, device, use_side_stream):
+        for value in [*args, *kwargs.values()]:
+            handed.extend(
+                v for v in (value.values() if isinstance(value, dict) else [value]) if torch.is_tensor(v)
+            )
+        return real_to_kwargs(args, kwargs, device, use_side_stream)
+
+    monkeypatch.setattr(fsdp_state, "_to_kwargs", to_kwargs)
+    model = BatchPolicy()
+    monkeypatch.setattr(torch._C, "_get_privateuse1_backend_name", lambda: "cpu")  # after the seeding
+    preview = ParallelRuntime.preview(ParallelismConfig(dp_shard=2).resolve(2))
+    plan = build_plan(model, preview, AcceleratorConfig(fsdp=FSDPConfig(wrap_modules=["Joint"])))
+    runtime = ParallelRuntime(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        backend="gloo",
+        parallelism=ParallelismConfig(dp_shard=1).resolve(1),
+        mesh=one_rank_mesh,
+    )
+    apply_sharding(model, runtime, plan)
+    x, index = torch.randn(3, 4), torch.arange(3)
+    model({"x": x, "index": index}).backward()
+    assert any(t is x for t in handed)  # the move ran on the batch
+    assert not any(t is index for t in handed), "FSDP's root input move got the index"
+    assert model.indices == [index] and model.indices[0] is index

@@ -17,6 +17,9 @@ like ``forward``: a unit member's ``_fsdp_forward_methods`` (pi0's ``joint``), a
 inference entry points (:data:`ROOT_FORWARD_METHODS`, those the model has) plus its class's own
 ``_fsdp_forward_methods``. Without that, ``policy.predict_action_chunk(batch)`` on a sharded policy would use
 the root's parameters (those no unit took: embeddings, encoders, heads) as shards and fail.
+
+The root's forward keeps the batch's per-sample host values (``host_values.HOST_KEYS``) out of FSDP2's
+root input move, which would copy them to a CUDA device for the policy to read back every step.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard, register_fsdp_forward_method
 
+from lerobot_parallel.host_values import keep_host_values
 from lerobot_parallel.plan import ShardingPlan
 from lerobot_parallel.runtime import ParallelRuntime
 
@@ -82,6 +86,7 @@ def apply_sharding(
             for method in getattr(type(member), "_fsdp_forward_methods", ()):
                 register_fsdp_forward_method(member, method)
     fully_shard(model, mp_policy=root_mp, **common)
+    keep_host_values(model)  # FSDP's root pre-forward would copy the batch's index to the device
     for method in root_forward_methods(model):
         register_fsdp_forward_method(model, method)
     return model, tuple(p for p in model.parameters() if p in ignored and p.requires_grad)

@@ -129,8 +129,8 @@ def wrap_model(model: nn.Module, runtime: ParallelRuntime, plan: ShardingPlan) -
     ddp = plan.ddp
     # device_ids=None on every device (torch's documented choice for a single-device module as well): with
     # device_ids, DDP's forward copies every input tensor to that device itself, so the per-sample host
-    # values the loop's placement leaves on the host (lerobot_trainloop.batch.HOST_KEYS) would be uploaded
-    # and read back with a sync every step. The caller places its batches (TrainLoop does).
+    # values the loop's placement leaves on the host (host_values.HOST_KEYS) would be uploaded and read
+    # back with a sync every step. The caller places its batches (TrainLoop does).
     wrapped = DistributedDataParallel(
         model,
         device_ids=None,

@@ -3,9 +3,10 @@
 Batches are whatever the collate function made (dicts of tensors for LeRobot datasets,
 tuples for tensor datasets); these helpers walk the structure instead of assuming one.
 
-Which keys stay in host memory is declared here once (:data:`HOST_KEYS`): the loop's placement
-(:func:`move_to_device`, in ``TrainLoop.train_step`` and ``evaluate``) leaves them where they are, and a
-pre-processor that places batches earlier (lerobot-cli's ``DeviceStep``) reads the same set.
+Which keys stay in host memory is declared once (``lerobot_parallel.host_values.HOST_KEYS``, the
+dataset ``index``, re-exported here): the loop's placement (:func:`move_to_device`, in
+``TrainLoop.train_step`` and ``evaluate``) leaves them where they are, a pre-processor that places batches
+earlier (lerobot-cli's ``DeviceStep``) reads the same set, and so does the FSDP2 root's input move.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from lerobot_parallel.host_values import HOST_KEYS
 
-# Per-sample host values: a mapping batch's entries under these keys are never moved to the device. The
-# dataset ``index`` seeds pi0's, diffusion's and FastWAM's per-sample draws, which those policies make on
-# the host (``index.tolist()``): a device copy would cost an upload and a blocking read back every step.
-HOST_KEYS: frozenset[str] = frozenset({"index"})
+__all__ = ["HOST_KEYS", "batch_size_of", "move_to_device"]
 
 
 def move_to_device(batch: Any, device: torch.device, host_keys: frozenset[str] = HOST_KEYS) -> Any:

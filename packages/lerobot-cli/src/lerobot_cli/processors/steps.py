@@ -123,8 +123,9 @@ class DeviceStep(ProcessorStep):
 
     The per-sample host values (``lerobot_trainloop.batch.HOST_KEYS``: the dataset ``index``) stay in
     host memory: policies read them on the host (pi0's, diffusion's and FastWAM's per-sample draws), and
-    reading a device copy back would stall every step. The train loop's placement owns that set; this
-    step places the rest early so that the normaliser after it runs on the device.
+    reading a device copy back would stall every step. That set is declared once (lerobot-parallel's
+    ``host_values``) and the train loop's placement honours it too; this step places the rest early so
+    that the normaliser after it runs on the device.
     """
 
     registry_name: ClassVar[str] = "device_processor"
