@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -186,6 +187,27 @@ def test_a_negative_byte_offset_is_a_bad_offset(pair, capsys, field, value, matc
     err = _one_line(capsys, [f"--checkpoint_dir={ours}"])
     assert f"{ours / MODEL / '.metadata'}: {match}" in err, err
     assert "needs torch" not in err and "Errno" not in err
+
+
+def test_a_negative_byte_offset_is_a_bad_offset_without_torch(pair):
+    """Where torch is not installed the converter used to fall back to decoding the record and say
+    it "needs torch"; the offset is what is wrong."""
+    ours, _ = pair
+    edit_metadata(ours / MODEL, lambda m: set_storage(m, "offset", -5, fqn="model.0.weight"))
+    code = (
+        "import sys; sys.modules['torch'] = None; from lerobot_ckpt.convert.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, f"--checkpoint_dir={ours}"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and "has a bad byte offset: -5 is negative" in res.stderr, res.stderr
+    assert "needs torch" not in res.stderr
 
 
 def _chunk(metadata, fqn: str):
