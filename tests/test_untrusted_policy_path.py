@@ -103,6 +103,47 @@ def _adapter(key: str, value) -> Callable[[Path, Path], None]:
     )
 
 
+def _config(change: Callable[[dict], None]) -> Callable[[Path, Path], None]:
+    return lambda directory, made: _edit_json(directory / "config.json", change)
+
+
+def _as_act(data: dict) -> None:
+    """The MLP's config.json claiming to be an ACT policy (the MLP's own fields dropped)."""
+    for key in (
+        "hidden_dim",
+        "n_blocks",
+        "dropout",
+        "optimizer_lr",
+        "optimizer_weight_decay",
+        "grad_clip_norm",
+    ):
+        data.pop(key)
+    data["type"] = "act"
+
+
+def _weights(change: Callable[[str, object], object]) -> Callable[[Path, Path], None]:
+    def edit(directory: Path, made: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        file = directory / "model.safetensors"
+        tensors = load_file(file)
+        save_file({k: change(k, v) for k, v in tensors.items()}, str(file), metadata={"format": "pt"})
+
+    return edit
+
+
+def _int64_action_head(name: str, tensor):
+    import torch
+
+    return tensor.to(torch.int64) if name == "action_head.weight" else tensor
+
+
+def _fp16(name: str, tensor):
+    import torch
+
+    return tensor.to(torch.float16)
+
+
 CASES: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]] = {
     # name: (source run, edit, what the one line must say)
     "state_file absolute": (
@@ -126,6 +167,21 @@ CASES: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]] = {
         _adapter("lora_dropout", 1.5),
         ("adapter_config.json: lora_dropout = 1.5 must be a number in [0, 1)",),
     ),
+    "config.json type of another policy": (
+        "base",
+        _config(_as_act),
+        ("model.safetensors does not match the model (ACTPolicy): ", "type=act from ", "config.json"),
+    ),
+    "config.json sizes of terabytes": (
+        "base",
+        _config(lambda data: data.__setitem__("hidden_dim", 10**7)),
+        ("config.json: this config builds a mlp policy of 745,058.6 GiB", "hidden_dim=10000000"),
+    ),
+    "weights stored as int64": (
+        "base",
+        _weights(_int64_action_head),
+        ("model.safetensors: tensor action_head.weight is stored as int64 where the policy holds float32",),
+    ),
 }
 
 
@@ -135,3 +191,22 @@ def test_a_crafted_policy_path_is_refused_in_one_line(made, launch, tmp_path, na
     directory = _crafted(made, tmp_path, source, edit)
     res, before = _train_on(launch, directory, tmp_path)
     _refused(launch, res, before, directory, tmp_path, *needles)
+
+
+def test_a_policy_of_terabytes_is_refused_by_a_dry_run_too(made, launch, tmp_path):
+    directory = _crafted(made, tmp_path, "base", _config(lambda data: data.__setitem__("hidden_dim", 10**7)))
+    res, before = _train_on(launch, directory, tmp_path, "--dry_run=true")
+    _refused(launch, res, before, directory, tmp_path, "config.json: this config builds a mlp policy of")
+
+
+def test_fp16_weights_are_upcast_with_one_warning(made, launch, tmp_path):
+    directory = _crafted(made, tmp_path, "base", _weights(_fp16))
+    res, _ = _train_on(launch, directory, tmp_path)
+    assert res.returncode == 0, res.describe()
+    warned = [ln for ln in res.stderr.splitlines() if "stored in another float type" in ln]
+    assert len(warned) == 1 and ln_starts(warned[0]), res.describe()
+    assert "model.safetensors: " in warned[0] and "(float16 to float32)" in warned[0], warned
+
+
+def ln_starts(line: str) -> bool:
+    return line.startswith("lerobot-train: warning: ")

@@ -129,7 +129,7 @@ def test_mismatched_weights_fail_clearly(tmp_path):
     )
     save_pretrained(build_policy(cfg), cfg, tmp_path)
     other = MLPConfig(input_features=cfg.input_features, output_features=cfg.output_features, n_blocks=3)
-    with pytest.raises(ValueError, match="missing keys"):
+    with pytest.raises(ValueError, match="does not match the model .*: 4 missing from the checkpoint"):
         load_pretrained(tmp_path, config=other)
     with pytest.raises(FileNotFoundError, match="no policy config"):
         load_pretrained(tmp_path / "nowhere")

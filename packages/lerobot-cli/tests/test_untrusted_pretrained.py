@@ -163,3 +163,69 @@ def test_an_adapter_config_symlinked_out_of_its_directory_is_refused(tmp_path):
     os.symlink(outside / "adapter_config.json", directory / "adapter_config.json")
     with pytest.raises(CheckpointError, match=r"adapter_config.json is a symlink .* it was not read"):
         recorded_base(directory)
+
+
+def _mlp_dir(directory: Path) -> Path:
+    from lerobot_cli.policies.mlp.config import MLPConfig
+    from lerobot_cli.policies.weights import build_policy, save_pretrained
+
+    config = MLPConfig(
+        input_features={"observation.state": PolicyFeature("STATE", (3,))},
+        output_features={"action": PolicyFeature("ACTION", (2,))},
+        hidden_dim=8,
+    )
+    return save_pretrained(build_policy(config), config, directory)
+
+
+def test_weights_of_another_kind_are_refused_and_other_floats_converted_with_a_warning(tmp_path, caplog):
+    import torch
+    from lerobot_ckpt.errors import ModelMismatchError
+    from lerobot_cli.policies.weights import load_policy
+    from safetensors.torch import load_file, save_file
+
+    directory = _mlp_dir(tmp_path / "mlp")
+    file = directory / "model.safetensors"
+    honest = load_file(file)
+    save_file({k: v.half() for k, v in honest.items()}, str(file))
+    with caplog.at_level("WARNING"):
+        _, policy = load_policy(directory)
+    warned = [r.getMessage() for r in caplog.records if "another float type" in r.getMessage()]
+    assert len(warned) == 1 and "(float16 to float32)" in warned[0], caplog.text
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+
+    save_file(
+        {k: v.to(torch.int64) if k == "action_head.weight" else v for k, v in honest.items()}, str(file)
+    )
+    with pytest.raises(
+        ModelMismatchError, match=r"tensor action_head.weight is stored as int64 where the policy"
+    ):
+        load_policy(directory)
+
+
+def test_a_config_that_cannot_fit_in_memory_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    from lerobot_cli.policies import weights
+
+    directory = _mlp_dir(tmp_path / "mlp")
+    _, policy = weights.load_policy(directory)
+    needed = sum(p.numel() * p.element_size() for p in policy.state_dict().values())
+    monkeypatch.setattr(weights, "_memory_bytes", lambda device: (needed - 1, "RAM"))
+    built = []
+    monkeypatch.setattr(weights, "build_policy", lambda config: built.append(config))
+    with pytest.raises(
+        weights.PolicyTooLargeError, match=r"config.json: this config builds a mlp policy of .* GiB of RAM"
+    ):
+        weights.load_policy(directory)
+    assert not built, "the policy was built before its size was checked"
+
+
+def test_a_config_json_or_weights_symlinked_out_are_refused(tmp_path):
+    from lerobot_ckpt import CheckpointError
+    from lerobot_cli.policies.weights import load_policy
+
+    outside = _mlp_dir(tmp_path / "outside")
+    for i, name in enumerate(("config.json", "model.safetensors")):
+        directory = _mlp_dir(tmp_path / f"sent{i}")
+        (directory / name).unlink()
+        os.symlink(outside / name, directory / name)
+        with pytest.raises(CheckpointError, match=rf"{name} is a symlink .* it was not read"):
+            load_policy(directory)

@@ -35,6 +35,7 @@ from lerobot_ckpt.layout import POLICY_CONFIG
 from lerobot_cli.policies import extensions, registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.features import PolicyFeature
+from lerobot_cli.policies.location import own_file
 
 CONFIG_NAME = POLICY_CONFIG  # LeRobot's name, spelled by lerobot_ckpt.layout
 
@@ -166,6 +167,7 @@ def load_policy_config(path: str | Path) -> PolicyConfig:
     file = _config_file(path)
     if not file.is_file():
         raise FileNotFoundError(f"no policy config at {file}")
+    own_file(file.parent, file.name)  # a symlink out of the directory is refused before it is read
     try:
         data = json.loads(file.read_text())
     except json.JSONDecodeError as exc:

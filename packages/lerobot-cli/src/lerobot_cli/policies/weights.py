@@ -10,6 +10,7 @@ are, one copy of each shared tensor (safetensors refuses aliases; tied names are
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,12 +18,15 @@ from pathlib import Path
 import attrs
 import torch
 from lerobot_ckpt import pretrained_weights_file, read_tensors
-from lerobot_ckpt.layout import MODEL_WEIGHTS
+from lerobot_ckpt.errors import CheckpointError, ModelMismatchError
+from lerobot_ckpt.layout import MODEL_WEIGHTS, POLICY_CONFIG
+from lerobot_ckpt.state.model import few
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.location import own_file
 from lerobot_cli.policies.serialization import load_policy_config, save_policy_config
 
 MODEL_NAME = MODEL_WEIGHTS  # LeRobot's name, spelled by lerobot_ckpt.layout
@@ -152,9 +156,43 @@ def save_state_dict(state_dict: Mapping[str, Tensor], file: str | Path) -> Path:
     return file
 
 
+def check_dtypes(file: Path, state: Mapping[str, Tensor], own: Mapping[str, Tensor]) -> None:
+    """Refuse a tensor whose kind differs from the policy's (an integer where it holds a float, or
+    the reverse: ``load_state_dict`` would cast it silently, so a crafted or mis-converted file would
+    load as garbage), in one line naming the file and the tensor; say in one warning when floats are
+    converted (an fp16 file into an fp32 policy keeps fp16's precision)."""
+    converted = []
+    for name, tensor in state.items():
+        mine = own.get(name)
+        if mine is None or tensor.dtype == mine.dtype:
+            continue
+        if tensor.is_floating_point() and mine.is_floating_point():
+            converted.append(name)
+            continue
+        raise ModelMismatchError(
+            f"{file}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')} where the "
+            f"policy holds {str(mine.dtype).removeprefix('torch.')}; it is not loaded, since casting it "
+            "would change its values: use weights saved from this policy"
+        )
+    if converted:
+        kinds = sorted({f"{state[n].dtype} to {own[n].dtype}".replace("torch.", "") for n in converted})
+        log.warning(
+            "%s: %d tensors are stored in another float type than the policy holds (%s), converted on "
+            "load (e.g. %s); an upcast keeps the stored precision",
+            file,
+            len(converted),
+            ", ".join(kinds),
+            converted[0],
+        )
+
+
 def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True, adapt=None) -> None:
     """Load ``file`` into ``module``; names missing only because they alias a loaded tensor are fine.
-    ``adapt(module, state) -> state``: the policy spec's ``state_dict_adapter`` (a file in another layout)."""
+    ``adapt(module, state) -> state``: the policy spec's ``state_dict_adapter`` (a file in another layout).
+
+    A file that does not fit (other names or shapes, an integer tensor where the policy holds a float)
+    is a :class:`ModelMismatchError` in one line, the resume's own sentence, so the CLI prints it for a
+    ``--policy.path`` too (a ``config.json`` whose ``type`` is not the weights' policy ends here)."""
     file = Path(file)
     if not file.is_file():
         raise FileNotFoundError(f"no weights file at {file}")
@@ -163,14 +201,27 @@ def load_weights(module: nn.Module, file: str | Path, *, strict: bool = True, ad
     state, _ = read_tensors(file)
     if adapt is not None:
         state = adapt(module, state)
-    result = module.load_state_dict(state, strict=False)
     own = module.state_dict()
+    shapes = [
+        f"{k} (checkpoint {tuple(t.shape)}, model {tuple(own[k].shape)})"
+        for k, t in sorted(state.items())
+        if k in own and tuple(t.shape) != tuple(own[k].shape)
+    ]
+    if shapes:
+        raise ModelMismatchError(
+            f"{file} does not match the model ({type(module).__name__}): {len(shapes)} with another shape: "
+            f"{few(shapes)}"
+        )
+    check_dtypes(file, state, own)
+    result = module.load_state_dict(state, strict=False)
     loaded_storages = {_storage_key(own[k]) for k in state if k in own}
     missing = [k for k in result.missing_keys if _storage_key(own[k]) not in loaded_storages]
     if strict and (missing or result.unexpected_keys):
-        raise ValueError(
-            f"{file} does not fit {type(module).__name__}: {len(missing)} missing keys {missing[:8]}, "
-            f"{len(result.unexpected_keys)} unexpected keys {result.unexpected_keys[:8]}"
+        parts = [f"{len(missing)} missing from the checkpoint: {few(missing)}"] if missing else []
+        if result.unexpected_keys:
+            parts.append(f"{len(result.unexpected_keys)} not in the model: {few(result.unexpected_keys)}")
+        raise ModelMismatchError(
+            f"{file} does not match the model ({type(module).__name__}): {'; '.join(parts)}"
         )
 
 
@@ -197,6 +248,58 @@ def save_pretrained(
     return directory
 
 
+class PolicyTooLargeError(CheckpointError):
+    """A config whose policy cannot be built, or would not fit in this machine's memory (checked on the
+    meta device)."""
+
+
+def _memory_bytes(device: str | torch.device) -> tuple[int, str]:
+    """This machine's memory for a policy on ``device``: host RAM, or the accelerator's own memory."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_properties(index).total_memory, f"{device}'s memory"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
+
+
+def _changed_sizes(config: PolicyConfig) -> str:
+    """The integer fields ``config`` sets away from its class's defaults (where absurd sizes come from)."""
+    changed = []
+    for f in attrs.fields(type(config)):
+        value = getattr(config, f.name)
+        default = f.default if not isinstance(f.default, attrs.Factory) else None  # type: ignore[arg-type]
+        if isinstance(value, int) and not isinstance(value, bool) and value != default:
+            changed.append(f"{f.name}={value}")
+    return ", ".join(changed[:8]) or "none of its integer fields differ from the defaults"
+
+
+def check_fits_memory(config: PolicyConfig, named_by: Path, device: str | torch.device = "cpu") -> nn.Module:
+    """The policy ``config`` builds, on the meta device (shapes only, no memory), after checking that
+    its parameters and buffers fit this machine's memory (host RAM; the accelerator's for a policy
+    loaded onto one). A ``config.json`` someone sent chooses every size: one whose policy would need
+    terabytes is refused in one line naming the file and its sizes, instead of an allocator traceback
+    (or the machine swapping) while the policy is built."""
+    try:
+        with torch.device("meta"):
+            policy = registry.policy_class(config)(config)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # a negative size, say
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise PolicyTooLargeError(
+            f"{named_by}: this config cannot build a {config.type} policy ({detail}; sizes set: "
+            f"{_changed_sizes(config)}); use a config.json saved with its weights"
+        ) from None
+    tensors = {id(t): t for t in (*policy.parameters(), *policy.buffers())}.values()
+    needed = sum(t.numel() * t.element_size() for t in tensors)
+    have, where = _memory_bytes(device)
+    if needed > have:  # a --dry_run too: it plans the real run
+        raise PolicyTooLargeError(
+            f"{named_by}: this config builds a {config.type} policy of {needed / 2**30:,.1f} GiB of "
+            f"parameters and buffers, more than this machine's {have / 2**30:,.1f} GiB of {where} "
+            f"(sizes set: {_changed_sizes(config)}); use a config.json saved with its weights"
+        )
+    return policy
+
+
 def load_policy(
     directory: str | Path,
     *,
@@ -209,8 +312,16 @@ def load_policy(
     ``config`` overrides the directory's ``config.json`` (e.g. with CLI flags applied).
     """
     config = without_init_only_fields(config if config is not None else load_policy_config(directory))
-    policy = build_policy(config)
-    load_weights(
-        policy, pretrained_weights_file(directory), strict=strict, adapt=registry.state_dict_adapter(config)
-    )
+    weights = pretrained_weights_file(directory)
+    own_file(weights.parent, weights.name)  # the directory's own file, not a symlink out of it
+    policy = check_fits_memory(config, Path(directory) / POLICY_CONFIG, device)
+    if torch.get_default_device().type != "meta":  # a --dry_run (meta by default) keeps the checked one
+        policy = build_policy(config)
+    try:
+        load_weights(policy, weights, strict=strict, adapt=registry.state_dict_adapter(config))
+    except ModelMismatchError as exc:
+        raise ModelMismatchError(
+            f"{exc} (the config, type={config.type} from {Path(directory) / POLICY_CONFIG} with any "
+            "overrides, builds other tensors: the weights were saved by another policy type or config)"
+        ) from None
     return config, policy.to(device).eval()
