@@ -81,6 +81,27 @@ def test_a_metadata_swapped_after_load_dcps_check_is_refused_by_the_reader(pair,
     assert all(not t.any() for t in targets.values())
 
 
+def test_a_refused_metadata_is_not_replaced_by_a_rank_file(pair, tmp_path, monkeypatch):
+    """torch falls back to ``__<rank>.metadata`` when ``.metadata`` cannot be read: after a refusal the
+    reader refuses that too (a crafted ``.metadata`` beside a clean rank file would otherwise load), and
+    ``load_dcp`` reports the refusal, not torch's "metadata is None"."""
+    ours, _ = pair
+    marker = tmp_path / "ran-code"
+    (ours / "__0.metadata").write_bytes((ours / ".metadata").read_bytes())  # a clean one beside it
+    checked = save_load.load_metadata
+
+    def check_then_swap(path):
+        metadata = checked(path)
+        exploit_metadata(ours, marker)
+        return metadata
+
+    monkeypatch.setattr(save_load, "load_metadata", check_then_swap)
+    targets = _targets()
+    with pytest.raises(UnsupportedCheckpointError, match=FOREIGN):
+        load_dcp(ours, "model", targets, collective=False)
+    assert all(not t.any() for t in targets.values()) and not marker.exists()
+
+
 def test_the_reader_refuses_a_relative_path_outside_its_directory(pair):
     ours, theirs = pair
     edit_metadata(ours, lambda m: set_storage(m, "relative_path", lambda p: str(theirs / p)))
