@@ -229,3 +229,29 @@ def test_a_config_json_or_weights_symlinked_out_are_refused(tmp_path):
         os.symlink(outside / name, directory / name)
         with pytest.raises(CheckpointError, match=rf"{name} is a symlink .* it was not read"):
             load_policy(directory)
+
+
+@pytest.mark.parametrize(
+    "fields, what",
+    [
+        ({"action_dim": 3, "proprio_dim": 2}, "action"),
+        ({"action_dim": 2, "proprio_dim": 5}, "observation.state"),
+    ],
+)
+def test_a_pretrained_fastwam_on_other_widths_says_they_cannot_change(fields, what):
+    """The fresh-policy message suggests --policy.action_dim=<the dataset's>, which then fails on the saved
+    action_dit_config; a --policy.path policy gets what can work instead."""
+    from lerobot_cli.policies.dataset_fit import policy_config_for_dataset
+    from lerobot_cli.policies.fastwam.config import FastWAMConfig
+
+    features = json.loads((Path(__file__).parents[3] / "data/lerobot/demo_reach/meta/info.json").read_text())
+    saved = FastWAMConfig(variant="tiny", pretrained_path="/ckpt/pretrained_model", **fields)
+    with pytest.raises(ValueError) as info:
+        policy_config_for_dataset(saved, features["features"]).validate_features()
+    message = str(info.value)
+    assert message.startswith(f"the dataset's {what} has shape [2], but the pretrained policy /ckpt/")
+    assert "a pretrained policy's widths cannot change" in message and "pass --policy." not in message
+    assert "--policy.base_model_id=/ckpt/pretrained_model" in message
+    fresh = FastWAMConfig(variant="tiny", **fields)  # a fresh policy keeps the flag's suggestion
+    with pytest.raises(ValueError, match="; pass --policy."):
+        policy_config_for_dataset(fresh, features["features"]).validate_features()

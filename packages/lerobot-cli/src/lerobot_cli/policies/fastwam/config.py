@@ -487,6 +487,20 @@ class FastWAMConfig(PolicyConfig):
             inputs[OBS_STATE] = features[OBS_STATE]
         return attrs.evolve(self, input_features=inputs, output_features=outputs)
 
+    def _refuse_other_width(self, what: str, shape: list[int], saved: str) -> None:
+        """A pretrained policy (``--policy.path``) on a dataset of other widths: its DiTs and weights are
+        built for its own ``action_dim``/``proprio_dim``, so the flag the fresh-policy message suggests
+        would fail on the saved ``action_dit_config``; say what can work instead."""
+        if not self.pretrained_path:
+            return
+        raise ValueError(
+            f"the dataset's {what} has shape {shape}, but the pretrained policy {self.pretrained_path} was "
+            f"trained with {saved}, and a pretrained policy's widths cannot change (its networks and "
+            f"weights are built for them): use a dataset with those widths, or train a fresh policy of its "
+            f"network sizes that starts from its weights, --policy.type=fastwam --policy.base_model_id="
+            f"{self.pretrained_path} (tensors of other widths keep their fresh initialisation)"
+        )
+
     def validate_features(self) -> None:
         """LeRobot's feature rules, checked once the features come from the dataset."""
         if not self.image_features:
@@ -500,6 +514,7 @@ class FastWAMConfig(PolicyConfig):
                 f"fastwam needs an 'action' output feature; got {sorted(self.output_features) or 'none'}"
             )
         if tuple(action.shape) != (self.action_dim,):
+            self._refuse_other_width("action", list(action.shape), f"action_dim={self.action_dim}")
             raise ValueError(
                 f"the action has shape {list(action.shape)} but --policy.action_dim is "
                 f"{self.action_dim}; pass --policy.action_dim={action.shape[-1]}"
@@ -513,6 +528,9 @@ class FastWAMConfig(PolicyConfig):
                     "proprioception"
                 )
             if tuple(state.shape) != (self.proprio_dim,):
+                self._refuse_other_width(
+                    "observation.state", list(state.shape), f"proprio_dim={self.proprio_dim}"
+                )
                 raise ValueError(
                     f"observation.state has shape {list(state.shape)} but --policy.proprio_dim "
                     f"is {self.proprio_dim}; pass --policy.proprio_dim={state.shape[-1]}"
