@@ -134,3 +134,42 @@ def test_pi_action_feature_names_come_from_the_dataset(config_class):
         "action": {k: v for k, v in features["action"].items() if k != "names"}
     }
     assert policy_config_for_dataset(config_class(), features).action_feature_names is None
+
+
+def test_a_policy_path_fine_tune_normalises_with_the_new_dataset_and_a_resume_keeps_its_own(runs, tmp_path):
+    """LeRobot's ``lerobot-train`` overrides a ``--policy.path``'s (un)normaliser statistics with the training
+    dataset's (ImageNet's camera mean/std under the default) unless it resumes. Here the new dataset is the
+    demo with its state statistics changed; the fine-tune saves those, the resume of that fine-tune on the
+    demo itself keeps them."""
+    import shutil
+
+    other = Path(shutil.copytree(DEMO, tmp_path / "other"))
+    raw = json.loads((other / "meta" / "stats.json").read_text())
+    raw["observation.state"]["mean"] = [m + 1.5 for m in raw["observation.state"]["mean"]]
+    raw["action"]["std"] = [s * 2 for s in raw["action"]["std"]]
+    (other / "meta" / "stats.json").write_text(json.dumps(raw))
+    base = runs["dataset"]  # trained with the dataset's own camera statistics
+    args = [a for a in ACT if not a.startswith(("--dataset.root", "--policy."))]
+    tuned = tmp_path / "tuned"
+    assert main([*args, f"--dataset.root={other}", f"--policy.path={base}", f"--output_dir={tuned}"]) == 0
+    saved = tuned / "checkpoints" / "last" / "pretrained_model"
+    for file in (PRE, POST):
+        values = load_file(str(saved / file))
+        assert torch.equal(values["action.std"], torch.tensor(raw["action"]["std"], dtype=torch.float32)), (
+            file
+        )
+        camera = _camera(saved, file)
+        for name, value in IMAGENET.items():  # the default flag applies to the new dataset's stats
+            assert torch.equal(camera[name], value), (file, name)
+    state_mean = load_file(str(saved / PRE))["observation.state.mean"]
+    assert torch.equal(state_mean, torch.tensor(raw["observation.state"]["mean"], dtype=torch.float32))
+    resumed = [
+        *args,
+        f"--dataset.root={DEMO}",
+        "--resume=true",
+        f"--config_path={saved / 'train_config.json'}",
+        "--steps=2",
+    ]
+    assert main(resumed) == 0
+    again = load_file(str(tuned / "checkpoints" / "last" / "pretrained_model" / PRE))
+    assert torch.equal(again["observation.state.mean"], state_mean)  # a resume keeps its checkpoint's

@@ -47,6 +47,7 @@ from lerobot_cli.processors import load_processors, make_pre_post_processors
 from lerobot_cli.processors.factory import QUANTILE_STATS_FIX, MissingStatsError
 from lerobot_cli.processors.normalize import REQUIRED_STATS
 from lerobot_cli.processors.pipeline import ProcessorPipeline
+from lerobot_cli.processors.restat import use_dataset_stats
 from lerobot_cli.processors.tokenizer import TokenizerStep, TokenizerUnavailableError
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,11 @@ def build_workload(
     source = processors_from or pretrained
     if source is not None and _has_processors(source):
         pre, post = load_processors(source, device=device)
+        if processors_from is None:  # a --policy.path fine-tune, not a resume: the dataset's stats
+            try:
+                use_dataset_stats(pre, post, policy_cfg, processor_stats(cfg, dataset))
+            except MissingStatsError as exc:
+                raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
     else:
         try:
             pre, post = make_pre_post_processors(policy_cfg, processor_stats(cfg, dataset), device=device)
