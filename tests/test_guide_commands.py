@@ -266,6 +266,7 @@ def test_guide_covers_the_seed_guide():
         "## Resuming",
         "## Experiment tracking",
         "## Interrupts and failures",
+        "## Trust",
         "## Notes",
     ):
         assert re.search(rf"^{re.escape(heading)}$", text, re.MULTILINE), f"missing section {heading!r}"
