@@ -99,8 +99,29 @@ def test_a_hub_cache_snapshot_may_point_into_its_own_blobs_only(tmp_path):
     assert pre.step("normalizer_processor").state_dict()
 
     stray = _hub_snapshot(tmp_path / "hub2", source, blob_root=tmp_path / "elsewhere")
-    with pytest.raises(UnsafePathError, match=r"steps\[3\].state_file = .* is a symlink"):
-        load_processors(stray)
+    with pytest.raises(ValueError, match=r"policy_preprocessor.json is a symlink .* it was not read"):
+        load_processors(stray)  # the pipeline file itself first: not a byte of it is read
+
+
+def test_a_pipeline_file_or_config_sidecar_symlinked_out_is_refused_before_it_is_read(tmp_path):
+    from lerobot_ckpt import CheckpointError
+    from lerobot_cli.custom_code import tokenizers_named_in
+    from lerobot_cli.policies.extensions import merge_sidecar
+
+    outside = _processors(tmp_path / "outside")
+    directory = _processors(tmp_path / "sent")
+    elsewhere = {"steps": [{"registry_name": "tokenizer_processor", "config": {"tokenizer_name": "o/t"}}]}
+    (outside / "other.json").write_text(json.dumps(elsewhere))
+    (directory / PRE).unlink()
+    os.symlink(outside / "other.json", directory / PRE)
+    with pytest.raises(CheckpointError, match=rf"{PRE} is a symlink .* it was not read"):
+        load_processors(directory)
+    assert tokenizers_named_in(directory / PRE) == []  # the early custom-code check does not read it either
+
+    (outside / "config_extensions.json").write_text(json.dumps({"type": "act"}))
+    os.symlink(outside / "config_extensions.json", directory / "config_extensions.json")
+    with pytest.raises(CheckpointError, match=r"config_extensions.json is a symlink .* it was not read"):
+        merge_sidecar({"type": "act"}, directory / "config.json")
 
 
 def _adapter_dir(directory: Path) -> Path:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lerobot_cli.policies.location import own_file
+
 # The files transformers reads an ``auto_map`` from when it loads a tokenizer (or its config).
 AUTO_MAP_FILES = ("tokenizer_config.json", "config.json")
 TOKENIZER_STEP = "tokenizer_processor"  # LeRobot's registry name of the step that loads a tokenizer
@@ -84,8 +86,9 @@ def tokenizers_named_in(pipeline_file: Path) -> list[str]:
     """The ``tokenizer_name`` of every tokenizer step of a processor pipeline file
     (``policy_preprocessor.json``) that a ``--policy.path`` brings; [] when the file is absent or unreadable
     (its loader says why)."""
-    try:
-        data = json.loads(Path(pipeline_file).read_text(encoding="utf-8"))
+    try:  # a symlink out of its directory is not read (its loader refuses it in one line)
+        file = own_file(Path(pipeline_file).parent, Path(pipeline_file).name)
+        data = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return []
     steps = data.get("steps") if isinstance(data, dict) else None

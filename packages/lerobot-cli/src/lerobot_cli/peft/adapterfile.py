@@ -23,7 +23,7 @@ from typing import Any
 
 from lerobot_ckpt.layout import ADAPTER_CONFIG
 
-from lerobot_cli.peft.basefile import BASE_KEY, PeftSetupError
+from lerobot_cli.peft.errors import BASE_KEY, PeftSetupError
 from lerobot_cli.policies.location import own_file
 
 _INITS = ("gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal", "mica")

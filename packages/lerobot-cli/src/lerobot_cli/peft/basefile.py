@@ -14,12 +14,10 @@ from pathlib import Path
 
 from lerobot_ckpt.layout import ADAPTER_CONFIG
 
-BASE_KEY = "base_model_name_or_path"
+from lerobot_cli.peft.adapterfile import read_adapter_config
+from lerobot_cli.peft.errors import BASE_KEY, PeftSetupError  # PeftSetupError's users import it from here
+
 _HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<owner>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+/?$")
-
-
-class PeftSetupError(ValueError):
-    """A PEFT run that cannot start as configured (the message names the flag or file)."""
 
 
 def is_adapter_dir(directory: str | Path) -> bool:
@@ -28,8 +26,6 @@ def is_adapter_dir(directory: str | Path) -> bool:
 
 def recorded_base(directory: str | Path) -> str:
     """The base policy an adapter directory was trained on (local path or Hub repo id)."""
-    from lerobot_cli.peft.adapterfile import read_adapter_config  # it imports this module's error
-
     # Every field's value is checked before the base is resolved (a download, maybe); the keys only a
     # load needs are required by the load.
     base = read_adapter_config(directory, complete=False).get(BASE_KEY)

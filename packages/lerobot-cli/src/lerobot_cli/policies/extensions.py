@@ -28,6 +28,7 @@ from lerobot_ckpt.layout import POLICY_CONFIG_EXTENSIONS
 
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.policies.location import own_file
 
 SIDECAR_NAME = POLICY_CONFIG_EXTENSIONS  # spelled by lerobot_ckpt.layout
 
@@ -70,6 +71,7 @@ def merge_sidecar(data: dict[str, Any], config_file: Path) -> tuple[dict[str, An
     path = sidecar_path(config_file)
     if not path.is_file() or not isinstance(data.get("type"), str):
         return data, []  # no sidecar; a missing type is reported by the parser, naming config.json
+    own_file(path.parent, path.name)  # not a symlink out of the directory
     try:
         sidecar = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

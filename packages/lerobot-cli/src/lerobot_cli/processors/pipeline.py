@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from lerobot_cli.filewrites import writing
-from lerobot_cli.policies.location import links_root
+from lerobot_cli.policies.location import links_root, own_file
 from lerobot_cli.policies.registry import available, config_class, spec_of
 from lerobot_cli.processors.steps import STEP_REGISTRY, Batch, ProcessorStep
 
@@ -173,6 +173,7 @@ class ProcessorPipeline:
         path = directory / config_filename
         if not path.is_file():
             raise MissingProcessorFileError(f"no processor pipeline at {path}")
+        own_file(directory, config_filename)  # not a symlink out of the directory (a Hub snapshot's may)
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
