@@ -204,9 +204,5 @@ def test_fp16_weights_are_upcast_with_one_warning(made, launch, tmp_path):
     res, _ = _train_on(launch, directory, tmp_path)
     assert res.returncode == 0, res.describe()
     warned = [ln for ln in res.stderr.splitlines() if "stored in another float type" in ln]
-    assert len(warned) == 1 and ln_starts(warned[0]), res.describe()
+    assert len(warned) == 1 and warned[0].startswith("lerobot-train: warning: "), res.describe()
     assert "model.safetensors: " in warned[0] and "(float16 to float32)" in warned[0], warned
-
-
-def ln_starts(line: str) -> bool:
-    return line.startswith("lerobot-train: warning: ")
