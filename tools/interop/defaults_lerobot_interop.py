@@ -5,8 +5,11 @@ dataset, as a user's run does, so a default that differs (``--dataset.use_imagen
 replaces every camera's mean and std with ImageNet's by default) shows up in the files. For each policy
 (act, diffusion, pi0, pi05, fastwam), with the default and with ``--dataset.use_imagenet_stats=false``,
 every file ``policy_preprocessor*`` / ``policy_postprocessor*`` must be equal: the JSON files as parsed
-JSON, the state files key for key (same keys, shapes, dtypes and values, exactly). Runs in two
-interpreters:
+JSON, the state files key for key (same keys, shapes, dtypes and values, exactly). act and diffusion are
+also fine-tuned with ``--policy.path`` (both sides from the same LeRobot-trained ``pretrained_model/``) on a
+second dataset whose ``meta/stats.json`` differs: LeRobot's ``lerobot-train`` then normalises with that
+dataset's statistics (ImageNet's camera mean/std under the default) and the policy's features, not the
+checkpoint's, and so must ours. Runs in two interpreters:
 
     uv run python tools/interop/defaults_lerobot_interop.py --lerobot-python <LeRobot env>/bin/python
 
@@ -18,6 +21,11 @@ interpreters:
      lerobot_train:main``, its console script, called in this process once per run with its command line
      in ``sys.argv``): default flags but what a CPU run offline needs (tiny sizes, no ImageNet backbone
      download, 1 step, batch 2, 0 workers);
+   - act, diffusion fine-tune: the dataset copied with other statistics in ``meta/stats.json`` (state mean
+     +1.5, action std ×2, the camera's mean, std and min changed; the frames are the same), then
+     ``lerobot-train --policy.path=<its {policy}_false checkpoint's pretrained_model>`` on that copy, 1 step,
+     default flags and with ``--dataset.use_imagenet_stats=false``. The base was trained with the first
+     dataset's own camera statistics, so each statistic a fine-tune saves differs from the base's;
    - pi0, pi05, fastwam: LeRobot cannot build these offline on a CPU (PaliGemma's 3B weights and tokenizer;
      Wan2.2's VAE and UMT5), so its ``lerobot-train`` is followed up to its processors and no further: the
      same command line parsed by its own parser into its ``TrainPipelineConfig`` (``cfg.validate()``),
@@ -29,10 +37,15 @@ interpreters:
      (data/tokenizers/demo_bytes), named as on our side.
 2. ours (this env, one process): ``lerobot-train`` (``lerobot_cli.train.main``) for each policy and flag
    on the same dataset, from scratch, 1 step: act/diffusion with LeRobot's tiny sizes; pi0/pi05/fastwam with
-   the tiny variants (``gemma_tiny`` / ``variant=tiny``) and the demo tokenizer.
+   the tiny variants (``gemma_tiny`` / ``variant=tiny``) and the demo tokenizer; then the same fine-tunes
+   from LeRobot's base ``pretrained_model/`` (our checkpoints being LeRobot's format, it loads as a user's
+   download would).
 3. compare: every file of both ``pretrained_model/`` directories, and the cameras' saved mean/std printed
    (pi0, pi05 and FastWAM normalise VISUAL with IDENTITY, so there the camera's statistics are saved but
-   change no input). Each flag value must also change the camera's mean/std on both sides.
+   change no input). Each flag value must also change the camera's mean/std on both sides. A fine-tune's
+   files must be equal too, and on each side its saved state mean, action std (pre and post) and camera
+   min must be the second dataset's, its camera mean/std ImageNet's under the default and the second
+   dataset's under ``false``: equal files that both kept the base's statistics would prove nothing.
 
 Exit status 0 means every comparison passed.
 """
@@ -54,6 +67,7 @@ REPO_ID = "local/imagenet_defaults"
 CAMERA = "observation.images.top"
 POLICIES = ("act", "diffusion", "pi0", "pi05", "fastwam")
 TRAINED_BY_LEROBOT = ("act", "diffusion")  # the others: LeRobot's processors only (see the docstring)
+FINE_TUNE_BASE = "false"  # fine-tunes start from LeRobot's {policy}_false: the first dataset's camera stats
 FLAGS = {"default": [], "false": ["--dataset.use_imagenet_stats=false"]}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 # Flags both trainers get: offline on a CPU, small and fast; nothing that touches normalisation.
@@ -103,6 +117,54 @@ LEROBOT_ONLY = ["--policy.push_to_hub=false", "--wandb.enable=false"]
 
 def _case(policy: str, flag: str) -> str:
     return f"{policy}_{flag}"
+
+
+def _tune_case(policy: str, flag: str) -> str:
+    return f"{policy}_finetune_{flag}"
+
+
+def _pretrained(work: Path, side: str, case: str) -> Path:
+    return work / side / case / "checkpoints" / "last" / "pretrained_model"
+
+
+def _tune_argv(policy: str, flag: str, work: Path, output_dir: Path, extra: list[str]) -> list[str]:
+    """A fine-tune of LeRobot's base checkpoint on the second dataset: ``--policy.path`` brings the policy's
+    config (its tiny sizes included), so only what the run itself needs is passed."""
+    return [
+        f"--dataset.repo_id={REPO_ID}",
+        f"--dataset.root={work / 'dataset_tune'}",
+        f"--policy.path={_pretrained(work, 'lerobot', _case(policy, FINE_TUNE_BASE))}",
+        *extra,
+        *COMMON,
+        *FLAGS[flag],
+        f"--output_dir={output_dir}",
+    ]
+
+
+def tune_stats(stats: dict) -> dict:
+    """The second dataset's ``meta/stats.json``: the first's with the state mean shifted, the action std
+    scaled and the camera's mean, std and min changed (its max, count and quantiles kept)."""
+    stats = json.loads(json.dumps(stats))
+    stats["observation.state"]["mean"] = [m + 1.5 for m in stats["observation.state"]["mean"]]
+    stats["action"]["std"] = [s * 2 for s in stats["action"]["std"]]
+    camera = stats[CAMERA]
+    camera["mean"] = [[[v]] for v in (0.3, 0.5, 0.2)]
+    camera["std"] = [[[v]] for v in (0.11, 0.07, 0.13)]
+    camera["min"] = [[[c[0][0] + 0.01]] for c in camera["min"]]
+    return stats
+
+
+def write_tune_dataset(work: Path) -> None:
+    """The dataset copied, frames and all, with :func:`tune_stats`'s ``meta/stats.json``."""
+    import shutil
+
+    tune = work / "dataset_tune"
+    if (tune / "meta" / "info.json").is_file():
+        return
+    shutil.copytree(work / "dataset", tune)
+    stats_file = tune / "meta" / "stats.json"
+    stats_file.write_text(json.dumps(tune_stats(json.loads(stats_file.read_text())), indent=4))
+    print(f"[lerobot] wrote {tune}: the dataset with other statistics")
 
 
 def _argv(policy: str, flag: str, dataset: Path, output_dir: Path, extra: list[str]) -> list[str]:
@@ -214,6 +276,7 @@ def lerobot_side(work: Path, policies: list[str]) -> None:
     dataset = work / "dataset"
     if not (dataset / "meta" / "info.json").is_file():
         lerobot_write_dataset(dataset)
+    write_tune_dataset(work)
     for policy in policies:
         for flag in FLAGS:
             argv = _argv(policy, flag, dataset, work / "lerobot" / _case(policy, flag), LEROBOT_ONLY)
@@ -223,6 +286,14 @@ def lerobot_side(work: Path, policies: list[str]) -> None:
                 lerobot_train()
             else:
                 lerobot_processors(argv)
+        if policy not in TRAINED_BY_LEROBOT:
+            continue
+        for flag in FLAGS:
+            tag = _tune_case(policy, flag)
+            argv = _tune_argv(policy, flag, work, work / "lerobot" / tag, LEROBOT_ONLY)
+            print(f"[lerobot] {tag}: lerobot-train {' '.join(argv)}", flush=True)
+            sys.argv = ["lerobot-train", *argv]
+            lerobot_train()
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
@@ -239,6 +310,14 @@ def ours_side(work: Path, policies: list[str]) -> None:
             print(f"[ours] {_case(policy, flag)}: lerobot-train {' '.join(argv)}", flush=True)
             if lerobot_train(argv) != 0:
                 raise SystemExit(f"[ours] {_case(policy, flag)}: lerobot-train failed")
+        if policy not in TRAINED_BY_LEROBOT:
+            continue
+        for flag in FLAGS:
+            tag = _tune_case(policy, flag)
+            argv = _tune_argv(policy, flag, work, work / "ours" / tag, [])
+            print(f"[ours] {tag}: lerobot-train {' '.join(argv)}", flush=True)
+            if lerobot_train(argv) != 0:
+                raise SystemExit(f"[ours] {tag}: lerobot-train failed")
 
 
 # ---------------------------------------------------------------- comparison (torch + safetensors only)
@@ -260,13 +339,11 @@ def _camera_stats(directory: Path) -> dict[str, list[float]]:
     return {s: [round(v, 4) for v in state[f"{CAMERA}.{s}"].flatten().tolist()] for s in ("mean", "std")}
 
 
-def compare_case(policy: str, flag: str, work: Path) -> tuple[bool, dict]:
+def compare_case(tag: str, work: Path) -> tuple[bool, dict]:
     import torch
     from safetensors.torch import load_file
 
-    tag = _case(policy, flag)
-    theirs = work / "lerobot" / tag / "checkpoints" / "last" / "pretrained_model"
-    ours = work / "ours" / tag / "checkpoints" / "last" / "pretrained_model"
+    theirs, ours = _pretrained(work, "lerobot", tag), _pretrained(work, "ours", tag)
     ok = True
     if _files(theirs) != _files(ours):
         print(f"[{tag}] processor files differ: LeRobot {_files(theirs)}, ours {_files(ours)}")
@@ -310,7 +387,7 @@ def compare(work: Path, policies: list[str]) -> bool:
     for policy in policies:
         cameras = {}
         for flag in FLAGS:
-            good, cameras[flag] = compare_case(policy, flag, work)
+            good, cameras[flag] = compare_case(_case(policy, flag), work)
             ok &= good
         for side in ("lerobot", "ours"):  # the flag must act on both sides, or the equality proves little
             default, dataset = cameras["default"].get(side), cameras["false"].get(side)
@@ -322,6 +399,50 @@ def compare(work: Path, policies: list[str]) -> bool:
                     f"--dataset.use_imagenet_stats=false did not change it ({dataset['mean']})"
                 )
                 ok = False
+        if policy in TRAINED_BY_LEROBOT:
+            for flag in FLAGS:
+                good, _ = compare_case(_tune_case(policy, flag), work)
+                ok &= good & tune_took_dataset_stats(policy, flag, work)
+    return ok
+
+
+def tune_took_dataset_stats(policy: str, flag: str, work: Path) -> bool:
+    """Each side's fine-tune saved the second dataset's statistics (ImageNet's camera mean/std under the
+    default), not its base checkpoint's: the files' equality alone would pass if both sides kept those."""
+    import torch
+    from safetensors.torch import load_file
+
+    tag = _tune_case(policy, flag)
+    stats = json.loads((work / "dataset_tune" / "meta" / "stats.json").read_text())
+    camera = {s: torch.tensor(stats[CAMERA][s], dtype=torch.float32) for s in ("mean", "std", "min")}
+    if flag == "default":
+        camera["mean"] = torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(3, 1, 1)
+        camera["std"] = torch.tensor((0.229, 0.224, 0.225), dtype=torch.float32).view(3, 1, 1)
+    wanted = {
+        "pre": {
+            "observation.state.mean": torch.tensor(stats["observation.state"]["mean"], dtype=torch.float32),
+            "action.std": torch.tensor(stats["action"]["std"], dtype=torch.float32),
+            **{f"{CAMERA}.{s}": value for s, value in camera.items()},
+        },
+        "post": {"action.std": torch.tensor(stats["action"]["std"], dtype=torch.float32)},
+    }
+    ok = True
+    for side in ("lerobot", "ours"):
+        directory = _pretrained(work, side, tag)
+        for kind, values in wanted.items():
+            name = next(
+                n
+                for n in _files(directory)
+                if n.startswith(f"policy_{kind}processor") and "normalizer_processor" in n
+            )
+            state = load_file(str(directory / name))
+            for key, value in values.items():
+                if key not in state or not torch.equal(state[key], value):
+                    got = state[key].flatten().tolist() if key in state else None
+                    print(f"[{tag}] {side} {name} {key}: {got}, expected {value.flatten().tolist()}")
+                    ok = False
+    if ok:
+        print(f"[{tag}] both sides normalise with the second dataset's statistics, not the checkpoint's")
     return ok
 
 
@@ -388,7 +509,10 @@ def main() -> int:
             print("defaults: FAIL: our side did not finish")
             return 1
         ok = compare(work, policies)
-    print(f"defaults: {'PASS' if ok else 'FAIL'}: both trainers' processor files with default flags")
+    print(
+        f"defaults: {'PASS' if ok else 'FAIL'}: both trainers' processor files with default flags, "
+        "from scratch and fine-tuned"
+    )
     return 0 if ok else 1
 
 
