@@ -103,6 +103,17 @@ def _adapter(key: str, value) -> Callable[[Path, Path], None]:
     )
 
 
+def _adapter_weights_as_int64(directory: Path, made: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    file = directory / "adapter_model.safetensors"
+    tensors = load_file(file)
+    first = min(tensors)
+    tensors[first] = tensors[first].to(torch.int64)
+    save_file(tensors, str(file), metadata={"format": "pt"})
+
+
 def _config(change: Callable[[dict], None]) -> Callable[[Path, Path], None]:
     return lambda directory, made: _edit_json(directory / "config.json", change)
 
@@ -166,6 +177,11 @@ CASES: dict[str, tuple[str, Callable[[Path, Path], None], tuple[str, ...]]] = {
         "peft",
         _adapter("lora_dropout", 1.5),
         ("adapter_config.json: lora_dropout = 1.5 must be a number in [0, 1)",),
+    ),
+    "adapter weights stored as int64": (
+        "peft",
+        _adapter_weights_as_int64,
+        ("adapter_model.safetensors: tensor ", " is stored as I64, not a float type"),
     ),
     "config.json type of another policy": (
         "base",

@@ -11,6 +11,8 @@ while the frozen base keeps its stored dtype (bf16/fp16 halves its memory).
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,30 @@ def save_adapter_config(model: PeftModel, directory: Path) -> None:
     model.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
 
 
+_FLOATS = ("F64", "F32", "F16", "BF16")
+_MAX_HEADER = 100 << 20  # a LoRA adapter's header is kilobytes; a larger length is a damaged file
+
+
+def _refuse_non_float_tensors(file: Path) -> None:
+    """LoRA weights are floats: a tensor stored as an integer (peft would cast it silently) is refused
+    in one line naming the file and the tensor, from the header alone (no tensor is read)."""
+    try:
+        with file.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > _MAX_HEADER:
+                raise ValueError(f"a header of {length} bytes")
+            header = json.loads(f.read(length))
+        entries = {k: v.get("dtype") for k, v in header.items() if k != "__metadata__"}
+    except (OSError, struct.error, ValueError, AttributeError) as exc:
+        raise AdapterConfigError(f"{file} is not a readable safetensors file ({exc})") from None
+    for name, dtype in entries.items():
+        if dtype not in _FLOATS:
+            raise AdapterConfigError(
+                f"{file}: tensor {name} is stored as {dtype}, not a float type; LoRA weights are floats, "
+                "and casting it would change its values: use an adapter saved by peft"
+            )
+
+
 def checked_lora_config(directory: Path) -> LoraConfig:
     """The adapter's ``LoraConfig`` from its checked fields (:mod:`lerobot_cli.peft.adapterfile`), after
     checking that its weights are the directory's own ``adapter_model.safetensors`` (peft falls back to
@@ -128,6 +154,7 @@ def checked_lora_config(directory: Path) -> LoraConfig:
     file = own_file(directory, ADAPTER_WEIGHTS)
     if not file.is_file():
         raise PeftSetupError(f"{file} is missing: the adapter's weights must be {ADAPTER_WEIGHTS}")
+    _refuse_non_float_tensors(file)
     fields = read_adapter_config(directory)
     try:
         return LoraConfig.from_peft_type(**fields)
