@@ -75,3 +75,77 @@ def test_metrics_are_never_appended_through_a_symlink(tmp_path, victim):
         reporter.log(1, {"loss": 1.0})
     reporter.close()
     assert victim.read_text() == "precious"
+
+
+def _plant_aside_links(run: Path, target: Path, suffixes: tuple[str, ...]) -> None:
+    """Symlinks under ``abandoned/`` named for every timestamp of the next minutes (red team 6)."""
+    import datetime as dt
+
+    (run / "abandoned").mkdir()
+    start = dt.datetime.now()
+    for second in range(-2, 180):
+        stamp = (start + dt.timedelta(seconds=second)).strftime("%Y%m%d-%H%M%S")
+        for suffix in suffixes:
+            (run / "abandoned" / f"{stamp}-{suffix}").symlink_to(target, target_is_directory=True)
+
+
+@pytest.mark.parametrize("abandon_newer", [False, True])
+def test_a_resume_never_moves_into_a_planted_abandoned_entry(tmp_path, abandon_newer):
+    elsewhere = tmp_path / "victim_home"
+    elsewhere.mkdir()
+    (elsewhere / METRICS_FILE).write_text("precious\n")
+    run = tmp_path / "run"
+    for step in ("000002", "000004"):
+        (run / "checkpoints" / step).mkdir(parents=True)
+    lines = [json.dumps({"step": s, "loss": 1.0}) for s in (1, 2, 3, 4)]
+    (run / METRICS_FILE).write_text("".join(ln + "\n" for ln in lines))
+    _plant_aside_links(run, elsewhere, ("after-000002",))
+    resume = SimpleNamespace(
+        in_place=True,
+        abandon=(run / "checkpoints" / "000004",) if abandon_newer else (),
+        checkpoint=run / "checkpoints" / "000002",
+    )
+    plan = SimpleNamespace(cfg=SimpleNamespace(output_dir=str(run)), resume=resume)
+    notes = inspect_run_dir(plan).apply()
+    assert sorted(p.name for p in elsewhere.iterdir()) == [METRICS_FILE]
+    assert (elsewhere / METRICS_FILE).read_text() == "precious\n"
+    (aside,) = [p for p in (run / "abandoned").iterdir() if not p.is_symlink()]
+    assert (aside / METRICS_FILE).read_text().splitlines() == lines[2:]
+    assert (run / METRICS_FILE).read_text().splitlines() == lines[:2]
+    if abandon_newer:
+        assert (aside / "checkpoints" / "000004").is_dir() and not (aside / "checkpoints").is_symlink()
+        assert not (run / "checkpoints" / "000004").exists()
+    assert any(str(aside) in n for n in notes)
+
+
+def test_a_fresh_run_never_moves_earlier_metrics_into_a_planted_abandoned_entry(tmp_path):
+    elsewhere = tmp_path / "victim_home"
+    elsewhere.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / METRICS_FILE).write_text(json.dumps({"step": 1}) + "\n")
+    _plant_aside_links(run, elsewhere, ("earlier-run",))
+    inspect_run_dir(_fresh_plan(run)).apply()
+    assert list(elsewhere.iterdir()) == []
+    (aside,) = [p for p in (run / "abandoned").iterdir() if not p.is_symlink()]
+    assert (aside / METRICS_FILE).is_file() and not (run / METRICS_FILE).exists()
+
+
+def test_set_aside_refuses_a_symlinked_or_existing_destination(tmp_path):
+    from lerobot_ckpt import set_aside
+
+    checkpoints = tmp_path / "checkpoints"
+    for step in ("000002", "000004"):
+        (checkpoints / step).mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    (aside / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(CheckpointWriteError, match="is a symlink"):
+        set_aside([checkpoints / "000004"], aside / "checkpoints", point_last_at=checkpoints / "000002")
+    (aside / "checkpoints").unlink()
+    (aside / "checkpoints").mkdir()
+    with pytest.raises(CheckpointWriteError, match="already exists"):
+        set_aside([checkpoints / "000004"], aside / "checkpoints", point_last_at=checkpoints / "000002")
+    assert list(elsewhere.iterdir()) == [] and (checkpoints / "000004").is_dir()

@@ -24,6 +24,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 from attrs import define
@@ -85,6 +87,39 @@ def _refuse_links(directory: Path) -> None:
                 f"{what}: a run never writes through a symlink; remove it or choose another --output_dir "
                 "(nothing was changed)"
             )
+    abandoned = directory / ABANDONED_DIR
+    if abandoned.exists() and not abandoned.is_dir():
+        raise UsageError(
+            f"--output_dir={directory} holds {ABANDONED_DIR} as something other than a directory, a name "
+            "it moves files into; remove it or choose another --output_dir (nothing was changed)"
+        )
+
+
+def _new_aside(directory: Path, name: str) -> Path:
+    """A directory of this run's own under ``directory/abandoned``, created here and now.
+
+    ``abandoned/`` came with the run directory and may hold anything, including symlinks planted
+    under the names this would pick (``<timestamp>-after-<step>``): the directory is created
+    exclusively (``mkdir``, else ``mkdtemp``), never reused, so nothing is moved or written through a
+    name somebody else made."""
+    abandoned = directory / ABANDONED_DIR
+    try:
+        abandoned.mkdir()
+    except FileExistsError:
+        pass
+    info = os.lstat(abandoned)
+    if not stat.S_ISDIR(info.st_mode):  # a symlink (or a file) swapped in since the check
+        raise UsageError(
+            f"--output_dir={directory} holds {ABANDONED_DIR} as a symlink or a file, a name it moves files "
+            "into: a run never writes through a symlink; remove it or choose another --output_dir"
+        )
+    aside = abandoned / name
+    try:
+        aside.mkdir()
+    except FileExistsError:
+        aside = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=abandoned))
+    fsync_dir(abandoned)
+    return aside
 
 
 @define
@@ -99,11 +134,12 @@ class RunDirWork:
     stale_lock: LockHolder | None = None
 
     def _aside(self, resume_step: int | None) -> Path:
+        """A new, empty directory under ``abandoned/`` (see :func:`_new_aside`)."""
         now = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         name = (
             f"{now}-after-{step_dir_name(resume_step)}" if resume_step is not None else f"{now}-earlier-run"
         )
-        return self.directory / ABANDONED_DIR / name
+        return _new_aside(self.directory, name)
 
     def apply(self) -> list[str]:
         """Do it; returns the notes to print once."""
@@ -124,7 +160,6 @@ class RunDirWork:
         if self.resume_checkpoint is None:
             if self.earlier_metrics:
                 aside = self._aside(None)
-                aside.mkdir(parents=True, exist_ok=True)
                 os.replace(metrics, aside / METRICS_FILE)
                 notes.append(
                     f"{self.directory} held an earlier run that committed no checkpoint: starting afresh "
@@ -132,8 +167,9 @@ class RunDirWork:
                 )
             return notes
         step = int(self.resume_checkpoint.name)
-        aside = self._aside(step)
+        aside: Path | None = None
         if self.set_aside_steps:
+            aside = self._aside(step)
             moved = set_aside(
                 list(self.set_aside_steps), aside / CHECKPOINTS_DIR, point_last_at=self.resume_checkpoint
             )
@@ -144,7 +180,7 @@ class RunDirWork:
         lines = _metrics_lines(metrics)
         later = [ln for ln in lines if (_line_step(ln) or 0) > step]
         if later:
-            aside.mkdir(parents=True, exist_ok=True)
+            aside = aside if aside is not None else self._aside(step)
             _write_lines(aside / METRICS_FILE, later)
             _write_lines(metrics, [ln for ln in lines if (_line_step(ln) or 0) <= step])
             notes.append(
