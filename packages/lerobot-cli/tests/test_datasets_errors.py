@@ -207,3 +207,31 @@ def test_a_data_file_linked_out_of_the_dataset_is_refused(root: Path, tmp_path: 
     (root / FIRST_DATA).unlink()
     (root / FIRST_DATA).symlink_to(inside)
     assert len(LeRobotDataset(root)) > 0
+
+
+@pytest.mark.parametrize(
+    "relative",
+    ["meta/info.json", "meta/stats.json", "meta/tasks.parquet", "meta/episodes/chunk-000/file-000.parquet"],
+)
+def test_a_meta_file_linked_out_of_the_dataset_is_refused(root: Path, tmp_path: Path, relative: str) -> None:
+    """``meta/`` files are checked like the files ``meta/info.json`` names (red team 8): a symlink to a
+    file elsewhere on the disk (another dataset's stats, say) is refused before it is read; one that
+    stays inside the root is still followed."""
+    outside = tmp_path / "other" / Path(relative).name
+    outside.parent.mkdir()
+    shutil.copy(root / relative, outside)
+    (root / relative).unlink()
+    (root / relative).symlink_to(outside)
+    message = _error(root)
+    assert "is a symlink" in message and relative in message and str(root) in message
+    inside = root / "meta" / ("real-" + Path(relative).name)
+    shutil.copy(outside, inside)
+    (root / relative).unlink()
+    (root / relative).symlink_to(inside)
+    assert len(LeRobotDataset(root)) > 0
+
+
+def test_a_linked_meta_directory_is_refused(root: Path, tmp_path: Path) -> None:
+    shutil.move(root / "meta", tmp_path / "meta")
+    (root / "meta").symlink_to(tmp_path / "meta", target_is_directory=True)
+    assert "is a symlink" in _error(root)

@@ -42,9 +42,16 @@ def dataset_file(root: Path, entry: str, template: str, **fields: Any) -> Path:
     return _checked_file(root, entry, relative)
 
 
+def meta_file(root: Path, relative: str) -> Path:
+    """``root / relative`` for a file of ``meta/`` (a fixed name or a hit of the episodes glob),
+    checked like the files ``meta/info.json`` names: a link out of the dataset root is refused
+    before a byte is read; a missing file is left to the reader, which names it."""
+    return _checked_file(root, "a dataset file", relative, named_by=root)
+
+
 @functools.lru_cache(maxsize=65536)
-def _checked_file(root: Path, entry: str, relative: str) -> Path:
-    info = root / L.INFO_PATH
+def _checked_file(root: Path, entry: str, relative: str, named_by: Path | None = None) -> Path:
+    info = root / L.INFO_PATH if named_by is None else named_by
     fix = "use the dataset as LeRobot wrote it (every file under the dataset root, no links out of it)"
     try:
         check_name(relative, named_by=info, entry=entry, fix=fix)
@@ -198,7 +205,8 @@ def _episode_columns(video_keys: list[str]) -> list[str]:
 
 
 def _load_episodes(root: Path, video_keys: list[str]) -> dict[str, np.ndarray]:
-    paths = sorted((root / L.EPISODES_DIR).glob("chunk-*/file-*.parquet"))
+    found = sorted((root / L.EPISODES_DIR).glob("chunk-*/file-*.parquet"))
+    paths = [meta_file(root, p.relative_to(root).as_posix()) for p in found]
     if not paths:
         raise DatasetError(
             f"missing files {root / L.EPISODES_DIR}/chunk-XXX/file-XXX.parquet: no episode metadata"
@@ -337,11 +345,11 @@ class DatasetMeta:
 def load_meta(root: str | Path) -> DatasetMeta:
     """Read and validate ``<root>/meta``; every problem is a DatasetError naming the file."""
     root = Path(root)
-    info_path = root / L.INFO_PATH
+    info_path = meta_file(root, L.INFO_PATH)
     info = read_json(info_path)
     features = _check_info(info_path, info)
     video_keys = [k for k, ft in features.items() if ft["dtype"] == "video"]
-    stats = _load_stats(root / L.STATS_PATH)
-    tasks = _load_tasks(root / L.TASKS_PATH)
+    stats = _load_stats(meta_file(root, L.STATS_PATH))
+    tasks = _load_tasks(meta_file(root, L.TASKS_PATH))
     episodes = _load_episodes(root, video_keys)
     return DatasetMeta(root, info, features, stats, tasks, episodes)
