@@ -85,6 +85,20 @@ def _check_last_on_the_way(given: Path) -> None:
             read_last(path.parent)
 
 
+def through_last(given: Path | str) -> Path:
+    """``given`` made absolute, with every ``checkpoints/last`` on the way replaced by the step
+    directory it points at (checked as :func:`read_last` does); no other symlink is resolved."""
+    parts = Path(given).expanduser().absolute().parts
+    current = Path(parts[0])
+    for part in parts[1:]:
+        current = current / part
+        if part == LAST_LINK and current.is_symlink():
+            target = read_last(current.parent)
+            if target is not None:  # a checked sibling: its real name is a step directory of current.parent
+                current = current.parent / target.resolve().name
+    return current
+
+
 def resolve_last(checkpoints: Path | str) -> Path:
     """``checkpoints/last`` as a step directory, with an error that says what to do otherwise."""
     root = Path(checkpoints)

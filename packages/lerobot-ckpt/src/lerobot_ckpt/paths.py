@@ -166,6 +166,57 @@ def open_inside(
     return os.fdopen(fd, "rb", buffering=buffering)
 
 
+class LinkedLayoutError(UnsafePathError):
+    """A fixed-name part of a checkpoint's layout (a step directory, ``pretrained_model/``,
+    ``training_state/``, a shard directory, a file in them) that is a symlink: it could lead into
+    another run, so it is neither read nor written through. Raised before anything is read."""
+
+    def __init__(self, path: Path | str, what: str) -> None:
+        path = Path(path)
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        self.named_by = path.parent
+        self.entry = path.name
+        self.value = target
+        UnsafeCheckpointError.__init__(
+            self,
+            f"{path} is a symlink (to {target[:200]}); {what} is never followed through a symlink "
+            "(it could lead into another run), so nothing was read or written: give the real path "
+            "(the checkpoint as it was written, or a copy with the real files: cp -rL)",
+        )
+
+
+def layout_path(directory: Path | str, *names: str, what: str) -> Path:
+    """``directory/names…``: fixed names of a checkpoint's layout below ``directory``, none of which
+    may be a symlink (:class:`LinkedLayoutError`). ``directory`` itself is the caller's (a user's
+    run directory may sit behind a symlink of their own). A missing name is not an error here:
+    the caller reports it in its own words."""
+    current = Path(directory)
+    for name in names:
+        current = current / name
+        if current.is_symlink():
+            raise LinkedLayoutError(current, what)
+    return current
+
+
+def refuse_links_below(directory: Path | str, what: str, *, depth: int = 1) -> None:
+    """:class:`LinkedLayoutError` when ``directory`` or anything under it (``depth`` levels) is a
+    symlink; a missing ``directory`` passes (the caller reports it)."""
+    directory = Path(directory)
+    if directory.is_symlink():
+        raise LinkedLayoutError(directory, what)
+    if depth <= 0 or not directory.is_dir():
+        return
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_symlink():
+                raise LinkedLayoutError(Path(entry.path), what)
+            if depth > 1 and entry.is_dir(follow_symlinks=False):
+                refuse_links_below(entry.path, what, depth=depth - 1)
+
+
 def refuse_link(path: Path | str, what: str) -> None:
     """One line (:class:`CheckpointWriteError`) when ``path`` is a symlink: a destination or a
     directory to delete must be the thing itself, never a pointer somewhere else."""

@@ -54,7 +54,7 @@ from lerobot_ckpt.dcp.index import (
     row_slabs,
 )
 from lerobot_ckpt.dcp.untrusted import check_untrusted
-from lerobot_ckpt.discovery import _check_last_on_the_way
+from lerobot_ckpt.discovery import _check_last_on_the_way, through_last
 from lerobot_ckpt.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -72,8 +72,9 @@ from lerobot_ckpt.layout import (
     PRETRAINED_MODEL_DIR,
     TRAINING_STATE_DIR,
     CheckpointPaths,
+    parse_step_dir_name,
 )
-from lerobot_ckpt.paths import refuse_link
+from lerobot_ckpt.paths import LinkedLayoutError, layout_path, refuse_link
 from lerobot_ckpt.safetensors.stream import (
     FORMAT_METADATA,
     RESERVED_NAME,
@@ -149,23 +150,56 @@ class Located:
 
 def locate(checkpoint_dir: Path | str) -> Located:
     """Accepts a step directory (or ``checkpoints/last``), its ``pretrained_model/`` or a file in it,
-    or the shard directory itself."""
+    or the shard directory itself.
+
+    Nothing of the checkpoint's own layout is resolved: a symlinked step directory,
+    ``pretrained_model/``, shard directory or file could lead into another run, which would then be
+    written into (and, with ``--delete_dcp``, deleted from), so each is refused in one line. The one
+    link followed is a ``checkpoints/last`` that points at a step directory beside it. Above the
+    layout (the run directory, ``checkpoints/``) the path is the user's, symlinks included."""
     given = Path(checkpoint_dir).expanduser()
     if not given.exists():
         raise MissingCheckpointFileError(given, "no such directory")
     _check_last_on_the_way(given)  # `last` leading outside checkpoints/ would be written into there
-    path = given.resolve()
+    path = through_last(given)
+    what = "a part of a checkpoint's layout"
     if path.is_file():
+        if path.is_symlink():
+            raise LinkedLayoutError(path, what)
         path = path.parent
+    elif path.is_symlink() and not _is_layout_name(path):
+        path = path.resolve()  # the user's own alias of a checkpoint directory
     if path.name == MODEL_DCP_DIR:
+        if path.is_symlink():
+            raise LinkedLayoutError(path, what)
         path = path.parent
-    pretrained = path / PRETRAINED_MODEL_DIR if (path / PRETRAINED_MODEL_DIR).is_dir() else path
+    if path.is_symlink() and _is_layout_name(path):
+        raise LinkedLayoutError(path, what)
+    inner = layout_path(path, PRETRAINED_MODEL_DIR, what=what)
+    pretrained = inner if inner.is_dir() else path
     if not pretrained.is_dir():
         raise MissingCheckpointFileError(
             given, f"not a directory: pass a checkpoint step directory or its {PRETRAINED_MODEL_DIR}/"
         )
     step = pretrained.parent if (pretrained.parent / TRAINING_STATE_DIR).is_dir() else None
+    if step is not None:
+        if step.is_symlink():
+            raise LinkedLayoutError(step, what)
+        layout_path(step, TRAINING_STATE_DIR, what=what)
+        layout_path(step, EMA_PRETRAINED_MODEL_DIR, what=what)
+    layout_path(pretrained, MODEL_DCP_DIR, what=what)
     return Located(pretrained, step)
+
+
+def _is_layout_name(path: Path) -> bool:
+    """A name only a checkpoint's layout uses (a step directory, ``pretrained_model/``, …): a symlink
+    by that name is part of the checkpoint, not a user's alias of it."""
+    return parse_step_dir_name(path.name) is not None or path.name in (
+        PRETRAINED_MODEL_DIR,
+        EMA_PRETRAINED_MODEL_DIR,
+        TRAINING_STATE_DIR,
+        MODEL_DCP_DIR,
+    )
 
 
 def _no_dcp_message(where: Located) -> str:

@@ -36,7 +36,7 @@ from lerobot_ckpt.errors import (
     MissingCheckpointFileError,
     UnsupportedCheckpointError,
 )
-from lerobot_ckpt.paths import UnsafePathError, check_name, open_inside, resolve_inside
+from lerobot_ckpt.paths import LinkedLayoutError, UnsafePathError, check_name, open_inside, resolve_inside
 
 if TYPE_CHECKING:
     import torch
@@ -165,6 +165,8 @@ class DcpIndex:
     def read(cls, directory: Path) -> DcpIndex:
         directory = Path(directory)
         meta_path = directory / METADATA_FILE
+        if directory.is_symlink():  # another checkpoint's shards, read as this one's
+            raise LinkedLayoutError(directory, "a DCP shard directory")
         if not directory.is_dir():
             raise MissingCheckpointFileError(directory, "the DCP directory does not exist")
         if not meta_path.is_file():
