@@ -57,7 +57,7 @@ from lerobot_ckpt.state.fqn import (
     optimizer_state,
     param_fqns,
 )
-from lerobot_ckpt.state.model import mismatch
+from lerobot_ckpt.state.model import check_tensor, mismatch, warn_converted
 from lerobot_ckpt.state.optimizer import apply_optimizer, check_param_groups, read_optimizer
 from lerobot_ckpt.state.record import TrainingStepRecord
 
@@ -91,14 +91,26 @@ class _SafetensorsSlices:
         if problem:
             raise ModelMismatchError(f"{path} does not match the model: {problem}")
         self.targets = targets
+        # Read and checked now, before anything is changed: an integer tensor (cast silently by copy_)
+        # or NaN/inf values are refused in one line naming the file and the tensor.
+        self.values: dict[str, torch.Tensor] = {}
+        converted = []
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for key, target in targets.items():
+                    name, index = self.names[key], local_index(target)
+                    value = f.get_tensor(name) if index is None or not index else f.get_slice(name)[index]
+                    if check_tensor(path, key, value, local_tensor(target)):
+                        converted.append(key)
+                    self.values[key] = value
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CorruptCheckpointError(path, f"not a readable safetensors file: {exc}") from None
+        warn_converted(path, converted)
 
     @torch.no_grad()
     def copy(self) -> None:
-        with safe_open(str(self.path), framework="pt", device="cpu") as f:
-            for key, target in self.targets.items():
-                name, index = self.names[key], local_index(target)
-                value = f.get_tensor(name) if index is None or not index else f.get_slice(name)[index]
-                local_tensor(target).copy_(value)
+        for key, target in self.targets.items():
+            local_tensor(target).copy_(self.values[key])
 
 
 @define(frozen=True)

@@ -151,7 +151,7 @@ def _read_rng(paths: CheckpointPaths, rank: int) -> dict[str, torch.Tensor] | No
         raise CorruptCheckpointError(
             paths.rng_state, f"missing entries among {', '.join(rng_state.REQUIRED)}"
         )
-    return rng
+    return None if rng is None else rng_state.check(paths.rng_state, rng, rank)
 
 
 @define(frozen=True, eq=False)

@@ -7,16 +7,18 @@ alone would fail half-way or, with ``strict=False``, silently keep random weight
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from lerobot_ckpt.errors import ModelMismatchError
+from lerobot_ckpt.errors import CorruptCheckpointError, ModelMismatchError
 from lerobot_ckpt.safetensors.files import read_tensors
 
 SHOWN = 5  # names listed per kind of mismatch; the rest are counted
+log = logging.getLogger(__name__)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -62,12 +64,53 @@ def mismatch(
     return "; ".join(parts) or None
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_tensor(path: Path, name: str, tensor: torch.Tensor, own: torch.Tensor) -> bool:
+    """Refuse a stored tensor whose kind differs from the model's (an integer where it holds a float,
+    or the reverse: ``load_state_dict`` would cast it silently) or a float one holding NaN/inf (it would
+    train or be published as NaN), in one line naming the file and the tensor. True when floats of
+    another width are converted on load (the caller says so once)."""
+    if tensor.dtype != own.dtype and not (tensor.is_floating_point() and own.is_floating_point()):
+        raise ModelMismatchError(
+            f"{path}: tensor {name} is stored as {_dtype_name(tensor.dtype)} where the model holds "
+            f"{_dtype_name(own.dtype)}; it is not loaded, since casting it would change its values"
+        )
+    if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+        raise CorruptCheckpointError(path, f"tensor {name} holds NaN or infinite values")
+    return tensor.dtype != own.dtype
+
+
+def check_values(path: Path, tensors: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> None:
+    """:func:`check_tensor` for each of ``tensors`` the model holds; one warning for converted floats."""
+    converted = [
+        name for name, t in tensors.items() if name in own and check_tensor(path, name, t, own[name])
+    ]
+    warn_converted(path, converted)
+
+
+def warn_converted(path: Path, converted: list[str]) -> None:
+    if converted:
+        log.warning(
+            "%s: %d tensors are stored in another float type than the model holds, converted on load "
+            "(e.g. %s)",
+            path,
+            len(converted),
+            converted[0],
+        )
+
+
 def read_checked_weights(path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The file's tensors, verified to fit ``model`` key by key and shape by shape."""
+    """The file's tensors, verified to fit ``model`` key by key, shape by shape and in kind (no integer
+    where a float belongs), with finite values."""
     tensors, _ = read_tensors(path)
-    problem = mismatch(unwrap_model(model).state_dict(), tensors)
+    own = unwrap_model(model).state_dict()
+    problem = mismatch(own, tensors)
     if problem:
         raise ModelMismatchError(f"{path} does not match the model: {problem}")
+    check_values(path, tensors, own)
     return tensors
 
 

@@ -105,6 +105,7 @@ def read_optimizer(paths: CheckpointPaths, optimizer: torch.optim.Optimizer) -> 
             paths.optimizer_param_groups, "expected a list of param groups with 'params'"
         )
     _check_fits(paths, raw_groups, state, optimizer)
+    check_state_values(paths.optimizer_state, state)
     current = optimizer.state_dict()["param_groups"]
     groups = [json_codec.like(group, current[g], fetch) for g, group in enumerate(raw_groups)]
     check_param_groups(paths.optimizer_param_groups, groups, current)
@@ -141,6 +142,27 @@ def _check_fits(paths: CheckpointPaths, groups: list[dict], state: dict[int, dic
             f"{paths.optimizer_state} does not match the optimizer's parameters: {len(wrong)} "
             f"state tensor(s) with another shape: {few(wrong)}"
         )
+
+
+# Second-moment estimates (Adam, AdamW, their AMSGrad maxima; RMSprop, Adagrad, Adadelta): squares,
+# so a negative one is a crafted or corrupted file (its square root would be NaN).
+SQUARES = {"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "acc_delta"}
+
+
+def check_state_values(source: Any, state: dict[int, dict[str, Any]]) -> None:
+    """Every floating state tensor finite, every second moment non-negative, before any change: Adam
+    would otherwise resume from them silently and write NaN weights. ``source`` names the file."""
+    for index in sorted(state):
+        for name, value in state[index].items():
+            if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
+                continue
+            where = f"state/{index}/{name}"
+            if not bool(torch.isfinite(value).all()):
+                raise CorruptCheckpointError(source, f"{where} holds NaN or infinite values")
+            if name in SQUARES and not value.is_complex() and bool((value < 0).any()):
+                raise CorruptCheckpointError(
+                    source, f"{where} holds negative values, which a second-moment estimate cannot"
+                )
 
 
 _NON_NEGATIVE = {"lr", "initial_lr", "max_lr", "min_lr", "weight_decay", "eps"}

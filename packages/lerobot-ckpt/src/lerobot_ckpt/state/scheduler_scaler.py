@@ -9,8 +9,11 @@ refused by name instead of being half-applied.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from lerobot_ckpt.errors import CorruptCheckpointError, StateMismatchError
 from lerobot_ckpt.state import json_codec
@@ -47,4 +50,31 @@ def read_state(path: Path, obj: Stateful, what: str) -> dict[str, Any]:
                 p for p in (missing and f"missing {few(missing)}", extra and f"unknown {few(extra)}") if p
             )
         )
-    return json_codec.like(saved, current)
+    typed = json_codec.like(saved, current)
+    _check_counters(path, typed, current)
+    return typed
+
+
+def _check_counters(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """An LR scheduler's position and base rates, typed and in range before any change: a string or
+    negative ``last_epoch`` would fail (or divide by zero) inside the schedule after the weights are
+    loaded, and a NaN base rate would train silently with NaN."""
+    for key in ("last_epoch", "_step_count"):
+        if key in current and key in saved:
+            value = saved[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise CorruptCheckpointError(path, f"{key} is {value!r}, not a whole number >= 0")
+    for key in ("base_lrs", "_last_lr"):
+        if key not in current or key not in saved:
+            continue
+        value, live = saved[key], current[key]
+        if not isinstance(value, list | tuple) or len(value) != len(live):
+            raise CorruptCheckpointError(
+                path, f"{key} is {value!r}, not a list of {len(live)} rates (one per param group)"
+            )
+        for g, rate in enumerate(value):
+            number = (isinstance(rate, int | float) and not isinstance(rate, bool)) or (
+                isinstance(rate, torch.Tensor) and rate.ndim == 0 and rate.is_floating_point()
+            )
+            if not number or not math.isfinite(float(rate)) or float(rate) < 0:
+                raise CorruptCheckpointError(path, f"{key}[{g}] is {rate!r}, not a finite number >= 0")
