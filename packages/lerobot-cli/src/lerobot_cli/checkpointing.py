@@ -17,6 +17,7 @@ from lerobot_ckpt import (
     AsyncCheckpointer,
     BaseModel,
     CheckpointPaths,
+    CorruptCheckpointError,
     Parallelism,
     ResumeState,
     RunInfo,
@@ -179,6 +180,28 @@ def _ema_notes(loop: TrainLoop, state: ResumeState) -> list[str]:
     return []
 
 
+def _check_sampler_position(path: Path, saved: dict, num_samples: int) -> None:
+    """The saved data position, typed and in range before anything is loaded: the sampler would
+    otherwise refuse it with a traceback once the weights are in place."""
+
+    def whole(key: str) -> bool:
+        value = saved.get(key, 0)
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    bad = next((k for k in ("epoch", "offset", "seed") if not whole(k)), None)
+    if bad is None and saved.get("epoch", 0) < 0:
+        bad = "epoch"
+    if bad is None and not 0 <= saved.get("offset", 0) < num_samples:
+        bad = "offset"
+    if bad is not None:
+        valid = (
+            f"0..{num_samples - 1}" if bad == "offset" else "a whole number" + (" >= 0" * (bad == "epoch"))
+        )
+        raise CorruptCheckpointError(
+            path, f"sampler.{bad} is {saved.get(bad)!r}, which is not a valid data position (valid: {valid})"
+        )
+
+
 def _legacy_loop_state(record: TrainingStepRecord) -> dict:
     """Loop counters of a checkpoint written before they were saved: derived from its record."""
     return {"step": record.step, "grad_accum_steps": record.grad_accum_steps}
@@ -281,6 +304,10 @@ class Checkpointer:
                 "--policy.drop_n_last_frames, or another dataset): its data position does not apply; resume "
                 "on the same data, or start a new run from its weights with "
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
+            )
+        if loop.sampler is not None and saved:
+            _check_sampler_position(
+                CheckpointPaths(checkpoint_dir).training_step, saved, loop.sampler.num_samples
             )
         state = load_checkpoint(
             checkpoint_dir,
