@@ -194,7 +194,10 @@ def test_a_shard_outside_the_checkpoint_is_refused_on_resume(tmp_path, how, wher
     _point_outside(step, where, theirs, how)
     why = "is an absolute path" if how == "absolute path" else "is a symlink"
     message = _refused_unchanged(step, UnsafePathError, why)
-    assert f"{step / where / '.metadata'}: the relative_path of " in message
+    if how == "absolute path":
+        assert f"{step / where / '.metadata'}: the relative_path of " in message
+    else:  # a symlink in the checkpoint is refused by name before the metadata is read
+        assert f"{step / where}/" in message, message
 
 
 def test_a_non_tensor_model_entry_is_refused(tmp_path):

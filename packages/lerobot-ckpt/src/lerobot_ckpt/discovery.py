@@ -20,13 +20,17 @@ from pathlib import Path
 from lerobot_ckpt.errors import CheckpointNotFoundError, UnsafeCheckpointError
 from lerobot_ckpt.layout import (
     CHECKPOINTS_DIR,
+    EMA_PRETRAINED_MODEL_DIR,
     LAST_LINK,
+    MODEL_DCP_DIR,
+    OPTIMIZER_DCP_DIR,
     PRETRAINED_MODEL_DIR,
     TRAINING_STATE_DIR,
     checkpoints_dir,
     is_transient_name,
     parse_step_dir_name,
 )
+from lerobot_ckpt.paths import LinkedLayoutError, refuse_links_below
 
 
 def list_checkpoints(checkpoints: Path | str) -> list[Path]:
@@ -134,9 +138,13 @@ def resolve_checkpoint_dir(path: Path | str) -> Path:
 
     Accepts ``…/pretrained_model/train_config.json`` (what ``--config_path`` names), any file in
     ``pretrained_model/``, ``pretrained_model/`` itself, the step directory, ``checkpoints/last``,
-    ``checkpoints/`` or the run's output directory (both meaning "the latest"). Symlinks are
-    resolved, so the result names the real step directory, never ``last``. It does not check that
-    the checkpoint is resumable: loading does that and says what is missing.
+    ``checkpoints/`` or the run's output directory (both meaning "the latest"). The result never
+    names ``last`` (a checked ``last`` is replaced by the step directory it points at); no other
+    symlink is resolved, so the run directory is the one the user named (theirs may be a symlink).
+    Inside the checkpoint nothing may be a symlink (:func:`refuse_links_in_checkpoint`): a linked
+    step directory, ``pretrained_model/``, ``training_state/`` or file could lead into another run,
+    which a resume would then read, or write into. It does not check that the checkpoint is
+    resumable: loading does that and says what is missing.
     """
     given = Path(path).expanduser()
     _check_last_on_the_way(given.absolute())
@@ -144,29 +152,58 @@ def resolve_checkpoint_dir(path: Path | str) -> Path:
         raise CheckpointNotFoundError(f"{given} does not exist")
     if given.is_symlink() and not given.exists():
         raise CheckpointNotFoundError(f"{given} is a symlink to {os.readlink(given)}, which does not exist")
-    real = given.resolve()
+    real = through_last(given)
     if real.is_file():
         if real.parent.name == PRETRAINED_MODEL_DIR:
-            return real.parent.parent
+            return refuse_links_in_checkpoint(real.parent.parent)
         raise CheckpointNotFoundError(
             f"{given} is a file outside a checkpoint's {PRETRAINED_MODEL_DIR}/: pass the step directory, "
             f"{PRETRAINED_MODEL_DIR}/train_config.json or checkpoints/last"
         )
+    if real.is_symlink() and not is_layout_name(real.name) and _is_step_dir(real):
+        real = real.resolve()  # the user's own alias of a step directory
     if real.name == PRETRAINED_MODEL_DIR and not (real / TRAINING_STATE_DIR).is_dir():
-        return real.parent
+        return refuse_links_in_checkpoint(real.parent)
     if _is_step_dir(real):
-        return real
+        return refuse_links_in_checkpoint(real)
     for checkpoints in (real / CHECKPOINTS_DIR, real):
         named = checkpoints.name == CHECKPOINTS_DIR or (checkpoints / LAST_LINK).is_symlink()
         if named and checkpoints.is_dir():
             latest = read_last(checkpoints) or next(reversed(list_checkpoints(checkpoints)), None)
             if latest is None:
                 resolve_last(checkpoints)  # raises with the reason (no pointer, or a dangling one)
-            return latest.resolve()
+            return refuse_links_in_checkpoint(checkpoints.absolute() / latest.resolve().name)
     raise CheckpointNotFoundError(
         f"{given} is not a checkpoint: expected a step directory (with {TRAINING_STATE_DIR}/ and "
         f"{PRETRAINED_MODEL_DIR}/), its {PRETRAINED_MODEL_DIR}/train_config.json, or checkpoints/last"
     )
+
+
+def is_layout_name(name: str) -> bool:
+    """A name only a checkpoint's layout uses (a step directory, ``pretrained_model/``, …): a symlink
+    by that name is part of a checkpoint, not a user's alias of one."""
+    return parse_step_dir_name(name) is not None or name in (
+        PRETRAINED_MODEL_DIR,
+        EMA_PRETRAINED_MODEL_DIR,
+        TRAINING_STATE_DIR,
+        MODEL_DCP_DIR,
+        OPTIMIZER_DCP_DIR,
+    )
+
+
+def refuse_links_in_checkpoint(step: Path | str) -> Path:
+    """``step``, once neither it nor anything in its ``pretrained_model/``, ``pretrained_model_ema/``
+    or ``training_state/`` (files, shard directories and their files) is a symlink
+    (:class:`~lerobot_ckpt.paths.LinkedLayoutError`, one line). A checkpoint is written without
+    any, so one there was planted: it would make a resume read another run's state as this one's,
+    or write its checkpoints into that run."""
+    step = Path(step)
+    what = "a part of a checkpoint's layout"
+    if step.is_symlink():
+        raise LinkedLayoutError(step, what)
+    for name in (PRETRAINED_MODEL_DIR, EMA_PRETRAINED_MODEL_DIR, TRAINING_STATE_DIR):
+        refuse_links_below(step / name, what, depth=2)
+    return step
 
 
 def newer_checkpoints(checkpoints: Path | str, step: int) -> list[Path]:

@@ -203,7 +203,9 @@ def layout_path(directory: Path | str, *names: str, what: str) -> Path:
 
 def refuse_links_below(directory: Path | str, what: str, *, depth: int = 1) -> None:
     """:class:`LinkedLayoutError` when ``directory`` or anything under it (``depth`` levels) is a
-    symlink; a missing ``directory`` passes (the caller reports it)."""
+    symlink; a missing ``directory`` passes (the caller reports it). Dot-prefixed names are skipped:
+    nothing reads a leftover temporary name, and a DCP ``.metadata`` is opened by its own reader
+    without following a link (:func:`open_inside`)."""
     directory = Path(directory)
     if directory.is_symlink():
         raise LinkedLayoutError(directory, what)
@@ -211,6 +213,8 @@ def refuse_links_below(directory: Path | str, what: str, *, depth: int = 1) -> N
         return
     with os.scandir(directory) as entries:
         for entry in entries:
+            if entry.name.startswith("."):
+                continue
             if entry.is_symlink():
                 raise LinkedLayoutError(Path(entry.path), what)
             if depth > 1 and entry.is_dir(follow_symlinks=False):
