@@ -20,15 +20,26 @@ from lerobot_ckpt.layout import (
     MODEL_WEIGHTS,
     PRETRAINED_MODEL_DIR,
 )
+from lerobot_ckpt.paths import LinkedLayoutError, _link_ok
 
 CONVERTER = "lerobot-convert-dcp"
 _FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
-def pretrained_dir_of(path: Path | str) -> Path:
-    """``pretrained_model/`` for a step directory, the directory itself otherwise."""
+def pretrained_dir_of(path: Path | str, *, allow_links_within: Path | str | None = None) -> Path:
+    """``pretrained_model/`` for a step directory, the directory itself otherwise.
+
+    A ``pretrained_model/`` that is a symlink is refused (:class:`~lerobot_ckpt.paths.LinkedLayoutError`,
+    one line): it would load another model than the one the directory holds, file-level checks
+    passing. The one exception is a link that stays inside ``allow_links_within`` (a Hugging Face
+    cache repository, for a snapshot). The path given is the user's, links above it included."""
     p = Path(path).expanduser()
-    return p / PRETRAINED_MODEL_DIR if (p / PRETRAINED_MODEL_DIR).is_dir() else p
+    inner = p / PRETRAINED_MODEL_DIR
+    if inner.is_symlink() and not _link_ok(
+        inner, Path(allow_links_within) if allow_links_within is not None else None
+    ):
+        raise LinkedLayoutError(inner, f"a policy's {PRETRAINED_MODEL_DIR}/")
+    return inner if inner.is_dir() else p
 
 
 def pretrained_weights_file(path: Path | str) -> Path:

@@ -61,7 +61,10 @@ class PolicyLocationError(ValueError):
 
 def resolve_policy_dir(value: str) -> Path:
     path = Path(value).expanduser()
-    directory = pretrained_dir_of(path)
+    try:  # a symlinked pretrained_model/ would train another model: only a Hub snapshot's links pass
+        directory = pretrained_dir_of(path, allow_links_within=links_root(path))
+    except UnsafeCheckpointError as exc:
+        raise PolicyLocationError(f"{value}: {exc}") from None
     if (directory / POLICY_CONFIG).is_file():
         return directory
     if path.exists():
