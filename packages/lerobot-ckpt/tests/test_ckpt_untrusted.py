@@ -9,6 +9,7 @@ pickle that runs ``touch <marker>`` (:mod:`crafted`). The marker proves nothing 
 
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -198,6 +199,18 @@ def test_a_shard_outside_the_checkpoint_is_refused_on_resume(tmp_path, how, wher
         assert f"{step / where / '.metadata'}: the relative_path of " in message
     else:  # a symlink in the checkpoint is refused by name before the metadata is read
         assert f"{step / where}/" in message, message
+
+
+@pytest.mark.parametrize("where", ["pretrained_model/pytorch_model_fsdp_0", "training_state/optimizer_0"])
+def test_a_symlinked_shard_directory_is_refused_on_resume(tmp_path, where):
+    """The whole directory linked to another checkpoint's used to be resumed from (exit 0)."""
+    step, theirs = tmp_path / "ours" / "000002", tmp_path / "theirs" / "000002"
+    _save(step)
+    _save(theirs)
+    shutil.rmtree(step / where)
+    (step / where).symlink_to(theirs / where)
+    message = _refused_unchanged(step, UnsafePathError, "is a symlink")
+    assert f"{step / where} is a symlink" in message, message
 
 
 def test_a_non_tensor_model_entry_is_refused(tmp_path):
