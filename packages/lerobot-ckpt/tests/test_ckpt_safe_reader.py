@@ -55,10 +55,16 @@ def test_the_reader_itself_refuses_a_foreign_global(pair, tmp_path):
     exploit_metadata(ours, marker)
     with pytest.raises(UnsupportedCheckpointError, match=FOREIGN):
         SafeReader(ours).read_metadata()
-    with pytest.raises(dcp.api.CheckpointException, match="posix.system"):  # torch's load, our reader
+    with pytest.raises(dcp.api.CheckpointException) as caught:  # torch's load, our reader
         dcp.load(
             {"model": _targets()}, storage_reader=SafeReader(ours), planner=SafePlanner(ours), no_dist=True
         )
+    # torch fails the load on "metadata is None" after it tried a rank-local metadata file (also refused);
+    # from 2.12 its message carries the reader's refusal, 2.11 (LeRobot's) drops it
+    ((exc, _trace),) = caught.value.failures.values()
+    assert isinstance(exc, (UnsupportedCheckpointError, AssertionError)), exc
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12):
+        assert "posix.system" in str(exc), exc
     assert not marker.exists()
 
 
