@@ -74,14 +74,18 @@ _SCALARS = {
 MT_WORDS = 624  # numpy's MT19937 key length
 
 
+def _kind(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
 def _scalar(state: dict[str, torch.Tensor], key: str, kind: str) -> int | float:
     t = state[key]
     if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.ndim > 1:
         raise ValueError(f"{key} must hold one value, not shape {tuple(getattr(t, 'shape', ()))}")
     if kind == "integer" and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
-        raise ValueError(f"{key} must be an integer, not {t.dtype}")
+        raise ValueError(f"{key} must be an integer, not {_kind(t)}")
     if kind == "float" and (t.is_complex() or t.dtype == torch.bool):
-        raise ValueError(f"{key} must be a number, not {t.dtype}")
+        raise ValueError(f"{key} must be a number, not {_kind(t)}")
     value = t.item()
     if kind == "float" and not math.isfinite(value):
         raise ValueError(f"{key} is {value}, not a finite number")
@@ -102,7 +106,7 @@ def _problem(state: dict[str, torch.Tensor]) -> str | None:
             gauss = float(values["py_rng_gauss_next"])
         mt = state["py_rng_state"]
         if mt.ndim != 1 or mt.is_floating_point() or mt.is_complex() or mt.dtype == torch.bool:
-            return f"py_rng_state must be a 1-D integer tensor, not {mt.dtype} of shape {tuple(mt.shape)}"
+            return f"py_rng_state must be a 1-D integer tensor, not {_kind(mt)} of shape {tuple(mt.shape)}"
         try:
             random.Random().setstate((int(values["py_rng_version"]), tuple(mt.tolist()), gauss))
         except (ValueError, TypeError, OverflowError) as exc:
@@ -115,7 +119,7 @@ def _problem(state: dict[str, torch.Tensor]) -> str | None:
             or keys.dtype == torch.bool
         ):
             return (
-                f"np_rng_state_values must be {MT_WORDS} integers, not {keys.dtype} of shape "
+                f"np_rng_state_values must be {MT_WORDS} integers, not {_kind(keys)} of shape "
                 f"{tuple(keys.shape)}"
             )
         if bool(((keys < 0) | (keys > 2**32 - 1)).any()):
@@ -138,7 +142,7 @@ def _problem(state: dict[str, torch.Tensor]) -> str | None:
                 continue
             t = state[key]
             if t.dtype != torch.uint8 or t.ndim != 1:
-                return f"{key} must be a 1-D uint8 tensor, not {t.dtype} of shape {tuple(t.shape)}"
+                return f"{key} must be a 1-D uint8 tensor, not {_kind(t)} of shape {tuple(t.shape)}"
             try:
                 torch.Generator(device=device).set_state(t)
             except (RuntimeError, ValueError, TypeError) as exc:
