@@ -225,6 +225,37 @@ def _recorded_pin(adapter_dir: Path) -> BaseModel | None:
         return None  # an adapter directory outside a checkpoint: nothing recorded to check against
 
 
+PUBLISH_FIELDS = ("repo_id", "push_to_hub", "private")  # where the final policy is uploaded
+
+
+def publish_from_flags(cfg: TrainConfig, flags: dict[str, str]) -> tuple[TrainConfig, str | None]:
+    """On a resume, where the run publishes comes from the command line only.
+
+    The saved ``train_config.json`` is data a checkpoint's sender chose: its ``policy.repo_id``,
+    ``push_to_hub`` and ``private`` would otherwise make a plain resume upload the policy to a repo
+    of theirs. Each one not given as a flag is reset to its default; when that drops a repo the
+    checkpoint would have published to, the returned note says so (so a user resuming their own run
+    knows to pass it again)."""
+    if not cfg.resume or cfg.policy is None:
+        return cfg, None
+    defaults = {a.name: a.default for a in attrs.fields(type(cfg.policy)) if a.name in PUBLISH_FIELDS}
+    reset = {
+        name: default
+        for name, default in defaults.items()
+        if f"policy.{name}" not in flags and getattr(cfg.policy, name) != default
+    }
+    if not reset:
+        return cfg, None
+    named = cfg.policy.repo_id
+    note = None
+    if "repo_id" in reset and cfg.policy.push_to_hub:
+        note = (
+            f"not publishing: the checkpoint named --policy.repo_id={named}; pass it again to publish "
+            "(a resume publishes only where its own flags say)"
+        )
+    return attrs.evolve(cfg, policy=attrs.evolve(cfg.policy, **reset)), note
+
+
 def plan_resume(
     cfg: TrainConfig, flags: dict[str, str], config_path: Path
 ) -> tuple[TrainConfig, ResumePlan, list[str]]:

@@ -93,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             warn(message)
         cfg = result.config.finalized()
         cfg = _format_for_resume(cfg, parsed.flags)
+        from lerobot_cli.runplan import publish_from_flags
+
+        cfg, publish_note = publish_from_flags(cfg, parsed.flags)
+        if publish_note:
+            warn(publish_note)
         check_runnable(cfg, result.config_path)
         check_checkpointing_off(cfg, parsed.flags)
         from lerobot_parallel.env_guard import enforce_accelerate_env_guard
