@@ -235,3 +235,30 @@ def test_a_linked_meta_directory_is_refused(root: Path, tmp_path: Path) -> None:
     shutil.move(root / "meta", tmp_path / "meta")
     (root / "meta").symlink_to(tmp_path / "meta", target_is_directory=True)
     assert "is a symlink" in _error(root)
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        ("data/chunk-{chunk_index.__class__.__name__}/file-{file_index:03d}.parquet", "not one of them"),
+        ("data/chunk-{chunk_index[0]}/file-{file_index:03d}.parquet", "not one of them"),
+        ("data/chunk-{chunk_index!r}/file-{file_index:03d}.parquet", "has a conversion"),
+        ("data/chunk-{chunk_index:999999999d}/file.parquet", "has a format other than"),
+        ("data/chunk-{chunk_index:{file_index}}/file.parquet", "has a format other than"),
+        ("data/chunk-{chunk_index/file.parquet", "not a template"),
+    ],
+)
+def test_a_path_template_may_hold_only_plain_named_fields(root: Path, template: str, why: str) -> None:
+    """Red team 12: attribute/index access, conversions and huge widths are refused in one line
+    naming meta/info.json and the entry, before any path is built."""
+    _edit_json(root / "meta/info.json", lambda info: info.__setitem__("data_path", template))
+    message = _error(root)
+    assert str(root / "meta/info.json") in message and "data_path" in message and why in message
+    assert "'int'" not in message and len(message) < 1000
+
+
+def test_a_path_too_long_for_the_file_system_is_one_line(root: Path) -> None:
+    template = "data/" + "x" * 300 + "-{chunk_index:03d}-{file_index:03d}.parquet"
+    _edit_json(root / "meta/info.json", lambda info: info.__setitem__("data_path", template))
+    message = _error(root)
+    assert "data_path" in message and "cannot be read" in message

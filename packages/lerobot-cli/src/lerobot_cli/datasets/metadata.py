@@ -10,6 +10,8 @@ import functools
 import json
 import logging
 import os
+import re
+import string
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ def dataset_file(root: Path, entry: str, template: str, **fields: Any) -> Path:
     The filled path must be relative without ``..``; when it exists it must be a regular file inside
     ``root``, symlinks included (a link to elsewhere on the disk is refused). A missing file is left to
     the reader, which names it. Checked once per distinct file."""
+    _check_template(root, entry, template, tuple(fields))
     try:
         relative = template.format(**fields)
     except (KeyError, IndexError, ValueError, AttributeError) as err:
@@ -40,6 +43,37 @@ def dataset_file(root: Path, entry: str, template: str, **fields: Any) -> Path:
             f"{{{'}, {'.join(fields)}}} ({type(err).__name__}: {err})"
         ) from None
     return _checked_file(root, entry, relative)
+
+
+# A field's format spec: an optional zero fill, a width below 100, an optional type d (LeRobot: 03d).
+_FORMAT_SPEC = re.compile(r"0?[0-9]{0,2}d?")
+
+
+@functools.lru_cache(maxsize=256)
+def _check_template(root: Path, entry: str, template: str, names: tuple[str, ...]) -> None:
+    """A path template may hold only ``{name}`` or ``{name:03d}``-like fields of ``names``: no
+    attribute or index access (``{chunk_index.__class__}``), no conversion (``!r``), no nested
+    field, no width that would build a huge name."""
+    allowed = f"{{{'}, {'.join(names)}}} with an optional format like :03d"
+
+    def refuse(why: str) -> DatasetError:
+        return DatasetError(
+            f"{root / L.INFO_PATH}: {entry} {template[:200]!r} is not a template of {allowed} ({why})"
+        )
+
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise refuse(str(err)) from None
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in names:
+            raise refuse(f"field {{{name[:60]}}} is not one of them")
+        if conversion is not None:
+            raise refuse(f"field {{{name}!{conversion}}} has a conversion")
+        if spec and not _FORMAT_SPEC.fullmatch(spec):
+            raise refuse(f"field {{{name}:{spec[:60]}}} has a format other than 0, a width < 100, d")
 
 
 def meta_file(root: Path, relative: str) -> Path:
@@ -55,16 +89,30 @@ def _checked_file(root: Path, entry: str, relative: str, named_by: Path | None =
     fix = "use the dataset as LeRobot wrote it (every file under the dataset root, no links out of it)"
     try:
         check_name(relative, named_by=info, entry=entry, fix=fix)
-        if not os.path.lexists(root / relative):
+        try:
+            os.lstat(root / relative)
+        except (FileNotFoundError, NotADirectoryError):
             return root / relative
+        except OSError as err:  # a name too long, a loop, no permission: one line, not a traceback
+            raise UnsafePathError(
+                info, entry, relative, f"names {root / relative}, which cannot be read ({err.strerror})", fix
+            ) from None
         return resolve_inside(root, relative, named_by=info, entry=entry, allow_links_within=root, fix=fix)
     except UnsafePathError as err:
         raise DatasetError(str(err)) from None
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()`` with every OS error (a name too long, …) a DatasetError naming it."""
+    try:
+        return path.is_file()
+    except OSError as err:
+        raise DatasetError(f"cannot read {str(path)[:300]}: {err.strerror}") from None
+
+
 def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
     """Memory-mapped parquet read that turns every failure into a DatasetError naming the file."""
-    if not path.is_file():
+    if not _is_file(path):
         raise DatasetError(f"missing file {path}: the dataset layout (meta/info.json) says it must exist")
     try:
         return pq.read_table(path, columns=columns, memory_map=True)
@@ -73,7 +121,7 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
 
 
 def read_schema(path: Path) -> pa.Schema:
-    if not path.is_file():
+    if not _is_file(path):
         raise DatasetError(f"missing file {path}: the dataset layout (meta/info.json) says it must exist")
     try:
         return pq.read_schema(path)
@@ -82,7 +130,7 @@ def read_schema(path: Path) -> pa.Schema:
 
 
 def read_json(path: Path) -> Any:
-    if not path.is_file():
+    if not _is_file(path):
         raise DatasetError(f"missing file {path}: every LeRobot v3.0 dataset has {path.name} under meta/")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
