@@ -273,6 +273,10 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, tracker=tracker
     )
     watch = InterruptWatch(runtime.device, runtime.is_distributed, runtime.timeout_s)
+    # Their workers end with the run, not whenever the garbage collector frees them (the loop's hooks and
+    # the held-out eval hold each other): collected in a later run's forked DataLoader worker, a persistent
+    # iterator fails in torch's __del__ ("can only test a child process").
+    loaders: list[ShieldedDataLoader] = []
     try:
         for line in banner_lines(
             cfg,
@@ -296,6 +300,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         held_out = None
         if cfg.eval_steps > 0 and workload.eval_dataset is not None:  # before a save at the same step
             held_out = _HeldOut(workload, cfg, runtime, loop)
+            loaders.append(held_out.loader)
             reporter.print(held_out.describe())
             loop.add_hook(lambda ev: held_out.run(ev.step, reporter), every=cfg.eval_steps)
         if cfg.save_checkpoint:
@@ -310,6 +315,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loader = _loader(
             workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime
         )
+        loaders.append(loader)
         # The watch's handlers stay through the interrupt's save: a repeat of the signal (the launcher
         # forwarding what a scheduler sent every process) must not kill it, a later one still does.
         with watch:
@@ -342,5 +348,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         if runtime.is_distributed:
             torch.distributed.barrier()
     finally:
-        reporter.close()
+        try:
+            reporter.close()
+        finally:
+            for each in loaders:
+                each.close()
     return loop

@@ -138,3 +138,19 @@ class ShieldedDataLoader(DataLoader):
                 iterator = super().__iter__()
         self.last_iterator = weakref.ref(iterator)
         return iterator
+
+    def close(self) -> None:
+        """End this loader's worker processes now (a persistent loader's, and those of the iterator made
+        last if it is still alive); a later ``iter()`` starts new ones.
+
+        Without it a persistent loader's workers end only when its iterator is freed, which for a loader
+        held in a reference cycle (a trainer's hooks) is whenever the garbage collector runs, in whichever
+        process runs it: a DataLoader worker forked later (of the next run in the same process) inherits
+        the iterator and, collecting it, fails in torch's ``__del__`` ("can only test a child process")."""
+        iterators = [self._iterator, self.last_iterator() if self.last_iterator is not None else None]
+        self._iterator = None
+        self.last_iterator = None
+        for iterator in iterators:
+            shutdown = getattr(iterator, "_shutdown_workers", None)  # torch's multi-process iterator only
+            if shutdown is not None:
+                shutdown()
