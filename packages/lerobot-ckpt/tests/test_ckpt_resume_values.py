@@ -193,6 +193,15 @@ def test_rng_restore_roundtrip_unchanged(step):
     assert rng.check(Path("x"), state) is state
 
 
+def test_lerobot_written_uint32_numpy_keys_still_restore(step):
+    """LeRobot stores NumPy's key as torch.uint32 (``torch.tensor`` of the uint32 array)."""
+    file = CheckpointPaths(step).rng_state
+    saved = read_tensors(file)[0]["np_rng_state_values"]
+    _edit_tensors(file, lambda t: t.update(np_rng_state_values=t["np_rng_state_values"].to(torch.uint32)))
+    load_checkpoint(step, objects=_objects(seed=1))
+    assert np.random.get_state()[1].tolist() == saved.tolist()
+
+
 SCHEDULER_EDITS = {
     "last_epoch string": ({"last_epoch": "abc"}, "last_epoch"),
     "last_epoch -50": ({"last_epoch": -50}, "last_epoch"),

@@ -122,7 +122,8 @@ def _problem(state: dict[str, torch.Tensor]) -> str | None:
                 f"np_rng_state_values must be {MT_WORDS} integers, not {_kind(keys)} of shape "
                 f"{tuple(keys.shape)}"
             )
-        if bool(((keys < 0) | (keys > 2**32 - 1)).any()):
+        wide = keys.to(torch.int64)  # uint32 (LeRobot-written files) has no comparisons
+        if bool(((wide < 0) | (wide > 2**32 - 1)).any()):
             return "np_rng_state_values holds values outside 0..2**32-1"
         if not 0 <= values["np_rng_state_index"] <= MT_WORDS:
             return f"np_rng_state_index is {values['np_rng_state_index']}, not in 0..{MT_WORDS}"
