@@ -75,7 +75,10 @@ def _saver(out, ready_fd):
     def body():
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        model(torch.ones(1, 64)).sum().backward()
+        # gradients set by hand: a forked child cannot run autograd once the parent process has started
+        # autograd's worker threads (an earlier test in the same pytest process may have)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
         opt.step()
         i = 0
         while True:
