@@ -161,6 +161,24 @@ def supported_mapping(
     return out
 
 
+def require_stats(step: NormalizerStep | UnnormalizerStep, config: PolicyConfig, stats: Mapping) -> None:
+    """:class:`MissingStatsError` when ``step`` lacks a statistic its features' modes need (``stats``: what
+    it was built from, for the mapping that would work as is)."""
+    missing = step.missing_stats()
+    if missing:
+        features = step.features
+        pairs = [tuple(m.rsplit(".", 1)) for m in missing]
+        raise MissingStatsError(
+            pairs,
+            absent=[k for k in features if k not in stats],
+            mapping={k: v.value for k, v in config.normalization_mapping.items()},
+            feature_types={k: f.type.value for k, f in features.items()},
+            supported_mapping=supported_mapping(
+                config.normalization_mapping, features, stats, {features[k].type.value for k, _ in pairs}
+            ),
+        )
+
+
 def make_pre_post_processors(
     config: PolicyConfig,
     dataset_stats: Mapping[str, Mapping[str, Any]] | None,
@@ -177,18 +195,7 @@ def make_pre_post_processors(
     # steps do: the saved files then hold the same tensors; only the features' statistics are used.
     stats = dict(dataset_stats or {})
     normalizer = NormalizerStep(features=features, norm_map=config.normalization_mapping, stats=stats)
-    missing = normalizer.missing_stats()
-    if missing:
-        pairs = [tuple(m.rsplit(".", 1)) for m in missing]
-        raise MissingStatsError(
-            pairs,
-            absent=[k for k in features if k not in stats],
-            mapping={k: v.value for k, v in config.normalization_mapping.items()},
-            feature_types={k: f.type.value for k, f in features.items()},
-            supported_mapping=supported_mapping(
-                config.normalization_mapping, features, stats, {features[k].type.value for k, _ in pairs}
-            ),
-        )
+    require_stats(normalizer, config, stats)
     unnormalizer = UnnormalizerStep(
         features=dict(config.output_features),
         norm_map=config.normalization_mapping,

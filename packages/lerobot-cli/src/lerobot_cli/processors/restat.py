@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lerobot_cli.processors.factory import MissingStatsError
+from lerobot_cli.processors.factory import require_stats
 from lerobot_cli.processors.normalize import NormalizerStep, UnnormalizerStep, to_stat_tensors
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 
@@ -42,15 +42,7 @@ def use_dataset_stats(
                 eps=step.eps,
                 normalize_observation_keys=step.normalize_observation_keys,
             )
-            missing = fresh.missing_stats()
-            if missing:
-                pairs = [tuple(m.rsplit(".", 1)) for m in missing]
-                raise MissingStatsError(
-                    pairs,
-                    absent=[k for k in wanted if k not in stats],
-                    mapping={k: v.value for k, v in config.normalization_mapping.items()},
-                    feature_types={k: f.type.value for k, f in wanted.items()},
-                )
+            require_stats(fresh, config, stats)
             step.features, step.norm_map = fresh.features, fresh.norm_map
             step.set_stats(fresh.stats)
             step._cast.clear()  # cached device copies of the old statistics
