@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 import pytest
 from lerobot_trainloop.worker_failures import (
@@ -55,6 +56,21 @@ def test_a_worker_killed_from_outside_is_named_with_its_signal(persistent):
     assert str(died) == f"DataLoader worker 1 (pid {victim.pid}) was killed by SIGKILL"
     assert isinstance(died.__cause__, RuntimeError)  # torch's own report stays chained
     assert died.others_private_bytes is not None and died.others_private_bytes > 0  # worker 0, measured
+    it._shutdown_workers()
+
+
+def test_a_reset_connection_waits_for_the_killed_worker_to_be_reapable():
+    """A worker killed while handing over a batch's shared memory surfaces as ConnectionResetError a
+    moment before its exit code exists (the kernel closes its sockets first); here it dies 0.3 s later."""
+    loader = ShieldedDataLoader(Data(), batch_size=2, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    victim = it._workers[0]
+    threading.Timer(0.3, os.kill, (victim.pid, signal.SIGKILL)).start()
+    with pytest.raises(DataLoaderWorkerDied) as exc, named_worker_deaths(loader):
+        raise ConnectionResetError(104, "Connection reset by peer")
+    assert (exc.value.worker_id, exc.value.signum) == (0, signal.SIGKILL)
+    assert isinstance(exc.value.__cause__, ConnectionResetError)
     it._shutdown_workers()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,13 +95,52 @@ def dead_worker(loader: DataLoader) -> DataLoaderWorkerDied | None:
     return None
 
 
+# How long an exception that looks like a lost peer (a reset socket, a closed pipe) waits for a worker to
+# be reapable: the kernel closes a killed process's sockets before its parent can reap it, so the
+# training process may read the reset before the worker's exit code exists.
+_REAP_GRACE_S = 2.0
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it was raised from is a broken connection or an early EOF."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, (ConnectionError, EOFError)):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
+
+
+def _await_a_death(loaders: tuple[DataLoader | None, ...], timeout: float) -> None:
+    """Return once a worker of ``loaders`` can be reaped (its exit code known), or after ``timeout``.
+
+    Polled: a worker's sentinel pipe closes with its other files, before it is reapable. torch's SIGCHLD
+    handler reports the death by raising its RuntimeError wherever the main thread is, here: the
+    awaited news, not a new error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(dead_worker(loader) for loader in loaders if loader is not None):
+                return
+            time.sleep(0.01)
+        except RuntimeError:
+            continue
+
+
 @contextmanager
 def named_worker_deaths(*loaders: DataLoader | None) -> Iterator[None]:
     """Re-raise an exception leaving the block as :class:`DataLoaderWorkerDied` (from it) when a worker of
-    one of ``loaders`` has died; any other exception passes unchanged. See the module docstring."""
+    one of ``loaders`` has died; any other exception passes unchanged. See the module docstring.
+
+    A worker killed while it handed a batch over can surface as a ``ConnectionResetError`` a moment
+    before the kernel lets the parent reap it; such an error waits up to ``_REAP_GRACE_S`` for that."""
     try:
         yield
     except Exception as exc:
+        if _lost_peer(exc):
+            _await_a_death(loaders, _REAP_GRACE_S)
         for loader in loaders:
             died = dead_worker(loader) if loader is not None else None
             if died is not None:
