@@ -268,11 +268,6 @@ def drills(launch, tmp_path_factory, request):
     return facts
 
 
-# Skipped for now (issue 31 follow-up, see the closing note of this stop): on today's main the resume
-# launch hangs at its first batch, reproducibly on 2 cores even alone; a py-spy dump shows rank 0 waiting
-# on its DataLoader while both of its workers wait for indices they never receive (rank 1 waits in the
-# DDP all-reduce). It passed at 1768c05; the cause lies in the resume-path commits after it.
-@pytest.mark.skip(reason="resume launch hangs at its first batch since the issue-31 resume changes; see note")
 @pytest.mark.parametrize("name", list(DRILLS))
 def test_a_signal_stops_every_rank_at_one_step_with_one_checkpoint_and_resume_continues_exactly(drills, name):
     drill, f = DRILLS[name], drills[name]

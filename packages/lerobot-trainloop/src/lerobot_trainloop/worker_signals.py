@@ -46,6 +46,8 @@ from contextlib import contextmanager
 
 from torch.utils.data import DataLoader
 
+from lerobot_trainloop.forking import heap_frozen_for_fork
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
 # What the shield needs of the platform; elsewhere ShieldedDataLoader is a plain DataLoader.
@@ -129,12 +131,16 @@ class ShieldedDataLoader(DataLoader):
         super().__init__(*args, **kwargs)
 
     def __iter__(self):
-        if self._shield is None:
+        if self.num_workers == 0:
             iterator = super().__iter__()
+        elif self._shield is None:
+            with heap_frozen_for_fork():  # forking.py: workers never collect what they inherit
+                iterator = super().__iter__()
         else:
             self._shield.parent = os.getpid()
             self._shield.main_thread_forks = threading.current_thread() is threading.main_thread()
-            with stop_signals_blocked():  # the first iterator (and each without persistent workers) forks
+            # the first iterator (and each without persistent workers) forks
+            with stop_signals_blocked(), heap_frozen_for_fork():
                 iterator = super().__iter__()
         self.last_iterator = weakref.ref(iterator)
         return iterator
