@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from lerobot_cli.datasets import DatasetError, LeRobotDataset, load_meta
+from lerobot_cli.datasets.dataset import cameras_to_float
 from lerobot_cli.datasets.writer import EpisodeData, FileLimits, write_dataset
 
 FPS = 10
@@ -154,6 +155,25 @@ def test_video_windows_follow_delta_timestamps(root: Path) -> None:
     written = [_video_frame(ep, t) / 255.0 for t in (length - 2, length - 1, length - 1)]
     for got, want in zip(item[VIDEO], written):
         assert np.abs(got.permute(1, 2, 0).numpy() - want).mean() < 0.03
+
+
+def test_uint8_cameras_become_the_float_ones_bit_for_bit(root: Path, dataset: LeRobotDataset) -> None:
+    """``return_uint8`` (what training loads): video and image cameras as uint8 CHW, windows too, and
+    ``cameras_to_float`` gives exactly the float items; every other entry is the same."""
+    delta = {"action": [0.0, 0.1], VIDEO: [-0.1, 0.0]}
+    as_float = LeRobotDataset(root, delta_timestamps=delta)
+    as_bytes = LeRobotDataset(root, delta_timestamps=delta, return_uint8=True)
+    for row in (0, _starts()[3] + 1, len(as_float) - 1):
+        want, got = as_float[row], as_bytes[row]
+        assert got[VIDEO].dtype == got[IMAGE].dtype == torch.uint8
+        assert got[VIDEO].shape == (2, 3, 32, 48) and got[IMAGE].shape == (3, 24, 32)
+        converted = cameras_to_float(got, [VIDEO, IMAGE])
+        assert set(converted) == set(want)
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert value.dtype == converted[key].dtype and torch.equal(value, converted[key]), key
+            else:
+                assert value == converted[key], key
 
 
 def test_episode_selection(root: Path) -> None:

@@ -19,6 +19,7 @@ from lerobot_parallel.job_message import print_once_per_job
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import wrap_model
+from lerobot_trainloop.batch import move_to_device
 from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.evaluation import EvalBatches, evaluate
 from lerobot_trainloop.loader import resumable_loader
@@ -34,6 +35,7 @@ from lerobot_cli.cli.errors import PROG, UsageError, is_quiet_rank, leave_quietl
 from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
+from lerobot_cli.datasets.dataset import cameras_to_float
 from lerobot_cli.datasets.split import eval_sample_indices
 from lerobot_cli.fetching import prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
@@ -154,13 +156,23 @@ def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> Shi
     )
 
 
+def _prepared(batches, workload, device: torch.device):
+    """The loader's batches as the policy takes them: on ``device`` (the dataset's uint8 cameras cross
+    to it as bytes, a quarter of float32's), cameras as float32 in [0, 1] there, then the preprocessor.
+    The one path of training and held-out eval batches."""
+    cameras = workload.dataset.meta.camera_keys
+    pre = workload.preprocessor
+    for batch in batches:
+        yield pre(cameras_to_float(move_to_device(batch, device), cameras))
+
+
 class _HeldOut:
     """The eval loss of ``--dataset.eval_split``'s episodes every ``--eval_steps``
     (every dp rank its share)."""
 
     def __init__(self, workload, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop) -> None:
         self.cfg, self.loop, self.split = cfg, loop, workload.split
-        self.pre = workload.preprocessor
+        self.workload, self.device = workload, runtime.device
         dataset = workload.eval_dataset
         self.indices = eval_sample_indices(dataset.task_index, cfg.max_eval_samples)
         self.sampler = EvalBatches(
@@ -190,7 +202,7 @@ class _HeldOut:
     def run(self, step: int, reporter: Reporter) -> None:
         metrics = evaluate(
             self.loop,
-            (self.pre(b) for b in self.loader),
+            _prepared(self.loader, self.workload, self.device),
             self.sampler.weights(),
             ema=self.ema,
             seed=self.cfg.seed,
@@ -311,7 +323,6 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             )
         # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
-        pre = workload.preprocessor
         loader = _loader(
             workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime
         )
@@ -322,7 +333,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             try:
                 # a worker that died (the OOM killer's SIGKILL) is named, not torch's traceback from anywhere
                 with named_worker_deaths(loader, held_out.loader if held_out is not None else None):
-                    loop.run((pre(batch) for batch in loader), cfg.steps)
+                    loop.run(_prepared(loader, workload, runtime.device), cfg.steps)
             except DataLoaderWorkerDied as exc:
                 last = checkpointer.last_path or (resume.checkpoint if resume is not None else None)
                 rank = runtime.rank if runtime.is_distributed else None

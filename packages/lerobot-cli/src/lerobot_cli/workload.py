@@ -68,8 +68,9 @@ def _datasets(
     cfg: TrainConfig, meta, delta
 ) -> tuple[LeRobotDataset, LeRobotDataset | None, EpisodeSplit | None]:
     """The training dataset and, with ``--dataset.eval_split``, the held-out one (disjoint episodes)."""
+    # uint8 cameras, as LeRobot's training factory asks for: the runner makes them float on the device
     if cfg.dataset.eval_split == 0:
-        return make_dataset(cfg.dataset, delta_timestamps=delta), None, None
+        return make_dataset(cfg.dataset, delta_timestamps=delta, return_uint8=True), None, None
     split = split_episodes(meta.select(cfg.dataset.episodes), cfg.dataset.eval_split)
     for task in split.whole_tasks:
         log.warning(
@@ -80,8 +81,8 @@ def _datasets(
         )
     root = meta.root
     return (
-        LeRobotDataset(root, episodes=split.train, delta_timestamps=delta),
-        LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta),
+        LeRobotDataset(root, episodes=split.train, delta_timestamps=delta, return_uint8=True),
+        LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta, return_uint8=True),
         split,
     )
 

@@ -4,6 +4,10 @@ Items are what LeRobot's own ``LeRobotDataset.__getitem__`` returns, so policies
 against LeRobot see the same keys, shapes and dtypes: every feature as a tensor (cameras float32 CHW in
 [0, 1]), ``timestamp``/``frame_index``/``episode_index``/``index``/``task_index``, the ``task`` string, and
 for each delta_timestamps key a stacked window plus a ``<key>_is_pad`` mask.
+
+``return_uint8=True`` (what LeRobot's training factory asks for, and ``make_dataset``) gives cameras as
+uint8 CHW instead: a quarter of the bytes through the DataLoader's shared memory and to the device, where
+the trainer divides by 255 (:func:`cameras_to_float`), which gives the same float32 values bit for bit.
 """
 
 from __future__ import annotations
@@ -66,9 +70,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
         episodes: Sequence[int] | None = None,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         tolerance_s: float = DEFAULT_TOLERANCE_S,
+        return_uint8: bool = False,
     ) -> None:
         super().__init__()
         self.root = Path(root)
+        self.return_uint8 = return_uint8
         self.meta: DatasetMeta = load_meta(self.root).select(None if episodes is None else list(episodes))
         self.tolerance_s = tolerance_s
         self.delta_timestamps = dict(delta_timestamps) if delta_timestamps else None
@@ -155,8 +161,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
         )
 
     def _to_chw(self, key: str, frames: np.ndarray, single: bool) -> torch.Tensor:
-        """uint8 (T, H, W, C) -> float32 (T, C, H, W) in [0, 1] (without T when ``single``)."""
-        tensor = torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
+        """uint8 (T, H, W, C) -> float32 (T, C, H, W) in [0, 1], or uint8 (T, C, H, W) with
+        ``return_uint8`` (without T when ``single``)."""
+        tensor = torch.from_numpy(frames).permute(0, 3, 1, 2)
+        if self.return_uint8:
+            tensor = tensor.contiguous()
+        else:
+            tensor = tensor.to(torch.float32, memory_format=torch.contiguous_format).div_(255.0)
         return tensor[0] if single else tensor
 
     def _image(self, key: str, row: int) -> np.ndarray:
@@ -216,8 +227,27 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
 
 def make_dataset(
-    cfg: DatasetConfig, delta_timestamps: Mapping[str, Sequence[float]] | None = None
+    cfg: DatasetConfig,
+    delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+    return_uint8: bool = False,
 ) -> LeRobotDataset:
     """The dataset ``--dataset.*`` names: resolved locally or downloaded,
     then ``--dataset.episodes`` applied."""
-    return LeRobotDataset(resolve_dataset_root(cfg), episodes=cfg.episodes, delta_timestamps=delta_timestamps)
+    return LeRobotDataset(
+        resolve_dataset_root(cfg),
+        episodes=cfg.episodes,
+        delta_timestamps=delta_timestamps,
+        return_uint8=return_uint8,
+    )
+
+
+def cameras_to_float(batch: dict, camera_keys: Sequence[str]) -> dict:
+    """``batch`` with every uint8 camera tensor as float32 in [0, 1] (``x.float() / 255``, the values
+    ``return_uint8=False`` gives, bit for bit); other entries unchanged. Runs wherever the batch is: on
+    the device after placement, the division costs the host nothing."""
+    out = dict(batch)
+    for key in camera_keys:
+        value = out.get(key)
+        if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+            out[key] = value.to(torch.float32).div_(255.0)
+    return out
