@@ -18,6 +18,7 @@ from av.video.reformatter import VideoReformatter
 from lerobot_cli.datasets.errors import DatasetError
 
 MAX_OPEN_PER_PROCESS = 32
+DECODER_THREADS = 1
 _open: OrderedDict[tuple[int, str], av.container.InputContainer] = OrderedDict()
 _reformatters: dict[int, VideoReformatter] = {}
 
@@ -45,6 +46,11 @@ def _container(path: str) -> av.container.InputContainer:
     if not container.streams.video:
         container.close()
         raise DatasetError(f"video file {path} has no video stream")
+    # One decoder thread: parallelism comes from DataLoader workers (one process each). A threaded
+    # decoder (FFmpeg's default: as many threads as cores, frame threading) decodes frames ahead of
+    # the one asked for and throws them away at the next seek; on LeRobot's AV1 (dav1d) at 480x640
+    # that halved the frames/s of random access, even with a core to spare.
+    container.streams.video[0].codec_context.thread_count = DECODER_THREADS
     _open[key] = container
     mine = [k for k in _open if k[0] == pid]
     if len(mine) > MAX_OPEN_PER_PROCESS:
@@ -105,7 +111,9 @@ def decode_frames(path: str, timestamps: Sequence[float], tolerance_s: float, wh
                     for i in np.flatnonzero(hit):
                         found[i] = array
                 best = np.minimum(best, dist)
-                if ts > last + tolerance_s:
+                # Reached the last wanted time: frames are 1/fps apart, far more than the tolerance,
+                # so no later frame can match better (decoding one more would be wasted).
+                if ts >= last - tolerance_s:
                     break
             if target == 0.0 or (start is not None and start <= first + tolerance_s):
                 break
