@@ -54,7 +54,8 @@ REPO_ID = "bench/robot_video"  # what make_robot_video_dataset.py names it; LeRo
 WINDOWS = ("act", "diffusion", "pi0")
 SIDES = ("ours", "lerobot")
 PI0_SIZE = 224
-MEDIANS, PEAKS = ("items_per_s", "startup_s", "import_s"), ("worker_peak_rss", "main_peak_rss")
+MEDIANS = ("items_per_s", "items_per_cpu_s", "startup_s", "import_s")
+PEAKS = ("worker_peak_rss", "main_peak_rss")
 RESULT = "RESULT "  # the child's JSON line starts with it (libraries may print to stdout too)
 
 
@@ -124,6 +125,21 @@ def resize_with_pad(images, size: int = PI0_SIZE):
     return x.reshape(*lead, c, size, size)
 
 
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used, None when unreadable: items per
+    worker CPU-second is the per-core figure, fair between a one-thread decoder and a threaded one."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _workers_cpu_s(iterator) -> float | None:
+    used = [_cpu_s(w.pid) for w in getattr(iterator, "_workers", [])]
+    return sum(used) if used and None not in used else None
+
+
 def _versions() -> dict:
     import torch
 
@@ -167,6 +183,7 @@ def child_time(args: argparse.Namespace) -> dict:
         for cam in cameras:
             batch[cam] = resize_with_pad(batch[cam])
     first_s = time.perf_counter() - first
+    cpu_before = _workers_cpu_s(iterator)
     seen, begin = 0, time.perf_counter()
     while seen < args.batches:
         try:
@@ -179,6 +196,8 @@ def child_time(args: argparse.Namespace) -> dict:
                 batch[cam] = resize_with_pad(batch[cam])
         seen += 1
     elapsed = time.perf_counter() - begin
+    cpu_after = _workers_cpu_s(iterator)
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     workers = [_hwm(w.pid) for w in getattr(iterator, "_workers", [])]
     result = {
         "side": args.side,
@@ -186,6 +205,8 @@ def child_time(args: argparse.Namespace) -> dict:
         "mode": mode,
         "camera_dtype": dtype,
         "items_per_s": seen * args.batch_size / elapsed,
+        # the epoch restarts above count with the persistent workers' CPU time, as in training
+        "items_per_cpu_s": seen * args.batch_size / cpu if cpu else None,
         "timed_s": elapsed,
         "import_s": import_s,
         "build_s": build_s,
@@ -304,6 +325,21 @@ def check_window(args, window: str, cameras: list[str], indices: list[int], pyth
     return infos
 
 
+def _median(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _per_cpu(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}"
+
+
+def cpu_ratio(med: dict) -> str:
+    """ours/LeRobot of the medians of items per worker CPU-second ('?' when unknown)."""
+    ours, theirs = med["ours"]["items_per_cpu_s"], med["lerobot"]["items_per_cpu_s"]
+    return "?" if not ours or not theirs else f"{ours / theirs:.2f}"
+
+
 def _peak(values) -> int | None:
     return max((v for v in values if v is not None), default=None)
 
@@ -368,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_child(pythons[side], child, args.timeout)
                 runs[side].append(res)
                 print(
-                    f"  {window} round {r + 1} {side:<7}: {res['items_per_s']:6.1f} items/s, start-up "
+                    f"  {window} round {r + 1} {side:<7}: {res['items_per_s']:6.1f} items/s "
+                    f"({_per_cpu(res['items_per_cpu_s'])} per worker CPU-s), start-up "
                     f"{res['startup_s']:.2f} s (build {res['build_s']:.2f}, "
                     f"first batch {res['first_batch_s']:.2f}), "
                     f"imports {res['import_s']:.1f} s, cameras {res['camera_dtype']}, worker peak "
@@ -376,19 +413,25 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         ratios = [o["items_per_s"] / t["items_per_s"] for o, t in zip(runs["ours"], runs["lerobot"])]
-        med = {s: {k: statistics.median(x[k] for x in runs[s]) for k in MEDIANS} for s in SIDES}
+        med = {s: {k: _median(x[k] for x in runs[s]) for k in MEDIANS} for s in SIDES}
         peak = {s: {k: _peak(x[k] for x in runs[s]) for k in PEAKS} for s in SIDES}
         rows.append((window, med, statistics.median(ratios), peak))
     print()
-    print("medians over rounds; ratio: median of each round's ours/LeRobot; pairs: ours / LeRobot; peak: max")
     print(
-        f"{'window':<10} {'ours items/s':>12} {'LeRobot items/s':>15} {'ratio':>6} {'start-up s':>13} "
+        "medians over rounds; ratio: median of each round's ours/LeRobot; items/CPU-s: items per second of "
+        "the workers' CPU time (per core); pairs: ours / LeRobot; peak: max"
+    )
+    print(
+        f"{'window':<10} {'ours items/s':>12} {'LeRobot items/s':>15} {'ratio':>6} "
+        f"{'items/CPU-s':>13} {'ratio':>6} {'start-up s':>13} "
         f"{'imports s':>11} {'worker peak MiB':>17} {'main peak MiB':>15}"
     )
     for window, med, ratio, peak in rows:
         print(
             f"{window:<10} {med['ours']['items_per_s']:>12.1f} {med['lerobot']['items_per_s']:>15.1f} "
             f"{ratio:>6.2f} "
+            + pair(_per_cpu(med["ours"]["items_per_cpu_s"]), _per_cpu(med["lerobot"]["items_per_cpu_s"]), 13)
+            + f" {cpu_ratio(med):>6} "
             + pair(f"{med['ours']['startup_s']:.2f}", f"{med['lerobot']['startup_s']:.2f}", 13)
             + " "
             + pair(f"{med['ours']['import_s']:.1f}", f"{med['lerobot']['import_s']:.1f}", 11)

@@ -12,7 +12,9 @@ the trainer divides by 255 (:func:`cameras_to_float`), which gives the same floa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,30 @@ from lerobot_cli.datasets.tabular import load_frames
 from lerobot_cli.datasets.video import decode_frames, probe_video
 
 DEFAULT_TOLERANCE_S = 1e-4  # LeRobot's default for both delta_timestamps and decoded frame times
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, threads): this process's camera decoders
+
+
+def camera_threads(cameras: int) -> int:
+    """How many cameras of an item decode at once: the cores this process may use, shared among the
+    DataLoader's workers (each a process decoding its own items), at most one per camera. One worker per
+    core decodes serially; fewer workers than cores put the spare cores to work (the decoder itself runs
+    on one thread: see video.py)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    info = torch.utils.data.get_worker_info()
+    workers = info.num_workers if info is not None else 1
+    return max(1, min(cameras, cores // max(1, workers)))
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """This process's pool (a forked worker makes its own: threads do not survive a fork)."""
+    key = (os.getpid(), threads)
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="camera-decode")
+    return pool
 
 
 def _delta_indices(
@@ -211,12 +237,19 @@ class LeRobotDataset(torch.utils.data.Dataset):
             item[key] = self._to_chw(
                 key, np.stack([self._image(key, int(r)) for r in picks]), key not in rows
             )
-        for key in self.meta.video_keys:
+        episode = int(self.meta.episodes[L.EP_INDEX][pos])
+
+        def decode(key: str) -> torch.Tensor:
             picks = rows.get(key, np.asarray([row]))
             times = self._timestamp[picks] + self._video_from[key][pos]
-            what = f" ({key!r}, episode {int(self.meta.episodes[L.EP_INDEX][pos])})"
+            what = f" ({key!r}, episode {episode})"
             frames = decode_frames(self._video_files[key][pos], times.tolist(), self.tolerance_s, what)
-            item[key] = self._to_chw(key, frames, key not in rows)
+            return self._to_chw(key, frames, key not in rows)
+
+        videos = self.meta.video_keys
+        threads = camera_threads(len(videos)) if len(videos) > 1 else 1
+        decoded = _pool(threads).map(decode, videos) if threads > 1 else map(decode, videos)
+        item.update(zip(videos, decoded, strict=True))
         task_index = int(self._task_index[row])
         if task_index not in self.meta.tasks:
             raise DatasetError(

@@ -8,6 +8,7 @@ not share the parent's demuxer state, so each process opens its own.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -20,19 +21,37 @@ from lerobot_cli.datasets.errors import DatasetError
 MAX_OPEN_PER_PROCESS = 32
 DECODER_THREADS = 1
 _open: OrderedDict[tuple[int, str], av.container.InputContainer] = OrderedDict()
-_reformatters: dict[int, VideoReformatter] = {}
+_open_lock = threading.Lock()  # cameras decode on threads of their own (dataset.py); one file per thread
+_reformatters: dict[tuple[int, int], VideoReformatter] = {}
+
+
+def _new_lock_in_child() -> None:
+    """A forked child (a DataLoader worker) starts with a free lock, whatever a thread of its parent held."""
+    global _open_lock
+    _open_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def _reformatter() -> VideoReformatter:
     """A reused converter: ``frame.to_ndarray(format="rgb24")`` builds a new swscale context per call,
-    which costs ~2 ms even for a 64x64 frame, against ~0.03 ms when the context is kept."""
-    pid = os.getpid()
-    if pid not in _reformatters:
-        _reformatters[pid] = VideoReformatter()
-    return _reformatters[pid]
+    which costs ~2 ms even for a 64x64 frame, against ~0.03 ms when the context is kept. One per thread:
+    a swscale context used by two threads at once crashes the process."""
+    key = (os.getpid(), threading.get_ident())
+    reformatter = _reformatters.get(key)
+    if reformatter is None:
+        reformatter = _reformatters[key] = VideoReformatter()
+    return reformatter
 
 
 def _container(path: str) -> av.container.InputContainer:
+    with _open_lock:
+        return _open_container(path)
+
+
+def _open_container(path: str) -> av.container.InputContainer:
     pid = os.getpid()
     key = (pid, path)
     container = _open.get(key)
@@ -61,8 +80,9 @@ def _container(path: str) -> av.container.InputContainer:
 def close_all() -> None:
     """Close this process's containers (others' entries are theirs to close)."""
     pid = os.getpid()
-    for key in [k for k in _open if k[0] == pid]:
-        _open.pop(key).close()
+    with _open_lock:
+        for key in [k for k in _open if k[0] == pid]:
+            _open.pop(key).close()
 
 
 def probe_video(path: str) -> tuple[int, int]:
