@@ -2,7 +2,7 @@
 
 ``lerobot_ckpt`` owns the layout, the atomic commit and the collective protocol; this module only
 supplies the run's own files (policy config, train config, processors) and maps the resumed state
-onto the loop, sampler and scaler.
+onto the loop, its data position (``loop.position``: the run's data source, or a sampler) and scaler.
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ class Checkpointer:
             step,
             run=self.info,
             objects=_training_objects(loop),
-            sampler_state=loop.sampler.state_dict() if loop.sampler is not None else None,
+            # the checkpoint's "sampler" entry, whichever owns the position: the same keys either way
+            sampler_state=loop.position.state_dict() if loop.position is not None else None,
             loop_state=loop.state_dict(),
             write_pretrained=self.write_pretrained,
             adapter_state=_adapter_state(loop.model),
@@ -293,21 +294,19 @@ class Checkpointer:
         loop, checkpoint_dir, settings_changed = self.loop, plan.checkpoint, plan.settings_changed
         configured = optimizer_settings(loop.optimizer)
         saved = plan.record.sampler  # read once, by the plan
-        if (
-            loop.sampler is not None
-            and saved.get("num_samples", loop.sampler.num_samples) != loop.sampler.num_samples
-        ):
+        position = loop.position  # the data source (or sampler) whose position the checkpoint saved
+        if position is not None and saved.get("num_samples", position.num_samples) != position.num_samples:
             # Before anything is loaded: the saved data position means nothing in another dataset.
             raise StateMismatchError(
                 f"{checkpoint_dir} was trained on {saved['num_samples']} samples, but this run's dataset has "
-                f"{loop.sampler.num_samples} (another --dataset.episodes selection, --dataset.eval_split or "
+                f"{position.num_samples} (another --dataset.episodes selection, --dataset.eval_split or "
                 "--policy.drop_n_last_frames, or another dataset): its data position does not apply; resume "
                 "on the same data, or start a new run from its weights with "
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )
-        if loop.sampler is not None and saved:
+        if position is not None and saved:
             _check_sampler_position(
-                CheckpointPaths(checkpoint_dir).training_step, saved, loop.sampler.num_samples
+                CheckpointPaths(checkpoint_dir).training_step, saved, position.num_samples
             )
         state = load_checkpoint(
             checkpoint_dir,
@@ -318,8 +317,8 @@ class Checkpointer:
         if self.runtime.world_size > 1:
             _random_state_in_lockstep(state.rng_restored, self.runtime.rank)
         notes = loop.load_state_dict(state.loop_state or _legacy_loop_state(state.record))
-        if loop.sampler is not None and state.sampler_state:
-            notes += loop.sampler.load_state_dict(state.sampler_state)
+        if position is not None and state.sampler_state:
+            notes += position.load_state_dict(state.sampler_state)
         self.last_saved = state.step  # the resumed step is committed already: never saved again
         _warn_rounded_weights(checkpoint_dir, state, warn)
         notes += _ema_notes(loop, state)

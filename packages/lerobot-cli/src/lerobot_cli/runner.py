@@ -19,24 +19,19 @@ from lerobot_parallel.job_message import print_once_per_job
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_parallel.teardown import parallel_session
 from lerobot_parallel.wrap import wrap_model
-from lerobot_trainloop.batch import move_to_device
+from lerobot_trainloop.data_source import MapDataSource
 from lerobot_trainloop.ema import ModelEma
-from lerobot_trainloop.evaluation import EvalBatches, evaluate
-from lerobot_trainloop.loader import resumable_loader
+from lerobot_trainloop.evaluation import evaluate
 from lerobot_trainloop.loop import NonFiniteLossError, TrainLoop
-from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
 from lerobot_trainloop.worker_failures import DataLoaderWorkerDied, named_worker_deaths, worker_error_message
-from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 from lerobot_cli.banner import banner_lines
-from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
 from lerobot_cli.cli.errors import PROG, UsageError, is_quiet_rank, leave_quietly
 from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.data_source import make_data_sources
 from lerobot_cli.datasets import DatasetError
-from lerobot_cli.datasets.dataset import cameras_to_float
-from lerobot_cli.datasets.split import eval_sample_indices
 from lerobot_cli.fetching import prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
@@ -123,74 +118,16 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
     return 0
 
 
-def _training_rows(workload):
-    """The frames that may start a training sample, when the policy drops episode ends (diffusion's
-    ``drop_n_last_frames``, as LeRobot's sampler does); None: all of them."""
-    n = workload.policy_config.frames_dropped_per_episode()
-    if n <= 0:
-        return None
-    rows = workload.dataset.rows_without_last(n)
-    if len(rows) == 0:
-        raise DatasetError(
-            f"--policy.drop_n_last_frames={n} leaves no frame to train on: every episode of the "
-            f"training set has at most {n} frames; lower it, or select longer episodes"
-        )
-    return rows
-
-
-def _loader(dataset, sampler, cfg: TrainConfig, runtime: ParallelRuntime) -> ShieldedDataLoader:
-    workers = cfg.num_workers
-    # lerobot-trainloop's resumable loader: its own generator (creating an iterator draws a worker base
-    # seed, which must not shift the global RNG stream, dropout and VAE sampling, or a resumed run would
-    # no longer match an uninterrupted one), and shielded workers: a stop signal must not kill them before
-    # the ranks agreed to stop (interrupt.py).
-    return resumable_loader(
-        dataset,
-        sampler,
-        seed=cfg.seed + runtime.rank,
-        shielded=True,
-        num_workers=workers,
-        pin_memory=runtime.device.type == "cuda",
-        persistent_workers=workers > 0,
-        prefetch_factor=2 if workers > 0 else None,
-    )
-
-
-def _prepared(batches, workload, device: torch.device):
-    """The loader's batches as the policy takes them: on ``device`` (the dataset's uint8 cameras cross
-    to it as bytes, a quarter of float32's), cameras as float32 in [0, 1] there, then the preprocessor.
-    The one path of training and held-out eval batches."""
-    cameras = workload.dataset.meta.camera_keys
-    pre = workload.preprocessor
-    for batch in batches:
-        yield pre(cameras_to_float(move_to_device(batch, device), cameras))
-
-
 class _HeldOut:
     """The eval loss of ``--dataset.eval_split``'s episodes every ``--eval_steps``
     (every dp rank its share)."""
 
-    def __init__(self, workload, cfg: TrainConfig, runtime: ParallelRuntime, loop: TrainLoop) -> None:
-        self.cfg, self.loop, self.split = cfg, loop, workload.split
-        self.workload, self.device = workload, runtime.device
-        dataset = workload.eval_dataset
-        self.indices = eval_sample_indices(dataset.task_index, cfg.max_eval_samples)
-        self.sampler = EvalBatches(
-            self.indices, cfg.batch_size, dp_rank=runtime.dp_rank, dp_world_size=runtime.dp_world_size
-        )
-        workers = cfg.num_workers
-        self.loader = ShieldedDataLoader(
-            dataset,
-            batch_sampler=self.sampler,
-            num_workers=workers,
-            pin_memory=runtime.device.type == "cuda",
-            persistent_workers=workers > 0,
-            generator=torch.Generator().manual_seed(cfg.seed),
-        )
+    def __init__(self, source: MapDataSource, workload, cfg: TrainConfig, loop: TrainLoop) -> None:
+        self.cfg, self.loop, self.split, self.source = cfg, loop, workload.split, source
         self.ema = loop.ema if loop.ema is not None and cfg.ema.use_for_eval else None
 
     def describe(self) -> str:
-        split, n = self.split, len(self.indices)
+        split, n = self.split, self.source.order.num_samples
         weights = "EMA" if self.ema is not None else "live"
         return (
             f"Eval: {len(split.eval)} of {len(split.train) + len(split.eval)} episodes held out "
@@ -200,14 +137,9 @@ class _HeldOut:
         )
 
     def run(self, step: int, reporter: Reporter) -> None:
-        metrics = evaluate(
-            self.loop,
-            _prepared(self.loader, self.workload, self.device),
-            self.sampler.weights(),
-            ema=self.ema,
-            seed=self.cfg.seed,
-        )
-        reporter.log_eval(step, metrics, len(self.indices), "EMA" if self.ema is not None else "live")
+        source = self.source
+        metrics = evaluate(self.loop, source, source.order.weights(), ema=self.ema, seed=self.cfg.seed)
+        reporter.log_eval(step, metrics, source.order.num_samples, "EMA" if self.ema is not None else "live")
 
 
 def _training_run(workload, runtime: ParallelRuntime) -> TrainingRun:
@@ -228,9 +160,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     workload = build_workload(
         cfg, device=str(runtime.device), processors_from=processors_from, resuming=resume is not None
     )
-    rows = _training_rows(workload)
-    num_samples = len(workload.dataset) if rows is None else len(rows)
-    check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
+    # the training and held-out batches; checks a global batch fits (cheap) and starts no worker yet
+    data = make_data_sources(workload, cfg, runtime)
     plan_ = sharding_plan(cfg, workload.policy, runtime)
     # after the cheap start-up checks (batch, plan), before wrapping: FastWAM's rank 0 loads UMT5 here
     prepared = workload.policy_config.prepare_training(workload.policy, _training_run(workload, runtime))
@@ -239,13 +170,6 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     opt_cfg = cfg.optimizer or OptimizerConfig()
     optimizer = build_optimizer(opt_cfg, policy.get_optim_params())
     scheduler = build_scheduler(cfg.scheduler, optimizer, cfg.steps)
-    sampler = ShardedBatchSampler(
-        num_samples,
-        cfg.batch_size,
-        dp_rank=runtime.dp_rank,
-        dp_world_size=runtime.dp_world_size,
-        seed=cfg.seed,
-    )
     # The shadow starts as a copy of the weights as wrapped (a resume then loads it); each rank keeps
     # the EMA of what it holds: its shards under FSDP2/HSDP, the adapters alone under PEFT.
     ema = ModelEma(wrapped.module, cfg.ema) if cfg.ema.enable else None
@@ -256,8 +180,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         accelerator=cfg.accelerator,
         grad_clip_norm=opt_cfg.grad_clip_norm,
         allow_nonfinite_loss=cfg.allow_nonfinite_loss,
-        sampler=sampler,
         ema=ema,
+        data=data.train,
     )
     checkpointer = Checkpointer(
         cfg,
@@ -285,10 +209,6 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, tracker=tracker
     )
     watch = InterruptWatch(runtime.device, runtime.is_distributed, runtime.timeout_s)
-    # Their workers end with the run, not whenever the garbage collector frees them (the loop's hooks and
-    # the held-out eval hold each other): collected in a later run's forked DataLoader worker, a persistent
-    # iterator fails in torch's __del__ ("can only test a child process").
-    loaders: list[ShieldedDataLoader] = []
     try:
         for line in banner_lines(
             cfg,
@@ -309,10 +229,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)
         if cfg.log_freq > 0:
             loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)
-        held_out = None
-        if cfg.eval_steps > 0 and workload.eval_dataset is not None:  # before a save at the same step
-            held_out = _HeldOut(workload, cfg, runtime, loop)
-            loaders.append(held_out.loader)
+        if data.held_out is not None:  # before a save at the same step
+            held_out = _HeldOut(data.held_out, workload, cfg, loop)
             reporter.print(held_out.describe())
             loop.add_hook(lambda ev: held_out.run(ev.step, reporter), every=cfg.eval_steps)
         if cfg.save_checkpoint:
@@ -323,17 +241,13 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             )
         # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
-        loader = _loader(
-            workload.dataset, sampler if rows is None else SubsetBatches(sampler, rows), cfg, runtime
-        )
-        loaders.append(loader)
         # The watch's handlers stay through the interrupt's save: a repeat of the signal (the launcher
         # forwarding what a scheduler sent every process) must not kill it, a later one still does.
         with watch:
             try:
                 # a worker that died (the OOM killer's SIGKILL) is named, not torch's traceback from anywhere
-                with named_worker_deaths(loader, held_out.loader if held_out is not None else None):
-                    loop.run(_prepared(loader, workload, runtime.device), cfg.steps)
+                with named_worker_deaths(*(loader for source in data.all for loader in source.loaders)):
+                    loop.run(data.train, cfg.steps)
             except DataLoaderWorkerDied as exc:
                 last = checkpointer.last_path or (resume.checkpoint if resume is not None else None)
                 rank = runtime.rank if runtime.is_distributed else None
@@ -362,6 +276,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         try:
             reporter.close()
         finally:
-            for each in loaders:
-                each.close()
+            # The workers end with the run, not whenever the garbage collector frees them (the loop's hooks
+            # and the held-out eval hold each other): collected in a later run's forked DataLoader worker,
+            # a persistent iterator fails in torch's __del__ ("can only test a child process").
+            data.close()
     return loop

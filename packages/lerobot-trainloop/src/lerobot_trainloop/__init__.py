@@ -1,5 +1,5 @@
-"""Data-parallel training loop pieces: sharded resumable sampler, step loop, EMA, metric reduction, and
-DataLoader workers that survive a launcher's stop signal (``ShieldedDataLoader``).
+"""Data-parallel training loop pieces: sharded resumable sampler, data source, step loop, EMA, metric
+reduction, and DataLoader workers that survive a launcher's stop signal (``ShieldedDataLoader``).
 
 Importing the package does not import torch (a CLI builds and validates its config tree, ``EmaConfig``
 included, before torch loads): the configs and batch arithmetic are eager, every torch-using name
@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checkers (never run)
     from lerobot_trainloop.batch import batch_size_of, move_to_device
+    from lerobot_trainloop.data_source import DataSource, MapDataSource
     from lerobot_trainloop.ema import ModelEma
     from lerobot_trainloop.loader import resumable_loader
     from lerobot_trainloop.loop import (
@@ -33,6 +34,8 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
 _LAZY = {
     "batch_size_of": "lerobot_trainloop.batch",
     "move_to_device": "lerobot_trainloop.batch",
+    "DataSource": "lerobot_trainloop.data_source",
+    "MapDataSource": "lerobot_trainloop.data_source",
     "ModelEma": "lerobot_trainloop.ema",
     "resumable_loader": "lerobot_trainloop.loader",
     "DEFAULT_REDUCTIONS": "lerobot_trainloop.loop",
@@ -66,7 +69,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEFAULT_REDUCTIONS",
+    "DataSource",
     "EmaConfig",
+    "MapDataSource",
     "Meter",
     "MetricsTracker",
     "ModelEma",

@@ -51,6 +51,7 @@ from lerobot_parallel.precision import Precision, build_precision
 from lerobot_parallel.wrap import WrappedModel
 
 from lerobot_trainloop.batch import batch_size_of, move_to_device
+from lerobot_trainloop.data_source import DataSource
 from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.hooks import Hook, ScheduledHook, schedule
 from lerobot_trainloop.memory import peak_memory
@@ -112,6 +113,11 @@ class TrainLoop:
     and its gradient synchronisation, so the loop cannot be handed a topology other than the one the
     model was wrapped for. Use :meth:`run` for a whole run, or :meth:`train_step` from your own
     loop; both keep the accumulation phase, scheduler, sampler position, metrics and hooks consistent.
+
+    The data position is one of two owners': ``sampler`` (a ``ShardedBatchSampler`` the loop consumes once
+    per step) or ``data`` (a :class:`~lerobot_trainloop.data_source.DataSource`, which counts the batches
+    it hands out itself; run the loop on it). Never both, or every step would be counted twice.
+    :attr:`position` is whichever is given, what a checkpoint saves and a resume restores.
     """
 
     def __init__(
@@ -126,6 +132,7 @@ class TrainLoop:
         allow_nonfinite_loss: bool = False,
         sampler: ShardedBatchSampler | None = None,
         ema: ModelEma | None = None,
+        data: DataSource | None = None,
     ) -> None:
         if not isinstance(wrapped, WrappedModel):
             raise TypeError(
@@ -144,7 +151,13 @@ class TrainLoop:
             raise ValueError(f"grad_clip_norm must be > 0 or None, got {grad_clip_norm!r}")
         self.grad_clip_norm = grad_clip_norm
         self.allow_nonfinite_loss = allow_nonfinite_loss
+        if sampler is not None and data is not None:
+            raise ValueError(
+                "TrainLoop takes sampler= or data=, not both: a data source counts its own batches, and the "
+                "loop would consume the sampler a second time"
+            )
         self.sampler = sampler
+        self.data = data
         # Updated after every optimizer update. One the fp16 loss scaler skipped is none: the weights did not
         # move, so the EMA neither steps nor counts it in its decay schedule (LeRobot's counts it).
         self.ema = ema
@@ -160,6 +173,12 @@ class TrainLoop:
         self._bad_loss: torch.Tensor | None = None
         self._checked_at = -1  # the loop step at which the record was last read
         self._warned_nonfinite = False
+
+    @property
+    def position(self) -> ShardedBatchSampler | DataSource | None:
+        """The owner of the data position (``data`` or ``sampler``; None: the loop has none): its
+        ``state_dict()`` is the checkpoint's sampler entry, its ``load_state_dict()`` resumes it."""
+        return self.data if self.data is not None else self.sampler
 
     # -- schedule -------------------------------------------------------------------------
     def add_hook(

@@ -1,0 +1,124 @@
+"""The run's data sources, built from the workload: the training batches and the held-out ones.
+
+Everything about how ``lerobot-train`` reads its data is decided here, once: which frames can start a
+training sample, the rank-sharded resumable order, the loader's workers, and what each batch becomes on
+the device (the dataset's uint8 cameras cross as bytes, a quarter of float32's, become float32 in [0, 1]
+there, then the preprocessor). Training and held-out eval batches take the same path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from lerobot_parallel.runtime import ParallelRuntime
+from lerobot_trainloop.data_source import MapDataSource
+from lerobot_trainloop.evaluation import EvalBatches
+from lerobot_trainloop.sampler import ShardedBatchSampler
+
+from lerobot_cli.batch_fit import check_batch_fits
+from lerobot_cli.config import TrainConfig
+from lerobot_cli.datasets import DatasetError
+from lerobot_cli.datasets.dataset import cameras_to_float
+from lerobot_cli.datasets.split import eval_sample_indices
+
+
+@attrs.frozen
+class DataSources:
+    """``train``: the resumable training batches; ``held_out``: ``--dataset.eval_split``'s episodes for
+    the eval loss every ``--eval_steps`` (None: no held-out eval)."""
+
+    train: MapDataSource
+    held_out: MapDataSource | None
+
+    @property
+    def all(self) -> tuple[MapDataSource, ...]:
+        return (self.train,) if self.held_out is None else (self.train, self.held_out)
+
+    def close(self) -> None:
+        """End every source's workers (each closed even if another's close raised)."""
+        try:
+            self.train.close()
+        finally:
+            if self.held_out is not None:
+                self.held_out.close()
+
+
+def training_rows(workload) -> Any:
+    """The frames that may start a training sample, when the policy drops episode ends (diffusion's
+    ``drop_n_last_frames``, as LeRobot's sampler does); None: all of them."""
+    n = workload.policy_config.frames_dropped_per_episode()
+    if n <= 0:
+        return None
+    rows = workload.dataset.rows_without_last(n)
+    if len(rows) == 0:
+        raise DatasetError(
+            f"--policy.drop_n_last_frames={n} leaves no frame to train on: every episode of the "
+            f"training set has at most {n} frames; lower it, or select longer episodes"
+        )
+    return rows
+
+
+def _prepare(workload) -> Callable[[Any], Any]:
+    """A placed batch as the policy takes it: cameras as float32 in [0, 1], then the preprocessor."""
+    cameras = workload.dataset.meta.camera_keys
+    pre = workload.preprocessor
+
+    def prepare(batch):
+        return pre(cameras_to_float(batch, cameras))
+
+    return prepare
+
+
+def _loader_kwargs(cfg: TrainConfig, runtime: ParallelRuntime) -> dict[str, Any]:
+    # Shielded workers: a stop signal must not kill them before the ranks agreed to stop (interrupt.py).
+    workers = cfg.num_workers
+    return {
+        "shielded": True,
+        "num_workers": workers,
+        "pin_memory": runtime.device.type == "cuda",
+        "persistent_workers": workers > 0,
+    }
+
+
+def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> DataSources:
+    """The training source (after checking a global batch fits in its samples) and, with
+    ``--eval_steps`` and a held-out split, the held-out one. No worker starts before the first
+    iteration, so building them early costs nothing."""
+    rows = training_rows(workload)
+    num_samples = len(workload.dataset) if rows is None else len(rows)
+    check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
+    prepare = _prepare(workload)
+    kwargs = _loader_kwargs(cfg, runtime)
+    order = ShardedBatchSampler(
+        num_samples,
+        cfg.batch_size,
+        dp_rank=runtime.dp_rank,
+        dp_world_size=runtime.dp_world_size,
+        seed=cfg.seed,
+    )
+    # The loader's generator is the run seed plus the rank (per-rank worker seeds); it never draws from
+    # the global RNG, so dropout and VAE sampling after a resume match an uninterrupted run's.
+    train = MapDataSource(
+        workload.dataset,
+        order,
+        device=runtime.device,
+        seed=cfg.seed + runtime.rank,
+        rows=rows,
+        prepare=prepare,
+        loader_kwargs={**kwargs, "prefetch_factor": 2 if cfg.num_workers > 0 else None},
+    )
+    held_out = None
+    if cfg.eval_steps > 0 and workload.eval_dataset is not None:
+        dataset = workload.eval_dataset
+        batches = EvalBatches(
+            eval_sample_indices(dataset.task_index, cfg.max_eval_samples),
+            cfg.batch_size,
+            dp_rank=runtime.dp_rank,
+            dp_world_size=runtime.dp_world_size,
+        )
+        held_out = MapDataSource(
+            dataset, batches, device=runtime.device, seed=cfg.seed, prepare=prepare, loader_kwargs=kwargs
+        )
+    return DataSources(train=train, held_out=held_out)
