@@ -1,0 +1,103 @@
+"""``make_data_sources``: the training and held-out sources a run gets from its workload.
+
+The training source samples only the frames that may start a sample (``drop_n_last_frames``) and counts
+its position over them; batches reach the preprocessor on the device with float cameras; the held-out
+source exists only with ``--eval_steps`` and a held-out split, and ``close`` ends both. A fake workload,
+so the wiring is checked without a policy."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lerobot_cli.data_source import make_data_sources
+from lerobot_cli.datasets import DatasetError
+from lerobot_parallel.runtime import ParallelRuntime
+from torch.utils.data import Dataset
+
+CAM = "observation.images.cam"
+FRAMES_PER_EPISODE = 5
+
+
+class Frames(Dataset):
+    """``n`` frames in episodes of 5, each a uint8 camera and its index."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.task_index = torch.zeros(n, dtype=torch.int64).numpy()
+        self.meta = SimpleNamespace(camera_keys=[CAM])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {CAM: torch.full((1, 2, 2), 255, dtype=torch.uint8), "index": torch.tensor(i)}
+
+    def rows_without_last(self, n: int) -> list[int]:
+        return [i for i in range(self.n) if i % FRAMES_PER_EPISODE < FRAMES_PER_EPISODE - n]
+
+
+def workload(dropped: int = 0, eval_frames: int | None = None):
+    seen = []
+
+    def pre(batch):
+        seen.append(batch[CAM].dtype)
+        return {**batch, "preprocessed": True}
+
+    return SimpleNamespace(
+        dataset=Frames(20),
+        eval_dataset=Frames(eval_frames) if eval_frames else None,
+        policy_config=SimpleNamespace(frames_dropped_per_episode=lambda: dropped),
+        preprocessor=pre,
+        seen=seen,
+    )
+
+
+def cfg(**kw):
+    base = {
+        "batch_size": 2,
+        "seed": 0,
+        "num_workers": 0,
+        "eval_steps": 0,
+        "max_eval_samples": 0,
+        "dataset": SimpleNamespace(episodes=None),
+    }
+    return SimpleNamespace(**{**base, **kw})
+
+
+RT = ParallelRuntime.single("cpu")
+
+
+def test_training_batches_are_prepared_and_skip_dropped_frames():
+    wl = workload(dropped=2)
+    data = make_data_sources(wl, cfg(), RT)
+    assert data.held_out is None and data.all == (data.train,)
+    assert data.train.num_samples == 12  # 3 of every 5 frames may start a sample
+    it = iter(data.train)
+    batches = [next(it) for _ in range(6)]
+    rows = [i for b in batches for i in b["index"].tolist()]
+    assert sorted(rows) == wl.dataset.rows_without_last(2)  # one epoch: every allowed frame once
+    assert all(b["preprocessed"] and b[CAM].dtype == torch.float32 for b in batches)
+    assert wl.seen == [torch.float32] * 6 and float(batches[0][CAM].max()) == 1.0
+    assert data.train.state_dict()["offset"] == 0 and data.train.state_dict()["epoch"] == 1
+    data.close()
+
+
+def test_no_frame_left_to_train_on_names_the_flag():
+    with pytest.raises(DatasetError, match="--policy.drop_n_last_frames=5 leaves no frame"):
+        make_data_sources(workload(dropped=5), cfg(), RT)
+
+
+def test_the_held_out_source_needs_eval_steps_and_a_split():
+    assert make_data_sources(workload(eval_frames=5), cfg(), RT).held_out is None
+    data = make_data_sources(workload(eval_frames=5), cfg(eval_steps=1, num_workers=1), RT)
+    try:
+        held = data.held_out
+        assert held is not None and not held.resumable and held.order.num_samples == 5
+        assert [b["index"].tolist() for b in held] == [[0, 1], [2, 3], [4]]
+        assert all(b["preprocessed"] for b in held)
+        assert len(data.all) == 2 and all(s.loaders for s in data.all)
+    finally:
+        data.close()
+    assert held.loader._iterator is None  # close ended the persistent workers
