@@ -104,7 +104,8 @@ class MapDataSource:
 
     @property
     def num_samples(self) -> int:
-        """The samples its order counts over; a position saved for another count does not apply."""
+        """The samples its order counts over (a ``ShardedBatchSampler``'s, an ``EvalBatches``' set); a
+        position saved for another count does not apply."""
         return self.order.num_samples
 
     @property

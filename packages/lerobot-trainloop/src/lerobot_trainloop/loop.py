@@ -40,7 +40,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -51,12 +51,14 @@ from lerobot_parallel.precision import Precision, build_precision
 from lerobot_parallel.wrap import WrappedModel
 
 from lerobot_trainloop.batch import batch_size_of, move_to_device
-from lerobot_trainloop.data_source import DataSource
 from lerobot_trainloop.ema import ModelEma
 from lerobot_trainloop.hooks import Hook, ScheduledHook, schedule
 from lerobot_trainloop.memory import peak_memory
 from lerobot_trainloop.metrics import MetricsTracker, accumulation_dtype, gather_rows
 from lerobot_trainloop.sampler import ShardedBatchSampler
+
+if TYPE_CHECKING:  # the loop only holds a source (its caller iterates it): no loader import at run time
+    from lerobot_trainloop.data_source import DataSource
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +116,10 @@ class TrainLoop:
     model was wrapped for. Use :meth:`run` for a whole run, or :meth:`train_step` from your own
     loop; both keep the accumulation phase, scheduler, sampler position, metrics and hooks consistent.
 
-    The data position is one of two owners': ``sampler`` (a ``ShardedBatchSampler`` the loop consumes once
-    per step) or ``data`` (a :class:`~lerobot_trainloop.data_source.DataSource`, which counts the batches
-    it hands out itself; run the loop on it). Never both, or every step would be counted twice.
-    :attr:`position` is whichever is given, what a checkpoint saves and a resume restores.
+    The data position has one owner: ``sampler`` (a ``ShardedBatchSampler`` the loop consumes once per
+    step) or ``data`` (a :class:`~lerobot_trainloop.data_source.DataSource`, which counts the batches it
+    hands out itself: run the loop on it). Never both, or every step would be counted twice.
+    :attr:`position` is whichever is given: what a checkpoint saves and a resume restores.
     """
 
     def __init__(
