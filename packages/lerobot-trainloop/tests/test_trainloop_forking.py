@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import torch
-from lerobot_trainloop.forking import heap_frozen_for_fork
 from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork")
@@ -52,20 +51,20 @@ def test_a_worker_never_runs_the_destructor_of_garbage_it_inherited(tmp_path, sh
         loader.close()
     finally:
         gc.enable()
-    assert not log.exists(), f"collected in a worker (pids {log.read_text().split()}, rank {os.getpid()})"
-    gc.collect()  # the rank collects its own garbage afterwards, as usual
-    assert log.read_text().split() == [str(os.getpid())]
+    gc.collect()  # the rank collects its own garbage (maybe already did: an explicit collect in torch)
+    assert log.read_text().split() == [str(os.getpid())], f"rank {os.getpid()}: a worker collected it"
 
 
-def test_a_heap_the_caller_froze_stays_frozen():
-    gc.freeze()
-    try:
-        before = gc.get_freeze_count()
-        with heap_frozen_for_fork():
-            pass
-        assert gc.get_freeze_count() >= before > 0
-    finally:
-        gc.unfreeze()
-    with heap_frozen_for_fork():
-        assert gc.get_freeze_count() > 0
-    assert gc.get_freeze_count() == 0
+def test_the_rank_keeps_its_own_collector_state_and_freeze():
+    """Python 3.12 starts with objects frozen; a caller may freeze more or disable the collector: a
+    fork leaves all of it as it was in the rank (only the workers freeze what they inherit)."""
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            frozen = gc.get_freeze_count()
+            loader = ShieldedDataLoader(Collecting(), batch_size=4, num_workers=1)
+            assert sorted(int(x) for batch in loader for x in batch) == list(range(8))
+            loader.close()
+            assert gc.isenabled() is enabled and gc.get_freeze_count() == frozen
+        finally:
+            gc.enable()

@@ -216,5 +216,6 @@ def test_where_the_platform_lacks_the_shield_it_is_a_plain_dataloader(monkeypatc
     the rank's exit, so the workers are torch's own (and the start method the caller's or torch's)."""
     monkeypatch.setattr(worker_signals, "SHIELD_SUPPORTED", False)
     loader = ShieldedDataLoader(DATA, batch_size=4, num_workers=2)
-    assert loader.worker_init_fn is None and loader.multiprocessing_context is None
+    assert loader._shield is None and loader.multiprocessing_context is None
+    assert loader.worker_init_fn.inner is None  # only forking.FreezeInherited, nothing of the shield
     assert [int(x) for b in loader for x in b] == DATA

@@ -8,27 +8,46 @@ ever, inside whatever allocation triggered the collection (seen: ``collate`` mak
 batch), and the rank waits on a batch that never comes. A DataLoader iterator's own ``__del__``
 likewise fails in a child ("can only test a child process").
 
-So the rank freezes its heap (``gc.freeze()``: every tracked object moves to a generation the collector
-never scans) for the instant it forks, and thaws it in itself right after. The workers keep it frozen:
-they collect only their own objects, and, as a bonus, do not write the collector's bookkeeping into
-thousands of inherited pages (which would copy them: memory per worker). The rank's own garbage is
-collected later as usual, where its threads live. A heap already frozen by the caller stays so.
+So (the recipe of Python's ``gc.freeze`` documentation, on the child's side): the rank pauses its
+collector while it forks (:func:`collector_paused_for_fork`), so no collection can run in a child
+before its first act; that act (:class:`FreezeInherited`, the start of the worker's ``worker_init_fn``)
+is ``gc.freeze()``: every inherited object moves to a generation the collector never scans, then the
+collector resumes as the rank had it. A worker thus collects only its own objects, and does not write
+the collector's bookkeeping into inherited pages (which would copy them: memory per worker). The rank's
+own heap, and whatever it froze itself, are untouched; its garbage is collected where its threads live.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
+class FreezeInherited:
+    """A ``worker_init_fn`` that first freezes what the worker inherited, then calls ``inner``."""
+
+    def __init__(self, inner: Callable[[int], None] | None = None) -> None:
+        self.inner = inner
+        self.collector_was_enabled = gc.isenabled()  # the rank's, set again before each fork
+
+    def __call__(self, worker_id: int) -> None:
+        gc.freeze()
+        if self.collector_was_enabled:
+            gc.enable()
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
 @contextmanager
-def heap_frozen_for_fork() -> Iterator[None]:
-    """Processes forked inside the block never collect an object that existed when they were forked."""
-    already = gc.get_freeze_count() > 0
-    gc.freeze()
+def collector_paused_for_fork(init: FreezeInherited) -> Iterator[None]:
+    """No automatic collection in the rank, hence none in a child forked inside the block before its
+    ``init`` freezes what it inherited; the rank's collector is as before afterwards."""
+    was_enabled = gc.isenabled()
+    init.collector_was_enabled = was_enabled
+    gc.disable()
     try:
         yield
     finally:
-        if not already:
-            gc.unfreeze()
+        if was_enabled:
+            gc.enable()

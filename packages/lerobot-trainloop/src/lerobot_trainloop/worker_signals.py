@@ -46,7 +46,7 @@ from contextlib import contextmanager
 
 from torch.utils.data import DataLoader
 
-from lerobot_trainloop.forking import heap_frozen_for_fork
+from lerobot_trainloop.forking import FreezeInherited, collector_paused_for_fork
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
@@ -123,24 +123,29 @@ class ShieldedDataLoader(DataLoader):
         # The iterator made last (weakly: a caller that drops it still ends its workers), so that a dead
         # worker can be named when the loader is not persistent (worker_failures.py).
         self.last_iterator: Callable[[], object | None] | None = None
+        self._freeze: FreezeInherited | None = None
+        if kwargs.get("num_workers", 0) > 0:  # forking.py: workers never collect what they inherit
+            self._freeze = FreezeInherited(kwargs.pop("worker_init_fn", None))
+            kwargs["worker_init_fn"] = self._freeze
         if kwargs.get("num_workers", 0) > 0 and SHIELD_SUPPORTED:
-            self._shield = ShieldWorker(kwargs.pop("worker_init_fn", None))
+            # the shield first (a signal must find it), then the freeze (the collector stays paused)
+            self._shield = ShieldWorker(kwargs.pop("worker_init_fn"))
             kwargs["worker_init_fn"] = self._shield
             if kwargs.get("multiprocessing_context") is None:
                 kwargs["multiprocessing_context"] = "fork"
         super().__init__(*args, **kwargs)
 
     def __iter__(self):
-        if self.num_workers == 0:
+        if self._freeze is None:
             iterator = super().__iter__()
         elif self._shield is None:
-            with heap_frozen_for_fork():  # forking.py: workers never collect what they inherit
+            with collector_paused_for_fork(self._freeze):
                 iterator = super().__iter__()
         else:
             self._shield.parent = os.getpid()
             self._shield.main_thread_forks = threading.current_thread() is threading.main_thread()
             # the first iterator (and each without persistent workers) forks
-            with stop_signals_blocked(), heap_frozen_for_fork():
+            with stop_signals_blocked(), collector_paused_for_fork(self._freeze):
                 iterator = super().__iter__()
         self.last_iterator = weakref.ref(iterator)
         return iterator
