@@ -33,6 +33,11 @@ Peak RSS is VmHWM from /proc/<pid>/status: each DataLoader worker's (read by the
 loader down; a forked worker's RSS includes the pages it shares with its parent) and the main process's
 (which counts the shared-memory pages of the batches it reads: in the pi0 window, every camera pixel).
 The child imports nothing from this repository on LeRobot's side: only torch, numpy and the dataset class.
+
+``--long-root`` names the same dataset made many times longer (``tools/bench/repeat_dataset.py``: episodes
+repeated, videos hard-linked), and adds a last table: each side's peak RSS per worker and of the main
+process in the ACT window on ``--root`` and on the long copy, for memory that must not grow with the
+number and length of episodes.
 """
 
 from __future__ import annotations
@@ -97,15 +102,20 @@ def _build(side: str, LeRobotDataset: type, root: Path, deltas: dict):
     return dataset, "return_uint8=True, video_backend=pyav"
 
 
-def _hwm(pid: int | str = "self") -> int | None:
-    """Peak RSS (VmHWM) of a process in bytes, None when it cannot be read."""
+def _status(pid: int | str, field: str) -> int | None:
+    """A byte count of /proc/<pid>/status (VmHWM, RssAnon, ...), None when it cannot be read."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def _hwm(pid: int | str = "self") -> int | None:
+    """Peak RSS (VmHWM) of a process in bytes, None when it cannot be read."""
+    return _status(pid, "VmHWM")
 
 
 def resize_with_pad(images, size: int = PI0_SIZE):
@@ -198,7 +208,10 @@ def child_time(args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - begin
     cpu_after = _workers_cpu_s(iterator)
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    workers = [_hwm(w.pid) for w in getattr(iterator, "_workers", [])]
+    pids = [w.pid for w in getattr(iterator, "_workers", [])]
+    workers = [_hwm(pid) for pid in pids]
+    # the RSS of the first worker at the end, by kind: private, shared memory, file-backed pages
+    kinds = {k: _status(pids[0], k) if pids else None for k in ("RssAnon", "RssShmem", "RssFile")}
     result = {
         "side": args.side,
         "window": args.window,
@@ -214,6 +227,7 @@ def child_time(args: argparse.Namespace) -> dict:
         "startup_s": build_s + first_s,
         "worker_peak_rss": max((w for w in workers if w is not None), default=None),
         "main_peak_rss": _hwm(),
+        "worker_rss_kinds": kinds,
         "frames": len(dataset),
         **_versions(),
     }
@@ -352,6 +366,64 @@ def pair(a: str, b: str, width: int) -> str:
     return f"{a + ' / ' + b:>{width}}"
 
 
+def time_window(args, root: Path, window: str, pythons: dict, rounds: int) -> dict[str, list[dict]]:
+    """``rounds`` timed measurements per side on ``root``, sides alternating; each printed as it ends."""
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for r in range(rounds):
+        for side in SIDES:
+            child = [
+                "time", side, "--root", str(root), "--window", window,
+                "--workers", str(args.workers), "--batches", str(args.batches),
+                "--batch-size", str(args.batch_size),
+            ]  # fmt: skip
+            res = run_child(pythons[side], child, args.timeout)
+            runs[side].append(res)
+            print(
+                f"  {window} round {r + 1} {side:<7}: {res['items_per_s']:6.1f} items/s "
+                f"({_per_cpu(res['items_per_cpu_s'])} per worker CPU-s), start-up "
+                f"{res['startup_s']:.2f} s (build {res['build_s']:.2f}, "
+                f"first batch {res['first_batch_s']:.2f}), "
+                f"imports {res['import_s']:.1f} s, cameras {res['camera_dtype']}, worker peak "
+                f"{mib(res['worker_peak_rss'])} MiB, main peak {mib(res['main_peak_rss'])} MiB",
+                flush=True,
+            )
+    return runs
+
+
+def memory_table(args, pythons: dict, short: dict[str, list[dict]] | None) -> None:
+    """Peak RSS in the ACT window on --root and on --long-root, per side (the max over rounds)."""
+    if short is None:
+        short = time_window(args, args.root, "act", pythons, args.rounds)
+    long = time_window(args, args.long_root, "act", pythons, args.rounds)
+    _, _, info = _info(args.long_root)
+    frames = {"short": short["ours"][0]["frames"], "long": long["ours"][0]["frames"]}
+    print()
+    print(
+        f"memory, act window: {frames['short']} frames ({args.root}) vs {frames['long']} frames "
+        f"({info['total_episodes']} episodes, {args.long_root}); peak RSS in MiB, max over rounds"
+    )
+    print(
+        f"{'side':<8} {'worker short':>12} {'worker long':>12} {'growth':>7} "
+        f"{'main short':>11} {'main long':>10}   worker's RSS at the end, short -> long: "
+        "private / shared memory / files"
+    )
+    for side in SIDES:
+        ws, wl = (
+            _peak(r["worker_peak_rss"] for r in short[side]),
+            _peak(r["worker_peak_rss"] for r in long[side]),
+        )
+        ms, ml = _peak(r["main_peak_rss"] for r in short[side]), _peak(r["main_peak_rss"] for r in long[side])
+        growth = "-" if ws is None or wl is None else f"{(wl - ws) / 2**20:+.0f}"
+        kinds = [
+            " / ".join(mib(run[side][0]["worker_rss_kinds"][k]) for k in ("RssAnon", "RssShmem", "RssFile"))
+            for run in (short, long)
+        ]
+        print(
+            f"{side:<8} {mib(ws):>12} {mib(wl):>12} {growth:>7} {mib(ms):>11} {mib(ml):>10}   "
+            f"{kinds[0]} -> {kinds[1]}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
@@ -365,9 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="measurements per side and window, alternating")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=600, help="seconds per child process")
+    parser.add_argument("--long-root", type=Path, help="--root made longer (repeat_dataset.py): RSS table")
     args = parser.parse_args(argv)
     if not (args.root / "meta" / "info.json").is_file():
         parser.error(f"{args.root} has no meta/info.json (tools/bench/make_robot_video_dataset.py writes it)")
+    if args.long_root is not None and not (args.long_root / "meta" / "info.json").is_file():
+        parser.error(f"{args.long_root} has no meta/info.json (tools/bench/repeat_dataset.py writes it)")
     if not args.lerobot_python.is_file():
         parser.error(f"no LeRobot interpreter at {args.lerobot_python} (tools/interop/ci.sh builds it)")
     pythons = {"ours": Path(sys.executable), "lerobot": args.lerobot_python}
@@ -384,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         f"measurement, {args.rounds} rounds per side, torch threads=1 in the main process"
     )
     indices = sorted({0, min(149, frames - 1), min(150, frames - 1), frames // 2 + 7, frames - 1})
-    rows, started = [], time.perf_counter()
+    rows, started, act_runs = [], time.perf_counter(), None
     for window in args.windows:
         infos = check_window(args, window, cameras, indices, pythons)
         if window == args.windows[0]:
@@ -393,25 +468,9 @@ def main(argv: list[str] | None = None) -> int:
                 extra = f"; torchcodec {i['torchcodec']}" if "torchcodec" in i else ""
                 versions = f"python {i['python']}, torch {i['torch']}, PyAV {i['av']}"
                 print(f"  {name}: {i['mode']} ({versions}){extra}")
-        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-        for r in range(args.rounds):
-            for side in SIDES:
-                child = [
-                    "time", side, "--root", str(args.root), "--window", window,
-                    "--workers", str(args.workers), "--batches", str(args.batches),
-                    "--batch-size", str(args.batch_size),
-                ]  # fmt: skip
-                res = run_child(pythons[side], child, args.timeout)
-                runs[side].append(res)
-                print(
-                    f"  {window} round {r + 1} {side:<7}: {res['items_per_s']:6.1f} items/s "
-                    f"({_per_cpu(res['items_per_cpu_s'])} per worker CPU-s), start-up "
-                    f"{res['startup_s']:.2f} s (build {res['build_s']:.2f}, "
-                    f"first batch {res['first_batch_s']:.2f}), "
-                    f"imports {res['import_s']:.1f} s, cameras {res['camera_dtype']}, worker peak "
-                    f"{mib(res['worker_peak_rss'])} MiB, main peak {mib(res['main_peak_rss'])} MiB",
-                    flush=True,
-                )
+        runs = time_window(args, args.root, window, pythons, args.rounds)
+        if window == "act":
+            act_runs = runs
         ratios = [o["items_per_s"] / t["items_per_s"] for o, t in zip(runs["ours"], runs["lerobot"])]
         med = {s: {k: _median(x[k] for x in runs[s]) for k in MEDIANS} for s in SIDES}
         peak = {s: {k: _peak(x[k] for x in runs[s]) for k in PEAKS} for s in SIDES}
@@ -440,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
             + " "
             + pair(mib(peak["ours"]["main_peak_rss"]), mib(peak["lerobot"]["main_peak_rss"]), 15)
         )
+    if args.long_root is not None:
+        memory_table(args, pythons, act_runs)
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     print(
         f"machine: {os.cpu_count()} cores ({affinity} usable by this process); whole run "

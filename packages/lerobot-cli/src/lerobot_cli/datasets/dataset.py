@@ -25,7 +25,8 @@ from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.datasets.errors import DatasetError
 from lerobot_cli.datasets.hub import resolve_dataset_root
 from lerobot_cli.datasets.images import decode_image
-from lerobot_cli.datasets.metadata import DatasetMeta, load_meta, visual_chw
+from lerobot_cli.datasets.metadata import DatasetMeta, image_file, load_meta, visual_chw
+from lerobot_cli.datasets.shared import SharedBinary, release_freed_memory, shared_tensor
 from lerobot_cli.datasets.tabular import load_frames
 from lerobot_cli.datasets.video import decode_frames, probe_video
 
@@ -106,27 +107,41 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.delta_timestamps = dict(delta_timestamps) if delta_timestamps else None
         self.delta_indices = _delta_indices(self.meta, delta_timestamps, tolerance_s)
         table = load_frames(self.meta)
-        self._columns = {k: torch.from_numpy(v) for k, v in table.columns.items()}
-        self._index = table.columns["index"].astype(np.int64)
-        self._timestamp = table.columns["timestamp"].astype(np.float64)
-        self._task_index = table.columns["task_index"].astype(np.int64)
-        self._image_bytes = table.image_bytes
+        # Everything per frame or per episode that items read lives in shared memory (see shared.py):
+        # a DataLoader worker's memory then follows the items it reads, not the dataset's length.
+        self._columns = {k: shared_tensor(v) for k, v in table.columns.items()}
+        self._index = self._as_int64("index", table.columns)
+        self._task_index = self._as_int64("task_index", table.columns)
+        self._image_bytes = {k: SharedBinary(v) for k, v in table.image_bytes.items()}
         self._image_paths = table.image_paths
-        self._ep_pos = table.ep_pos
-        self._ep_start = table.ep_start
-        self._ep_from = self.meta.episodes[L.EP_FROM].astype(np.int64)
-        self._ep_to = self.meta.episodes[L.EP_TO].astype(np.int64)
+        self._ep_pos = shared_tensor(table.ep_pos)
+        self._ep_start = shared_tensor(table.ep_start)
+        episodes = self.meta.episodes
+        self._ep_from = shared_tensor(episodes[L.EP_FROM].astype(np.int64))
+        self._ep_to = shared_tensor(episodes[L.EP_TO].astype(np.int64))
+        self._ep_index = shared_tensor(episodes[L.EP_INDEX].astype(np.int64))
+        del table
+        release_freed_memory()
         self._chw = {k: visual_chw(k, self.meta.features[k]) for k in self.meta.camera_keys}
-        self._video_files: dict[str, list[str]] = {}
-        self._video_from: dict[str, np.ndarray] = {}
+        # per camera: the distinct video files, and which one each episode's frames are in
+        self._video_paths: dict[str, list[str]] = {}
+        self._video_file: dict[str, torch.Tensor] = {}
+        self._video_from: dict[str, torch.Tensor] = {}
         for key in self.meta.video_keys:
-            self._video_files[key] = [
-                str(self.meta.video_file(p, key)) for p in range(self.meta.num_episodes)
-            ]
-            self._video_from[key] = self.meta.episodes[L.video_column(key, "from_timestamp")].astype(
-                np.float64
+            files = [str(self.meta.video_file(p, key)) for p in range(self.meta.num_episodes)]
+            self._video_paths[key] = list(dict.fromkeys(files))
+            slot = {path: i for i, path in enumerate(self._video_paths[key])}
+            self._video_file[key] = shared_tensor(np.asarray([slot[f] for f in files], dtype=np.int64))
+            self._video_from[key] = shared_tensor(
+                episodes[L.video_column(key, "from_timestamp")].astype(np.float64)
             )
             self._check_videos(key)
+
+    def _as_int64(self, key: str, columns: dict[str, np.ndarray]) -> torch.Tensor:
+        """The column ``key`` as int64: the item's own tensor when info.json declares it so (LeRobot
+        does), else a shared copy (one array less for every item to touch)."""
+        column = self._columns[key]
+        return column if column.dtype == torch.int64 else shared_tensor(columns[key].astype(np.int64))
 
     def _check_videos(self, key: str) -> None:
         """Every video file exists and has the frame size info.json declares (before any worker forks)."""
@@ -135,7 +150,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
             raise DatasetError(
                 f"{self.root / L.INFO_PATH}: video {key!r} has {channels} channels; only RGB (3) is supported"
             )
-        for path in dict.fromkeys(self._video_files[key]):
+        for path in self._video_paths[key]:
             if not Path(path).is_file():
                 raise DatasetError(f"missing file {path}: meta/episodes points episodes of {key!r} at it")
             size = probe_video(path)
@@ -169,13 +184,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """The rows that are not among the last ``n`` frames of their episode (LeRobot's
         ``drop_n_last_frames``: such frames never start a training sample), in dataset order."""
         lengths = self.meta.episodes[L.EP_LENGTH].astype(np.int64)
-        offset = np.arange(len(self._ep_pos)) - self._ep_start[self._ep_pos]
-        return np.flatnonzero(offset < lengths[self._ep_pos] - n)
+        ep_pos = self._ep_pos.numpy()
+        offset = np.arange(len(ep_pos)) - self._ep_start.numpy()[ep_pos]
+        return np.flatnonzero(offset < lengths[ep_pos] - n)
 
     @property
     def task_index(self) -> np.ndarray:
         """Each frame's task index, in dataset order (the held-out cap selects frames per task)."""
-        return self._task_index.copy()
+        return self._task_index.numpy().copy()
 
     def __len__(self) -> int:
         return len(self._ep_pos)
@@ -197,12 +213,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
         return tensor[0] if single else tensor
 
     def _image(self, key: str, row: int) -> np.ndarray:
-        data = self._image_bytes[key][row].as_py()
-        if data is None and self._image_paths[key] is not None:
-            rel = self._image_paths[key][row].as_py()
-            data = (self.root / rel).read_bytes() if rel and (self.root / rel).is_file() else None
+        data = self._image_bytes[key].get(row)
         pos = int(self._ep_pos[row])
         where = f"{self.meta.data_file(pos)} ({key!r}, row index {int(self._index[row])})"
+        if data is None and self._image_paths[key] is not None:
+            rel = self._image_paths[key][row].as_py()
+            if rel:  # a path the parquet file names: it must stay inside the dataset, as every file
+                path = image_file(self.root, rel, named_by=self.meta.data_file(pos))
+                data = path.read_bytes() if path.is_file() else None
         if data is None:
             raise DatasetError(f"{where}: image has neither bytes nor a readable path")
         try:
@@ -237,13 +255,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
             item[key] = self._to_chw(
                 key, np.stack([self._image(key, int(r)) for r in picks]), key not in rows
             )
-        episode = int(self.meta.episodes[L.EP_INDEX][pos])
+        episode = int(self._ep_index[pos])
 
         def decode(key: str) -> torch.Tensor:
-            picks = rows.get(key, np.asarray([row]))
-            times = self._timestamp[picks] + self._video_from[key][pos]
+            picks = torch.from_numpy(rows.get(key, np.asarray([row])))
+            times = self._columns["timestamp"][picks].double() + float(self._video_from[key][pos])
             what = f" ({key!r}, episode {episode})"
-            frames = decode_frames(self._video_files[key][pos], times.tolist(), self.tolerance_s, what)
+            path = self._video_paths[key][int(self._video_file[key][pos])]
+            frames = decode_frames(path, times.tolist(), self.tolerance_s, what)
             return self._to_chw(key, frames, key not in rows)
 
         videos = self.meta.video_keys

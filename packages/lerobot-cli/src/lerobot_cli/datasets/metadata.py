@@ -83,6 +83,12 @@ def meta_file(root: Path, relative: str) -> Path:
     return _checked_file(root, "a dataset file", relative, named_by=root)
 
 
+def image_file(root: Path, relative: str, named_by: Path) -> Path:
+    """``root / relative`` for an image whose parquet row (in ``named_by``) gives a path instead of
+    bytes, checked like every file the dataset names: relative, no ``..``, no link out of ``root``."""
+    return _checked_file(root, "an image path", relative, named_by=named_by)
+
+
 @functools.lru_cache(maxsize=65536)
 def _checked_file(root: Path, entry: str, relative: str, named_by: Path | None = None) -> Path:
     info = root / L.INFO_PATH if named_by is None else named_by
