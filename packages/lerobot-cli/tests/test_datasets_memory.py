@@ -151,3 +151,26 @@ def test_a_long_dataset_adds_no_private_memory_that_workers_would_inherit(tmp_pa
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["frames"] == 200_000 and out["columns_kib"] > 100_000
     assert out["grew_kib"] < out["columns_kib"] / 3, out
+
+
+class _Threads(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        from lerobot_cli.datasets.dataset import camera_threads
+
+        return camera_threads(3)
+
+
+def test_camera_threads_share_the_cores_among_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cameras decode in parallel on the cores the workers leave: 8 cores, 1 process: all 3 cameras at
+    once; 4 workers: 2 each; 8 workers: 1 each."""
+    from lerobot_cli.datasets import dataset as module
+
+    monkeypatch.setattr(module, "_threads", {})
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert module.camera_threads(3) == 3 and module.camera_threads(12) == 8
+    for workers, each in ((4, 2), (8, 1)):
+        loader = torch.utils.data.DataLoader(_Threads(), batch_size=None, num_workers=workers)
+        assert set(loader) == {each}

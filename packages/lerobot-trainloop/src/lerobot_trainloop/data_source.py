@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lerobot_trainloop.batch import HOST_KEYS, move_to_device
 from lerobot_trainloop.loader import resumable_loader
 from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
+from lerobot_trainloop.worker_signals import shutdown_loader
 
 
 @runtime_checkable
@@ -140,11 +141,4 @@ class MapDataSource:
         return self.order.load_state_dict(state)
 
     def close(self) -> None:
-        close = getattr(self.loader, "close", None)  # a ShieldedDataLoader's
-        if close is not None:
-            close()
-            return
-        iterator, self.loader._iterator = self.loader._iterator, None  # a plain persistent loader's
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        shutdown_loader(self.loader)

@@ -162,6 +162,21 @@ class ShieldedDataLoader(DataLoader):
         self._iterator = None
         self.last_iterator = None
         for iterator in iterators:
-            shutdown = getattr(iterator, "_shutdown_workers", None)  # torch's multi-process iterator only
-            if shutdown is not None:
-                shutdown()
+            _shutdown_workers(iterator)
+
+
+def _shutdown_workers(iterator: object) -> None:
+    shutdown = getattr(iterator, "_shutdown_workers", None)  # torch's multi-process iterator only
+    if shutdown is not None:
+        shutdown()
+
+
+def shutdown_loader(loader: DataLoader) -> None:
+    """End ``loader``'s worker processes now: a :class:`ShieldedDataLoader`'s through its ``close``, a
+    plain DataLoader's persistent iterator directly (see ``ShieldedDataLoader.close`` for why now)."""
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+        return
+    iterator, loader._iterator = loader._iterator, None
+    _shutdown_workers(iterator)

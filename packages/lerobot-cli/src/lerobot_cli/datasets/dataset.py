@@ -32,13 +32,21 @@ from lerobot_cli.datasets.video import decode_frames, probe_video
 
 DEFAULT_TOLERANCE_S = 1e-4  # LeRobot's default for both delta_timestamps and decoded frame times
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # (pid, threads): this process's camera decoders
+_threads: dict[tuple[int, int], int] = {}  # (pid, cameras): camera_threads' answer in this process
 
 
 def camera_threads(cameras: int) -> int:
     """How many cameras of an item decode at once: the cores this process may use, shared among the
     DataLoader's workers (each a process decoding its own items), at most one per camera. One worker per
     core decodes serially; fewer workers than cores put the spare cores to work (the decoder itself runs
-    on one thread: see video.py)."""
+    on one thread: see video.py). Worked out once per process and camera count."""
+    key = (os.getpid(), cameras)
+    if key not in _threads:
+        _threads[key] = _camera_threads(cameras)
+    return _threads[key]
+
+
+def _camera_threads(cameras: int) -> int:
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
