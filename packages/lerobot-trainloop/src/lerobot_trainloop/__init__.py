@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
         TrainLoop,
     )
     from lerobot_trainloop.metrics import Meter, MetricsTracker
+    from lerobot_trainloop.mixture import MixtureBatchSampler
     from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches, epoch_permutation
     from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
@@ -45,6 +46,7 @@ _LAZY = {
     "TrainLoop": "lerobot_trainloop.loop",
     "Meter": "lerobot_trainloop.metrics",
     "MetricsTracker": "lerobot_trainloop.metrics",
+    "MixtureBatchSampler": "lerobot_trainloop.mixture",
     "ShardedBatchSampler": "lerobot_trainloop.sampler",
     "SubsetBatches": "lerobot_trainloop.sampler",
     "epoch_permutation": "lerobot_trainloop.sampler",
@@ -74,6 +76,7 @@ __all__ = [
     "MapDataSource",
     "Meter",
     "MetricsTracker",
+    "MixtureBatchSampler",
     "ModelEma",
     "NonFiniteLossError",
     "ShardedBatchSampler",

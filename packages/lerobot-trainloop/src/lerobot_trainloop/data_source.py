@@ -27,8 +27,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lerobot_trainloop.batch import HOST_KEYS, move_to_device
 from lerobot_trainloop.loader import resumable_loader
+from lerobot_trainloop.mixture import MixtureBatchSampler
 from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches
 from lerobot_trainloop.worker_signals import shutdown_loader
+
+# The orders with a position: ``consume``, ``state_dict``, ``load_state_dict``, ``num_samples``.
+RESUMABLE_ORDERS = (ShardedBatchSampler, MixtureBatchSampler)
 
 
 @runtime_checkable
@@ -65,9 +69,10 @@ class DataSource(Protocol):
 class MapDataSource:
     """A map-style ``dataset`` read in ``order``, placed on ``device`` and ``prepare``-d.
 
-    ``order``: a :class:`ShardedBatchSampler` (the resumable, rank-sharded order: the source's position is
-    its consumed position and its state), or a fixed batch sampler of positions without a position (a
-    held-out set's ``EvalBatches``: every iteration is the whole set, ``state_dict()`` is empty).
+    ``order``: a :class:`ShardedBatchSampler` or a :class:`MixtureBatchSampler` (the resumable, rank-sharded
+    orders: the source's position is its consumed position and its state), or a fixed batch sampler of
+    positions without a position (a held-out set's ``EvalBatches``: every iteration is the whole set,
+    ``state_dict()`` is empty).
     ``rows``: the dataset rows the order's positions stand for (``SubsetBatches``; None: position = row),
     for a training set that samples only some rows, so the order and its state count the rows that can
     be sampled. ``seed``: the loader's own generator (see ``resumable_loader``: making an iterator never
@@ -80,7 +85,7 @@ class MapDataSource:
     def __init__(
         self,
         dataset: Dataset,
-        order: ShardedBatchSampler | Sampler[list[int]],
+        order: ShardedBatchSampler | MixtureBatchSampler | Sampler[list[int]],
         *,
         device: torch.device,
         seed: int,
@@ -100,8 +105,9 @@ class MapDataSource:
 
     @property
     def resumable(self) -> bool:
-        """Whether the source has a position (its order is a ``ShardedBatchSampler``)."""
-        return isinstance(self.order, ShardedBatchSampler)
+        """Whether the source has a position (its order is a ``ShardedBatchSampler`` or a
+        ``MixtureBatchSampler``)."""
+        return isinstance(self.order, RESUMABLE_ORDERS)
 
     @property
     def num_samples(self) -> int:

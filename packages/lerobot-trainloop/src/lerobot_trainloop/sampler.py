@@ -171,6 +171,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
         different dataset size cannot be resumed, a different batch or world size can. Nothing is
         logged here: the caller folds the returned notes into its one resume message.
         """
+        if state.get("kind") is not None:  # another sampler's state (a MixtureBatchSampler's)
+            raise ValueError(
+                f"sampler state of kind {state['kind']!r} is not a ShardedBatchSampler's, so it cannot "
+                "resume one"
+            )
         if int(state["num_samples"]) != self.num_samples:
             raise ValueError(
                 f"sampler state was saved for {state['num_samples']} samples, but the dataset has "
