@@ -166,6 +166,13 @@ def _substitute(line: str, ctx: Context) -> str:
         r"--policy\.path=\$\{HF_USER\}/[\w.-]+", lambda _m: f"--policy.path={ctx.base_policy()}", line
     )
 
+    def mixture(m: re.Match) -> str:  # a mixture of ${HF_USER} datasets: the demo dataset for each entry
+        count = len(re.findall(r"\$\{HF_USER\}/[\w.-]+", m.group(0)))
+        roots = ",".join([f'"{DEMO}"'] * count)
+        return f"{m.group(0)} --dataset.root='[{roots}]'"
+
+    line = re.sub(r"--dataset\.repo_id='\[[^\]]*\$\{HF_USER\}[^\]]*\]'", mixture, line)
+
     def which(m: re.Match) -> str:
         path = BIN / m.group(1)
         assert path.is_file(), f"$(which {m.group(1)}): not in the environment ({BIN})"

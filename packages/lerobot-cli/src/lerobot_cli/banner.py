@@ -83,6 +83,22 @@ def _ema_lines(cfg: TrainConfig, runtime: ParallelRuntime) -> list[str]:
     return [f"EMA: {decay}{after}; kept by {where}; saved as pretrained_model_ema/"]
 
 
+def dataset_lines(
+    cfg: TrainConfig, num_frames: int, num_episodes: int, parts: list[tuple[str, int, int, float]] | None
+) -> list[str]:
+    """One dataset: its name and size; a mixture: each dataset with its share of the samples."""
+    if not parts:
+        name = cfg.dataset.repo_id or cfg.dataset.root
+        return [f"Dataset: {name}: {num_frames} frames, {num_episodes} episodes"]
+    weights = cfg.dataset.weights
+    how = "weighted" if weights else "concatenated: each frame once per epoch"
+    shares = [w / sum(weights) for w in weights] if weights else [n / num_frames for _, n, _, _ in parts]
+    lines = [f"Dataset: a mixture of {len(parts)} ({how}): {num_frames} frames, {num_episodes} episodes"]
+    for (name, frames, episodes, fps), share in zip(parts, shares, strict=True):
+        lines.append(f"  {name}: {frames} frames, {episodes} episodes at {fps:g} fps, {share:.1%} of samples")
+    return lines
+
+
 def banner_lines(
     cfg: TrainConfig,
     runtime: ParallelRuntime,
@@ -90,7 +106,9 @@ def banner_lines(
     num_frames: int,
     num_episodes: int,
     start_step: int = 0,
+    parts: list[tuple[str, int, int, float]] | None = None,
 ) -> list[str]:
+    """``parts``: a mixture's datasets as (name, frames, episodes, fps)."""
     p = runtime.parallelism
     learnable, total = count_params(policy)
     k = cfg.accelerator.gradient_accumulation.steps
@@ -102,7 +120,7 @@ def banner_lines(
         ),
         f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
         precision_line(cfg.accelerator.mixed_precision, policy),
-        f"Dataset: {cfg.dataset.repo_id or cfg.dataset.root}: {num_frames} frames, {num_episodes} episodes",
+        *dataset_lines(cfg, num_frames, num_episodes, parts),
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_initial_weights_lines(cfg),
         *_peft_lines(cfg),

@@ -12,15 +12,18 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import numpy as np
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_trainloop.data_source import MapDataSource
 from lerobot_trainloop.evaluation import EvalBatches
+from lerobot_trainloop.mixture import MixtureBatchSampler
 from lerobot_trainloop.sampler import ShardedBatchSampler
 
 from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.dataset import cameras_to_float
+from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import eval_sample_indices
 
 
@@ -31,6 +34,7 @@ class DataSources:
 
     train: MapDataSource
     held_out: MapDataSource | None
+    counts: Callable[[], dict[str, int]] | None = None  # a mixture's samples per dataset (MixtureCounts)
 
     @property
     def all(self) -> tuple[MapDataSource, ...]:
@@ -91,13 +95,24 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
     prepare = _prepare(workload)
     kwargs = _loader_kwargs(cfg, runtime)
-    order = ShardedBatchSampler(
-        num_samples,
-        cfg.batch_size,
-        dp_rank=runtime.dp_rank,
-        dp_world_size=runtime.dp_world_size,
-        seed=cfg.seed,
-    )
+    sizes = _part_sizes(workload.dataset, rows)
+    if sizes is not None and cfg.dataset.weights is not None:
+        order = MixtureBatchSampler(
+            sizes,
+            cfg.dataset.weights,
+            cfg.batch_size,
+            dp_rank=runtime.dp_rank,
+            dp_world_size=runtime.dp_world_size,
+            seed=cfg.seed,
+        )
+    else:
+        order = ShardedBatchSampler(
+            num_samples,
+            cfg.batch_size,
+            dp_rank=runtime.dp_rank,
+            dp_world_size=runtime.dp_world_size,
+            seed=cfg.seed,
+        )
     # The loader's generator is the run seed plus the rank (per-rank worker seeds); it never draws from
     # the global RNG, so dropout and VAE sampling after a resume match an uninterrupted run's.
     train = MapDataSource(
@@ -121,4 +136,40 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
         held_out = MapDataSource(
             dataset, batches, device=runtime.device, seed=cfg.seed, prepare=prepare, loader_kwargs=kwargs
         )
-    return DataSources(train=train, held_out=held_out)
+    counts = None if sizes is None else MixtureCounts(workload.dataset.names, sizes, order)
+    return DataSources(train=train, held_out=held_out, counts=counts)
+
+
+def _part_sizes(dataset, rows) -> list[int] | None:
+    """A mixture's samples per dataset, in the order's position space (the rows that may start a sample);
+    None for one dataset."""
+    if not isinstance(dataset, MixtureDataset):
+        return None
+    if rows is None:
+        return dataset.sizes
+    return [len(part) for part in dataset.part_rows(np.asarray(rows))]
+
+
+class MixtureCounts:
+    """Samples drawn from each dataset of a mixture so far, over all ranks (the order is the same on every
+    rank, so no collective is needed): ``samples/<repo id>`` in metrics.jsonl at each log step.
+
+    A weighted mixture's sampler counts them as it goes; plain concatenation (a shuffled epoch over every
+    frame) counts them from the consumed positions: whole epochs times the sizes, plus the part of the
+    current epoch's permutation consumed so far."""
+
+    def __init__(self, names: list[str], sizes: list[int], order) -> None:
+        self.names = names
+        self.bounds = np.cumsum(sizes)[:-1]
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.order = order
+
+    def __call__(self) -> dict[str, int]:
+        if isinstance(self.order, MixtureBatchSampler):
+            counts = list(self.order.counts)
+        else:
+            order: ShardedBatchSampler = self.order
+            seen = np.asarray(order.indices_at(order.epoch * order.num_samples, order.offset), dtype=np.int64)
+            partial = np.bincount(np.searchsorted(self.bounds, seen, side="right"), minlength=len(self.names))
+            counts = (order.epoch * self.sizes + partial).tolist()
+        return {f"samples/{name}": int(n) for name, n in zip(self.names, counts, strict=True)}

@@ -30,10 +30,11 @@ def dry_run(cfg: TrainConfig) -> int:
     from lerobot_parallel.runtime import ParallelRuntime
 
     from lerobot_cli.cli.render import as_flags
-    from lerobot_cli.datasets import load_meta, resolve_dataset_root
+    from lerobot_cli.datasets import resolve_dataset_root
+    from lerobot_cli.datasets.mixing import run_meta
     from lerobot_cli.workload import build_policy_for, sharding_plan
 
-    meta = load_meta(resolve_dataset_root(cfg.dataset))
+    meta = run_meta(cfg.dataset, resolve_dataset_root)
     with torch.device("meta"):
         _, policy = build_policy_for(cfg, meta.features)
     plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))

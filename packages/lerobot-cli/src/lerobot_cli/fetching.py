@@ -62,15 +62,26 @@ def local_main_first(runtime: ParallelRuntime, name: str, fetch: Callable[[], T]
 def prefetch(cfg, runtime: ParallelRuntime, resuming: bool) -> None:
     """The run's downloads, once per machine (see the module docstring): the dataset when it is not
     cached, and the ImageNet backbone when a fresh policy with camera inputs will load it."""
-    from lerobot_cli.datasets import load_meta, resolve_dataset_root
+    from lerobot_cli.datasets import resolve_dataset_root
+    from lerobot_cli.datasets.mixing import run_meta
     from lerobot_cli.policies.backbone_weights import resolve_backbone_weights
     from lerobot_cli.policies.features import FeatureType
     from lerobot_cli.workload import policy_config_for_dataset
 
-    root = local_main_first(runtime, "dataset", lambda: resolve_dataset_root(cfg.dataset))
+    def fetch(one):  # each dataset of a mixture, once per machine
+        return local_main_first(
+            runtime, f"dataset {one.repo_id or one.root}", lambda: resolve_dataset_root(one)
+        )
+
+    meta = None
+    if not cfg.dataset.is_mixture:
+        fetch(cfg.dataset)
+    else:
+        meta = run_meta(cfg.dataset, fetch)
     spec = cfg.policy.backbone_weights()
     if not spec or resuming or cfg.policy.pretrained_path:
         return  # the weights come from a checkpoint: the backbone's initialisation is not read
-    features = policy_config_for_dataset(cfg.policy, load_meta(root).features).input_features
+    meta = meta or run_meta(cfg.dataset, resolve_dataset_root)
+    features = policy_config_for_dataset(cfg.policy, meta.features).input_features
     if any(f.type is FeatureType.VISUAL for f in features.values()):
         local_main_first(runtime, "backbone", lambda: resolve_backbone_weights(spec))

@@ -123,7 +123,9 @@ class Reporter:
             status = self._last_loss + (f" lr {_fmt(lr)}" if lr is not None else "")
             self._progress.update(self._task, completed=step, status=status.strip())
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], records: dict[str, float] | None = None) -> None:
+        """``metrics`` on the console line and in the records; ``records`` (a mixture's samples per
+        dataset) in metrics.jsonl and the tracker only."""
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self._t0
@@ -132,7 +134,7 @@ class Reporter:
         self.print(
             format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else "")
         )
-        self._record(step, elapsed, metrics)
+        self._record(step, elapsed, {**metrics, **(records or {})})
         self._last_loss = f"loss {_fmt(metrics.get('loss', math.nan))}"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, status=self._last_loss)

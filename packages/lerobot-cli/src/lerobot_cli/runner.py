@@ -32,6 +32,7 @@ from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.data_source import make_data_sources
 from lerobot_cli.datasets import DatasetError
+from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.fetching import prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
@@ -142,6 +143,16 @@ class _HeldOut:
         reporter.log_eval(step, metrics, source.order.num_samples, "EMA" if self.ema is not None else "live")
 
 
+def mixture_parts(dataset) -> list[tuple[str, int, int, float]] | None:
+    """A mixture's datasets for the banner: (name, frames, episodes, fps); None for one dataset."""
+    if not isinstance(dataset, MixtureDataset):
+        return None
+    return [
+        (name, len(part), part.num_episodes, part.fps)
+        for name, part in zip(dataset.names, dataset.parts, strict=True)
+    ]
+
+
 def _training_run(workload, runtime: ParallelRuntime) -> TrainingRun:
     """What the policy's ``prepare_training`` hook sees of this run: the dataset's tasks in index order."""
     tasks = tuple(text for _, text in sorted(workload.dataset.meta.tasks.items()))
@@ -217,6 +228,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             workload.dataset.meta.num_frames,
             workload.dataset.meta.num_episodes,
             loop.step,
+            mixture_parts(workload.dataset),
         ):
             reporter.print(line)
         for line in prepared:
@@ -228,7 +240,12 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         # sync: the loss, its parts, the grad norm and the NaN check are read at log and save steps.
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)
         if cfg.log_freq > 0:
-            loop.add_hook(lambda ev: reporter.log(ev.step, ev.metrics), every=cfg.log_freq, metrics=True)
+            counts = data.counts  # a mixture's samples per dataset, recorded beside the metrics
+            loop.add_hook(
+                lambda ev: reporter.log(ev.step, ev.metrics, counts() if counts is not None else None),
+                every=cfg.log_freq,
+                metrics=True,
+            )
         if data.held_out is not None:  # before a save at the same step
             held_out = _HeldOut(data.held_out, workload, cfg, loop)
             reporter.print(held_out.describe())

@@ -28,13 +28,14 @@ from lerobot_cli.datasets import (
     DatasetError,
     LeRobotDataset,
     dataset_to_policy_features,
-    load_meta,
     make_dataset,
     resolve_dataset_root,
     resolve_delta_timestamps,
 )
 from lerobot_cli.datasets.imagenet import with_imagenet_stats
 from lerobot_cli.datasets.layout import STATS_PATH
+from lerobot_cli.datasets.mixing import MixtureMeta, run_meta
+from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
@@ -85,6 +86,36 @@ def _datasets(
         LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta, return_uint8=True),
         split,
     )
+
+
+def _delta(features: dict, fps: float, policy_cfg: PolicyConfig) -> dict[str, list[float]] | None:
+    return resolve_delta_timestamps(
+        features,
+        fps,
+        observation_delta_indices=policy_cfg.observation_delta_indices,
+        action_delta_indices=policy_cfg.action_delta_indices,
+        reward_delta_indices=policy_cfg.reward_delta_indices,
+    )
+
+
+def _mixture(cfg: TrainConfig, meta: MixtureMeta, policy_cfg: PolicyConfig) -> MixtureDataset:
+    """The mixture's datasets, each with the policy's windows at its own fps, under its own names."""
+    if cfg.dataset.eval_split:
+        raise DatasetError(
+            f"--dataset.eval_split={cfg.dataset.eval_split} is not supported for a mixture of datasets "
+            "yet: leave it at 0 (hold out a dataset's episodes with --dataset.episodes instead)"
+        )
+    parts = []
+    for part, source in zip(meta.parts, meta.sources, strict=True):
+        mixture_delta = _delta(meta.features, part.fps, policy_cfg) or {}
+        own_name = {source.rename.get(k, k): k for k in part.features}
+        delta = {own_name[k]: v for k, v in mixture_delta.items()}
+        parts.append(
+            LeRobotDataset(
+                part.root, episodes=source.episodes, delta_timestamps=delta or None, return_uint8=True
+            )
+        )
+    return MixtureDataset(parts, meta.sources)
 
 
 def features_are_derived(policy: PolicyConfig) -> bool:
@@ -178,8 +209,8 @@ def build_workload(
 ) -> Workload:
     """``processors_from``: a ``pretrained_model/`` whose processors to use (a resumed checkpoint);
     ``resuming``: its weights will be loaded over the policy (see ``build_policy_for``)."""
-    root = resolve_dataset_root(cfg.dataset)
-    meta = load_meta(root)
+    meta = run_meta(cfg.dataset, resolve_dataset_root)
+    root = meta.root
     reference, source = (
         cfg.policy,
         (
@@ -198,14 +229,11 @@ def build_workload(
     if (reference.input_features or reference.output_features) and not features_are_derived(reference):
         check_features_fit(reference, meta.features, root, source)
     policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
-    delta = resolve_delta_timestamps(
-        meta.features,
-        meta.fps,
-        observation_delta_indices=policy_cfg.observation_delta_indices,
-        action_delta_indices=policy_cfg.action_delta_indices,
-        reward_delta_indices=policy_cfg.reward_delta_indices,
-    )
-    dataset, eval_dataset, split = _datasets(cfg, meta, delta)
+    if isinstance(meta, MixtureMeta):
+        dataset, eval_dataset, split = _mixture(cfg, meta, policy_cfg), None, None
+    else:
+        delta = _delta(meta.features, meta.fps, policy_cfg)
+        dataset, eval_dataset, split = _datasets(cfg, meta, delta)
     pretrained = Path(policy_cfg.pretrained_path) if policy_cfg.pretrained_path else None
     source = processors_from or pretrained
     if source is not None and _has_processors(source):

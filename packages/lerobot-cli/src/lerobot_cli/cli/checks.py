@@ -99,14 +99,18 @@ def check_policy_fits_local_dataset(cfg: TrainConfig) -> None:
     A dataset still to download, or one its reader refuses, is left to the run (it says why)."""
     from lerobot_cli.datasets.errors import DatasetError
     from lerobot_cli.datasets.hub import local_dataset_root
-    from lerobot_cli.datasets.metadata import load_meta
+    from lerobot_cli.datasets.mixing import run_meta
     from lerobot_cli.policies.dataset_fit import check_policy_features, policy_config_for_dataset
 
-    root = local_dataset_root(cfg.dataset)
-    if root is None:
+    try:
+        sources = cfg.dataset.sources()
+    except ValueError:
+        return
+    configs = [cfg.dataset.source_config(s) for s in sources] if len(sources) > 1 else [cfg.dataset]
+    if any(local_dataset_root(one) is None for one in configs):
         return
     try:
-        policy = policy_config_for_dataset(cfg.policy, load_meta(root).features)
+        policy = policy_config_for_dataset(cfg.policy, run_meta(cfg.dataset, local_dataset_root).features)
     except DatasetError:
         return
     check_policy_features(policy)

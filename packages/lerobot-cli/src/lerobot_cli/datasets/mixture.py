@@ -1,0 +1,104 @@
+"""Several LeRobot datasets read as one map-style dataset (what they are: ``lerobot_cli.datasets.mixing``).
+
+Features only later datasets have are left out of the items, so every item has the same keys and batches
+collate. Each dataset keeps its own fps: its windows
+(``delta_timestamps``) are the policy's frame offsets at that dataset's rate, so a 50-step action chunk is
+50 of its own control steps. Items carry ``dataset_index`` (LeRobot's name for it) and a ``task_index`` into
+the union of the datasets' tasks.
+
+``MixtureDataset`` is the map-style dataset over the parts, concatenated in order.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from lerobot_cli.datasets.config import DatasetSource
+from lerobot_cli.datasets.mixing import MixtureMeta
+
+
+class MixtureDataset(torch.utils.data.Dataset):
+    """The ``parts`` (each a ``LeRobotDataset``) concatenated: row ``offsets[d] + i`` is part ``d``'s row
+    ``i``, renamed, restricted to the mixture's features, with ``dataset_index`` and a united
+    ``task_index``."""
+
+    def __init__(self, parts: Sequence, sources: Sequence[DatasetSource]) -> None:
+        super().__init__()
+        self.parts = list(parts)
+        self.sources = list(sources)
+        self.meta = MixtureMeta([p.meta for p in self.parts], self.sources)
+        sizes = [len(p) for p in self.parts]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        keys = set(self.meta.features)
+        self._keep = keys | {f"{k}_is_pad" for k in keys} | {"task"}
+        united = {text: i for i, text in self.meta.tasks.items()}
+        self._task_maps = [
+            {index: united[text] for index, text in part.meta.tasks.items()} for part in self.parts
+        ]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(p) for p in self.parts]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self.meta.features
+
+    @property
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        return self.meta.stats
+
+    @property
+    def fps(self) -> float:
+        return self.meta.fps
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_episodes(self) -> int:
+        return self.meta.num_episodes
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {s}" for n, s in zip(self.names, self.sizes, strict=True))
+        return f"MixtureDataset({parts})"
+
+    def rows_without_last(self, n: int) -> np.ndarray:
+        """Every part's rows that may start a sample (see ``LeRobotDataset.rows_without_last``)."""
+        return np.concatenate(
+            [off + p.rows_without_last(n) for off, p in zip(self.offsets[:-1], self.parts, strict=True)]
+        )
+
+    def part_rows(self, rows: np.ndarray) -> list[np.ndarray]:
+        """``rows`` (mixture rows, sorted) split by part."""
+        cuts = np.searchsorted(rows, self.offsets[1:-1])
+        return np.split(rows, cuts)
+
+    def __getitem__(self, idx: int) -> dict:
+        row = int(idx)
+        if not 0 <= row < len(self):
+            raise IndexError(f"index {idx} out of range for a mixture of {len(self)} frames")
+        d = bisect.bisect_right(self.offsets, row) - 1
+        item = self.parts[d][row - int(self.offsets[d])]
+        rename = self.sources[d].rename
+        out: dict = {}
+        for key, value in item.items():
+            base, pad = (key[: -len("_is_pad")], "_is_pad") if key.endswith("_is_pad") else (key, "")
+            name = rename.get(base, base) + pad
+            if name in self._keep:
+                out[name] = value
+        out["task_index"] = torch.tensor(self._task_maps[d][int(item["task_index"])])
+        out["dataset_index"] = torch.tensor(d)
+        return out
