@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
     from lerobot_trainloop.metrics import Meter, MetricsTracker
     from lerobot_trainloop.mixture import MixtureBatchSampler
     from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches, epoch_permutation
+    from lerobot_trainloop.streaming import EpisodeStream, StreamingDataSource, merge_states
     from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 _LAZY = {
@@ -50,6 +51,9 @@ _LAZY = {
     "ShardedBatchSampler": "lerobot_trainloop.sampler",
     "SubsetBatches": "lerobot_trainloop.sampler",
     "epoch_permutation": "lerobot_trainloop.sampler",
+    "EpisodeStream": "lerobot_trainloop.streaming",
+    "StreamingDataSource": "lerobot_trainloop.streaming",
+    "merge_states": "lerobot_trainloop.streaming",
     "ShieldedDataLoader": "lerobot_trainloop.worker_signals",
 }
 
@@ -73,6 +77,7 @@ __all__ = [
     "DEFAULT_REDUCTIONS",
     "DataSource",
     "EmaConfig",
+    "EpisodeStream",
     "MapDataSource",
     "Meter",
     "MetricsTracker",
@@ -83,12 +88,14 @@ __all__ = [
     "ShieldedDataLoader",
     "StepEvent",
     "StepOutput",
+    "StreamingDataSource",
     "SubsetBatches",
     "TrainLoop",
     "batch_size_of",
     "effective_batch_line",
     "effective_batch_size",
     "epoch_permutation",
+    "merge_states",
     "move_to_device",
     "resumable_loader",
 ]
