@@ -167,7 +167,9 @@ def test_a_resume_continues_bit_for_bit(dp_world_size, num_workers, merged):
             resumed.close()
 
 
-@pytest.mark.parametrize(("old", "new"), [((2, 0), (3, 0)), ((2, 2), (1, 0)), ((1, 0), (2, 2))])
+@pytest.mark.parametrize(
+    ("old", "new"), [((2, 0), (3, 0)), ((2, 2), (1, 0)), ((1, 0), (2, 2)), ((2, 0), (1, 2))]
+)
 def test_a_resume_on_other_readers_sees_the_rest_of_the_epoch_once(old, new):
     old_ranks, old_workers = old
     emitted = Counter()

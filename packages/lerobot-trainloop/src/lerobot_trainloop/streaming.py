@@ -556,7 +556,7 @@ class StreamingDataSource:
                 )
             except ValueError as e:
                 raise ValueError(f"invalid streaming state for reader {g}: {e}") from None
-        counts = {_reader_key(k, state["dp_world_size"]): v for k, v in raw_counts.items()}
+        counts = {_reader_key(k, state["dp_world_size"], "rank"): v for k, v in raw_counts.items()}
         if not all(is_integer(v) and v >= 0 for v in counts.values()):
             raise ValueError("invalid streaming state: handed_out counts must be whole numbers >= 0")
         notes = []
@@ -612,8 +612,8 @@ class StreamingDataSource:
         shutdown_loader(self.loader)
 
 
-def _reader_key(key: object, count: int) -> int:
+def _reader_key(key: object, count: int, what: str = "reader") -> int:
     text = key if isinstance(key, str) else None
     if text is None or not text.isdigit() or not 0 <= int(text) < count:
-        raise ValueError(f"invalid streaming state key {key!r} (a number in [0, {count}) as a string)")
+        raise ValueError(f"invalid streaming state {what} id {key!r} (a number in [0, {count}) as a string)")
     return int(text)
