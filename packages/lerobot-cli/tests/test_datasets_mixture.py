@@ -162,6 +162,10 @@ def test_episode_selection_per_dataset(roots: dict[str, Path]) -> None:
         ({"repo_id": '["a","a"]'}, "names a dataset twice"),
         ({"repo_id": '["a","b"]', "root": '["x"]'}, "--dataset.root="),
         ({"repo_id": "a", "weights": [1.0]}, "--dataset.weights applies to a mixture"),
+        (
+            {"repo_id": "a", "rename_map": [{"x": "y"}]},
+            "--dataset.rename_map renames the datasets of a mixture",
+        ),
         ({"repo_id": '["a","b"]', "weights": [1, -1]}, "give 2 positive numbers"),
         ({"repo_id": '["a","b"]', "weights": [1, float("nan")]}, "give 2 positive numbers"),
         ({"repo_id": '["a","b"]', "episodes": [0, 1]}, "one JSON list of episode indices (or null: all) per"),

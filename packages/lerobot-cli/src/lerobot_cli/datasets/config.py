@@ -218,6 +218,11 @@ class DatasetConfig:
     def _rename_lists(self, count: int) -> list[dict[str, str]]:
         if self.rename_map is None:
             return [{} for _ in range(count)]
+        if count == 1:
+            raise ValueError(
+                "--dataset.rename_map renames the datasets of a mixture (--dataset.repo_id a JSON list); "
+                "one dataset is read under its own feature names: leave it unset"
+            )
         maps = list(self.rename_map)
         ok = len(maps) == count and all(
             m is None
