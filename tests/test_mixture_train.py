@@ -76,6 +76,7 @@ def mixture_runs(launch, tmp_path_factory):
             "--steps=12",
         ],
         "concat": [*data, "--steps=6", "--save_checkpoint=false"],
+        "held": [*data, "--steps=3", "--save_checkpoint=false", "--dataset.eval_split=0.3", "--eval_steps=3"],
     }
     items = [
         flags if "--resume=true" in flags else [*flags, f"--output_dir={tmp / name}"]
@@ -127,3 +128,15 @@ def test_a_resumed_mixture_logs_the_uninterrupted_losses_bitwise(mixture_runs):
         want = full[record["step"]]
         assert record["loss"] == want["loss"], record["step"]
         assert all(record[f"samples/org/{k}"] == want[f"samples/org/{k}"] for k in "abc")
+
+
+def test_eval_split_holds_out_each_datasets_last_episodes(mixture_runs):
+    run, out = mixture_runs["held"]
+    # per dataset and task the last ceil(3 x 0.3) = 1 of 3 episodes: 25 frames each
+    assert "Eval: 3 of 9 episodes held out" in out.stdout and "on 75 frames" in out.stdout
+    assert (
+        "Dataset: a mixture of 3 (concatenated: each frame once per epoch): 105 frames, 6 episodes"
+        in out.stdout
+    )
+    evals = [r for r in _records(run) if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [3] and math.isfinite(evals[0]["eval/loss"])

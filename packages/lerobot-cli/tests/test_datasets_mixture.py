@@ -187,3 +187,9 @@ def test_one_dataset_keeps_its_flags_meaning() -> None:
     assert (only.name, only.root, only.episodes, only.rename) == ("org/a", "/data/a", (3, 1), {})
     two = DatasetConfig(repo_id='["org/a","org/b"]', root='[null,"/b"]', weights=[3, 1]).sources()
     assert [(s.repo_id, s.root) for s in two] == [("org/a", None), ("org/b", "/b")]
+
+
+def test_task_index_is_the_united_one_per_frame(roots: dict[str, Path]) -> None:
+    mix = _mixture(roots)
+    assert mix.task_index.tolist() == [mix[row]["task_index"].item() for row in range(len(mix))]
+    assert sorted(set(mix.task_index.tolist())) == [0, 1, 2, 3]

@@ -267,3 +267,17 @@ def test_rename_and_device_override(tmp_path):
     out = pre2({"observation.images.cam": torch.zeros(1, 3, 4, 4)})
     assert "observation.images.top" in out and "observation.images.cam" not in out
     assert out["observation.images.top"].device.type == "cpu"
+
+
+def test_a_uint8_camera_is_refused_not_normalised_255_times_too_large():
+    """Cameras as the DataLoader hands them over (uint8, 0..255) against [0, 1] statistics would be
+    normalised into nonsense without a word: the step refuses them, naming the camera and the fix."""
+    pre, _ = make_pre_post_processors(_config(), _stats())
+    batch = _batch()
+    batch["observation.images.top"] = (batch["observation.images.top"] * 255).to(torch.uint8)
+    with pytest.raises(ValueError, match=r"camera 'observation.images.top' is uint8 .*cameras_to_float"):
+        pre(batch)
+    # integer states are still cast (a dataset may store them as int64)
+    batch = _batch()
+    batch["observation.state"] = batch["observation.state"].round().to(torch.int64)
+    assert pre(batch)["observation.state"].dtype == torch.float32

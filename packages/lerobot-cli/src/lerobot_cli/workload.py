@@ -98,24 +98,45 @@ def _delta(features: dict, fps: float, policy_cfg: PolicyConfig) -> dict[str, li
     )
 
 
-def _mixture(cfg: TrainConfig, meta: MixtureMeta, policy_cfg: PolicyConfig) -> MixtureDataset:
-    """The mixture's datasets, each with the policy's windows at its own fps, under its own names."""
-    if cfg.dataset.eval_split:
-        raise DatasetError(
-            f"--dataset.eval_split={cfg.dataset.eval_split} is not supported for a mixture of datasets "
-            "yet: leave it at 0 (hold out a dataset's episodes with --dataset.episodes instead)"
-        )
-    parts = []
+def _mixture(
+    cfg: TrainConfig, meta: MixtureMeta, policy_cfg: PolicyConfig
+) -> tuple[MixtureDataset, MixtureDataset | None, EpisodeSplit | None]:
+    """The mixture's datasets, each with the policy's windows at its own fps, under its own names; with
+    ``--dataset.eval_split``, each dataset split as one dataset is (per task, its last episodes), the
+    held-out parts a mixture of their own."""
+    train, held, splits = [], [], []
     for part, source in zip(meta.parts, meta.sources, strict=True):
         mixture_delta = _delta(meta.features, part.fps, policy_cfg) or {}
         own_name = {source.rename.get(k, k): k for k in part.features}
-        delta = {own_name[k]: v for k, v in mixture_delta.items()}
-        parts.append(
-            LeRobotDataset(
-                part.root, episodes=source.episodes, delta_timestamps=delta or None, return_uint8=True
+        delta = {own_name[k]: v for k, v in mixture_delta.items()} or None
+        if not cfg.dataset.eval_split:
+            train.append(
+                LeRobotDataset(part.root, episodes=source.episodes, delta_timestamps=delta, return_uint8=True)
             )
-        )
-    return MixtureDataset(parts, meta.sources)
+            continue
+        split = split_episodes(part.select(source.episodes), cfg.dataset.eval_split)
+        for task in split.whole_tasks:
+            log.warning(
+                "dataset %r: task %r has too few episodes to keep one for training at "
+                "--dataset.eval_split=%s: all of them are held out (LeRobot's rule)",
+                source.name,
+                task,
+                cfg.dataset.eval_split,
+            )
+        splits.append(split)
+        for episodes, into in ((split.train, train), (split.eval, held)):
+            into.append(
+                LeRobotDataset(part.root, episodes=episodes, delta_timestamps=delta, return_uint8=True)
+            )
+    if not splits:
+        return MixtureDataset(train, meta.sources), None, None
+    together = EpisodeSplit(
+        train=tuple(e for s in splits for e in s.train),
+        eval=tuple(e for s in splits for e in s.eval),
+        tasks=len(meta.tasks),
+        whole_tasks=tuple(t for s in splits for t in s.whole_tasks),
+    )
+    return MixtureDataset(train, meta.sources), MixtureDataset(held, meta.sources), together
 
 
 def features_are_derived(policy: PolicyConfig) -> bool:
@@ -230,7 +251,7 @@ def build_workload(
         check_features_fit(reference, meta.features, root, source)
     policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
     if isinstance(meta, MixtureMeta):
-        dataset, eval_dataset, split = _mixture(cfg, meta, policy_cfg), None, None
+        dataset, eval_dataset, split = _mixture(cfg, meta, policy_cfg)
     else:
         delta = _delta(meta.features, meta.fps, policy_cfg)
         dataset, eval_dataset, split = _datasets(cfg, meta, delta)

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from lerobot_cli.datasets import layout as L
 from lerobot_cli.datasets.config import DatasetSource
+from lerobot_cli.datasets.errors import DatasetError
 from lerobot_cli.datasets.mixing import MixtureMeta
 
 
@@ -80,6 +82,25 @@ class MixtureDataset(torch.utils.data.Dataset):
         return np.concatenate(
             [off + p.rows_without_last(n) for off, p in zip(self.offsets[:-1], self.parts, strict=True)]
         )
+
+    @property
+    def task_index(self) -> np.ndarray:
+        """Each frame's task index in the union of tasks, in mixture order (the held-out cap selects
+        frames per task)."""
+        out = []
+        for part, mapping in zip(self.parts, self._task_maps, strict=True):
+            own = part.task_index
+            high = max(max(mapping, default=0), int(own.max()) if own.size else 0)
+            lookup = np.full(high + 1, -1, dtype=np.int64)
+            lookup[list(mapping)] = list(mapping.values())
+            united = np.where(own >= 0, lookup[np.clip(own, 0, None)], -1)
+            if (united < 0).any():
+                raise DatasetError(
+                    f"{part.root / L.TASKS_PATH} has no task_index {int(own[united < 0][0])}, which its "
+                    "frames use"
+                )
+            out.append(united)
+        return np.concatenate(out)
 
     def part_rows(self, rows: np.ndarray) -> list[np.ndarray]:
         """``rows`` (mixture rows, sorted) split by part."""

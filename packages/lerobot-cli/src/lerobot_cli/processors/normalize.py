@@ -108,6 +108,14 @@ class _Normalization(ProcessorStep):
         if missing:
             raise ValueError(f"{self.registry_name}: {mode.value} for {key!r} needs stats {missing}")
         if not x.is_floating_point():
+            feature = self.features.get(key)
+            if x.dtype == torch.uint8 and feature is not None and feature.type == FeatureType.VISUAL:
+                # 0..255 against statistics of [0, 1] pixels: every value silently 255 times too large
+                raise ValueError(
+                    f"{self.registry_name}: camera {key!r} is uint8 (0..255), but its statistics are of "
+                    "pixels in [0, 1]: make it float first (x.float() / 255, or "
+                    "lerobot_cli.datasets.dataset.cameras_to_float)"
+                )
             x = x.to(torch.float32)
         s = self._stats_like(key, x)
         if mode == NormalizationMode.MEAN_STD:
