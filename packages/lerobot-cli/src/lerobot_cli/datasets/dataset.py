@@ -13,7 +13,7 @@ the trainer divides by 255 (:func:`cameras_to_float`), which gives the same floa
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -153,20 +153,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     def _check_videos(self, key: str) -> None:
         """Every video file exists and has the frame size info.json declares (before any worker forks)."""
-        channels, height, width = self._chw[key]
-        if channels != 3:
-            raise DatasetError(
-                f"{self.root / L.INFO_PATH}: video {key!r} has {channels} channels; only RGB (3) is supported"
-            )
+        check_video_channels(self.meta, key, self._chw[key])
         for path in self._video_paths[key]:
-            if not Path(path).is_file():
-                raise DatasetError(f"missing file {path}: meta/episodes points episodes of {key!r} at it")
-            size = probe_video(path)
-            if size != (height, width):
-                raise DatasetError(
-                    f"video file {path} has frames of {size[0]}x{size[1]} (HxW), but meta/info.json declares "
-                    f"{key!r} as {height}x{width} (shape mismatch)"
-                )
+            check_video_file(path, key, self._chw[key])
 
     @property
     def fps(self) -> float:
@@ -210,80 +199,155 @@ class LeRobotDataset(torch.utils.data.Dataset):
             f"frames={self.num_frames}, features={list(self.features)})"
         )
 
-    def _to_chw(self, key: str, frames: np.ndarray, single: bool) -> torch.Tensor:
-        """uint8 (T, H, W, C) -> float32 (T, C, H, W) in [0, 1], or uint8 (T, C, H, W) with
-        ``return_uint8`` (without T when ``single``)."""
-        tensor = torch.from_numpy(frames).permute(0, 3, 1, 2)
-        if self.return_uint8:
-            tensor = tensor.contiguous()
-        else:
-            tensor = tensor.to(torch.float32, memory_format=torch.contiguous_format).div_(255.0)
-        return tensor[0] if single else tensor
-
     def _image(self, key: str, row: int) -> np.ndarray:
         data = self._image_bytes[key].get(row)
+        paths = self._image_paths[key]
+        named = paths[row].as_py() if data is None and paths is not None else None
         pos = int(self._ep_pos[row])
-        where = f"{self.meta.data_file(pos)} ({key!r}, row index {int(self._index[row])})"
-        if data is None and self._image_paths[key] is not None:
-            rel = self._image_paths[key][row].as_py()
-            if rel:  # a path the parquet file names: it must stay inside the dataset, as every file
-                path = image_file(self.root, rel, named_by=self.meta.data_file(pos))
-                data = path.read_bytes() if path.is_file() else None
-        if data is None:
-            raise DatasetError(f"{where}: image has neither bytes nor a readable path")
-        try:
-            image = decode_image(data)
-        except ValueError as err:
-            raise DatasetError(f"{where}: {err}") from err
-        c, h, w = self._chw[key]
-        if image.shape != (h, w, c):
-            raise DatasetError(
-                f"{where}: image is {image.shape} (HWC), but meta/info.json declares {(h, w, c)} "
-                "(shape mismatch)"
-            )
-        return image
+        return load_image(self.meta, key, self._chw[key], data, named, pos, int(self._index[row]))
 
     def __getitem__(self, idx: int) -> dict:
         row = int(idx)
         if not 0 <= row < len(self._ep_pos):
             raise IndexError(f"index {idx} out of range for a dataset of {len(self._ep_pos)} frames")
         pos = int(self._ep_pos[row])
-        first, end, start = int(self._ep_from[pos]), int(self._ep_to[pos]), int(self._ep_start[pos])
-        absolute = int(self._index[row])
-        item: dict = {key: col[row].clone() for key, col in self._columns.items()}
-        rows: dict[str, np.ndarray] = {}
-        for key, deltas in self.delta_indices.items():
-            wanted = absolute + deltas
-            rows[key] = start + (np.clip(wanted, first, end - 1) - first)
-            item[f"{key}_is_pad"] = torch.from_numpy((wanted < first) | (wanted >= end))
-            if key in self._columns:
-                item[key] = self._columns[key][torch.from_numpy(rows[key])]
-        for key in self.meta.image_keys:
-            picks = rows.get(key, np.asarray([row]))
-            item[key] = self._to_chw(
-                key, np.stack([self._image(key, int(r)) for r in picks]), key not in rows
-            )
-        episode = int(self._ep_index[pos])
+        return build_item(
+            self.meta,
+            self._columns,
+            row,
+            int(self._ep_start[pos]),
+            (int(self._ep_from[pos]), int(self._ep_to[pos])),
+            int(self._index[row]),
+            int(self._task_index[row]),
+            self.delta_indices,
+            self._image,
+            lambda key: (
+                self._video_paths[key][int(self._video_file[key][pos])],
+                float(self._video_from[key][pos]),
+            ),
+            int(self._ep_index[pos]),
+            self.tolerance_s,
+            self.return_uint8,
+        )
 
-        def decode(key: str) -> torch.Tensor:
-            picks = torch.from_numpy(rows.get(key, np.asarray([row])))
-            times = self._columns["timestamp"][picks].double() + float(self._video_from[key][pos])
-            what = f" ({key!r}, episode {episode})"
-            path = self._video_paths[key][int(self._video_file[key][pos])]
-            frames = decode_frames(path, times.tolist(), self.tolerance_s, what)
-            return self._to_chw(key, frames, key not in rows)
 
-        videos = self.meta.video_keys
-        threads = camera_threads(len(videos)) if len(videos) > 1 else 1
-        decoded = _pool(threads).map(decode, videos) if threads > 1 else map(decode, videos)
-        item.update(zip(videos, decoded, strict=True))
-        task_index = int(self._task_index[row])
-        if task_index not in self.meta.tasks:
-            raise DatasetError(
-                f"{self.root / L.TASKS_PATH} has no task_index {task_index} (used by row index {absolute})"
-            )
-        item["task"] = self.meta.tasks[task_index]
-        return item
+def check_video_channels(meta: DatasetMeta, key: str, chw: tuple[int, int, int]) -> None:
+    if chw[0] != 3:
+        raise DatasetError(
+            f"{meta.root / L.INFO_PATH}: video {key!r} has {chw[0]} channels; only RGB (3) is supported"
+        )
+
+
+def check_video_file(path: str, key: str, chw: tuple[int, int, int]) -> None:
+    """The video file exists and has the frame size info.json declares."""
+    _, height, width = chw
+    if not Path(path).is_file():
+        raise DatasetError(f"missing file {path}: meta/episodes points episodes of {key!r} at it")
+    size = probe_video(path)
+    if size != (height, width):
+        raise DatasetError(
+            f"video file {path} has frames of {size[0]}x{size[1]} (HxW), but meta/info.json declares "
+            f"{key!r} as {height}x{width} (shape mismatch)"
+        )
+
+
+def to_chw(frames: np.ndarray, single: bool, return_uint8: bool) -> torch.Tensor:
+    """uint8 (T, H, W, C) -> float32 (T, C, H, W) in [0, 1], or uint8 (T, C, H, W) with
+    ``return_uint8`` (without T when ``single``)."""
+    tensor = torch.from_numpy(frames).permute(0, 3, 1, 2)
+    if return_uint8:
+        tensor = tensor.contiguous()
+    else:
+        tensor = tensor.to(torch.float32, memory_format=torch.contiguous_format).div_(255.0)
+    return tensor[0] if single else tensor
+
+
+def load_image(
+    meta: DatasetMeta,
+    key: str,
+    chw: tuple[int, int, int],
+    data: bytes | None,
+    named: str | None,
+    pos: int,
+    index: int,
+) -> np.ndarray:
+    """The HWC image of the frame at row ``index`` of the episode at row ``pos`` of ``meta.episodes``:
+    decoded from ``data``, or from the file ``named`` (relative to the root, which it must stay inside)
+    when the row has no bytes; checked against the shape info.json declares."""
+    data_file = meta.data_file(pos)
+    where = f"{data_file} ({key!r}, row index {index})"
+    if (
+        data is None and named
+    ):  # a path the parquet file names: it must stay inside the dataset, as every file
+        path = image_file(meta.root, named, named_by=data_file)
+        data = path.read_bytes() if path.is_file() else None
+    if data is None:
+        raise DatasetError(f"{where}: image has neither bytes nor a readable path")
+    try:
+        image = decode_image(data)
+    except ValueError as err:
+        raise DatasetError(f"{where}: {err}") from err
+    c, h, w = chw
+    if image.shape != (h, w, c):
+        raise DatasetError(
+            f"{where}: image is {image.shape} (HWC), but meta/info.json declares {(h, w, c)} (shape mismatch)"
+        )
+    return image
+
+
+def build_item(
+    meta: DatasetMeta,
+    columns: Mapping[str, torch.Tensor],
+    row: int,
+    start: int,
+    span: tuple[int, int],
+    absolute: int,
+    task_index: int,
+    delta_indices: Mapping[str, np.ndarray],
+    image: Callable[[str, int], np.ndarray],
+    video: Callable[[str], tuple[str, float]],
+    episode: int,
+    tolerance_s: float,
+    return_uint8: bool,
+) -> dict:
+    """The item of the frame at ``row`` of ``columns`` (shared by :class:`LeRobotDataset` and
+    :class:`~lerobot_cli.datasets.episode_reader.EpisodeReader`).
+
+    ``columns`` holds the numeric features row-aligned, its episode's frames contiguous from ``start``;
+    ``span`` is the episode's [dataset_from_index, dataset_to_index) and ``absolute`` the frame's
+    ``index``. ``image(key, row)`` gives a row's HWC image; ``video(key)`` the episode's video file and
+    from_timestamp for a video camera."""
+    first, end = span
+    item: dict = {key: col[row].clone() for key, col in columns.items()}
+    rows: dict[str, np.ndarray] = {}
+    for key, deltas in delta_indices.items():
+        wanted = absolute + deltas
+        rows[key] = start + (np.clip(wanted, first, end - 1) - first)
+        item[f"{key}_is_pad"] = torch.from_numpy((wanted < first) | (wanted >= end))
+        if key in columns:
+            item[key] = columns[key][torch.from_numpy(rows[key])]
+    for key in meta.image_keys:
+        picks = rows.get(key, np.asarray([row]))
+        item[key] = to_chw(np.stack([image(key, int(r)) for r in picks]), key not in rows, return_uint8)
+
+    def decode(key: str) -> torch.Tensor:
+        picks = torch.from_numpy(rows.get(key, np.asarray([row])))
+        path, from_timestamp = video(key)
+        times = columns["timestamp"][picks].double() + from_timestamp
+        what = f" ({key!r}, episode {episode})"
+        frames = decode_frames(path, times.tolist(), tolerance_s, what)
+        return to_chw(frames, key not in rows, return_uint8)
+
+    videos = meta.video_keys
+    threads = camera_threads(len(videos)) if len(videos) > 1 else 1
+    decoded = _pool(threads).map(decode, videos) if threads > 1 else map(decode, videos)
+    item.update(zip(videos, decoded, strict=True))
+    if task_index not in meta.tasks:
+        raise DatasetError(
+            f"{meta.root / L.TASKS_PATH} has no task_index {task_index} (used by row index {absolute})"
+        )
+    item["task"] = meta.tasks[task_index]
+    return item
 
 
 def make_dataset(

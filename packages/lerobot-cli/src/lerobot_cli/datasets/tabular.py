@@ -127,6 +127,51 @@ def _check_rows(
         )
 
 
+def check_columns(path: Path, names: list[str], wanted: list[str]) -> None:
+    """The data file at ``path`` (with columns ``names``) has every ``wanted`` feature column."""
+    missing = [k for k in wanted if k not in names]
+    if missing:
+        raise DatasetError(
+            f"{path} has no column {missing[0]!r}, which meta/info.json lists as a feature "
+            f"(columns present: {names})"
+        )
+
+
+def only_episodes(table: pa.Table, eps: list[int]) -> pa.Table:
+    """The rows of ``table`` whose ``episode_index`` is one of ``eps``."""
+    mask = np.isin(table["episode_index"].to_numpy(), np.asarray(eps))
+    return table if mask.all() else table.filter(pa.array(mask))
+
+
+def episode_rows(
+    path: Path,
+    table: pa.Table,
+    numeric: dict[str, dict],
+    image_keys: list[str],
+    eps: list[int],
+    froms: list[int],
+    tos: list[int],
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[pa.Array, pa.Array | None]]]:
+    """The rows of episodes ``eps`` (``table``, read from ``path`` and passed through
+    :func:`only_episodes`) as checked numpy columns and (bytes, paths) image columns, in ``index``
+    order; they must be exactly each episode's [from, to) index range."""
+    columns = {k: _to_numpy(table[k], k, ft, path) for k, ft in numeric.items()}
+    image_cols = {k: _image_column(table[k], k, path) for k in image_keys}
+    before = columns["index"].copy()
+    _check_rows(path, columns, eps, froms, tos)
+    if image_cols and not np.array_equal(before, columns["index"]):
+        take = pa.array(np.argsort(before, kind="stable"))
+        image_cols = {
+            k: (b.take(take), None if p is None else p.take(take)) for k, (b, p) in image_cols.items()
+        }
+    return columns, image_cols
+
+
+def numeric_features(meta: DatasetMeta) -> dict[str, dict]:
+    """The features stored as numbers in the data files (every one but images and videos)."""
+    return {k: ft for k, ft in meta.features.items() if ft["dtype"] not in L.VISUAL_DTYPES}
+
+
 def load_frames(meta: DatasetMeta) -> FrameTable:
     """Read the data files the selected episodes live in and keep only their rows."""
     eps = meta.episodes
@@ -134,38 +179,23 @@ def load_frames(meta: DatasetMeta) -> FrameTable:
     by_file: dict[Path, list[int]] = {}
     for pos in order.tolist():
         by_file.setdefault(meta.data_file(pos), []).append(pos)
-    numeric = {k: ft for k, ft in meta.features.items() if ft["dtype"] not in L.VISUAL_DTYPES}
+    numeric = numeric_features(meta)
     wanted = list(numeric) + meta.image_keys
     parts: list[dict[str, np.ndarray]] = []
     images: list[dict[str, tuple[pa.Array, pa.Array | None]]] = []
     for path, positions in by_file.items():
-        names = read_schema(path).names
-        missing = [k for k in wanted if k not in names]
-        if missing:
-            raise DatasetError(
-                f"{path} has no column {missing[0]!r}, which meta/info.json lists as a feature "
-                f"(columns present: {names})"
-            )
-        table = read_parquet(path, columns=wanted)
-        ep_ids = eps[L.EP_INDEX][positions]
-        mask = np.isin(table["episode_index"].to_numpy(), ep_ids)
-        if not mask.all():
-            table = table.filter(pa.array(mask))
-        columns = {k: _to_numpy(table[k], k, ft, path) for k, ft in numeric.items()}
-        image_cols = {k: _image_column(table[k], k, path) for k in meta.image_keys}
-        before = columns["index"].copy()
-        _check_rows(
+        check_columns(path, read_schema(path).names, wanted)
+        ep_ids = eps[L.EP_INDEX][positions].tolist()
+        table = only_episodes(read_parquet(path, columns=wanted), ep_ids)
+        columns, image_cols = episode_rows(
             path,
-            columns,
-            ep_ids.tolist(),
+            table,
+            numeric,
+            meta.image_keys,
+            ep_ids,
             eps[L.EP_FROM][positions].tolist(),
             eps[L.EP_TO][positions].tolist(),
         )
-        if image_cols and not np.array_equal(before, columns["index"]):
-            take = pa.array(np.argsort(before, kind="stable"))
-            image_cols = {
-                k: (b.take(take), None if p is None else p.take(take)) for k, (b, p) in image_cols.items()
-            }
         parts.append(columns)
         images.append(image_cols)
     columns = {k: np.concatenate([p[k] for p in parts]) for k in numeric}
