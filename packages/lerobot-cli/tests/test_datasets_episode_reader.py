@@ -180,10 +180,12 @@ def test_recent_episodes_are_read_once_while_cached(root: Path, monkeypatch: pyt
         starts = np.cumsum([0] + [g.num_rows for g in _row_groups(path)])
         ep_index = pq.read_table(path, columns=["episode_index"])["episode_index"].to_numpy()
         assert [set(ep_index[starts[g] : starts[g + 1]].tolist()) for g in groups] == [{e}]
+    reader.read(0, [1])  # a hit makes 0 the most recently read
+    assert reader.cached_episodes == [2, 4, 0] and len(reads) == 3
     reader.read(5, [0])  # a fourth: the least recently read one goes
-    assert reader.cached_episodes == [2, 4, 5] and len(reads) == 4
-    reader.read(0, [0])
-    assert len(reads) == 5 and reader.cached_episodes == [4, 5, 0]
+    assert reader.cached_episodes == [4, 0, 5] and len(reads) == 4
+    reader.read(2, [0])
+    assert len(reads) == 5 and reader.cached_episodes == [0, 5, 2]
     uncached = EpisodeReader(root, cache_episodes=0)
     uncached.read(0, [0])
     uncached.read(0, [0])
