@@ -43,6 +43,8 @@ import torch
 from lerobot_parallel.validators import is_integer, require_count
 from torch.utils.data import Sampler
 
+from lerobot_trainloop.sampler import regrouping_notes
+
 BLOCK = 4096  # stream positions whose source draws share one generator
 _MASK64 = (1 << 64) - 1
 # Domain tags: the draw blocks and the sources' permutations never share a generator seed.
@@ -314,14 +316,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
                 f"source continues where it stopped (counts {list(counts)}), and the draws from sample "
                 f"{position} on follow the new weights"
             )
-        saved = (state.get("batch_size"), state.get("dp_world_size"))
-        if None not in saved and tuple(saved) != (self.batch_size, self.dp_world_size):
-            notes.append(
-                f"the data order continues at the same global sample position, but with "
-                f"batch_size={self.batch_size} x dp_world_size={self.dp_world_size} (saved: {saved[0]} x "
-                f"{saved[1]}) samples are grouped into different batches than in an uninterrupted run, so "
-                "per-rank sample-exactness is lost"
-            )
+        notes += regrouping_notes(state, self.batch_size, self.dp_world_size, "position")
         self._position = position
         self._counts = torch.tensor(list(counts), dtype=torch.int64)
         self._reset_caches()

@@ -50,6 +50,21 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool = T
     return torch.randperm(num_samples, generator=g)
 
 
+def regrouping_notes(state: dict, batch_size: int, dp_world_size: int, where: str) -> list[str]:
+    """The note a resume with another batch or world size gets (none when both are as saved):
+    the order continues at the same global sample ``where``, grouped into other batches."""
+    saved = (state.get("batch_size"), state.get("dp_world_size"))
+    if None in saved or tuple(saved) == (batch_size, dp_world_size):
+        return []
+    note = (
+        f"the data order continues at the same global sample {where}, but with "
+        f"batch_size={batch_size} x dp_world_size={dp_world_size} (saved: {saved[0]} x "
+        f"{saved[1]}) samples are grouped into different batches than in an uninterrupted run, so "
+        "per-rank sample-exactness is lost"
+    )
+    return [note]
+
+
 class ShardedBatchSampler(Sampler[list[int]]):
     """Per-rank micro-batches of dataset indices; use as ``DataLoader(batch_sampler=...)``.
 
@@ -191,14 +206,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
             self.seed = int(state.get("seed", self.seed))
             self.shuffle = bool(state.get("shuffle", self.shuffle))
             self._perms.clear()
-        saved = (state.get("batch_size"), state.get("dp_world_size"))
-        if None not in saved and tuple(saved) != (self.batch_size, self.dp_world_size):
-            notes.append(
-                f"the data order continues at the same global sample offset of the same epoch, but with "
-                f"batch_size={self.batch_size} x dp_world_size={self.dp_world_size} (saved: {saved[0]} x "
-                f"{saved[1]}) samples are grouped into different batches than in an uninterrupted run, so "
-                "per-rank sample-exactness is lost"
-            )
+        notes += regrouping_notes(state, self.batch_size, self.dp_world_size, "offset of the same epoch")
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if epoch < 0 or not 0 <= offset < self.num_samples:
             raise ValueError(f"invalid sampler position epoch={epoch} offset={offset}")

@@ -25,7 +25,7 @@ from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.datasets.errors import DatasetError
 from lerobot_cli.datasets.hub import resolve_dataset_root
 from lerobot_cli.datasets.images import decode_image
-from lerobot_cli.datasets.metadata import DatasetMeta, image_file, load_meta, visual_chw
+from lerobot_cli.datasets.metadata import DatasetMeta, MetaView, image_file, load_meta, visual_chw
 from lerobot_cli.datasets.shared import SharedBinary, release_freed_memory, shared_tensor
 from lerobot_cli.datasets.tabular import load_frames
 from lerobot_cli.datasets.video import decode_frames, probe_video
@@ -92,7 +92,7 @@ def _delta_indices(
     return out
 
 
-class LeRobotDataset(torch.utils.data.Dataset):
+class LeRobotDataset(MetaView, torch.utils.data.Dataset):
     """Frames of the selected ``episodes`` of the dataset at ``root`` (all episodes when None).
 
     Tabular data is loaded once into contiguous tensors; videos are decoded per item from files kept open
@@ -158,24 +158,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
             check_video_file(path, key, self._chw[key])
 
     @property
-    def fps(self) -> float:
-        return self.meta.fps
-
-    @property
-    def features(self) -> dict[str, dict]:
-        return self.meta.features
-
-    @property
-    def stats(self) -> dict[str, dict[str, np.ndarray]]:
-        return self.meta.stats
-
-    @property
     def num_frames(self) -> int:
         return len(self._ep_pos)
-
-    @property
-    def num_episodes(self) -> int:
-        return self.meta.num_episodes
 
     def rows_without_last(self, n: int) -> np.ndarray:
         """The rows that are not among the last ``n`` frames of their episode (LeRobot's

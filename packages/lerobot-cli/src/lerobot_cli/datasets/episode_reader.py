@@ -35,7 +35,7 @@ from lerobot_cli.datasets.dataset import (
     load_image,
 )
 from lerobot_cli.datasets.errors import DatasetError
-from lerobot_cli.datasets.metadata import DatasetMeta, _is_file, load_meta, visual_chw
+from lerobot_cli.datasets.metadata import DatasetMeta, MetaView, _is_file, load_meta, visual_chw
 from lerobot_cli.datasets.tabular import check_columns, episode_rows, numeric_features, only_episodes
 
 
@@ -103,7 +103,7 @@ def _index_ranges(path: Path, wanted: list[str]) -> tuple[np.ndarray, np.ndarray
     return lows, highs
 
 
-class EpisodeReader:
+class EpisodeReader(MetaView):
     """Items of the selected ``episodes`` of the dataset at ``root`` (all when None), read per episode.
 
     ``read(episode, frames)`` gives, for the episode at position ``episode`` of the selection (the
@@ -144,22 +144,6 @@ class EpisodeReader:
         self._files: dict[Path, tuple[np.ndarray, np.ndarray]] = {}  # per data file: index ranges
         self._videos_checked: set[str] = set()
         self._cache: OrderedDict[int, _Episode] = OrderedDict()
-
-    @property
-    def fps(self) -> float:
-        return self.meta.fps
-
-    @property
-    def features(self) -> dict[str, dict]:
-        return self.meta.features
-
-    @property
-    def stats(self) -> dict[str, dict[str, np.ndarray]]:
-        return self.meta.stats
-
-    @property
-    def num_episodes(self) -> int:
-        return self.meta.num_episodes
 
     @property
     def cached_episodes(self) -> list[int]:

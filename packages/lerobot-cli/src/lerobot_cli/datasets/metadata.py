@@ -296,8 +296,49 @@ def _load_episodes(root: Path, video_keys: list[str]) -> dict[str, np.ndarray]:
     return episodes
 
 
+class FeatureKeys:
+    """The camera keys of ``self.features`` by storage (a dataset's or a mixture's metadata)."""
+
+    __slots__ = ()
+    features: dict[str, dict]
+
+    @property
+    def video_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft["dtype"] == "video"]
+
+    @property
+    def image_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft["dtype"] == "image"]
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [k for k, ft in self.features.items() if ft["dtype"] in L.VISUAL_DTYPES]
+
+
+class MetaView:
+    """What a dataset reader answers from its ``self.meta``: fps, features, stats, episode count."""
+
+    meta: Any
+
+    @property
+    def fps(self) -> float:
+        return self.meta.fps
+
+    @property
+    def features(self) -> dict[str, dict]:
+        return self.meta.features
+
+    @property
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        return self.meta.stats
+
+    @property
+    def num_episodes(self) -> int:
+        return self.meta.num_episodes
+
+
 @define(frozen=True, eq=False)
-class DatasetMeta:
+class DatasetMeta(FeatureKeys):
     """Everything under ``meta/``; ``episodes`` may be a selection (see :meth:`select`).
 
     ``stats`` are the whole dataset's (as in LeRobot, also when episodes are selected), numpy arrays per
@@ -314,18 +355,6 @@ class DatasetMeta:
     @property
     def fps(self) -> float:
         return self.info["fps"]
-
-    @property
-    def video_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items() if ft["dtype"] == "video"]
-
-    @property
-    def image_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items() if ft["dtype"] == "image"]
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items() if ft["dtype"] in L.VISUAL_DTYPES]
 
     @property
     def episode_indices(self) -> list[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from lerobot_cli.datasets import layout as L
 from lerobot_cli.datasets.config import DatasetConfig, DatasetSource
 from lerobot_cli.datasets.errors import DatasetError
-from lerobot_cli.datasets.metadata import DatasetMeta, load_meta
+from lerobot_cli.datasets.metadata import DatasetMeta, FeatureKeys, load_meta
 from lerobot_cli.datasets.stats import aggregate_stats
 
 # Columns every LeRobot dataset has, whose values are per dataset (not features to match).
@@ -69,7 +69,7 @@ def mixture_features(metas: Sequence[DatasetMeta], sources: Sequence[DatasetSour
     return first
 
 
-class MixtureMeta:
+class MixtureMeta(FeatureKeys):
     """What the trainer reads of a dataset's metadata, for a mixture: the first dataset's features and
     fps, statistics aggregated over every dataset (LeRobot's ``aggregate_stats``), the tasks' union."""
 
@@ -90,18 +90,6 @@ class MixtureMeta:
     @property
     def fps(self) -> float:
         return self.parts[0].fps
-
-    @property
-    def camera_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items() if ft["dtype"] in L.VISUAL_DTYPES]
-
-    @property
-    def video_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items() if ft["dtype"] == "video"]
-
-    @property
-    def image_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items() if ft["dtype"] == "image"]
 
     @property
     def num_frames(self) -> int:

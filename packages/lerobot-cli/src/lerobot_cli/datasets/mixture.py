@@ -20,10 +20,11 @@ import torch
 from lerobot_cli.datasets import layout as L
 from lerobot_cli.datasets.config import DatasetSource
 from lerobot_cli.datasets.errors import DatasetError
+from lerobot_cli.datasets.metadata import MetaView
 from lerobot_cli.datasets.mixing import MixtureMeta
 
 
-class MixtureDataset(torch.utils.data.Dataset):
+class MixtureDataset(MetaView, torch.utils.data.Dataset):
     """The ``parts`` (each a ``LeRobotDataset``) concatenated: row ``offsets[d] + i`` is part ``d``'s row
     ``i``, renamed, restricted to the mixture's features, with ``dataset_index`` and a united
     ``task_index``."""
@@ -51,24 +52,8 @@ class MixtureDataset(torch.utils.data.Dataset):
         return [s.name for s in self.sources]
 
     @property
-    def features(self) -> dict[str, dict]:
-        return self.meta.features
-
-    @property
-    def stats(self) -> dict[str, dict[str, np.ndarray]]:
-        return self.meta.stats
-
-    @property
-    def fps(self) -> float:
-        return self.meta.fps
-
-    @property
     def num_frames(self) -> int:
         return int(self.offsets[-1])
-
-    @property
-    def num_episodes(self) -> int:
-        return self.meta.num_episodes
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
