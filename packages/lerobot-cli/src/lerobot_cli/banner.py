@@ -99,6 +99,25 @@ def dataset_lines(
     return lines
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def streaming_lines(cfg: TrainConfig, dp_world_size: int) -> list[str]:
+    """How a streamed dataset is read: readers, shuffle buffer and the bound on cached remote bytes."""
+    d = cfg.dataset
+    if not d.streaming:
+        return []
+    workers = max(1, cfg.num_workers)
+    line = (
+        f"Streaming: {dp_world_size * workers} readers ({_count(dp_world_size, 'rank')} x "
+        f"{_count(workers, 'worker')}), each "
+        f"reading its own episodes, shuffling among {d.streaming_buffer_size} frames and caching at most "
+        f"{d.streaming_cache_mb} MiB of remote files in memory"
+    )
+    return [line]
+
+
 def banner_lines(
     cfg: TrainConfig,
     runtime: ParallelRuntime,
@@ -121,6 +140,7 @@ def banner_lines(
         f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
         precision_line(cfg.accelerator.mixed_precision, policy),
         *dataset_lines(cfg, num_frames, num_episodes, parts),
+        *streaming_lines(cfg, runtime.dp_world_size),
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_initial_weights_lines(cfg),
         *_peft_lines(cfg),

@@ -33,6 +33,7 @@ from lerobot_ckpt.layout import ADAPTER_CONFIG, POLICY_CONFIG, TRAIN_CONFIG
 from lerobot_ckpt.pretrained import stored_float_dtype
 from lerobot_parallel.runtime import ParallelRuntime
 from lerobot_trainloop.loop import TrainLoop
+from lerobot_trainloop.streaming import StreamingDataSource, gather_states
 from torch import nn
 
 from lerobot_cli.config import TrainConfig
@@ -202,6 +203,31 @@ def _check_sampler_position(path: Path, saved: dict, num_samples: int) -> None:
         )
 
 
+def _position_state(position) -> dict | None:
+    """The checkpoint's data position. A streaming source's is every rank's readers together (collective:
+    the save is), so any topology can continue it; a map-style order's is the same on every rank."""
+    if position is None:
+        return None
+    state = position.state_dict()
+    return gather_states(state) if isinstance(position, StreamingDataSource) else state
+
+
+def _load_streaming_position(checkpoint_dir: Path, position, saved: dict) -> list[str]:
+    """Continue a streaming source at ``saved`` before anything else is loaded (a malformed or foreign
+    position stops the resume there, in one line); returns its notes."""
+    paths = CheckpointPaths(checkpoint_dir)
+    if saved.get("kind") != "streaming":
+        raise StateMismatchError(
+            f"{checkpoint_dir} was trained with map-style reading (--dataset.streaming=false): its data "
+            "position cannot continue a stream; resume with --dataset.streaming=false, or start a new run "
+            f"from its weights with --policy.path={paths.pretrained_model}"
+        )
+    try:
+        return position.load_state_dict(saved)
+    except ValueError as err:
+        raise CorruptCheckpointError(paths.training_step, f"sampler: {err}") from None
+
+
 def _legacy_loop_state(record: TrainingStepRecord) -> dict:
     """Loop counters of a checkpoint written before they were saved: derived from its record."""
     return {"step": record.step, "grad_accum_steps": record.grad_accum_steps}
@@ -263,7 +289,7 @@ class Checkpointer:
             run=self.info,
             objects=_training_objects(loop),
             # the checkpoint's "sampler" entry, whichever owns the position: the same keys either way
-            sampler_state=loop.position.state_dict() if loop.position is not None else None,
+            sampler_state=_position_state(loop.position),
             loop_state=loop.state_dict(),
             write_pretrained=self.write_pretrained,
             adapter_state=_adapter_state(loop.model),
@@ -304,10 +330,19 @@ class Checkpointer:
                 "on the same data, or start a new run from its weights with "
                 f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )
-        if position is not None and saved:
-            _check_sampler_position(
-                CheckpointPaths(checkpoint_dir).training_step, saved, position.num_samples
+        step_file = CheckpointPaths(checkpoint_dir).training_step
+        streaming = isinstance(position, StreamingDataSource)
+        data_notes: list[str] = []
+        if streaming and saved:
+            data_notes = _load_streaming_position(checkpoint_dir, position, saved)
+        elif saved.get("kind") == "streaming":
+            raise StateMismatchError(
+                f"{checkpoint_dir} was trained with --dataset.streaming=true: its data position is a "
+                "stream's; resume with --dataset.streaming=true, or start a new run from its weights with "
+                f"--policy.path={CheckpointPaths(checkpoint_dir).pretrained_model}"
             )
+        elif position is not None and saved:
+            _check_sampler_position(step_file, saved, position.num_samples)
         state = load_checkpoint(
             checkpoint_dir,
             objects=_training_objects(loop),
@@ -317,7 +352,8 @@ class Checkpointer:
         if self.runtime.world_size > 1:
             _random_state_in_lockstep(state.rng_restored, self.runtime.rank)
         notes = loop.load_state_dict(state.loop_state or _legacy_loop_state(state.record))
-        if position is not None and state.sampler_state:
+        notes += data_notes
+        if position is not None and state.sampler_state and not streaming:
             notes += position.load_state_dict(state.sampler_state)
         self.last_saved = state.step  # the resumed step is committed already: never saved again
         _warn_rounded_weights(checkpoint_dir, state, warn)

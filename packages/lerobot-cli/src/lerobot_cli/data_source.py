@@ -18,6 +18,7 @@ from lerobot_trainloop.data_source import MapDataSource
 from lerobot_trainloop.evaluation import EvalBatches
 from lerobot_trainloop.mixture import MixtureBatchSampler
 from lerobot_trainloop.sampler import ShardedBatchSampler
+from lerobot_trainloop.streaming import StreamingDataSource
 
 from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.config import TrainConfig
@@ -25,6 +26,7 @@ from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.dataset import cameras_to_float
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import eval_sample_indices
+from lerobot_cli.datasets.streamed import StreamedDataset
 
 
 @attrs.frozen
@@ -32,7 +34,7 @@ class DataSources:
     """``train``: the resumable training batches; ``held_out``: ``--dataset.eval_split``'s episodes for
     the eval loss every ``--eval_steps`` (None: no held-out eval)."""
 
-    train: MapDataSource
+    train: MapDataSource | StreamingDataSource
     held_out: MapDataSource | None
     counts: Callable[[], dict[str, int]] | None = None  # a mixture's samples per dataset (MixtureCounts)
 
@@ -90,6 +92,8 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
     """The training source (after checking a global batch fits in its samples) and, with
     ``--eval_steps`` and a held-out split, the held-out one. No worker starts before the first
     iteration, so building them early costs nothing."""
+    if isinstance(workload.dataset, StreamedDataset):
+        return DataSources(train=_streaming_source(workload, cfg, runtime), held_out=None)
     rows = training_rows(workload)
     num_samples = len(workload.dataset) if rows is None else len(rows)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
@@ -138,6 +142,38 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
         )
     counts = None if sizes is None else MixtureCounts(workload.dataset.names, sizes, order)
     return DataSources(train=train, held_out=held_out, counts=counts)
+
+
+def _streaming_source(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> StreamingDataSource:
+    """``--dataset.streaming=true``: every (rank, worker) reader streams its share of the episodes. Its
+    workers restart from the handed-out position at each iteration, so they cannot persist."""
+    dataset: StreamedDataset = workload.dataset
+    check_batch_fits(cfg.batch_size, runtime.dp_world_size, dataset.num_samples, cfg.dataset.episodes)
+    readers = runtime.dp_world_size * max(1, cfg.num_workers)
+    if len(dataset.lengths) < readers:
+        raise DatasetError(
+            f"--dataset.streaming=true gives each of the {readers} readers ({runtime.dp_world_size} ranks x "
+            f"{max(1, cfg.num_workers)} workers, --num_workers) whole episodes, but the dataset has "
+            f"{len(dataset.lengths)} to train on; lower --num_workers, or use more episodes"
+        )
+    kwargs = _loader_kwargs(cfg, runtime)
+    kwargs.pop("num_workers")
+    kwargs["persistent_workers"] = False
+    if cfg.num_workers > 0:
+        kwargs["prefetch_factor"] = 2
+    return StreamingDataSource(
+        dataset.read,
+        dataset.lengths,
+        cfg.batch_size,
+        device=runtime.device,
+        seed=cfg.seed,
+        dp_rank=runtime.dp_rank,
+        dp_world_size=runtime.dp_world_size,
+        num_workers=cfg.num_workers,
+        buffer_size=cfg.dataset.streaming_buffer_size,
+        prepare=_prepare(workload),
+        loader_kwargs=kwargs,
+    )
 
 
 def _part_sizes(dataset, rows) -> list[int] | None:

@@ -33,6 +33,7 @@ from lerobot_cli.config import TrainConfig
 from lerobot_cli.data_source import make_data_sources
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.mixture import MixtureDataset
+from lerobot_cli.datasets.streamed import StreamedDataset
 from lerobot_cli.fetching import prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
@@ -145,6 +146,11 @@ class _HeldOut:
 
 def mixture_parts(dataset) -> list[tuple[str, int, int, float]] | None:
     """A mixture's datasets for the banner: (name, frames, episodes, fps); None for one dataset."""
+    if isinstance(dataset, StreamedDataset) and dataset.is_mixture:
+        return [
+            (name, part.meta.num_frames, part.num_episodes, part.fps)
+            for name, part in zip(dataset.names, dataset.parts, strict=True)
+        ]
     if not isinstance(dataset, MixtureDataset):
         return None
     return [

@@ -37,6 +37,7 @@ from lerobot_cli.datasets.layout import STATS_PATH
 from lerobot_cli.datasets.mixing import MixtureMeta, run_meta
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
+from lerobot_cli.datasets.streamed import StreamedDataset
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.dataset_fit import check_policy_features, policy_config_for_dataset
@@ -106,9 +107,7 @@ def _mixture(
     held-out parts a mixture of their own."""
     train, held, splits = [], [], []
     for part, source in zip(meta.parts, meta.sources, strict=True):
-        mixture_delta = _delta(meta.features, part.fps, policy_cfg) or {}
-        own_name = {source.rename.get(k, k): k for k in part.features}
-        delta = {own_name[k]: v for k, v in mixture_delta.items()} or None
+        delta = _part_delta(meta, part, source, policy_cfg)
         if not cfg.dataset.eval_split:
             train.append(
                 LeRobotDataset(part.root, episodes=source.episodes, delta_timestamps=delta, return_uint8=True)
@@ -137,6 +136,34 @@ def _mixture(
         whole_tasks=tuple(t for s in splits for t in s.whole_tasks),
     )
     return MixtureDataset(train, meta.sources), MixtureDataset(held, meta.sources), together
+
+
+def _part_delta(meta: MixtureMeta, part, source, policy_cfg: PolicyConfig) -> dict[str, list[float]] | None:
+    """The policy's windows for one dataset of a mixture: at its own fps, under its own feature names."""
+    mixture_delta = _delta(meta.features, part.fps, policy_cfg) or {}
+    own_name = {source.rename.get(k, k): k for k in part.features}
+    return {own_name[k]: v for k, v in mixture_delta.items()} or None
+
+
+def _streamed(cfg: TrainConfig, meta, policy_cfg: PolicyConfig) -> StreamedDataset:
+    """``--dataset.streaming=true``: one ``EpisodeReader`` per dataset (only ``meta/`` is read now)."""
+    from lerobot_cli.datasets.episode_reader import EpisodeReader
+
+    drop = policy_cfg.frames_dropped_per_episode()
+    if isinstance(meta, MixtureMeta):
+        parts = [
+            EpisodeReader(
+                part.root,
+                source.episodes,
+                _part_delta(meta, part, source, policy_cfg),
+                return_uint8=True,
+            )
+            for part, source in zip(meta.parts, meta.sources, strict=True)
+        ]
+        return StreamedDataset(parts, meta.sources, drop_last=drop)
+    delta = _delta(meta.features, meta.fps, policy_cfg)
+    reader = EpisodeReader(meta.root, cfg.dataset.episodes, delta, return_uint8=True)
+    return StreamedDataset([reader], drop_last=drop)
 
 
 def features_are_derived(policy: PolicyConfig) -> bool:
@@ -250,7 +277,9 @@ def build_workload(
     if (reference.input_features or reference.output_features) and not features_are_derived(reference):
         check_features_fit(reference, meta.features, root, source)
     policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
-    if isinstance(meta, MixtureMeta):
+    if cfg.dataset.streaming:
+        dataset, eval_dataset, split = _streamed(cfg, meta, policy_cfg), None, None
+    elif isinstance(meta, MixtureMeta):
         dataset, eval_dataset, split = _mixture(cfg, meta, policy_cfg)
     else:
         delta = _delta(meta.features, meta.fps, policy_cfg)

@@ -264,6 +264,20 @@ def merge_states(states: Sequence[Mapping]) -> dict:
     return merged
 
 
+def gather_states(state: Mapping) -> dict:
+    """``merge_states`` of every rank's ``state`` (collective over the default process group; call it
+    on every rank at the same point, e.g. at a checkpoint save). Ranks of one data-parallel rank hold
+    the same readers and count once. Without a process group: ``state`` as it is."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return dict(state)
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, dict(state))
+    by_rank = {tuple(sorted(s["handed_out"])): s for s in states}  # one per data-parallel rank
+    return merge_states(list(by_rank.values()))
+
+
 def redistribute(
     states: Mapping[int, Mapping],
     lengths: Sequence[int],

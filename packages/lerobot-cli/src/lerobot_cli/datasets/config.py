@@ -109,6 +109,22 @@ class DatasetConfig:
         },
     )
     video_backend: str = field(default="pyav", metadata={"help": "Video decoder.", "choices": ("pyav",)})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read episodes on demand instead of loading the dataset: each rank and DataLoader worker "
+            "reads its own share of the episodes (from the Hub with range reads at a pinned revision, "
+            "or from --dataset.root: a directory or any fsspec URL), shuffled through a buffer."
+        },
+    )
+    streaming_buffer_size: int = field(
+        default=1000,
+        metadata={"help": "Frames each streaming reader (rank x worker) shuffles among."},
+    )
+    streaming_cache_mb: int = field(
+        default=256,
+        metadata={"help": "Bytes of remote files each streaming reader keeps in memory (MiB)."},
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.episodes is not None and not self.episodes:
@@ -123,9 +139,29 @@ class DatasetConfig:
                 "the last 10% of each task's episodes; 0 holds out none)"
             )
         self.sources()  # a mixture's lists: lengths, types, values
+        self._check_streaming()
         if self.video_backend not in ("pyav",):
             raise ValueError(
                 f"--dataset.video_backend: invalid choice {self.video_backend!r} (choose from pyav)"
+            )
+
+    def _check_streaming(self) -> None:
+        for name in ("streaming_buffer_size", "streaming_cache_mb"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--dataset.{name} must be a whole number >= 1, got {value!r}")
+        if not self.streaming:
+            return
+        if self.eval_split:
+            raise ValueError(
+                f"--dataset.eval_split={self.eval_split} holds out episodes of a map-style dataset (as in "
+                "LeRobot): with --dataset.streaming=true set it to 0, or train without streaming"
+            )
+        if self.weights is not None:
+            raise ValueError(
+                "--dataset.weights samples a mixture map-style: a streamed mixture is read as plain "
+                "concatenation (each frame once per epoch); drop --dataset.weights, or set "
+                "--dataset.streaming=false"
             )
 
     def sources(self) -> list[DatasetSource]:

@@ -6,7 +6,9 @@ collate. Each dataset keeps its own fps: its windows
 50 of its own control steps. Items carry ``dataset_index`` (LeRobot's name for it) and a ``task_index`` into
 the union of the datasets' tasks.
 
-``MixtureDataset`` is the map-style dataset over the parts, concatenated in order.
+``MixtureLabels`` turns a part's item into the mixture's; ``MixtureDataset`` is the map-style dataset over
+the parts, concatenated in order (a streamed mixture, ``lerobot_cli.datasets.streamed``, labels its items
+the same way).
 """
 
 from __future__ import annotations
@@ -24,6 +26,30 @@ from lerobot_cli.datasets.metadata import MetaView
 from lerobot_cli.datasets.mixing import MixtureMeta
 
 
+class MixtureLabels:
+    """Part ``d``'s item as the mixture's: renamed, restricted to the mixture's features, with
+    ``dataset_index`` and a ``task_index`` into the union of the parts' tasks."""
+
+    def __init__(self, meta: MixtureMeta) -> None:
+        keys = set(meta.features)
+        self.keep = keys | {f"{k}_is_pad" for k in keys} | {"task"}
+        self.renames = [source.rename for source in meta.sources]
+        united = {text: i for i, text in meta.tasks.items()}
+        self.task_maps = [{index: united[text] for index, text in part.tasks.items()} for part in meta.parts]
+
+    def __call__(self, d: int, item: dict) -> dict:
+        rename = self.renames[d]
+        out: dict = {}
+        for key, value in item.items():
+            base, pad = (key[: -len("_is_pad")], "_is_pad") if key.endswith("_is_pad") else (key, "")
+            name = rename.get(base, base) + pad
+            if name in self.keep:
+                out[name] = value
+        out["task_index"] = torch.tensor(self.task_maps[d][int(item["task_index"])])
+        out["dataset_index"] = torch.tensor(d)
+        return out
+
+
 class MixtureDataset(MetaView, torch.utils.data.Dataset):
     """The ``parts`` (each a ``LeRobotDataset``) concatenated: row ``offsets[d] + i`` is part ``d``'s row
     ``i``, renamed, restricted to the mixture's features, with ``dataset_index`` and a united
@@ -36,12 +62,8 @@ class MixtureDataset(MetaView, torch.utils.data.Dataset):
         self.meta = MixtureMeta([p.meta for p in self.parts], self.sources)
         sizes = [len(p) for p in self.parts]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        keys = set(self.meta.features)
-        self._keep = keys | {f"{k}_is_pad" for k in keys} | {"task"}
-        united = {text: i for i, text in self.meta.tasks.items()}
-        self._task_maps = [
-            {index: united[text] for index, text in part.meta.tasks.items()} for part in self.parts
-        ]
+        self.labels = MixtureLabels(self.meta)
+        self._task_maps = self.labels.task_maps
 
     @property
     def sizes(self) -> list[int]:
@@ -97,14 +119,4 @@ class MixtureDataset(MetaView, torch.utils.data.Dataset):
         if not 0 <= row < len(self):
             raise IndexError(f"index {idx} out of range for a mixture of {len(self)} frames")
         d = bisect.bisect_right(self.offsets, row) - 1
-        item = self.parts[d][row - int(self.offsets[d])]
-        rename = self.sources[d].rename
-        out: dict = {}
-        for key, value in item.items():
-            base, pad = (key[: -len("_is_pad")], "_is_pad") if key.endswith("_is_pad") else (key, "")
-            name = rename.get(base, base) + pad
-            if name in self._keep:
-                out[name] = value
-        out["task_index"] = torch.tensor(self._task_maps[d][int(item["task_index"])])
-        out["dataset_index"] = torch.tensor(d)
-        return out
+        return self.labels(d, self.parts[d][row - int(self.offsets[d])])

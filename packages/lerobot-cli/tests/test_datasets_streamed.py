@@ -1,0 +1,123 @@
+"""``StreamedDataset``: what ``--dataset.streaming=true`` reads, item for item the map-style dataset's, and
+the flags that cannot go with streaming refused in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from lerobot_cli.datasets import LeRobotDataset
+from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.datasets.episode_reader import EpisodeReader
+from lerobot_cli.datasets.mixing import MixtureMeta
+from lerobot_cli.datasets.mixture import MixtureDataset
+from lerobot_cli.datasets.streamed import StreamedDataset
+from lerobot_cli.datasets.writer import EpisodeData, write_dataset
+
+SHAPE = [6, 8, 3]
+
+
+def _write(root, camera: str, lengths: list[int], base: int, fps: int = 10):
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [2], "names": None},
+        "action": {"dtype": "float32", "shape": [2], "names": None},
+        camera: {"dtype": "video", "shape": SHAPE, "names": ["height", "width", "channels"]},
+    }
+
+    def episode(ep: int, n: int) -> EpisodeData:
+        rng = np.random.default_rng(base + ep)
+        return EpisodeData(
+            task=f"task {base + ep % 2}",
+            frames={
+                "observation.state": rng.normal(size=(n, 2)).astype(np.float32),
+                "action": rng.normal(size=(n, 2)).astype(np.float32),
+                camera: rng.integers(0, 250, (n, *SHAPE), dtype=np.uint8),
+            },
+        )
+
+    return write_dataset(root, fps, features, (episode(e, n) for e, n in enumerate(lengths)))
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("streamed")
+    return (
+        _write(tmp / "a", "observation.images.top", [5, 3, 6], 0),
+        _write(tmp / "b", "observation.images.front", [4, 2, 7], 10, fps=20),
+    )
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key, value in a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b[key]), key
+        else:
+            assert value == b[key], key
+
+
+def test_a_streamed_mixture_reads_the_map_style_mixtures_items(roots):
+    cfg = DatasetConfig(
+        repo_id='["org/a","org/b"]',
+        root=f'["{roots[0]}","{roots[1]}"]',
+        rename_map=({}, {"observation.images.front": "observation.images.top"}),
+        streaming=True,
+    )
+    sources = cfg.sources()
+    delta = [
+        {"action": [0.0, 0.1, 0.2], "observation.images.top": [-0.1, 0.0]},
+        {"action": [0.0, 0.1, 0.2], "observation.images.front": [-0.1, 0.0]},
+    ]
+    streamed = StreamedDataset(
+        [EpisodeReader(r, None, d, return_uint8=True) for r, d in zip(roots, delta, strict=True)],
+        sources,
+        drop_last=2,
+    )
+    mapped = MixtureDataset(
+        [LeRobotDataset(r, delta_timestamps=d, return_uint8=True) for r, d in zip(roots, delta, strict=True)],
+        sources,
+    )
+    assert isinstance(streamed.meta, MixtureMeta) and streamed.meta.tasks == mapped.meta.tasks
+    # drop_last=2: episodes of 2 frames or fewer start no sample and are left out
+    assert streamed.lengths == [3, 1, 4, 2, 5]
+    assert streamed.sizes == [8, 7]
+    rows = mapped.rows_without_last(2).tolist()
+    assert len(rows) == streamed.num_samples == 15
+    starts = [0, 5, 8, 14, 18, 20]  # each streamed episode's first row in the mixture
+    streamed_rows = [starts[[0, 1, 2, 3, 5][e]] + f for e, n in enumerate(streamed.lengths) for f in range(n)]
+    assert streamed_rows == rows
+    for e, n in enumerate(streamed.lengths):
+        items = streamed.read(e, list(range(n)))
+        for f, item in enumerate(items):
+            _equal(item, mapped[starts[[0, 1, 2, 3, 5][e]] + f])
+
+
+def test_one_streamed_dataset_reads_its_items_unlabelled(roots):
+    streamed = StreamedDataset([EpisodeReader(roots[0], [2, 0], return_uint8=True)])
+    mapped = LeRobotDataset(roots[0], episodes=[2, 0], return_uint8=True)
+    assert streamed.lengths == [5, 6] and not streamed.is_mixture  # in the dataset's order
+    for row, item in enumerate(streamed.read(0, range(5)) + streamed.read(1, range(6))):
+        _equal(item, mapped[row])
+
+
+def test_dropping_every_frame_is_refused_in_one_line(roots):
+    with pytest.raises(Exception, match="drop_n_last_frames=9 leaves no frame"):
+        StreamedDataset([EpisodeReader(roots[0])], drop_last=9)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"eval_split": 0.2}, "--dataset.eval_split=0.2 holds out episodes of a map-style dataset"),
+        (
+            {"repo_id": '["a/b","c/d"]', "weights": (0.5, 0.5)},
+            "--dataset.weights samples a mixture map-style",
+        ),
+        ({"streaming_buffer_size": 0}, "--dataset.streaming_buffer_size must be a whole number >= 1"),
+        ({"streaming_cache_mb": -1}, "--dataset.streaming_cache_mb must be a whole number >= 1"),
+    ],
+)
+def test_flags_that_cannot_stream_are_refused(flags, message):
+    base = {"repo_id": "a/b", "streaming": True}
+    with pytest.raises(ValueError, match=message):
+        DatasetConfig(**{**base, **flags})
