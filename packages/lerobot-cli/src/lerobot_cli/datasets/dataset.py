@@ -222,10 +222,11 @@ def check_video_channels(meta: DatasetMeta, key: str, chw: tuple[int, int, int])
         )
 
 
-def check_video_file(path: str, key: str, chw: tuple[int, int, int]) -> None:
-    """The video file exists and has the frame size info.json declares."""
+def check_video_file(path, key: str, chw: tuple[int, int, int]) -> None:
+    """The video file (a local path, or a streamed file: ``video.RemoteVideo``) exists and has the frame
+    size info.json declares."""
     _, height, width = chw
-    if not Path(path).is_file():
+    if isinstance(path, str) and not Path(path).is_file():
         raise DatasetError(f"missing file {path}: meta/episodes points episodes of {key!r} at it")
     size = probe_video(path)
     if size != (height, width):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -47,14 +48,46 @@ class _Episode:
     columns: dict[str, torch.Tensor]
     task_index: np.ndarray
     images: dict[str, tuple[pa.Array, pa.Array | None]]
-    videos: dict[str, tuple[str, float]]
+    videos: dict[str, tuple[str | RemoteFile, float]]
 
 
-def _parquet_error(path: Path, err: Exception) -> DatasetError:
+class Files(Protocol):
+    """Where a streamed dataset's files are read from (``remote.RemoteDataset``): ``url`` names it in
+    messages, ``open(relpath)`` gives a binary file object with range reads."""
+
+    url: str
+
+    def open(self, relpath: str) -> BinaryIO: ...
+
+
+@define(frozen=True, eq=False)
+class RemoteFile:
+    """A file of a streamed dataset: opened through ``files`` (parquet and video readers take the file
+    object); named by its URL."""
+
+    files: Files
+    relpath: str
+
+    def open(self) -> BinaryIO:
+        return self.files.open(self.relpath)
+
+    def __str__(self) -> str:
+        return f"{self.files.url.rstrip('/')}/{self.relpath}"
+
+
+DataFile = Path | RemoteFile
+
+
+def _parquet_error(path: DataFile, err: Exception) -> DatasetError:
     return DatasetError(f"cannot read parquet file {path}: {err}")
 
 
-def _open(path: Path) -> pq.ParquetFile:
+def _open(path: DataFile) -> pq.ParquetFile:
+    if isinstance(path, RemoteFile):
+        try:
+            return pq.ParquetFile(path.open())
+        except (pa.ArrowException, OSError) as err:
+            raise _parquet_error(path, err) from err
     if not _is_file(path):
         raise DatasetError(f"missing file {path}: the dataset layout (meta/info.json) says it must exist")
     try:
@@ -63,7 +96,7 @@ def _open(path: Path) -> pq.ParquetFile:
         raise _parquet_error(path, err) from err
 
 
-def read_row_groups(path: Path, row_groups: list[int], columns: list[str]) -> pa.Table:
+def read_row_groups(path: DataFile, row_groups: list[int], columns: list[str]) -> pa.Table:
     """``columns`` of the row groups ``row_groups`` of the parquet file ``path`` (one read per episode
     an :class:`EpisodeReader` loads; tests count them)."""
     try:
@@ -72,7 +105,7 @@ def read_row_groups(path: Path, row_groups: list[int], columns: list[str]) -> pa
         raise _parquet_error(path, err) from err
 
 
-def _index_ranges(path: Path, wanted: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _index_ranges(path: DataFile, wanted: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Per row group of ``path``: the min and max of its ``index`` column (after checking that the
     file has every ``wanted`` column)."""
     file = _open(path)
@@ -111,6 +144,9 @@ class EpisodeReader(MetaView):
     ``LeRobotDataset(root, episodes, delta_timestamps, tolerance_s, return_uint8)`` gives for them. The
     last ``cache_episodes`` episodes read keep their rows (a stream walks episodes in turn, and a
     shuffle buffer mixes frames of a few recent ones).
+
+    ``files``: read the data and video files through it (a streamed dataset, ``remote.RemoteDataset``),
+    ``root`` then being the local copy of its ``meta/``; None: the files under ``root``.
     """
 
     def __init__(
@@ -121,10 +157,12 @@ class EpisodeReader(MetaView):
         tolerance_s: float = DEFAULT_TOLERANCE_S,
         return_uint8: bool = False,
         cache_episodes: int = 8,
+        files: Files | None = None,
     ) -> None:
         if cache_episodes < 0:
             raise ValueError(f"cache_episodes must be >= 0, got {cache_episodes}")
         self.root = Path(root)
+        self.files = files
         self.return_uint8 = return_uint8
         self.tolerance_s = tolerance_s
         self.cache_episodes = cache_episodes
@@ -141,7 +179,7 @@ class EpisodeReader(MetaView):
             check_video_channels(self.meta, key, self._chw[key])
         self._numeric = numeric_features(self.meta)
         self._wanted = list(self._numeric) + self.meta.image_keys
-        self._files: dict[Path, tuple[np.ndarray, np.ndarray]] = {}  # per data file: index ranges
+        self._files: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per data file: index ranges
         self._videos_checked: set[str] = set()
         self._cache: OrderedDict[int, _Episode] = OrderedDict()
 
@@ -213,15 +251,21 @@ class EpisodeReader(MetaView):
                 self._cache.popitem(last=False)
         return data
 
-    def _row_groups(self, path: Path, first: int, end: int) -> list[int]:
+    def _file(self, path: Path) -> DataFile:
+        """A file the metadata names (checked to lie inside the root): local, or read through ``files``."""
+        if self.files is None:
+            return path
+        return RemoteFile(self.files, path.relative_to(self.root).as_posix())
+
+    def _row_groups(self, path: DataFile, first: int, end: int) -> list[int]:
         """The row groups of ``path`` whose ``index`` range overlaps [first, end)."""
-        if path not in self._files:
-            self._files[path] = _index_ranges(path, self._wanted)
-        lows, highs = self._files[path]
+        if str(path) not in self._files:
+            self._files[str(path)] = _index_ranges(path, self._wanted)
+        lows, highs = self._files[str(path)]
         return np.flatnonzero((lows < end) & (highs >= first)).tolist()
 
     def _load(self, pos: int) -> _Episode:
-        path = self.meta.data_file(pos)
+        path = self._file(self.meta.data_file(pos))
         first, end, ep = self._from[pos], self._to[pos], self._ep_index[pos]
         table = read_row_groups(path, self._row_groups(path, first, end), self._wanted)
         table = only_episodes(table, [ep])
@@ -231,12 +275,13 @@ class EpisodeReader(MetaView):
             k: torch.from_numpy(v if v.flags.writeable and v.flags.c_contiguous else np.array(v))
             for k, v in columns.items()
         }
-        videos: dict[str, tuple[str, float]] = {}
+        videos: dict[str, tuple[str | RemoteFile, float]] = {}
         for key in self.meta.video_keys:
-            video = str(self.meta.video_file(pos, key))
-            if video not in self._videos_checked:
+            named = self._file(self.meta.video_file(pos, key))
+            video = named if isinstance(named, RemoteFile) else str(named)
+            if str(video) not in self._videos_checked:
                 check_video_file(video, key, self._chw[key])
-                self._videos_checked.add(video)
+                self._videos_checked.add(str(video))
             from_timestamp = float(self.meta.episodes[L.video_column(key, "from_timestamp")][pos])
             videos[key] = (video, from_timestamp)
         return _Episode(tensors, columns["task_index"].astype(np.int64), images, videos)

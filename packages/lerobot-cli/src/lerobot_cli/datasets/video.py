@@ -11,6 +11,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import BinaryIO, Protocol
 
 import av
 import numpy as np
@@ -46,20 +47,30 @@ def _reformatter() -> VideoReformatter:
     return reformatter
 
 
-def _container(path: str) -> av.container.InputContainer:
+class RemoteVideo(Protocol):
+    """A video file read through a file object (a streamed dataset's: range reads, not a local path)."""
+
+    def open(self) -> BinaryIO: ...
+
+
+def _av_open(path: str | RemoteVideo) -> av.container.InputContainer:
+    return av.open(path if isinstance(path, str) else path.open())
+
+
+def _container(path: str | RemoteVideo) -> av.container.InputContainer:
     with _open_lock:
         return _open_container(path)
 
 
-def _open_container(path: str) -> av.container.InputContainer:
+def _open_container(path: str | RemoteVideo) -> av.container.InputContainer:
     pid = os.getpid()
-    key = (pid, path)
+    key = (pid, str(path))
     container = _open.get(key)
     if container is not None:
         _open.move_to_end(key)
         return container
     try:
-        container = av.open(path)
+        container = _av_open(path)
     except (av.FFmpegError, OSError) as err:
         raise DatasetError(f"cannot open video file {path}: {err}") from err
     if not container.streams.video:
@@ -85,10 +96,10 @@ def close_all() -> None:
             _open.pop(key).close()
 
 
-def probe_video(path: str) -> tuple[int, int]:
+def probe_video(path: str | RemoteVideo) -> tuple[int, int]:
     """(height, width) of the first video stream, opened and closed again (safe before forking)."""
     try:
-        with av.open(path) as container:
+        with _av_open(path) as container:
             if not container.streams.video:
                 raise DatasetError(f"video file {path} has no video stream")
             ctx = container.streams.video[0].codec_context
@@ -97,7 +108,9 @@ def probe_video(path: str) -> tuple[int, int]:
         raise DatasetError(f"cannot open video file {path}: {err}") from err
 
 
-def decode_frames(path: str, timestamps: Sequence[float], tolerance_s: float, what: str = "") -> np.ndarray:
+def decode_frames(
+    path: str | RemoteVideo, timestamps: Sequence[float], tolerance_s: float, what: str = ""
+) -> np.ndarray:
     """uint8 (T, H, W, 3) RGB frames whose presentation times match ``timestamps`` within ``tolerance_s``.
 
     Seeks to the key frame at or before the first requested time and decodes forward to the last one, as
