@@ -48,7 +48,7 @@ class _Episode:
     columns: dict[str, torch.Tensor]
     task_index: np.ndarray
     images: dict[str, tuple[pa.Array, pa.Array | None]]
-    videos: dict[str, tuple[str | RemoteFile, float]]
+    videos: dict[str, tuple[str | FileRef, float]]
 
 
 class Files(Protocol):
@@ -61,7 +61,7 @@ class Files(Protocol):
 
 
 @define(frozen=True, eq=False)
-class RemoteFile:
+class FileRef:
     """A file of a streamed dataset: opened through ``files`` (parquet and video readers take the file
     object); named by its URL."""
 
@@ -75,7 +75,7 @@ class RemoteFile:
         return f"{self.files.url.rstrip('/')}/{self.relpath}"
 
 
-DataFile = Path | RemoteFile
+DataFile = Path | FileRef
 
 
 def _parquet_error(path: DataFile, err: Exception) -> DatasetError:
@@ -83,7 +83,7 @@ def _parquet_error(path: DataFile, err: Exception) -> DatasetError:
 
 
 def _open(path: DataFile) -> pq.ParquetFile:
-    if isinstance(path, RemoteFile):
+    if isinstance(path, FileRef):
         try:
             return pq.ParquetFile(path.open())
         except (pa.ArrowException, OSError) as err:
@@ -255,7 +255,7 @@ class EpisodeReader(MetaView):
         """A file the metadata names (checked to lie inside the root): local, or read through ``files``."""
         if self.files is None:
             return path
-        return RemoteFile(self.files, path.relative_to(self.root).as_posix())
+        return FileRef(self.files, path.relative_to(self.root).as_posix())
 
     def _row_groups(self, path: DataFile, first: int, end: int) -> list[int]:
         """The row groups of ``path`` whose ``index`` range overlaps [first, end)."""
@@ -275,10 +275,10 @@ class EpisodeReader(MetaView):
             k: torch.from_numpy(v if v.flags.writeable and v.flags.c_contiguous else np.array(v))
             for k, v in columns.items()
         }
-        videos: dict[str, tuple[str | RemoteFile, float]] = {}
+        videos: dict[str, tuple[str | FileRef, float]] = {}
         for key in self.meta.video_keys:
             named = self._file(self.meta.video_file(pos, key))
-            video = named if isinstance(named, RemoteFile) else str(named)
+            video = named if isinstance(named, FileRef) else str(named)
             if str(video) not in self._videos_checked:
                 check_video_file(video, key, self._chw[key])
                 self._videos_checked.add(str(video))
