@@ -1,11 +1,15 @@
-"""Streaming (``--dataset.streaming=true``) on two ranks: every frame once per epoch across ranks and
-workers, exact resume, a resume on another world size that neither repeats nor skips a frame, and
-``lerobot-train`` resuming a streamed run bitwise under DDP and FSDP2."""
+"""Streaming (``--dataset.streaming=true``) on two ranks from a loopback Hub (``tools/hub_server.py``, the
+real huggingface_hub client pointed at it by ``HF_ENDPOINT``; it drops a connection now and then, which
+the reader retries): every frame once per epoch across ranks and workers, exact resume, a resume on
+another world size that neither repeats nor skips a frame, ``lerobot-train`` resuming a streamed run
+bitwise under DDP and FSDP2, and a file the Hub keeps failing ending the run in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +24,10 @@ pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "multiproc" / "streaming_epoch.py"
+REPO_ID = "org/streamed"
+_spec = importlib.util.spec_from_file_location("hub_server", HERE.parent / "tools" / "hub_server.py")
+hub_server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hub_server)
 SHAPE = [8, 12, 3]
 LENGTHS = [13, 7, 22, 9, 17, 11, 5, 19, 8, 14]
 BATCH, WORKERS, SEED, BUFFER = 4, 2, 7, 16  # as in streaming_epoch.py
@@ -53,9 +61,23 @@ def dataset_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def epoch_job(launch, dataset_root, tmp_path_factory):
+def hub(dataset_root, tmp_path_factory):
+    """The dataset on a loopback Hub that drops every 5th file request mid-body; the environment that
+    points a launched job at it (and at an empty LeRobot cache, so nothing is read locally)."""
+    server, url = hub_server.serve(dataset_root, REPO_ID, drop_every=5)
+    home = tmp_path_factory.mktemp("home")
+    env = {"HF_ENDPOINT": url, "HF_HOME": str(home / "hf"), "HF_LEROBOT_HOME": str(home / "lerobot")}
+    yield server, url, env
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def epoch_job(launch, hub, tmp_path_factory):
+    _, _, env = hub
     out = tmp_path_factory.mktemp("epoch")
-    res = launch.torchrun(JOB, str(out), str(dataset_root), str(BATCH), str(WORKERS), nproc=2, timeout_s=180)
+    url = f"hf://datasets/{REPO_ID}"
+    res = launch.torchrun(JOB, str(out), url, str(BATCH), str(WORKERS), nproc=2, timeout_s=180, env=env)
     assert not res.timed_out and res.returncode == 0, res.describe()
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return ranks, json.loads((out / "state_a.json").read_text())
@@ -117,12 +139,12 @@ def test_a_resume_on_another_world_size_reads_the_rest_of_the_epoch_once(epoch_j
 
 
 @pytest.fixture(scope="module")
-def train_runs(launch, dataset_root, tmp_path_factory):
+def train_runs(launch, hub, dataset_root, tmp_path_factory):
+    _, _, env = hub
     tmp = tmp_path_factory.mktemp("train")
     other = write(tmp / "other", camera="observation.images.front", lengths=[6, 9, 12, 7], base=100)
     base = [
-        "--dataset.repo_id=org/streamed",
-        f"--dataset.root={dataset_root}",
+        f"--dataset.repo_id={REPO_ID}",  # not in the LeRobot cache: streamed from the (loopback) Hub
         "--dataset.streaming=true",
         "--dataset.streaming_buffer_size=20",
         f"--num_workers={WORKERS}",
@@ -140,9 +162,9 @@ def train_runs(launch, dataset_root, tmp_path_factory):
             f"--config_path={tmp / f'{layout}_half'}/checkpoints/000003/pretrained_model/train_config.json",
             "--steps=8",
         ]
-    runs["mixture"] = [
-        '--dataset.repo_id=["org/streamed","org/other"]',
-        f'--dataset.root=["{dataset_root}","{other}"]',
+    runs["mixture"] = [  # one dataset from the Hub, one from a local directory
+        f'--dataset.repo_id=["{REPO_ID}","org/other"]',
+        f'--dataset.root=[null,"{other}"]',
         '--dataset.rename_map=[{},{"observation.images.front":"observation.images.top"}]',
         "--dataset.streaming=true",
         "--num_workers=1",
@@ -154,7 +176,7 @@ def train_runs(launch, dataset_root, tmp_path_factory):
         "--save_checkpoint=false",
     ]
     items = [f if "--resume=true" in f else [*f, f"--output_dir={tmp / name}"] for name, f in runs.items()]
-    outs = dict(zip(runs, launch.lerobot_train_runs(*items, nproc=2), strict=True))
+    outs = dict(zip(runs, launch.lerobot_train_runs(*items, nproc=2, env=env), strict=True))
     # the DDP run's step-3 checkpoint continued by one process: 4 readers become 1
     single = tmp / "single"
     outs["single"] = launch.lerobot_train_runs(
@@ -165,6 +187,7 @@ def train_runs(launch, dataset_root, tmp_path_factory):
             f"--output_dir={single}",
         ],
         nproc=1,
+        env=env,
     )[0]
     return tmp, outs
 
@@ -174,19 +197,20 @@ def _losses(run: Path) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
-def test_a_resumed_streamed_run_logs_the_uninterrupted_losses_bitwise(train_runs, layout):
+def test_a_resumed_streamed_run_logs_the_uninterrupted_losses_bitwise(train_runs, hub, layout):
     tmp, outs = train_runs
     full, resumed = _losses(tmp / f"{layout}_full"), _losses(tmp / f"{layout}_half")
     assert sorted(resumed) == list(range(1, 9))
     assert resumed == full
     assert all(math.isfinite(v) for v in full.values())
-    assert "Streaming: 4 readers (2 ranks x 2 workers)" in outs[f"{layout}_full"].stdout
+    source = f"hf://datasets/{REPO_ID} at {hub_server.DEFAULT_SHA}"
+    assert f"Streaming from {source}: 4 readers (2 ranks x 2 workers)" in outs[f"{layout}_full"].stdout
 
 
 def test_another_world_size_continues_the_stream_with_a_warning(train_runs):
     tmp, outs = train_runs
     text = outs["single"].stdout + outs["single"].stderr
-    assert "the stream's 4 readers continue as 2 (1 rank x 2 workers)" in text.replace("ranks x", "rank x")
+    assert "the stream's 4 readers continue as 2 (1 rank x 2 workers)" in text
     assert max(_losses(tmp / "single")) == 6
 
 
@@ -196,3 +220,37 @@ def test_a_streamed_mixture_trains_on_both_datasets(train_runs):
     assert "Dataset: a mixture of 2 (concatenated: each frame once per epoch)" in out
     assert "Streaming: 2 readers (2 ranks x 1 worker)" in out
     assert sorted(_losses(tmp / "mixture")) == [1, 2, 3]
+
+
+def test_dropped_connections_were_retried_without_a_trace(train_runs, hub):
+    _, url, _ = hub
+    stats = json.load(urllib.request.urlopen(url + "/_stats"))
+    assert stats["drops"] > 0  # every run above read through them and matched an uninterrupted run
+
+
+def test_a_file_the_hub_keeps_failing_ends_the_run_in_one_line(launch, train_runs, hub):
+    tmp, _ = train_runs
+    server, _, env = hub
+    checkpoint = tmp / "fsdp_half" / "checkpoints" / "000003"
+    before = launch.tree_digest(checkpoint)
+    server.fail_path = "videos/"  # every video request answered 500 from now on
+    try:
+        res = launch.run_command(
+            [
+                launch.LEROBOT_TRAIN,
+                "--resume=true",
+                f"--config_path={checkpoint}/pretrained_model/train_config.json",
+                "--steps=8",
+                f"--output_dir={tmp / 'failing'}",
+            ],
+            timeout_s=120,
+            env=env,
+        )
+    finally:
+        server.fail_path = None
+    assert res.returncode == 2, res.describe()
+    errors = [line for line in res.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, res.stderr  # one line, no traceback
+    assert errors[0].startswith(f"lerobot-train: error: cannot read hf://datasets/{REPO_ID}/videos/")
+    assert "after 4 attempts: HTTP 500" in errors[0]
+    assert launch.tree_digest(checkpoint) == before  # the checkpoint it resumed from is untouched

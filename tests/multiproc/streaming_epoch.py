@@ -1,8 +1,8 @@
 """Streams a LeRobot dataset on every rank (gloo) and records which frames each reader handed out.
 
-``torchrun … streaming_epoch.py <out_dir> <dataset root> <batch> <workers>``. Each rank runs a
-``StreamingDataSource`` over a real ``EpisodeReader`` (``StreamedDataset``) with ``workers`` DataLoader
-workers, and:
+``torchrun … streaming_epoch.py <out_dir> <dataset root or hf:// URL> <batch> <workers>``. Each rank runs
+a ``StreamingDataSource`` over a real ``EpisodeReader`` (``StreamedDataset``; a URL read by range through
+``RemoteDataset``, ``HF_ENDPOINT`` naming the Hub) with ``workers`` DataLoader workers, and:
 
 A. takes the first half of the batches, then saves the merged position of every rank
    (``gather_states``: the checkpoint's data position);
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from lerobot_cli.datasets.episode_reader import EpisodeReader
+from lerobot_cli.datasets.remote import RemoteDataset
 from lerobot_cli.datasets.streamed import StreamedDataset
 from lerobot_trainloop.streaming import StreamingDataSource, gather_states, natural_share
 
@@ -83,7 +84,11 @@ def main() -> None:
     batch, workers = int(sys.argv[3]), int(sys.argv[4])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dataset = StreamedDataset([EpisodeReader(root, return_uint8=True)])
+    files = None
+    if "://" in root:
+        files = RemoteDataset(root, cache_dir=out / "cache", cache_bytes=1 << 20, block_bytes=1 << 14)
+        root = files.meta_root
+    dataset = StreamedDataset([EpisodeReader(root, return_uint8=True, files=files)])
     readers = world * max(1, workers)
     share = max(
         sum(stop - start for _, start, stop in natural_share(dataset.lengths, SEED, 0, g, readers, True))

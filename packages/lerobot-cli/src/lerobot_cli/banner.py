@@ -12,6 +12,7 @@ from lerobot_parallel.runtime import ParallelRuntime
 from torch import nn
 
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.datasets.stream_location import remote_url
 
 MODES = {"single": "single process", "ddp": "DDP", "fsdp": "FSDP2", "hsdp": "HSDP"}
 
@@ -109,8 +110,10 @@ def streaming_lines(cfg: TrainConfig, dp_world_size: int) -> list[str]:
     if not d.streaming:
         return []
     workers = max(1, cfg.num_workers)
+    url = None if d.is_mixture else remote_url(d)
+    where = "" if url is None else f" from {url}" + (f" at {d.revision}" if d.revision else "")
     line = (
-        f"Streaming: {dp_world_size * workers} readers ({_count(dp_world_size, 'rank')} x "
+        f"Streaming{where}: {_count(dp_world_size * workers, 'reader')} ({_count(dp_world_size, 'rank')} x "
         f"{_count(workers, 'worker')}), each "
         f"reading its own episodes, shuffling among {d.streaming_buffer_size} frames and caching at most "
         f"{d.streaming_cache_mb} MiB of remote files in memory"

@@ -30,11 +30,11 @@ def dry_run(cfg: TrainConfig) -> int:
     from lerobot_parallel.runtime import ParallelRuntime
 
     from lerobot_cli.cli.render import as_flags
-    from lerobot_cli.datasets import resolve_dataset_root
     from lerobot_cli.datasets.mixing import run_meta
+    from lerobot_cli.datasets.stream_location import meta_resolver
     from lerobot_cli.workload import build_policy_for, sharding_plan
 
-    meta = run_meta(cfg.dataset, resolve_dataset_root)
+    meta = run_meta(cfg.dataset, meta_resolver(cfg.dataset))
     with torch.device("meta"):
         _, policy = build_policy_for(cfg, meta.features)
     plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))

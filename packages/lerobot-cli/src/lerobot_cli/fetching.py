@@ -59,19 +59,42 @@ def local_main_first(runtime: ParallelRuntime, name: str, fetch: Callable[[], T]
     return fetch()
 
 
+def decided_on_main(runtime: ParallelRuntime, name: str, decide: Callable[[], T]) -> T:
+    """``decide()`` on the job's main rank, its result given to every rank: a value all ranks must agree
+    on (the commit a Hub branch points at now). When it fails on the main rank, the others stop with a
+    short line and the main rank's own error is the job's."""
+    if not runtime.is_distributed:
+        return decide()
+    import torch.distributed as dist
+
+    box: list = [None]
+    if runtime.is_main:
+        try:
+            box = [("ok", decide())]
+        except BaseException:
+            box = [("failed", None)]
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status != "ok":
+        raise UsageError(f"{name}: the main rank could not decide it (its error is the job's)")
+    return value
+
+
 def prefetch(cfg, runtime: ParallelRuntime, resuming: bool) -> None:
     """The run's downloads, once per machine (see the module docstring): the dataset when it is not
     cached, and the ImageNet backbone when a fresh policy with camera inputs will load it."""
-    from lerobot_cli.datasets import resolve_dataset_root
     from lerobot_cli.datasets.mixing import run_meta
+    from lerobot_cli.datasets.stream_location import meta_resolver
     from lerobot_cli.policies.backbone_weights import resolve_backbone_weights
     from lerobot_cli.policies.features import FeatureType
     from lerobot_cli.workload import policy_config_for_dataset
 
+    resolve = meta_resolver(cfg.dataset)  # a streamed dataset: its meta/ only
+
     def fetch(one):  # each dataset of a mixture, once per machine
-        return local_main_first(
-            runtime, f"dataset {one.repo_id or one.root}", lambda: resolve_dataset_root(one)
-        )
+        return local_main_first(runtime, f"dataset {one.repo_id or one.root}", lambda: resolve(one))
 
     meta = None
     if not cfg.dataset.is_mixture:
@@ -81,7 +104,7 @@ def prefetch(cfg, runtime: ParallelRuntime, resuming: bool) -> None:
     spec = cfg.policy.backbone_weights()
     if not spec or resuming or cfg.policy.pretrained_path:
         return  # the weights come from a checkpoint: the backbone's initialisation is not read
-    meta = meta or run_meta(cfg.dataset, resolve_dataset_root)
+    meta = meta or run_meta(cfg.dataset, resolve)
     features = policy_config_for_dataset(cfg.policy, meta.features).input_features
     if any(f.type is FeatureType.VISUAL for f in features.values()):
         local_main_first(runtime, "backbone", lambda: resolve_backbone_weights(spec))

@@ -7,11 +7,13 @@ ends it with 1; anything else is reported with the failing rank by ``parallel_se
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import torch
 from lerobot_ckpt import CheckpointError, CheckpointPaths, CheckpointSaveError, ModelMismatchError
 from lerobot_parallel import ParallelismError
@@ -33,8 +35,9 @@ from lerobot_cli.config import TrainConfig
 from lerobot_cli.data_source import make_data_sources
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.mixture import MixtureDataset
+from lerobot_cli.datasets.stream_location import pinned
 from lerobot_cli.datasets.streamed import StreamedDataset
-from lerobot_cli.fetching import prefetch
+from lerobot_cli.fetching import decided_on_main, prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
 from lerobot_cli.optim.config import OptimizerConfig
@@ -171,6 +174,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     """Train on this rank; returns the finished loop (its ``model`` is still wrapped and sharded)."""
     cfg, resume = plan.cfg, plan.resume
     run_info(cfg, runtime)  # checkpoint format vs the resolved topology: refuse before any work
+    # a Hub dataset streamed at a branch: its commit now, on every rank, saved with the run
+    revision = functools.partial(decided_on_main, runtime, "the streamed dataset's revision")
+    cfg = attrs.evolve(cfg, dataset=pinned(cfg.dataset, revision))
     set_seed(cfg.seed)
     processors_from = CheckpointPaths(resume.checkpoint).pretrained_model if resume else None
     prefetch(cfg, runtime, resuming=resume is not None)  # downloads once per machine, before every rank reads

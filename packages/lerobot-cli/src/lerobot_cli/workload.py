@@ -29,7 +29,6 @@ from lerobot_cli.datasets import (
     LeRobotDataset,
     dataset_to_policy_features,
     make_dataset,
-    resolve_dataset_root,
     resolve_delta_timestamps,
 )
 from lerobot_cli.datasets.imagenet import with_imagenet_stats
@@ -37,6 +36,7 @@ from lerobot_cli.datasets.layout import STATS_PATH
 from lerobot_cli.datasets.mixing import MixtureMeta, run_meta
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
+from lerobot_cli.datasets.stream_location import meta_resolver, remote_dataset
 from lerobot_cli.datasets.streamed import StreamedDataset
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
@@ -157,12 +157,15 @@ def _streamed(cfg: TrainConfig, meta, policy_cfg: PolicyConfig) -> StreamedDatas
                 source.episodes,
                 _part_delta(meta, part, source, policy_cfg),
                 return_uint8=True,
+                files=remote_dataset(cfg.dataset.source_config(source)),
             )
             for part, source in zip(meta.parts, meta.sources, strict=True)
         ]
         return StreamedDataset(parts, meta.sources, drop_last=drop)
     delta = _delta(meta.features, meta.fps, policy_cfg)
-    reader = EpisodeReader(meta.root, cfg.dataset.episodes, delta, return_uint8=True)
+    reader = EpisodeReader(
+        meta.root, cfg.dataset.episodes, delta, return_uint8=True, files=remote_dataset(cfg.dataset)
+    )
     return StreamedDataset([reader], drop_last=drop)
 
 
@@ -257,7 +260,7 @@ def build_workload(
 ) -> Workload:
     """``processors_from``: a ``pretrained_model/`` whose processors to use (a resumed checkpoint);
     ``resuming``: its weights will be loaded over the policy (see ``build_policy_for``)."""
-    meta = run_meta(cfg.dataset, resolve_dataset_root)
+    meta = run_meta(cfg.dataset, meta_resolver(cfg.dataset))
     root = meta.root
     reference, source = (
         cfg.policy,

@@ -608,7 +608,8 @@ class StreamingDataSource:
             handed_out = 0
             notes.append(
                 f"the stream's {old_readers} readers continue as {self.readers} "
-                f"({self.dp_world_size} ranks x {self.workers} workers): the current epoch's remaining "
+                f"({_count(self.dp_world_size, 'rank')} x {_count(self.workers, 'worker')}): the current "
+                "epoch's remaining "
                 "frames are dealt to them, so each is still seen once, but grouped into other batches "
                 "than in an uninterrupted run"
             )
@@ -624,6 +625,10 @@ class StreamingDataSource:
 
     def close(self) -> None:
         shutdown_loader(self.loader)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _reader_key(key: object, count: int, what: str = "reader") -> int:

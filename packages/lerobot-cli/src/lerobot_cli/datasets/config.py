@@ -213,7 +213,13 @@ class DatasetConfig:
     def source_config(self, source: DatasetSource) -> DatasetConfig:
         """The one-dataset config of a mixture's ``source`` (where its files are, which episodes)."""
         return DatasetConfig(
-            repo_id=source.repo_id, root=source.root, episodes=source.episodes, revision=self.revision
+            repo_id=source.repo_id,
+            root=source.root,
+            episodes=source.episodes,
+            revision=self.revision,
+            streaming=self.streaming,
+            streaming_buffer_size=self.streaming_buffer_size,
+            streaming_cache_mb=self.streaming_cache_mb,
         )
 
     @property

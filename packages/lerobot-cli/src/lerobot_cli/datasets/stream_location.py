@@ -1,0 +1,79 @@
+"""Where ``--dataset.streaming=true`` reads a dataset: in place on disk, or remotely by range.
+
+* ``--dataset.root`` a directory (or a repo id already in the LeRobot cache): read there, in place.
+* ``--dataset.root`` a URL (``hf://datasets/org/name``, ``s3://…``, ``http://…``, any fsspec URL), or a repo
+  id that is not cached: read through :class:`~lerobot_cli.datasets.remote.RemoteDataset`, the Hub's at
+  ``--dataset.revision`` (default ``main``) resolved once to its commit. Only ``meta/`` is downloaded
+  (under ``$HF_LEROBOT_HOME/streaming/``); data and video files are read by range into a bounded cache.
+
+One ``RemoteDataset`` per (url, revision) per process: the metadata and the episode readers share it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attrs
+
+from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.datasets.hub import lerobot_home, local_dataset_root, resolve_dataset_root
+
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_opened: dict[tuple[str, str | None, int], object] = {}
+
+
+def is_url(root: str) -> bool:
+    return "://" in root
+
+
+def remote_url(cfg: DatasetConfig) -> str | None:
+    """The URL a streamed (one-dataset) ``cfg`` is read from; None: a local directory."""
+    if cfg.root is not None:
+        return cfg.root if is_url(cfg.root) else None
+    if local_dataset_root(cfg) is not None:
+        return None  # LeRobot downloaded it already: read it there
+    return f"hf://datasets/{cfg.repo_id}" if cfg.repo_id else None
+
+
+def remote_dataset(cfg: DatasetConfig):
+    """The ``RemoteDataset`` of a streamed one-dataset ``cfg`` (shared per process); None when local."""
+    url = remote_url(cfg)
+    if url is None:
+        return None
+    key = (url, cfg.revision, cfg.streaming_cache_mb)
+    if key not in _opened:
+        from lerobot_cli.datasets.remote import RemoteDataset
+
+        _opened[key] = RemoteDataset(
+            url,
+            revision=cfg.revision if url.startswith("hf://") else None,
+            cache_dir=lerobot_home() / "streaming",
+            cache_bytes=cfg.streaming_cache_mb << 20,
+        )
+    return _opened[key]
+
+
+def stream_meta_root(cfg: DatasetConfig) -> Path:
+    """The directory whose ``meta/`` describes the streamed dataset (the dataset's own, or the local copy
+    of a remote one's)."""
+    remote = remote_dataset(cfg)
+    return remote.meta_root if remote is not None else resolve_dataset_root(cfg)
+
+
+def meta_resolver(cfg: DatasetConfig):
+    """How ``run_meta`` finds each dataset of ``cfg``: downloaded as a whole, or streamed."""
+    return stream_meta_root if cfg.streaming else resolve_dataset_root
+
+
+def pinned(cfg: DatasetConfig, resolve_on_main) -> DatasetConfig:
+    """``cfg`` with a Hub dataset's revision resolved to its commit, the same on every rank (streamed
+    from the Hub, one dataset): ``resolve_on_main(fn)`` runs ``fn`` on the main rank and gives every
+    rank its result. The commit is saved with the run, so a resume reads the same data."""
+    if not cfg.streaming or cfg.is_mixture:
+        return cfg
+    url = remote_url(cfg)
+    if url is None or not url.startswith("hf://") or (cfg.revision and _SHA.match(cfg.revision)):
+        return cfg
+    sha = resolve_on_main(lambda: remote_dataset(cfg).revision)
+    return attrs.evolve(cfg, revision=sha)
