@@ -4,7 +4,8 @@ Why: a loader's memory per DataLoader worker should not grow with the number or 
 proving it needs a dataset with many more frames than a real-resolution benchmark can afford to encode.
 The copy repeats every episode ``--times`` times: its rows in one ``data/`` parquet file (renumbered
 ``index`` and ``episode_index``), its ``meta/episodes`` row (renumbered, pointing at the same video span),
-and hard links to the source's video files (no bytes copied; the same filesystem is needed). Every other
+and hard links to the source's video files (no bytes copied; the same filesystem is needed). The data
+file has one row group per episode, as LeRobot 0.6.1 writes it. Every other
 ``meta/`` file is copied, with ``total_episodes``/``total_frames``/``splits`` updated in ``info.json``.
 Both this project's ``LeRobotDataset`` and LeRobot 0.6.1's read the result::
 
@@ -16,6 +17,7 @@ Needs only numpy and pyarrow (either this workspace's interpreter or LeRobot's).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -44,6 +46,17 @@ def _replace(table: pa.Table, name: str, values: np.ndarray) -> pa.Table:
     )
 
 
+def _write_per_episode(data: pa.Table, path: Path) -> None:
+    """One row group per episode, as LeRobot 0.6.1 writes data files (a streaming reader then reads an
+    episode's rows and no other)."""
+    data = data.sort_by("index")
+    episode = data["episode_index"].to_numpy()
+    cuts = [0, *(np.flatnonzero(np.diff(episode)) + 1).tolist(), data.num_rows]
+    with pq.ParquetWriter(path, data.schema) as writer:
+        for a, b in itertools.pairwise(cuts):
+            writer.write_table(data.slice(a, b - a))
+
+
 def repeat(src: Path, dst: Path, times: int) -> dict:
     info = json.loads((src / "meta/info.json").read_text())
     episodes = pq.read_table(src / "meta/episodes")
@@ -69,7 +82,7 @@ def repeat(src: Path, dst: Path, times: int) -> dict:
         raise SystemExit(f"{dst} exists; remove it or pick another --dst")
     (dst / DATA).parent.mkdir(parents=True)
     (dst / EPISODES).parent.mkdir(parents=True)
-    pq.write_table(data, dst / DATA)
+    _write_per_episode(data, dst / DATA)
     pq.write_table(episodes, dst / EPISODES)
     for path in (src / "meta").iterdir():
         if path.is_file() and path.name != "info.json":

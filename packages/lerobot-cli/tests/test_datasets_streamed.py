@@ -121,3 +121,28 @@ def test_flags_that_cannot_stream_are_refused(flags, message):
     base = {"repo_id": "a/b", "streaming": True}
     with pytest.raises(ValueError, match=message):
         DatasetConfig(**{**base, **flags})
+
+
+def test_a_data_file_in_one_row_group_is_read_whole_with_one_warning(tmp_path, caplog):
+    import pyarrow.parquet as pq
+
+    features = {"observation.state": {"dtype": "float32", "shape": [2], "names": None}}
+    episodes = (
+        EpisodeData(task="t", frames={"observation.state": np.zeros((400, 2), np.float32)}) for _ in range(5)
+    )
+    root = write_dataset(tmp_path / "one_group", 10, features, episodes)
+    (data,) = sorted((root / "data").rglob("*.parquet"))
+    pq.write_table(pq.read_table(data), data)  # rewritten as older writers did: one row group per file
+    reader = EpisodeReader(root)
+    with caplog.at_level("WARNING"):
+        reader.read(0, [0])
+        reader.read(1, [0])
+    warnings = [r.getMessage() for r in caplog.records if "row group" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "keeps 2000 frames in the row group(s) of an episode of 400" in warnings[0]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        StreamedDataset([EpisodeReader(_write(tmp_path / "per_episode", "cam", [300, 400, 500], 0))])
+        reader = EpisodeReader(tmp_path / "per_episode")
+        reader.read(2, [0])
+    assert not [r for r in caplog.records if "row group" in r.getMessage()]

@@ -15,6 +15,8 @@ only those ranges (two ints per row group) are kept per file.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +40,9 @@ from lerobot_cli.datasets.dataset import (
 from lerobot_cli.datasets.errors import DatasetError
 from lerobot_cli.datasets.metadata import DatasetMeta, MetaView, _is_file, load_meta, visual_chw
 from lerobot_cli.datasets.tabular import check_columns, episode_rows, numeric_features, only_episodes
+
+log = logging.getLogger(__name__)
+WIDE_ROW_GROUP = 4  # a row group this many times an episode's length or more: read mostly for nothing
 
 
 @define(frozen=True, eq=False)
@@ -76,6 +81,13 @@ class FileRef:
 
 
 DataFile = Path | FileRef
+
+
+def _first_reader() -> bool:
+    """Whether this process is the job's first reader (rank 0, its first worker or no worker): a
+    warning about the data is said once, not by every reader."""
+    info = torch.utils.data.get_worker_info()
+    return os.environ.get("RANK", "0") == "0" and (info is None or info.id == 0)
 
 
 def _parquet_error(path: DataFile, err: Exception) -> DatasetError:
@@ -181,6 +193,7 @@ class EpisodeReader(MetaView):
         self._wanted = list(self._numeric) + self.meta.image_keys
         self._files: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per data file: index ranges
         self._videos_checked: set[str] = set()
+        self._wide_warned: set[str] = set()
         self._cache: OrderedDict[int, _Episode] = OrderedDict()
 
     @property
@@ -262,7 +275,20 @@ class EpisodeReader(MetaView):
         if str(path) not in self._files:
             self._files[str(path)] = _index_ranges(path, self._wanted)
         lows, highs = self._files[str(path)]
-        return np.flatnonzero((lows < end) & (highs >= first)).tolist()
+        groups = np.flatnonzero((lows < end) & (highs >= first)).tolist()
+        rows = int(sum(highs[g] - lows[g] + 1 for g in groups))
+        wide = rows >= WIDE_ROW_GROUP * (end - first) and rows > 1000
+        if wide and str(path) not in self._wide_warned and _first_reader():
+            self._wide_warned.add(str(path))
+            log.warning(
+                "%s keeps %d frames in the row group(s) of an episode of %d: each episode read from it "
+                "reads them all. LeRobot 0.6 writes one row group per episode; a dataset rewritten that "
+                "way streams without the waste",
+                path,
+                rows,
+                end - first,
+            )
+        return groups
 
     def _load(self, pos: int) -> _Episode:
         path = self._file(self.meta.data_file(pos))
