@@ -3,6 +3,12 @@ the flags that cannot go with streaming refused in one line."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -146,3 +152,80 @@ def test_a_data_file_in_one_row_group_is_read_whole_with_one_warning(tmp_path, c
         reader = EpisodeReader(tmp_path / "per_episode")
         reader.read(2, [0])
     assert not [r for r in caplog.records if "row group" in r.getMessage()]
+
+
+_STREAM_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    import torch
+    from lerobot_cli.datasets.episode_reader import EpisodeReader
+    from lerobot_cli.datasets.streamed import StreamedDataset
+    from lerobot_trainloop.streaming import StreamingDataSource
+
+    def children():
+        me = os.getpid()
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    stat = Path(f"/proc/{name}/stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                    yield int(name)
+
+    def hwm_kib(pid):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+
+    dataset = StreamedDataset([EpisodeReader(sys.argv[1], delta_timestamps={"action": [0.0, 0.1]})])
+    source = StreamingDataSource(
+        dataset.read, dataset.lengths, 16, device=torch.device("cpu"), seed=0, num_workers=1, buffer_size=200
+    )
+    for i, batch in enumerate(source):
+        if i == 60:
+            workers = [hwm_kib(pid) for pid in children()]  # while the worker lives
+            break
+    print(json.dumps({"worker_kib": max(workers), "frames": dataset.num_samples}))
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM from /proc (Linux)")
+def test_a_streaming_workers_memory_does_not_grow_with_the_dataset(tmp_path):
+    """The same episodes 8 times over (tools/bench/repeat_dataset.py: 25,000 -> 200,000 frames of 64+64
+    floats, about 100 MiB of columns): a streaming worker's peak memory stays where it was, since it
+    holds the row groups of the episodes it reads, not the dataset."""
+    features = {
+        "observation.state": {"dtype": "float32", "shape": [64], "names": None},
+        "action": {"dtype": "float32", "shape": [64], "names": None},
+    }
+    rng = np.random.default_rng(0)
+    episodes = (
+        EpisodeData(task="t", frames={k: rng.normal(size=(1000, 64)).astype(np.float32) for k in features})
+        for _ in range(25)
+    )
+    one = write_dataset(tmp_path / "x1", 30, features, episodes)
+    repeat = Path(__file__).resolve().parents[3] / "tools" / "bench" / "repeat_dataset.py"
+    eight = tmp_path / "x8"
+    subprocess.run(
+        [sys.executable, str(repeat), "--src", str(one), "--dst", str(eight), "--times", "8"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    peaks = {}
+    for root in (one, eight):
+        proc = subprocess.run(
+            [sys.executable, "-c", _STREAM_CHILD, str(root)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        peaks[out["frames"]] = out["worker_kib"]
+    assert sorted(peaks) == [25_000, 200_000]
+    assert peaks[200_000] - peaks[25_000] < 32 * 1024, peaks  # 100 MiB of columns would show
