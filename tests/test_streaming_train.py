@@ -220,6 +220,11 @@ def test_a_streamed_mixture_trains_on_both_datasets(train_runs):
     assert "Dataset: a mixture of 2 (concatenated: each frame once per epoch)" in out
     assert "Streaming: 2 readers (2 ranks x 1 worker)" in out
     assert sorted(_losses(tmp / "mixture")) == [1, 2, 3]
+    records = [json.loads(line) for line in (tmp / "mixture" / "metrics.jsonl").read_text().splitlines()]
+    for record in records:  # every log step: both ranks' samples so far, per dataset (global batch 8)
+        counts = [record[f"samples/{REPO_ID}"], record["samples/org/other"]]
+        assert sum(counts) == 2 * BATCH * record["step"], record
+    assert min(counts) > 0  # both datasets were read
 
 
 def test_dropped_connections_were_retried_without_a_trace(train_runs, hub):

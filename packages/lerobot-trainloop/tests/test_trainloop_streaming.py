@@ -300,3 +300,47 @@ def test_a_batch_reads_each_episode_once_and_keeps_the_emitted_order():
     items = read_pairs(counting_read, pairs)
     assert [(int(i["ep"]), int(i["frame"])) for i in items] == pairs
     assert calls == [(2, [5, 0]), (0, [1, 4]), (4, [3])]
+
+
+GROUPS = [0, 1, 0, 2, 1, 0, 2]  # each episode's dataset in a mixture
+
+
+def _group_truth(batches) -> list[int]:
+    counts = [0, 0, 0]
+    for batch in batches:
+        for ep, _ in batch:
+            counts[GROUPS[ep]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_groups_count_the_handed_out_samples_and_survive_a_resume(num_workers):
+    ranks = [source(r, 2, num_workers, groups=GROUPS) for r in range(2)]
+    first = [take(src, 5) for src in ranks]
+    for src, batches in zip(ranks, first, strict=True):
+        assert src.group_counts == _group_truth(batches)  # prefetched batches not counted
+    merged = merge_states([src.state_dict() for src in ranks])
+    assert set(merged["group_counts"]) == {"0", "1"}
+    again = [source(r, 2, num_workers, groups=GROUPS) for r in range(2)]
+    for src in again:
+        src.load_state_dict(copy.deepcopy(merged))
+    more = [take(src, 4) for src in again]
+    for src, a, b in zip(again, first, more, strict=True):
+        assert src.group_counts == _group_truth(a + b)
+    # another world size: the totals carry on (with rank 0), nothing lost or counted twice
+    one = source(0, 1, 0, groups=GROUPS)
+    one.load_state_dict(copy.deepcopy(merged))
+    assert one.group_counts == [sum(c) for c in zip(*(src.group_counts for src in ranks), strict=True)]
+    for src in ranks + again:
+        src.close()
+
+
+def test_malformed_group_counts_are_refused():
+    src = source(groups=GROUPS)
+    take(src, 2)
+    state = src.state_dict()
+    for bad in ({"0": [1, 2]}, {"0": [1, 2, -1]}, {"5": [0, 0, 0]}, [1, 2, 3]):
+        with pytest.raises(ValueError, match="group_counts|rank id"):
+            source(groups=GROUPS).load_state_dict({**copy.deepcopy(state), "group_counts": bad})
+    with pytest.raises(ValueError, match="one per episode"):
+        source(groups=GROUPS[:-1])

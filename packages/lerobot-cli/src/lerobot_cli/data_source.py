@@ -93,7 +93,9 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
     ``--eval_steps`` and a held-out split, the held-out one. No worker starts before the first
     iteration, so building them early costs nothing."""
     if isinstance(workload.dataset, StreamedDataset):
-        return DataSources(train=_streaming_source(workload, cfg, runtime), held_out=None)
+        train = _streaming_source(workload, cfg, runtime)
+        counts = StreamCounts(workload.dataset.names, train, runtime) if workload.dataset.is_mixture else None
+        return DataSources(train=train, held_out=None, counts=counts)
     rows = training_rows(workload)
     num_samples = len(workload.dataset) if rows is None else len(rows)
     check_batch_fits(cfg.batch_size, runtime.dp_world_size, num_samples, cfg.dataset.episodes)
@@ -173,6 +175,7 @@ def _streaming_source(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> S
         buffer_size=cfg.dataset.streaming_buffer_size,
         prepare=_prepare(workload),
         loader_kwargs=kwargs,
+        groups=[d for d, _ in dataset.episodes] if dataset.is_mixture else None,
     )
 
 
@@ -208,4 +211,24 @@ class MixtureCounts:
             seen = np.asarray(order.indices_at(order.epoch * order.num_samples, order.offset), dtype=np.int64)
             partial = np.bincount(np.searchsorted(self.bounds, seen, side="right"), minlength=len(self.names))
             counts = (order.epoch * self.sizes + partial).tolist()
+        return {f"samples/{name}": int(n) for name, n in zip(self.names, counts, strict=True)}
+
+
+class StreamCounts:
+    """A streamed mixture's samples per dataset so far, over all ranks: each rank counts what it handed
+    out (``StreamingDataSource.group_counts``, kept in the checkpoint), summed across ranks at each log
+    step (a collective: every rank logs at the same steps)."""
+
+    def __init__(self, names: list[str], source: StreamingDataSource, runtime: ParallelRuntime) -> None:
+        self.names, self.source, self.runtime = names, source, runtime
+
+    def __call__(self) -> dict[str, int]:
+        counts = list(self.source.group_counts)
+        if self.runtime.is_distributed:
+            import torch
+            import torch.distributed as dist
+
+            total = torch.tensor(counts, dtype=torch.int64, device=self.runtime.device)
+            dist.all_reduce(total)
+            counts = total.tolist()
         return {f"samples/{name}": int(n) for name, n in zip(self.names, counts, strict=True)}

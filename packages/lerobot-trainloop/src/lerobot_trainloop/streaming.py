@@ -241,6 +241,9 @@ def lengths_digest(lengths: Sequence[int]) -> str:
     return hashlib.sha256(",".join(str(int(n)) for n in lengths).encode()).hexdigest()[:16]
 
 
+_PER_RANK = ("reader_states", "handed_out", "group_counts")  # the entries each rank holds its own part of
+
+
 def merge_states(states: Sequence[Mapping]) -> dict:
     """One state from every rank's ``StreamingDataSource.state_dict()`` (e.g. ``all_gather_object``):
     the reader states and per-rank batch counts united; the rest must agree. Loading it on any rank of
@@ -248,12 +251,14 @@ def merge_states(states: Sequence[Mapping]) -> dict:
     if not states:
         raise ValueError("merge_states needs at least one state")
     merged = dict(states[0])
-    merged["reader_states"], merged["handed_out"] = {}, {}
+    per_rank = [k for k in _PER_RANK if k in merged]
+    for key in per_rank:
+        merged[key] = {}
     for state in states:
         for key, value in state.items():
-            if key not in ("reader_states", "handed_out") and merged.get(key) != value:
+            if key not in per_rank and merged.get(key) != value:
                 raise ValueError(f"the ranks' streaming states disagree on {key!r}: they are not of one run")
-        for key in ("reader_states", "handed_out"):
+        for key in per_rank:
             part = state.get(key)
             if not isinstance(part, Mapping):
                 raise ValueError(f"a streaming state's {key} must be a mapping")  # noqa: TRY004 (a malformed checkpoint: ValueError like any)
@@ -345,6 +350,7 @@ class _ReaderStreams(IterableDataset):
         self.seed, self.shuffle, self.buffer_size = source.seed, source.shuffle, source.buffer_size
         self.starts = dict(source.reader_states)
         self.rotation = source.handed_out % source.workers
+        self.groups, self.num_groups = source.groups, source.num_groups
 
     def __iter__(self):
         info = get_worker_info()
@@ -361,7 +367,12 @@ class _ReaderStreams(IterableDataset):
         )
         while True:
             pairs = stream.take(self.batch_size)
-            yield self.collate(read_pairs(self.read, pairs)), reader, stream.state_dict()
+            counts = None
+            if self.groups is not None:
+                counts = [0] * self.num_groups
+                for ep, _ in pairs:
+                    counts[self.groups[ep]] += 1
+            yield self.collate(read_pairs(self.read, pairs)), reader, stream.state_dict(), counts
 
 
 def read_pairs(read: Callable[[int, list[int]], list], pairs: Sequence[tuple[int, int]]) -> list:
@@ -400,7 +411,9 @@ class StreamingDataSource:
     ``num_workers`` DataLoader workers per rank, each one reader (``R = dp_world_size × max(1,
     num_workers)`` readers); ``buffer_size``: the shuffle buffer per reader; ``shuffle=False``: episodes
     in order, no buffer. ``collate_fn`` (default ``default_collate``) runs in the worker; ``prepare`` on
-    the placed batch; ``loader_kwargs``: the other DataLoader arguments (``prefetch_factor``,
+    the placed batch; ``groups``: each episode's group (a mixture's dataset), whose handed-out samples
+    the source counts (:attr:`group_counts`, this rank's, kept in its state); ``loader_kwargs``: the
+    other DataLoader arguments (``prefetch_factor``,
     ``pin_memory``, ``shielded``: a ``ShieldedDataLoader`` by default). Persistent workers are refused:
     a worker's reader restarts from the handed-out position at each ``iter()``.
 
@@ -426,8 +439,16 @@ class StreamingDataSource:
         collate_fn: Callable[[list], Any] | None = None,
         host_keys: frozenset[str] = HOST_KEYS,
         loader_kwargs: Mapping[str, Any] | None = None,
+        groups: Sequence[int] | None = None,
     ) -> None:
         self.lengths = tuple(lengths)
+        self.groups = None if groups is None else tuple(groups)
+        if self.groups is not None and (
+            len(self.groups) != len(self.lengths) or not all(is_integer(g) and g >= 0 for g in self.groups)
+        ):
+            raise ValueError("groups must give every episode a group: whole numbers >= 0, one per episode")
+        self.num_groups = 0 if self.groups is None else max(self.groups, default=-1) + 1
+        self.group_counts = [0] * self.num_groups  # this rank's handed-out samples per group
         for i, n in enumerate(self.lengths):
             require_count(f"lengths[{i}]", n, minimum=1)
         require_count("batch_size", batch_size, minimum=1)
@@ -492,11 +513,13 @@ class StreamingDataSource:
         # The workers are forked by the loader's iterator, after these are set: each reader restarts at
         # the last handed-out batch, and worker 0 runs the reader whose batch comes next.
         self._dataset.reset(self)
-        for batch, reader, state in self.loader:
+        for batch, reader, state, counts in self.loader:
             placed = move_to_device(batch, self.device, self.host_keys)
             prepared = self.prepare(placed) if self.prepare is not None else placed
             self.reader_states[reader] = state  # counted before it is returned, like MapDataSource
             self.handed_out += 1
+            if counts is not None:
+                self.group_counts = [a + b for a, b in zip(self.group_counts, counts, strict=True)]
             yield prepared
 
     def state_dict(self) -> dict:
@@ -516,7 +539,9 @@ class StreamingDataSource:
             "lengths_digest": lengths_digest(self.lengths),
             "handed_out": {str(self.dp_rank): self.handed_out},
             "reader_states": {str(g): s for g, s in sorted(self.reader_states.items())},
-        }
+        } | (
+            {"group_counts": {str(self.dp_rank): list(self.group_counts)}} if self.groups is not None else {}
+        )
 
     def load_state_dict(self, state: dict) -> list[str]:
         """Continue at ``state`` (this rank's own, or ``merge_states`` of all ranks'); returns notes.
@@ -573,6 +598,7 @@ class StreamingDataSource:
         counts = {_reader_key(k, state["dp_world_size"], "rank"): v for k, v in raw_counts.items()}
         if not all(is_integer(v) and v >= 0 for v in counts.values()):
             raise ValueError("invalid streaming state: handed_out counts must be whole numbers >= 0")
+        group_counts = self._saved_group_counts(state)
         notes = []
         if (seed, shuffle, buffer_size) != (self.seed, self.shuffle, self.buffer_size):
             notes.append(
@@ -589,6 +615,7 @@ class StreamingDataSource:
                 )
             new_states = {g: states[g] for g in self._own_readers()}
             handed_out = counts[self.dp_rank]
+            own_counts = group_counts.get(self.dp_rank)
         else:
             if set(states) != set(range(old_readers)):
                 raise ValueError(
@@ -606,6 +633,9 @@ class StreamingDataSource:
             )
             new_states = {g: dealt[g] for g in self._own_readers()}
             handed_out = 0
+            # the counts are totals over ranks: all of them carry on with rank 0, the others' start at 0
+            totals = [sum(c[i] for c in group_counts.values()) for i in range(self.num_groups)]
+            own_counts = totals if self.dp_rank == 0 else None
             notes.append(
                 f"the stream's {old_readers} readers continue as {self.readers} "
                 f"({_count(self.dp_world_size, 'rank')} x {_count(self.workers, 'worker')}): the current "
@@ -621,7 +651,26 @@ class StreamingDataSource:
         self.seed, self.shuffle, self.buffer_size = seed, shuffle, buffer_size
         self.reader_states = new_states
         self.handed_out = handed_out
+        self.group_counts = list(own_counts) if own_counts is not None else [0] * self.num_groups
         return notes
+
+    def _saved_group_counts(self, state: Mapping) -> dict[int, list[int]]:
+        """The saved per-rank group counts (none saved, or no groups now: empty), validated."""
+        raw = state.get("group_counts")
+        if raw is None or self.groups is None:
+            return {}
+        if not isinstance(raw, Mapping):
+            raise ValueError("invalid streaming state: group_counts must be a mapping")  # noqa: TRY004 (a malformed checkpoint: ValueError like any)
+        out = {}
+        for key, value in raw.items():
+            rank = _reader_key(key, state["dp_world_size"], "rank")
+            if not _is_int_list(value, self.num_groups) or any(v < 0 for v in value):
+                raise ValueError(
+                    f"invalid streaming state: group_counts of rank {rank} must be {self.num_groups} whole "
+                    "numbers >= 0"
+                )
+            out[rank] = [int(v) for v in value]
+        return out
 
     def close(self) -> None:
         shutdown_loader(self.loader)
