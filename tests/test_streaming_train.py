@@ -28,6 +28,10 @@ REPO_ID = "org/streamed"
 _spec = importlib.util.spec_from_file_location("hub_server", HERE.parent / "tools" / "hub_server.py")
 hub_server = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hub_server)
+_spec = importlib.util.spec_from_file_location("policy_plugin_test", HERE / "test_policy_plugin.py")
+policy_plugin = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(policy_plugin)  # plugin_env: the tiny_resmlp test policy, which records indices
+RUN_SEED = 1000  # lerobot-train's default --seed
 SHAPE = [8, 12, 3]
 LENGTHS = [13, 7, 22, 9, 17, 11, 5, 19, 8, 14]
 BATCH, WORKERS, SEED, BUFFER = 4, 2, 7, 16  # as in streaming_epoch.py
@@ -140,8 +144,8 @@ def test_a_resume_on_another_world_size_reads_the_rest_of_the_epoch_once(epoch_j
 
 @pytest.fixture(scope="module")
 def train_runs(launch, hub, dataset_root, tmp_path_factory):
-    _, _, env = hub
     tmp = tmp_path_factory.mktemp("train")
+    env = {**hub[2], **policy_plugin.plugin_env(tmp / "site")}
     other = write(tmp / "other", camera="observation.images.front", lengths=[6, 9, 12, 7], base=100)
     base = [
         f"--dataset.repo_id={REPO_ID}",  # not in the LeRobot cache: streamed from the (loopback) Hub
@@ -175,6 +179,19 @@ def train_runs(launch, hub, dataset_root, tmp_path_factory):
         "--log_freq=1",
         "--save_checkpoint=false",
     ]
+    # every training sample's index, per rank, under DDP and FSDP2: one epoch of every reader and a bit
+    share = max(sum(b - a for _, a, b in natural_share(LENGTHS, RUN_SEED, 0, g, 4, True)) for g in range(4))
+    epoch_steps = WORKERS * (math.ceil(share / BATCH) + 1)
+    for layout, flags in (("ddp", []), ("fsdp", ["--parallelism.dp_shard=-1"])):
+        (tmp / f"{layout}_indices").mkdir()
+        runs[f"{layout}_record"] = [
+            *[f for f in base if not f.startswith("--policy.")],
+            *flags,
+            "--policy.type=tiny_resmlp",
+            f"--policy.record_dir={tmp / f'{layout}_indices'}",
+            f"--steps={epoch_steps}",
+            "--save_checkpoint=false",
+        ]
     items = [f if "--resume=true" in f else [*f, f"--output_dir={tmp / name}"] for name, f in runs.items()]
     outs = dict(zip(runs, launch.lerobot_train_runs(*items, nproc=2, env=env), strict=True))
     # the DDP run's step-3 checkpoint continued by one process: 4 readers become 1
@@ -212,6 +229,24 @@ def test_another_world_size_continues_the_stream_with_a_warning(train_runs):
     text = outs["single"].stdout + outs["single"].stderr
     assert "the stream's 4 readers continue as 2 (1 rank x 2 workers)" in text
     assert max(_losses(tmp / "single")) == 6
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_lerobot_train_reads_every_frame_once_per_epoch(train_runs, layout):
+    """The indices the policy got on each rank: batch k of rank r came from reader 2r + k % 2 (its two
+    workers in turn), and each reader's first epoch is its share's size: together, every frame once."""
+    tmp, _ = train_runs
+    readers: dict[int, list[int]] = {}
+    for rank in range(2):
+        lines = (tmp / f"{layout}_indices" / f"rank{rank}.jsonl").read_text().splitlines()
+        for k, line in enumerate(lines):
+            readers.setdefault(2 * rank + k % 2, []).extend(json.loads(line))
+    epoch0 = []
+    for g, seen in readers.items():
+        size = sum(b - a for _, a, b in natural_share(LENGTHS, RUN_SEED, 0, g, 4, True))
+        assert len(seen) >= size
+        epoch0 += seen[:size]
+    assert sorted(epoch0) == list(range(sum(LENGTHS)))
 
 
 def test_a_streamed_mixture_trains_on_both_datasets(train_runs):

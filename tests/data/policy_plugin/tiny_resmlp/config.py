@@ -21,6 +21,9 @@ class TinyResMLPConfig(PolicyConfig):
 
     width: int = 16
     depth: int = 3
+    # tests only: a directory where each rank appends the ``index`` of every training sample it gets
+    # (tests/test_streaming_train.py checks which frames an epoch read)
+    record_dir: str | None = None
 
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.0)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,6 +38,10 @@ class TinyResMLPPolicy(nn.Module):
         return self.out(x)
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        if self.config.record_dir and self.training:
+            rank = os.environ.get("RANK", "0")
+            with open(os.path.join(self.config.record_dir, f"rank{rank}.jsonl"), "a") as f:
+                f.write(json.dumps(batch["index"].tolist()) + "\n")
         target = batch["action"]
         loss = F.mse_loss(self._predict(batch), target[:, 0] if target.dim() == 3 else target)
         return loss, {"mse_loss": loss.detach()}
