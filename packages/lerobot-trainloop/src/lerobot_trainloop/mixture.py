@@ -39,6 +39,7 @@ import numbers
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from lerobot_parallel.validators import is_integer, require_count
 from torch.utils.data import Sampler
@@ -115,13 +116,15 @@ class MixtureBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.max_batches = max_batches
         self._position = 0  # consumed stream position, in samples
-        self._counts = torch.zeros(len(sizes), dtype=torch.int64)  # draws per source before it
+        self._counts = np.zeros(len(sizes), dtype=np.int64)  # draws per source before it
         self._reset_caches()
 
     def _reset_caches(self) -> None:
         self._boundaries = torch.tensor(self.weights, dtype=torch.float64).cumsum(0)[:-1]
-        self._blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self._perms: list[dict[int, torch.Tensor]] = [{} for _ in self.sizes]
+        # numpy from here on: the draws and permutations come from torch generators, but indexing a few
+        # samples a step with torch ops costs ~10x more (per-op overhead) than with numpy
+        self._blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._perms: list[dict[int, np.ndarray]] = [{} for _ in self.sizes]
 
     @property
     def num_sources(self) -> int:
@@ -148,7 +151,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
 
     # -- the stream ----------------------------------------------------------------------------------
 
-    def _block(self, block: int) -> torch.Tensor:
+    def _block(self, block: int) -> np.ndarray:
         draws = self._blocks.get(block)
         if draws is None:
             if len(self._blocks) >= 4:  # the iterator's block, consume's, and their successors
@@ -157,13 +160,16 @@ class MixtureBatchSampler(Sampler[list[int]]):
             u = torch.rand(BLOCK, generator=g, dtype=torch.float64)
             # The source is the number of cumulative-weight boundaries at or below u (searchsorted's answer,
             # without its per-call cost on small inputs).
-            draws = self._blocks[block] = (u.unsqueeze(1) >= self._boundaries).sum(1)
+            draws = self._blocks[block] = (u.unsqueeze(1) >= self._boundaries).sum(1).numpy()
         else:
             self._blocks.move_to_end(block)
         return draws
 
     def sources_at(self, position: int, count: int) -> torch.Tensor:
         """The source drawn at each stream position in ``[position, position + count)``."""
+        return torch.from_numpy(self._sources(position, count).copy())
+
+    def _sources(self, position: int, count: int) -> np.ndarray:
         parts = []
         while count > 0:
             block, off = divmod(position, BLOCK)
@@ -171,28 +177,28 @@ class MixtureBatchSampler(Sampler[list[int]]):
             parts.append(self._block(block)[off : off + take])
             position += take
             count -= take
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
-    def _count(self, position: int, count: int) -> torch.Tensor:
-        total = torch.zeros(self.num_sources, dtype=torch.int64)
+    def _count(self, position: int, count: int) -> np.ndarray:
+        total = np.zeros(self.num_sources, dtype=np.int64)
         while count > 0:  # block by block: a long skip never materialises its whole range
             take = min(count, BLOCK - position % BLOCK)
-            total += torch.bincount(self.sources_at(position, take), minlength=self.num_sources)
+            total += np.bincount(self._sources(position, take), minlength=self.num_sources)
             position += take
             count -= take
         return total
 
-    def _perm(self, source: int, epoch: int) -> torch.Tensor:
+    def _perm(self, source: int, epoch: int) -> np.ndarray:
         perms = self._perms[source]
         perm = perms.get(epoch)
         if perm is None:
             if len(perms) >= 2:  # at most two epochs of a source are live at its boundary
                 perms.pop(min(perms))
             g = torch.Generator().manual_seed(mixed_seed(_PERMS_TAG, self.seed, source, epoch))
-            perm = perms[epoch] = torch.randperm(self.sizes[source], generator=g)
+            perm = perms[epoch] = torch.randperm(self.sizes[source], generator=g).numpy()
         return perm
 
-    def _elements(self, source: int, draws: torch.Tensor) -> torch.Tensor:
+    def _elements(self, source: int, draws: np.ndarray) -> np.ndarray:
         """Source-local samples of the draws numbered ``draws`` (ascending) from ``source``."""
         size = self.sizes[source]
         if not self.shuffle:
@@ -201,31 +207,31 @@ class MixtureBatchSampler(Sampler[list[int]]):
         first, last = int(draws[0]) // size, int(draws[-1]) // size
         if first == last:
             return self._perm(source, first)[draws - first * size]
-        out = torch.empty_like(draws)
+        out = np.empty_like(draws)
         for epoch in range(first, last + 1):
             sel = epochs == epoch
             out[sel] = self._perm(source, epoch)[draws[sel] - epoch * size]
         return out
 
-    def _indices(self, sources: torch.Tensor, counts: torch.Tensor) -> list[int]:
+    def _indices(self, sources: np.ndarray, counts: np.ndarray) -> list[int]:
         """Concatenation-space indices for the draws ``sources``, given the per-source ``counts`` before."""
-        out = torch.empty_like(sources)
-        for d in torch.unique(sources).tolist():
+        out = np.empty_like(sources)
+        for d in np.unique(sources).tolist():
             sel = sources == d
             n = int(counts[d])
-            draws = torch.arange(n, n + int(sel.sum()))
+            draws = np.arange(n, n + int(sel.sum()), dtype=np.int64)
             out[sel] = self._elements(d, draws) + self.offsets[d]
         return out.tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        position, counts, k = self._position, self._counts.clone(), 0
+        position, counts, k = self._position, self._counts.copy(), 0
         lo, hi = self.dp_rank * self.batch_size, (self.dp_rank + 1) * self.batch_size
         while self.max_batches is None or k < self.max_batches:
-            sources = self.sources_at(position, self.global_batch_size)
+            sources = self._sources(position, self.global_batch_size)
             # The other ranks' draws before this rank's slice move the counts too.
-            before = counts + torch.bincount(sources[:lo], minlength=self.num_sources)
+            before = counts + np.bincount(sources[:lo], minlength=self.num_sources)
             yield self._indices(sources[lo:hi], before)
-            counts += torch.bincount(sources, minlength=self.num_sources)
+            counts += np.bincount(sources, minlength=self.num_sources)
             position += self.global_batch_size
             k += 1
 
@@ -318,7 +324,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
             )
         notes += regrouping_notes(state, self.batch_size, self.dp_world_size, "position")
         self._position = position
-        self._counts = torch.tensor(list(counts), dtype=torch.int64)
+        self._counts = np.array(list(counts), dtype=np.int64)
         self._reset_caches()
         return notes
 
