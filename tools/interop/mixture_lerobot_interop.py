@@ -1,28 +1,44 @@
-r"""Check that a mixture's normalisation statistics are LeRobot's ``aggregate_stats`` of its datasets'.
+r"""Check a mixture of three datasets written by LeRobot 0.6.1 itself: our statistics are LeRobot's
+``aggregate_stats`` of theirs, and our ``lerobot-train`` trains on it under FSDP2 x2 with the weighted
+proportions and a bitwise resume.
 
-1. ours     (our env) writes three small datasets with our writer (one names its camera
-            ``observation.images.front`` where the others say ``observation.images.top``; one runs at 20 fps,
-            the others at 10), builds ``MixtureMeta`` with the rename and saves its ``stats`` (every
-            feature, every statistic, quantiles included) to ``ours.npz``.
-2. lerobot  (LeRobot env) reads each dataset's ``meta/stats.json`` with LeRobot's ``load_stats``,
-            applies the same rename, runs ``lerobot.datasets.compute_stats.aggregate_stats`` on the three
-            and saves the result to ``lerobot.npz``.
-3. compare  every feature and statistic of both: the same keys, shapes and values (``max |a - b|`` printed;
-            anything above 1e-12 relative fails: both are count-weighted float64 sums).
+1. write     (LeRobot env) writes three small datasets with LeRobot's own writer
+             (``LeRobotDataset.create`` / ``add_frame`` / ``save_episode`` / ``finalize``), H.264 video:
+             ``a`` at 10 fps and ``c`` at 20 fps name their 12x16 camera ``observation.images.top``,
+             ``b`` (10 fps) names it ``observation.images.front``; state 4 floats, action 3 floats,
+             3-4 episodes of 6-16 frames each. (LeRobot's default codec, AV1 via libsvtav1, dies with
+             SIGFPE on a 12x16 frame in this env, so H.264, which LeRobot's writer also offers.)
+2. aggregate (LeRobot env) reads each dataset's ``meta/stats.json`` with LeRobot's ``load_stats``,
+             applies the rename ``observation.images.front -> observation.images.top`` to ``b``, runs
+             ``lerobot.datasets.compute_stats.aggregate_stats`` on the three and saves ``lerobot.npz``.
+3. stats     (our env) builds ``run_meta`` (a ``MixtureMeta``) on the same LeRobot-written roots with the
+             same rename and compares every feature and statistic (quantiles included) with LeRobot's:
+             the same keys, shapes and values (``max |a - b|`` printed; above 1e-12 relative fails: both
+             are count-weighted float64 sums).
+4. train     our ``lerobot-train`` under ``torch.distributed.run --nproc-per-node=2`` with
+             ``--parallelism.dp_shard=-1`` (FSDP2 over 2 CPU ranks), MLP policy, batch 8 per rank,
+             ``--dataset.weights='[0.6,0.3,0.1]'``: a 12-step run, a 6-step run and its resume to 12.
+             Checked: the banner says "Dataset: a mixture of 3 (weighted)"; the resumed run's losses for
+             steps 7-12 equal the uninterrupted run's bitwise; the last record's ``samples/<repo_id>``
+             sum to 16 x 12 and each is within 3 sigma of its weight (sigma = sqrt(n w (1 - w))).
 
     uv run python tools/interop/mixture_lerobot_interop.py \
         --lerobot-python ~/.cache/lerobot-interop/lerobot-0.6.1-py312/bin/python
 
-Exit status 0 means every comparison passed.
+One line per check, PASS or FAIL; exit status 0 means every check passed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,90 +46,229 @@ import numpy as np
 RENAME = {"observation.images.front": "observation.images.top"}
 DATASETS = (  # (name, fps, camera, episode lengths)
     ("a", 10, "observation.images.top", (12, 7, 9)),
-    ("b", 10, "observation.images.front", (5, 11)),
+    ("b", 10, "observation.images.front", (8, 11, 14)),
     ("c", 20, "observation.images.top", (16, 8, 6, 10)),
 )
+WEIGHTS = (0.6, 0.3, 0.1)
+STEPS, HALF, BATCH, NPROC = 12, 6, 8, 2
+VCODEC = "h264"
 
 
-def ours(tmp: Path) -> list[Path]:
-    from lerobot_cli.datasets import load_meta
-    from lerobot_cli.datasets.config import DatasetConfig
-    from lerobot_cli.datasets.mixture import MixtureMeta
-    from lerobot_cli.datasets.writer import EpisodeData, write_dataset
+def repo_ids() -> list[str]:
+    return [f"org/{name}" for name, *_ in DATASETS]
+
+
+def renames() -> list[dict]:
+    return [RENAME if camera in RENAME else {} for _, _, camera, _ in DATASETS]
+
+
+# ---------------------------------------------------------------- LeRobot's side (its own environment)
+
+
+def lerobot_write(tmp: Path) -> list[Path]:
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     roots = []
     for i, (name, fps, camera, lengths) in enumerate(DATASETS):
         rng = np.random.default_rng(i)
         features = {
-            "observation.state": {"dtype": "float32", "shape": [4], "names": None},
-            "action": {"dtype": "float32", "shape": [3], "names": None},
-            camera: {"dtype": "video", "shape": [12, 16, 3], "names": ["height", "width", "channels"]},
+            "observation.state": {"dtype": "float32", "shape": (4,), "names": None},
+            "action": {"dtype": "float32", "shape": (3,), "names": None},
+            camera: {"dtype": "video", "shape": (12, 16, 3), "names": ["height", "width", "channels"]},
         }
-        episodes = (
-            EpisodeData(
-                task=f"task {name}",
-                frames={
-                    "observation.state": rng.normal(i, 1 + i, size=(n, 4)).astype(np.float32),
-                    "action": rng.uniform(-1 - i, 1, size=(n, 3)).astype(np.float32),
-                    camera: rng.integers(0, 256, (n, 12, 16, 3), dtype=np.uint8),
-                },
-            )
-            for n in lengths
+        root = tmp / name
+        ds = LeRobotDataset.create(
+            repo_id=f"org/{name}",
+            fps=fps,
+            features=features,
+            root=root,
+            rgb_encoder=RGBEncoderConfig(vcodec=VCODEC),
         )
-        roots.append(write_dataset(tmp / name, fps, features, episodes))
-    renames = [RENAME if camera in RENAME else {} for _, _, camera, _ in DATASETS]
-    cfg = DatasetConfig(
-        repo_id=json.dumps([f"org/{name}" for name, *_ in DATASETS]),
-        root=json.dumps([str(r) for r in roots]),
-        rename_map=renames,
-    )
-    sources = cfg.sources()
-    meta = MixtureMeta([load_meta(s.root) for s in sources], sources)
-    np.savez(
-        tmp / "ours.npz",
-        **{f"{k}|{s}": np.asarray(v) for k, per in meta.stats.items() for s, v in per.items()},
-    )
+        for n in lengths:
+            for _ in range(n):
+                ds.add_frame(
+                    {
+                        "observation.state": rng.normal(i, 1 + i, size=4).astype(np.float32),
+                        "action": rng.uniform(-1 - i, 1, size=3).astype(np.float32),
+                        camera: rng.integers(0, 256, (12, 16, 3), dtype=np.uint8),
+                        "task": f"task {name}",
+                    }
+                )
+            ds.save_episode()
+        ds.finalize()
+        roots.append(root)
     return roots
 
 
-def lerobot(tmp: Path, roots: list[str]) -> None:
+def lerobot_aggregate(tmp: Path, roots: list[Path]) -> None:
     from lerobot.datasets.compute_stats import aggregate_stats
     from lerobot.datasets.io_utils import load_stats
 
     per = []
-    for root in roots:
-        stats = load_stats(Path(root))
-        per.append({RENAME.get(k, k): v for k, v in stats.items()})
+    for root, rename in zip(roots, renames(), strict=True):
+        stats = load_stats(root)
+        per.append({rename.get(k, k): v for k, v in stats.items()})
     agg = aggregate_stats(per)
     np.savez(tmp / "lerobot.npz", **{f"{k}|{s}": np.asarray(v) for k, d in agg.items() for s, v in d.items()})
 
 
-def compare(tmp: Path) -> bool:
+# ---------------------------------------------------------------- our side
+
+
+def ours(tmp: Path, roots: list[Path]) -> None:
+    from lerobot_cli.datasets.config import DatasetConfig
+    from lerobot_cli.datasets.mixing import MixtureMeta, run_meta
+
+    cfg = DatasetConfig(
+        repo_id=json.dumps(repo_ids()), root=json.dumps([str(r) for r in roots]), rename_map=renames()
+    )
+    meta = run_meta(cfg, lambda c: Path(c.root))
+    assert isinstance(meta, MixtureMeta), type(meta)
+    np.savez(
+        tmp / "ours.npz",
+        **{f"{k}|{s}": np.asarray(v) for k, per in meta.stats.items() for s, v in per.items()},
+    )
+
+
+def compare(tmp: Path) -> tuple[bool, str]:
     with np.load(tmp / "ours.npz") as a, np.load(tmp / "lerobot.npz") as b:
         keys_a, keys_b = set(a.files), set(b.files)
-        ok = True
+        ok, why = True, []
         if keys_a != keys_b:
-            only_a, only_b = sorted(keys_a - keys_b), sorted(keys_b - keys_a)
-            print(f"  MISMATCH keys: only ours {only_a}, only LeRobot {only_b}")
+            why.append(f"only ours {sorted(keys_a - keys_b)}, only LeRobot {sorted(keys_b - keys_a)}")
             ok = False
         worst = 0.0
         for key in sorted(keys_a & keys_b):
             x, y = a[key].astype(np.float64), b[key].astype(np.float64)
             if x.shape != y.shape:
-                print(f"  MISMATCH {key}: shape {x.shape} (ours) vs {y.shape} (LeRobot)")
+                why.append(f"{key}: shape {x.shape} (ours) vs {y.shape} (LeRobot)")
                 ok = False
                 continue
             diff = float(np.max(np.abs(x - y))) if x.size else 0.0
             scale = float(np.max(np.abs(y))) if y.size else 0.0
             worst = max(worst, diff)
             if diff > 1e-12 * max(1.0, scale):
-                print(f"  MISMATCH {key}: max |ours - LeRobot| = {diff:g}")
+                why.append(f"{key}: max |ours - LeRobot| = {diff:g}")
                 ok = False
-        print(
-            f"[stats] mixture of {len(DATASETS)} datasets (a renamed camera, 10 and 20 fps): "
-            f"{len(keys_a & keys_b)} feature statistics, max |ours - LeRobot's aggregate_stats| = {worst:g}"
+        msg = (
+            f"{len(keys_a & keys_b)} feature statistics of 3 LeRobot-written datasets (a renamed camera, "
+            f"10 and 20 fps), max |ours - LeRobot's aggregate_stats| = {worst:g}"
         )
-    return ok
+    return ok, msg + ("" if ok else "; " + "; ".join(why))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(*args: str) -> subprocess.CompletedProcess:
+    """Our ``lerobot-train`` (this environment's) under ``torch.distributed.run`` on ``NPROC`` CPU ranks."""
+    entry = Path(sys.executable).parent / "lerobot-train"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={NPROC}",
+        f"--master-port={free_port()}",
+        str(entry),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env)
+
+
+def records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def losses(recs: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in recs if "loss" in r}
+
+
+def check_training(tmp: Path, roots: list[Path], report) -> None:
+    whole, part = tmp / "whole", tmp / "part"
+    full = train(*_train_args(whole, roots, STEPS))
+    ok = full.returncode == 0
+    report(ok, "train 12 steps", f"rc {full.returncode}" + ("" if ok else "\n" + _tail(full)))
+    if not ok:
+        return
+    banner = "Dataset: a mixture of 3 (weighted)"
+    line = next((x for x in full.stdout.splitlines() if banner in x), None)
+    report(line is not None, "banner", line.strip() if line else f"no {banner!r} in stdout\n{_tail(full)}")
+
+    first = train(*_train_args(part, roots, HALF))
+    config = part / "checkpoints" / f"{HALF:06d}" / "pretrained_model" / "train_config.json"
+    resumed = (
+        train("--resume=true", f"--config_path={config}", f"--steps={STEPS}")
+        if first.returncode == 0
+        else first
+    )
+    ok = resumed.returncode == 0
+    report(
+        ok,
+        "train 6 steps + resume to 12",
+        f"rc {first.returncode}, {resumed.returncode}" + ("" if ok else "\n" + _tail(resumed)),
+    )
+    if not ok:
+        return
+    a, b = losses(records(whole)), losses(records(part))
+    tail_steps = list(range(HALF + 1, STEPS + 1))
+    same = all(s in a and s in b and a[s] == b[s] for s in tail_steps)
+    report(
+        same,
+        "resume bitwise",
+        f"steps {HALF + 1}-{STEPS} losses {[b.get(s) for s in tail_steps]}"
+        + (
+            " equal the uninterrupted run's"
+            if same
+            else f" vs uninterrupted {[a.get(s) for s in tail_steps]}"
+        ),
+    )
+
+    last = records(whole)[-1]
+    counts = [last.get(f"samples/{rid}") for rid in repo_ids()]
+    n = NPROC * BATCH * last.get("step", -1)
+    if any(c is None for c in counts):
+        report(False, "proportions", f"no samples/<repo_id> in the last record: {sorted(last)}")
+        return
+    total_ok = sum(counts) == n == NPROC * BATCH * STEPS
+    parts, within = [], True
+    for rid, c, w in zip(repo_ids(), counts, WEIGHTS, strict=True):
+        sigma = math.sqrt(n * w * (1 - w))
+        z = (c - n * w) / sigma
+        within &= abs(z) <= 3
+        parts.append(f"{rid} {c}/{n} (w {w}, expected {n * w:.1f}, {z:+.2f} sigma)")
+    report(
+        total_ok and within,
+        "proportions",
+        f"step {last.get('step')}: " + ", ".join(parts) + f"; sum {sum(counts)} (16 x step = {n})",
+    )
+
+
+def _train_args(out: Path, roots: list[Path], steps: int) -> tuple[str, ...]:
+    return (
+        f"--dataset.repo_id={json.dumps(repo_ids())}",
+        f"--dataset.root={json.dumps([str(r) for r in roots])}",
+        f"--dataset.rename_map={json.dumps(renames())}",
+        f"--dataset.weights={json.dumps(list(WEIGHTS))}",
+        "--parallelism.dp_shard=-1",
+        "--policy.type=mlp",
+        "--policy.hidden_dim=32",
+        f"--batch_size={BATCH}",
+        "--num_workers=0",
+        "--log_freq=1",
+        f"--save_freq={HALF}",
+        f"--steps={steps}",
+        f"--output_dir={out}",
+    )
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,25 +276,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lerobot-python", type=Path)
     parser.add_argument("--role", choices=("lerobot",))
     parser.add_argument("--tmp", type=Path)
-    parser.add_argument("roots", nargs="*")
     args = parser.parse_args(argv)
     if args.role == "lerobot":
-        lerobot(args.tmp, args.roots)
+        roots = lerobot_write(args.tmp)
+        lerobot_aggregate(args.tmp, roots)
+        print(json.dumps([str(r) for r in roots]))
         return 0
     if args.lerobot_python is None:
         parser.error("--lerobot-python is required")
+    failures = []
+
+    def report(ok: bool, name: str, detail: str) -> None:
+        print(f"[{name}] {'PASS' if ok else 'FAIL'}: {detail}", flush=True)
+        if not ok:
+            failures.append(name)
+
+    begin = time.perf_counter()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        roots = ours(tmp)
-        cmd = [str(args.lerobot_python), __file__, "--role", "lerobot", "--tmp", str(tmp), *map(str, roots)]
+        cmd = [str(args.lerobot_python), __file__, "--role", "lerobot", "--tmp", str(tmp)]
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            print(proc.stderr[-3000:])
-            print("FAIL: LeRobot's side failed")
-            return 1
-        ok = compare(tmp)
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+        ok = proc.returncode == 0
+        frames = [sum(lengths) for *_, lengths in DATASETS]
+        report(
+            ok,
+            "LeRobot writes + aggregates",
+            f"3 datasets with LeRobot's writer ({VCODEC}, frames {frames}, fps "
+            f"{[fps for _, fps, *_ in DATASETS]}), aggregate_stats saved"
+            + ("" if ok else f" (rc {proc.returncode})\n{proc.stderr[-3000:]}"),
+        )
+        if ok:
+            roots = [Path(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+            ours(tmp, roots)
+            same, detail = compare(tmp)
+            report(same, "stats", detail)
+            check_training(tmp, roots, report)
+    print(
+        f"{'PASS' if not failures else 'FAIL: ' + ', '.join(failures)} ({time.perf_counter() - begin:.0f} s)"
+    )
+    return 0 if not failures else 1
 
 
 if __name__ == "__main__":
