@@ -10,17 +10,23 @@ proportions and a bitwise resume.
              SIGFPE on a 12x16 frame in this env, so H.264, which LeRobot's writer also offers.)
 2. aggregate (LeRobot env) reads each dataset's ``meta/stats.json`` with LeRobot's ``load_stats``,
              applies the rename ``observation.images.front -> observation.images.top`` to ``b``, runs
-             ``lerobot.datasets.compute_stats.aggregate_stats`` on the three and saves ``lerobot.npz``.
+             ``lerobot.datasets.compute_stats.aggregate_stats`` on the three and saves ``lerobot.npz``;
+             it also decodes frames 0, 5 and 13 of each camera with its own ``LeRobotDataset`` (pyav).
 3. stats     (our env) builds ``run_meta`` (a ``MixtureMeta``) on the same LeRobot-written roots with the
              same rename and compares every feature and statistic (quantiles included) with LeRobot's:
              the same keys, shapes and values (``max |a - b|`` printed; above 1e-12 relative fails: both
              are count-weighted float64 sums).
+   frames    (our env) reads the same frames through our ``MixtureDataset``: each is
+             ``observation.images.top`` (``b``'s renamed), has its ``dataset_index`` and equals LeRobot's
+             decode exactly.
 4. train     our ``lerobot-train`` under ``torch.distributed.run --nproc-per-node=2`` with
              ``--parallelism.dp_shard=-1`` (FSDP2 over 2 CPU ranks), MLP policy, batch 8 per rank,
              ``--dataset.weights='[0.6,0.3,0.1]'``: a 12-step run, a 6-step run and its resume to 12.
              Checked: the banner says "Dataset: a mixture of 3 (weighted)"; the resumed run's losses for
-             steps 7-12 equal the uninterrupted run's bitwise; the last record's ``samples/<repo_id>``
-             sum to 16 x 12 and each is within 3 sigma of its weight (sigma = sqrt(n w (1 - w))).
+             steps 7-12 equal the uninterrupted run's bitwise (and it says it resumed at step 6 and
+             logs each of steps 1-12 once, so a silent restart cannot pass); the last record's
+             ``samples/<repo_id>`` sum to 16 x 12 and each is within 3 sigma of its weight
+             (sigma = sqrt(n w (1 - w))).
 
     uv run python tools/interop/mixture_lerobot_interop.py \
         --lerobot-python ~/.cache/lerobot-interop/lerobot-0.6.1-py312/bin/python
@@ -34,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,6 +59,7 @@ DATASETS = (  # (name, fps, camera, episode lengths)
 WEIGHTS = (0.6, 0.3, 0.1)
 STEPS, HALF, BATCH, NPROC = 12, 6, 8, 2
 VCODEC = "h264"
+FRAMES = (0, 5, 13)  # per dataset: frames decoded by both readers (first, mid-episode, second episode)
 
 
 def repo_ids() -> list[str]:
@@ -99,6 +107,18 @@ def lerobot_write(tmp: Path) -> list[Path]:
         ds.finalize()
         roots.append(root)
     return roots
+
+
+def lerobot_frames(tmp: Path, roots: list[Path]) -> None:
+    """Frames ``FRAMES`` of each dataset's camera as LeRobot's own reader decodes them (float CHW)."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    out = {}
+    for (name, _, camera, _), root in zip(DATASETS, roots, strict=True):
+        ds = LeRobotDataset(f"org/{name}", root=root, video_backend="pyav")
+        for i in FRAMES:
+            out[f"{name}|{i}"] = ds[i][camera].numpy()
+    np.savez(tmp / "lerobot_frames.npz", **out)
 
 
 def lerobot_aggregate(tmp: Path, roots: list[Path]) -> None:
@@ -158,6 +178,41 @@ def compare(tmp: Path) -> tuple[bool, str]:
     return ok, msg + ("" if ok else "; " + "; ".join(why))
 
 
+def compare_frames(tmp: Path, roots: list[Path]) -> tuple[bool, str]:
+    """The same frames read through our mixture (renamed camera, ``dataset_index``) vs LeRobot's reader."""
+    from lerobot_cli.datasets.config import DatasetConfig
+    from lerobot_cli.datasets.dataset import LeRobotDataset
+    from lerobot_cli.datasets.mixture import MixtureDataset
+
+    sources = DatasetConfig(
+        repo_id=json.dumps(repo_ids()), root=json.dumps([str(r) for r in roots]), rename_map=renames()
+    ).sources()
+    mixture = MixtureDataset([LeRobotDataset(r) for r in roots], sources)
+    ok, worst, why, start = True, 0.0, [], 0
+    with np.load(tmp / "lerobot_frames.npz") as theirs:
+        for d, (name, _, _, lengths) in enumerate(DATASETS):
+            for i in FRAMES:
+                item = mixture[start + i]
+                frame = item.get("observation.images.top")
+                want = theirs[f"{name}|{i}"]
+                if frame is None or int(item["dataset_index"]) != d:
+                    why.append(f"{name}[{i}]: keys {sorted(item)}, dataset_index {item.get('dataset_index')}")
+                    ok = False
+                    continue
+                got = frame.float().numpy()
+                diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else math.inf
+                worst = max(worst, diff)
+                if diff > 0:
+                    why.append(f"{name}[{i}]: shape {got.shape} vs {want.shape}, max |diff| {diff:g}")
+                    ok = False
+            start += sum(lengths)
+    msg = (
+        f"{len(DATASETS) * len(FRAMES)} H.264 frames read through our mixture as observation.images.top "
+        f"(b's renamed) with the right dataset_index, max |ours - LeRobot's decode| = {worst:g}"
+    )
+    return ok, msg + ("" if ok else "; " + "; ".join(why))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,6 +222,8 @@ def free_port() -> int:
 def train(*args: str) -> subprocess.CompletedProcess:
     """Our ``lerobot-train`` (this environment's) under ``torch.distributed.run`` on ``NPROC`` CPU ranks."""
     entry = Path(sys.executable).parent / "lerobot-train"
+    if not entry.is_file():
+        entry = Path(shutil.which("lerobot-train") or entry)
     cmd = [
         sys.executable,
         "-m",
@@ -217,10 +274,15 @@ def check_training(tmp: Path, roots: list[Path], report) -> None:
         return
     a, b = losses(records(whole)), losses(records(part))
     tail_steps = list(range(HALF + 1, STEPS + 1))
-    same = all(s in a and s in b and a[s] == b[s] for s in tail_steps)
+    logged = [r["step"] for r in records(part)]
+    # a resume that silently started over would log the same losses: it must say where it resumed and
+    # leave each step logged once
+    continued = f"resuming at step {HALF}" in resumed.stdout and logged == list(range(1, STEPS + 1))
+    same = continued and all(s in a and s in b and a[s] == b[s] for s in tail_steps)
     report(
         same,
         "resume bitwise",
+        f"resumed at step {HALF} ({'said so' if continued else f'NOT said; steps logged {logged}'}); "
         f"steps {HALF + 1}-{STEPS} losses {[b.get(s) for s in tail_steps]}"
         + (
             " equal the uninterrupted run's"
@@ -280,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "lerobot":
         roots = lerobot_write(args.tmp)
         lerobot_aggregate(args.tmp, roots)
+        lerobot_frames(args.tmp, roots)
         print(json.dumps([str(r) for r in roots]))
         return 0
     if args.lerobot_python is None:
@@ -302,14 +365,20 @@ def main(argv: list[str] | None = None) -> int:
             ok,
             "LeRobot writes + aggregates",
             f"3 datasets with LeRobot's writer ({VCODEC}, frames {frames}, fps "
-            f"{[fps for _, fps, *_ in DATASETS]}), aggregate_stats saved"
-            + ("" if ok else f" (rc {proc.returncode})\n{proc.stderr[-3000:]}"),
+            f"{[fps for _, fps, *_ in DATASETS]}), "
+            + (
+                "aggregate_stats and decoded frames saved"
+                if ok
+                else f"failed (rc {proc.returncode})\n{proc.stderr[-3000:]}"
+            ),
         )
         if ok:
             roots = [Path(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
             ours(tmp, roots)
             same, detail = compare(tmp)
             report(same, "stats", detail)
+            same, detail = compare_frames(tmp, roots)
+            report(same, "frames", detail)
             check_training(tmp, roots, report)
     print(
         f"{'PASS' if not failures else 'FAIL: ' + ', '.join(failures)} ({time.perf_counter() - begin:.0f} s)"
