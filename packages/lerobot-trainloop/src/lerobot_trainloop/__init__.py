@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
     from lerobot_trainloop.batch import batch_size_of, move_to_device
     from lerobot_trainloop.data_source import DataSource, MapDataSource
     from lerobot_trainloop.ema import ModelEma
+    from lerobot_trainloop.episode_stream import EpisodeStream
     from lerobot_trainloop.loader import resumable_loader
     from lerobot_trainloop.loop import (
         DEFAULT_REDUCTIONS,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # the lazy names as real imports, for readers and type checke
     from lerobot_trainloop.metrics import Meter, MetricsTracker
     from lerobot_trainloop.mixture import MixtureBatchSampler
     from lerobot_trainloop.sampler import ShardedBatchSampler, SubsetBatches, epoch_permutation
-    from lerobot_trainloop.streaming import EpisodeStream, StreamingDataSource, merge_states
+    from lerobot_trainloop.streaming import StreamingDataSource, merge_states
     from lerobot_trainloop.worker_signals import ShieldedDataLoader
 
 _LAZY = {
@@ -51,7 +52,7 @@ _LAZY = {
     "ShardedBatchSampler": "lerobot_trainloop.sampler",
     "SubsetBatches": "lerobot_trainloop.sampler",
     "epoch_permutation": "lerobot_trainloop.sampler",
-    "EpisodeStream": "lerobot_trainloop.streaming",
+    "EpisodeStream": "lerobot_trainloop.episode_stream",
     "StreamingDataSource": "lerobot_trainloop.streaming",
     "merge_states": "lerobot_trainloop.streaming",
     "ShieldedDataLoader": "lerobot_trainloop.worker_signals",
