@@ -177,7 +177,7 @@ def train_runs(launch, hub, dataset_root, tmp_path_factory):
         f"--batch_size={BATCH}",
         "--steps=3",
         "--log_freq=1",
-        "--save_checkpoint=false",
+        "--save_freq=3",  # its train_config.json: the pinned revisions
     ]
     # every training sample's index, per rank, under DDP and FSDP2: one epoch of every reader and a bit
     share = max(sum(b - a for _, a, b in natural_share(LENGTHS, RUN_SEED, 0, g, 4, True)) for g in range(4))
@@ -260,6 +260,9 @@ def test_a_streamed_mixture_trains_on_both_datasets(train_runs):
         counts = [record[f"samples/{REPO_ID}"], record["samples/org/other"]]
         assert sum(counts) == 2 * BATCH * record["step"], record
     assert min(counts) > 0  # both datasets were read
+    # the Hub dataset's branch was resolved once, for every rank, and saved with the run
+    saved = json.loads((tmp / "mixture/checkpoints/000003/pretrained_model/train_config.json").read_text())
+    assert json.loads(saved["dataset"]["revision"]) == [hub_server.DEFAULT_SHA, None]
 
 
 def test_dropped_connections_were_retried_without_a_trace(train_runs, hub):

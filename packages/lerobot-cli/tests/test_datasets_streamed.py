@@ -111,6 +111,18 @@ def test_dropping_every_frame_is_refused_in_one_line(roots):
         StreamedDataset([EpisodeReader(roots[0])], drop_last=9)
 
 
+def test_a_mixture_takes_one_revision_per_dataset_or_one_for_all():
+    two = {"repo_id": '["a/b","c/d"]'}
+    assert [s.revision for s in DatasetConfig(**two, revision="v1").sources()] == ["v1", "v1"]
+    listed = DatasetConfig(**two, revision='["v1",null]')
+    assert [s.revision for s in listed.sources()] == ["v1", None]
+    assert listed.source_config(listed.sources()[0]).revision == "v1"
+    with pytest.raises(ValueError, match="for 2 datasets give a JSON list of 2 revisions"):
+        DatasetConfig(**two, revision='["v1"]')
+    with pytest.raises(ValueError, match="one dataset takes one revision"):
+        DatasetConfig(repo_id="a/b", revision='["v1"]')
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -40,6 +40,7 @@ class DatasetSource:
     episodes: tuple[int, ...] | None
     rename: dict[str, str]
     position: int
+    revision: str | None = None
 
     @property
     def name(self) -> str:
@@ -99,7 +100,13 @@ class DatasetConfig:
             "needs --eval_steps > 0."
         },
     )
-    revision: str | None = field(default=None, metadata={"help": "Hub revision to download when not cached."})
+    revision: str | None = field(
+        default=None,
+        metadata={
+            "help": "Hub revision (branch, tag or commit) to download or stream; for a mixture one for all, "
+            "or a JSON list with one per dataset (null: main)."
+        },
+    )
     use_imagenet_stats: bool = field(
         default=True,
         metadata={
@@ -201,13 +208,16 @@ class DatasetConfig:
                 raise ValueError(f"--dataset.root: entry {i} is null and there is no repo id for it")
         episodes = self._episode_lists(count, mixture)
         renames = self._rename_lists(count)
+        revisions = self._revision_list(count)
         self._check_weights(count)
         names = [rid or str(root) for rid, root in zip(ids, roots, strict=True)]
         if len(set(names)) != len(names):
             raise ValueError(f"--dataset.root={self.root!r} names a directory twice")
         return [
-            DatasetSource(rid, root, eps, rename, i)
-            for i, (rid, root, eps, rename) in enumerate(zip(ids, roots, episodes, renames, strict=True))
+            DatasetSource(rid, root, eps, rename, i, rev)
+            for i, (rid, root, eps, rename, rev) in enumerate(
+                zip(ids, roots, episodes, renames, revisions, strict=True)
+            )
         ]
 
     def source_config(self, source: DatasetSource) -> DatasetConfig:
@@ -216,7 +226,7 @@ class DatasetConfig:
             repo_id=source.repo_id,
             root=source.root,
             episodes=source.episodes,
-            revision=self.revision,
+            revision=source.revision,
             streaming=self.streaming,
             streaming_buffer_size=self.streaming_buffer_size,
             streaming_cache_mb=self.streaming_cache_mb,
@@ -256,6 +266,22 @@ class DatasetConfig:
                     f"got {_show(self.episodes)}"
                 )
         return lists
+
+    def _revision_list(self, count: int) -> list[str | None]:
+        revisions = _json_list("--dataset.revision", self.revision)
+        if revisions is None:
+            return [self.revision] * count
+        if count == 1:
+            raise ValueError(
+                "--dataset.revision is a JSON list, which gives each dataset of a mixture its revision; "
+                "one dataset takes one revision, e.g. --dataset.revision=main"
+            )
+        if len(revisions) != count or not all(r is None or (isinstance(r, str) and r) for r in revisions):
+            raise ValueError(
+                f"--dataset.revision={self.revision!r}: for {count} datasets give a JSON list of {count} "
+                "revisions (null: main), or one revision for all"
+            )
+        return revisions
 
     def _rename_lists(self, count: int) -> list[dict[str, str]]:
         if self.rename_map is None:

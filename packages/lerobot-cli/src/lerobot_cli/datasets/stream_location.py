@@ -11,6 +11,7 @@ One ``RemoteDataset`` per (url, revision) per process: the metadata and the epis
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -66,14 +67,25 @@ def meta_resolver(cfg: DatasetConfig):
     return stream_meta_root if cfg.streaming else resolve_dataset_root
 
 
+def _unpinned(one: DatasetConfig) -> bool:
+    """Whether ``one`` (one dataset) streams from the Hub at a branch or tag, not at a commit."""
+    url = remote_url(one)
+    return url is not None and url.startswith("hf://") and not (one.revision and _SHA.match(one.revision))
+
+
 def pinned(cfg: DatasetConfig, resolve_on_main) -> DatasetConfig:
-    """``cfg`` with a Hub dataset's revision resolved to its commit, the same on every rank (streamed
-    from the Hub, one dataset): ``resolve_on_main(fn)`` runs ``fn`` on the main rank and gives every
-    rank its result. The commit is saved with the run, so a resume reads the same data."""
-    if not cfg.streaming or cfg.is_mixture:
+    """``cfg`` with every Hub dataset it streams at a branch resolved to its commit, the same on every
+    rank: ``resolve_on_main(fn)`` runs ``fn`` on the main rank and gives every rank its result. The
+    commits are saved with the run (a mixture's as a JSON list), so a resume reads the same data."""
+    if not cfg.streaming:
         return cfg
-    url = remote_url(cfg)
-    if url is None or not url.startswith("hf://") or (cfg.revision and _SHA.match(cfg.revision)):
+    sources = cfg.sources()
+    ones = [cfg.source_config(s) for s in sources] if len(sources) > 1 else [cfg]
+    if not any(_unpinned(one) for one in ones):
         return cfg
-    sha = resolve_on_main(lambda: remote_dataset(cfg).revision)
-    return attrs.evolve(cfg, revision=sha)
+    shas = resolve_on_main(
+        lambda: [remote_dataset(one).revision if _unpinned(one) else one.revision for one in ones]
+    )
+    if len(ones) == 1:
+        return attrs.evolve(cfg, revision=shas[0])
+    return attrs.evolve(cfg, revision=json.dumps(shas))
