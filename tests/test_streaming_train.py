@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import urllib.request
 from pathlib import Path
 
@@ -295,5 +296,5 @@ def test_a_file_the_hub_keeps_failing_ends_the_run_in_one_line(launch, train_run
     errors = [line for line in res.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1, res.stderr  # one line, no traceback
     assert errors[0].startswith(f"lerobot-train: error: cannot read hf://datasets/{REPO_ID}/videos/")
-    assert "after 4 attempts: HTTP 500" in errors[0]
+    assert re.search(r"after \d+ attempts: HTTP 500", errors[0]), errors[0]
     assert launch.tree_digest(checkpoint) == before  # the checkpoint it resumed from is untouched

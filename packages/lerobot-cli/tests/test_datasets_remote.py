@@ -210,3 +210,30 @@ def test_fork_and_pickle_get_their_own_cache(hub, tmp_path: Path) -> None:
     with os.fdopen(read) as pipe:
         assert json.loads(pipe.read() or "null") == [True, True]
     assert status == 0 and ds.cached_bytes == held
+
+
+def test_a_url_without_commits_fetches_a_changed_meta_anew(tmp_path: Path) -> None:
+    """A dataset rewritten in place at a URL (s3, http, ...) is a new meta/ copy: never the old episode
+    boundaries over the new files, nor a file the remote no longer has."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/changing/meta/info.json", b'{"v": 1}')
+    fs.pipe("/changing/meta/episodes/chunk-000/file-000.parquet", b"old")
+    first = RemoteDataset("memory://changing", cache_dir=tmp_path)
+    again = RemoteDataset("memory://changing", cache_dir=tmp_path)
+    assert again.meta_root == first.meta_root  # unchanged: the copy is reused
+    fs.pipe("/changing/meta/info.json", b'{"v": 2, "longer": true}')
+    fs.rm("/changing/meta/episodes/chunk-000/file-000.parquet")
+    fs.pipe("/changing/meta/episodes/chunk-000/file-001.parquet", b"new")
+    later = RemoteDataset("memory://changing", cache_dir=tmp_path)
+    assert later.meta_root != first.meta_root
+    assert json.loads((later.meta_root / "meta/info.json").read_text())["v"] == 2
+    assert [p.name for p in (later.meta_root / "meta/episodes/chunk-000").iterdir()] == ["file-001.parquet"]
+    fs.rm("/changing", recursive=True)
+
+
+@pytest.mark.parametrize("url", ["foo://x", "unknownproto://bucket/x"])
+def test_an_unknown_url_scheme_is_one_dataset_error(tmp_path: Path, url: str) -> None:
+    with pytest.raises(DatasetError, match=f"cannot open dataset URL {url}"):
+        RemoteDataset(url, cache_dir=tmp_path)

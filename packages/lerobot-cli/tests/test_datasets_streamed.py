@@ -241,3 +241,18 @@ def test_a_streaming_workers_memory_does_not_grow_with_the_dataset(tmp_path):
         peaks[out["frames"]] = out["worker_kib"]
     assert sorted(peaks) == [25_000, 200_000]
     assert peaks[200_000] - peaks[25_000] < 32 * 1024, peaks  # 100 MiB of columns would show
+
+
+def test_streaming_a_repo_id_reads_the_hub_even_when_lerobot_cached_it(roots, tmp_path, monkeypatch):
+    """Where a streamed dataset is read depends on the flags alone, never on one machine's cache: a node
+    with a cached copy and one without must read the same data (and agree on the revision's broadcast)."""
+    import shutil
+
+    from lerobot_cli.datasets.stream_location import remote_url
+
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "home"))
+    shutil.copytree(roots[0], tmp_path / "home" / "org" / "a")
+    cfg = DatasetConfig(repo_id="org/a", streaming=True)
+    assert remote_url(cfg) == "hf://datasets/org/a"
+    assert remote_url(DatasetConfig(repo_id="org/a", root=str(roots[0]), streaming=True)) is None
+    assert remote_url(DatasetConfig(repo_id="org/a", root="s3://b/a", streaming=True)) == "s3://b/a"

@@ -344,3 +344,13 @@ def test_malformed_group_counts_are_refused():
             source(groups=GROUPS).load_state_dict({**copy.deepcopy(state), "group_counts": bad})
     with pytest.raises(ValueError, match="one per episode"):
         source(groups=GROUPS[:-1])
+
+
+def test_a_group_without_episodes_counts_zero():
+    """A mixture whose last dataset gave no episode (all too short for the policy): still one count per
+    dataset, so the counts line up with the datasets' names."""
+    src = source(groups=[0] * len(LENGTHS), num_groups=2)
+    take(src, 2)
+    assert src.group_counts == [2 * B, 0]
+    with pytest.raises(ValueError, match="fewer than the groups"):
+        source(groups=GROUPS, num_groups=2)

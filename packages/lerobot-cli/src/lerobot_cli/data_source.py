@@ -158,6 +158,7 @@ def _streaming_source(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> S
             f"{max(1, cfg.num_workers)} workers, --num_workers) whole episodes, but the dataset has "
             f"{len(dataset.lengths)} to train on; lower --num_workers, or use more episodes"
         )
+    _check_same_episodes(dataset, runtime)
     kwargs = _loader_kwargs(cfg, runtime)
     kwargs.pop("num_workers")
     kwargs["persistent_workers"] = False
@@ -176,7 +177,26 @@ def _streaming_source(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> S
         prepare=_prepare(workload),
         loader_kwargs=kwargs,
         groups=[d for d, _ in dataset.episodes] if dataset.is_mixture else None,
+        num_groups=len(dataset.parts),  # a dataset whose episodes are all too short counts 0
     )
+
+
+def _check_same_episodes(dataset: StreamedDataset, runtime: ParallelRuntime) -> None:
+    """Every rank must stream the same episodes: a dataset at a URL without commits (s3://, http://)
+    that changed while the ranks started would give each rank other shares, silently."""
+    if not runtime.is_distributed:
+        return
+    import torch.distributed as dist
+    from lerobot_trainloop.streaming import lengths_digest
+
+    mine = lengths_digest(dataset.lengths)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if len(set(every)) > 1:
+        raise DatasetError(
+            "the ranks read different versions of the streamed dataset (its episodes differ between "
+            "them: it changed while the job started); start the run again, or pin a Hub revision"
+        )
 
 
 def _part_sizes(dataset, rows) -> list[int] | None:

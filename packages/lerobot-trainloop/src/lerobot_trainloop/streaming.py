@@ -173,7 +173,8 @@ class StreamingDataSource:
     num_workers)`` readers); ``buffer_size``: the shuffle buffer per reader; ``shuffle=False``: episodes
     in order, no buffer. ``collate_fn`` (default ``default_collate``) runs in the worker; ``prepare`` on
     the placed batch; ``groups``: each episode's group (a mixture's dataset), whose handed-out samples
-    the source counts (:attr:`group_counts`, this rank's, kept in its state); ``loader_kwargs``: the
+    the source counts (:attr:`group_counts`, this rank's, kept in its state; ``num_groups``: how many,
+    when the last ones may have no episode); ``loader_kwargs``: the
     other DataLoader arguments (``prefetch_factor``,
     ``pin_memory``, ``shielded``: a ``ShieldedDataLoader`` by default). Persistent workers are refused:
     a worker's reader restarts from the handed-out position at each ``iter()``.
@@ -201,6 +202,7 @@ class StreamingDataSource:
         host_keys: frozenset[str] = HOST_KEYS,
         loader_kwargs: Mapping[str, Any] | None = None,
         groups: Sequence[int] | None = None,
+        num_groups: int | None = None,
     ) -> None:
         self.lengths = tuple(lengths)
         self.groups = None if groups is None else tuple(groups)
@@ -209,6 +211,10 @@ class StreamingDataSource:
         ):
             raise ValueError("groups must give every episode a group: whole numbers >= 0, one per episode")
         self.num_groups = 0 if self.groups is None else max(self.groups, default=-1) + 1
+        if self.groups is not None and num_groups is not None:  # groups with no episode count 0
+            if not is_integer(num_groups) or num_groups < self.num_groups:
+                raise ValueError(f"num_groups={num_groups!r} is fewer than the groups the episodes name")
+            self.num_groups = num_groups
         self.group_counts = [0] * self.num_groups  # this rank's handed-out samples per group
         for i, n in enumerate(self.lengths):
             require_count(f"lengths[{i}]", n, minimum=1)

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import random
 import re
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -43,7 +46,22 @@ class _Missing(Exception):
 
 
 class _Transient(Exception):
-    """A dropped connection, reset, short body or 5xx: worth retrying."""
+    """A dropped connection, reset, short body or 5xx: worth retrying (after ``retry_after`` seconds when
+    the server said so)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+MAX_RETRY_AFTER_S = 60.0  # a server asking for a longer wait than this is waited on for this long
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER_S) if value is not None else None
+    except ValueError:  # an HTTP date: not worth parsing, the backoff applies
+        return None
 
 
 def check_relpath(relpath: str) -> str:
@@ -97,8 +115,8 @@ class RemoteDataset:
         cache_dir: Path,
         cache_bytes: int = 256 << 20,
         block_bytes: int = 1 << 20,
-        retries: int = 3,
-        backoff_s: float = 0.2,
+        retries: int = 4,
+        backoff_s: float = 0.5,
     ) -> None:
         if block_bytes <= 0 or cache_bytes < 0 or retries < 0:
             raise ValueError("block_bytes must be > 0, cache_bytes and retries >= 0")
@@ -128,9 +146,14 @@ class RemoteDataset:
         self._held = 0
         self._sizes: dict[str, int] = {}
         self.stats = {"requests": 0, "bytes_fetched": 0, "cache_hits": 0}
-        key = hashlib.sha256(f"{self.url}@{self.revision}".encode()).hexdigest()[:16]
+        listing = self._meta_listing()
+        # A commit never changes; any other URL may be rewritten in place, so its meta/ copy is keyed by
+        # what the listing says now (names, sizes, modification stamps): a changed dataset is a new copy,
+        # never old episode boundaries over new files.
+        version = self.revision if self.revision is not None else json.dumps(sorted(listing.items()))
+        key = hashlib.sha256(f"{self.url}@{version}".encode()).hexdigest()[:16]
         self.meta_root = Path(cache_dir) / key
-        self._download_meta()
+        self._download_meta(sorted(listing))
 
     # ------------------------------------------------------------------ transport
     def _resolve_sha(self, revision: str | None) -> str:
@@ -173,7 +196,13 @@ class RemoteDataset:
             else:
                 import fsspec.core
 
-                self._fs, self._base = fsspec.core.url_to_fs(self.url)
+                try:
+                    self._fs, self._base = fsspec.core.url_to_fs(self.url)
+                except (ImportError, ValueError) as err:  # an unknown scheme, a backend not installed
+                    raise DatasetError(
+                        f"cannot open dataset URL {self.url}: {_one_line(err)} (hf://datasets/<org>/<name> "
+                        "works as installed; s3://, gs:// and others need their fsspec package)"
+                    ) from None
                 self._base = self._base.rstrip("/")
         return self._fs
 
@@ -200,7 +229,10 @@ class RemoteDataset:
         if r.status_code in (404, 410):
             raise _Missing(f"HTTP {r.status_code} {r.headers.get('x-error-message', '')}".strip())
         if r.status_code >= 500 or r.status_code == 429:
-            raise _Transient(f"HTTP {r.status_code} {r.headers.get('x-error-message', '')}".strip())
+            raise _Transient(
+                f"HTTP {r.status_code} {r.headers.get('x-error-message', '')}".strip(),
+                _retry_after(r.headers.get("retry-after")),
+            )
         if r.status_code >= 400:
             raise _Missing(f"HTTP {r.status_code}")
         return body
@@ -235,7 +267,10 @@ class RemoteDataset:
                         f"cannot read {self.url}/{relpath} (revision {self.revision}) after {attempts} "
                         f"attempts: {err}"
                     ) from None
-                time.sleep(self.backoff_s * (2**attempt))
+                # exponential with jitter (many readers throttled together must not retry together), or
+                # the server's Retry-After when it gave one
+                wait = self.backoff_s * (2**attempt) * random.uniform(0.5, 1.5)
+                time.sleep(max(wait, err.retry_after or 0.0))
                 continue
             with self._lock:
                 self.stats["requests"] += 1
@@ -244,37 +279,49 @@ class RemoteDataset:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ meta
-    def _meta_files(self) -> list[str]:
+    def _meta_listing(self) -> dict[str, list]:
+        """Every file under ``meta/``: its relative path and (size, modification stamp or ETag)."""
         fs = self._filesystem()
         root = self._path("meta")
         try:
-            found = fs.find(root, withdirs=False)
+            found = fs.find(root, withdirs=False, detail=True)
         except FileNotFoundError:
-            found = []
+            found = {}
         except Exception as err:
             raise DatasetError(f"cannot list {self.url}/meta: {_one_line(err)}") from err
         prefix = root.rstrip("/") + "/"
-        rels = []
-        for name in map(str, found):
+        out = {}
+        for name, info in found.items():
+            name = str(name)
             if not name.startswith(prefix):  # a file system that renders names otherwise
                 name = prefix + name.split("/meta/", 1)[-1]
-            rels.append("meta/" + name[len(prefix) :])
-        if not rels:
+            stamp = next(
+                (info.get(k) for k in ("ETag", "etag", "mtime", "LastModified", "created") if info.get(k)),
+                None,
+            )
+            out["meta/" + name[len(prefix) :]] = [info.get("size"), str(stamp) if stamp is not None else None]
+        if not out:
             rev = f" at revision {self.revision}" if self.revision else ""
             raise DatasetError(f"missing directory {self.url}/meta{rev}: no LeRobot v3.0 dataset there")
-        return sorted(rels)
+        return out
 
-    def _download_meta(self) -> None:
-        for rel in self._meta_files():
+    def _download_meta(self, names: list[str]) -> None:
+        for rel in names:
             rel = check_relpath(rel)
             target = self.meta_root / rel
             if target.is_file():
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             data = self._get(rel)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
+            # a name no other process or node can pick (a shared file system, pids alike in containers)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     # ------------------------------------------------------------------ files
     def size(self, relpath: str) -> int:
@@ -391,8 +438,8 @@ class RemoteFile(io.RawIOBase):
         return done
 
     def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = max(0, self._size - self._pos)
+        left = max(0, self._size - self._pos)
+        size = left if size is None or size < 0 else min(size, left)  # never allocate past the file
         buf = bytearray(size)
         n = self.readinto(buf)
         return bytes(buf[:n])

@@ -1,10 +1,15 @@
 """Where ``--dataset.streaming=true`` reads a dataset: in place on disk, or remotely by range.
 
-* ``--dataset.root`` a directory (or a repo id already in the LeRobot cache): read there, in place.
+* ``--dataset.root`` a directory: read there, in place.
 * ``--dataset.root`` a URL (``hf://datasets/org/name``, ``s3://…``, ``http://…``, any fsspec URL), or a repo
-  id that is not cached: read through :class:`~lerobot_cli.datasets.remote.RemoteDataset`, the Hub's at
-  ``--dataset.revision`` (default ``main``) resolved once to its commit. Only ``meta/`` is downloaded
-  (under ``$HF_LEROBOT_HOME/streaming/``); data and video files are read by range into a bounded cache.
+  id alone (the Hub, as LeRobot's streaming reads it): read through
+  :class:`~lerobot_cli.datasets.remote.RemoteDataset`, the Hub's at ``--dataset.revision`` (default
+  ``main``) resolved once to its commit. Only ``meta/`` is downloaded (under
+  ``$HF_LEROBOT_HOME/streaming/``); data and video files are read by range into a bounded cache.
+
+The choice depends on the flags alone, never on what one machine happens to have cached: every rank of
+every node makes the same one (a rank reading a local copy while another streams the Hub would train on
+two datasets, and the revision's broadcast would run on some ranks only).
 
 One ``RemoteDataset`` per (url, revision) per process: the metadata and the episode readers share it.
 """
@@ -18,7 +23,7 @@ from pathlib import Path
 import attrs
 
 from lerobot_cli.datasets.config import DatasetConfig
-from lerobot_cli.datasets.hub import lerobot_home, local_dataset_root, resolve_dataset_root
+from lerobot_cli.datasets.hub import lerobot_home, resolve_dataset_root
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _opened: dict[tuple[str, str | None, int], object] = {}
@@ -32,8 +37,6 @@ def remote_url(cfg: DatasetConfig) -> str | None:
     """The URL a streamed (one-dataset) ``cfg`` is read from; None: a local directory."""
     if cfg.root is not None:
         return cfg.root if is_url(cfg.root) else None
-    if local_dataset_root(cfg) is not None:
-        return None  # LeRobot downloaded it already: read it there
     return f"hf://datasets/{cfg.repo_id}" if cfg.repo_id else None
 
 
