@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -390,3 +391,23 @@ def test_resume_pins_the_frozen_base_and_refuses_one_that_changed(launch, base, 
     (line,) = job.stderr.strip().splitlines()
     assert "the frozen base policy of this PEFT run changed" in line and f"{digest[:12]}…" in line
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+
+
+def test_a_dry_run_of_lora_on_a_pretrained_policy_reads_no_weights(launch, base):
+    """``--dry_run=true --policy.path=<base> --peft.*`` builds the policy and its adapters on the meta
+    device from their shapes (it used to try to load the weights there and end in a traceback)."""
+    res = launch.run_command(
+        [
+            launch.LEROBOT_TRAIN,
+            "--dataset.repo_id=lerobot/demo_reach",
+            f"--dataset.root={REPO / 'data/lerobot/demo_reach'}",
+            f"--policy.path={base}",
+            "--peft.r=4",
+            "--dry_run=true",
+        ],
+        timeout_s=120,
+    )
+    assert res.returncode == 0, res.describe()
+    assert "Traceback" not in res.stderr and "meta parameter" not in res.stderr
+    total, learnable = re.search(r"parameters ([\d,]+) \(learnable ([\d,]+)\)", res.stdout).groups()
+    assert 0 < int(learnable.replace(",", "")) < int(total.replace(",", ""))  # the adapters alone

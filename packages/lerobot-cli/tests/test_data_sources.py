@@ -61,6 +61,9 @@ def cfg(**kw):
         "num_workers": 0,
         "eval_steps": 0,
         "max_eval_samples": 0,
+        "prefetch_factor": 2,
+        "persistent_workers": True,
+        "dataloader_multiprocessing_context": None,
         "dataset": SimpleNamespace(episodes=None),
     }
     return SimpleNamespace(**{**base, **kw})

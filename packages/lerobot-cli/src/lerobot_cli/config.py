@@ -39,6 +39,22 @@ def _path_or_none(flag: str):
     return check
 
 
+def _one_of(flag: str, choices: tuple[str, ...]):
+    def check(inst, attribute, value) -> None:
+        if value is not None and value not in choices:
+            raise ValueError(f"{flag}: invalid choice {value!r} (choose from {', '.join(choices)}, or null)")
+
+    return check
+
+
+def _positive(flag: str):
+    def check(inst, attribute, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"{flag} must be a number of seconds > 0, got {value!r}")
+
+    return check
+
+
 def _h(text: str, **extra) -> dict:
     return {"help": text, **extra}
 
@@ -76,6 +92,46 @@ class TrainConfig:
         default=4,
         validator=count("--num_workers", minimum=0),
         metadata=_h("DataLoader worker processes per rank."),
+    )
+    prefetch_factor: int = field(
+        default=4,
+        validator=count("--prefetch_factor"),
+        metadata=_h("Batches each DataLoader worker loads ahead (LeRobot's default, 4)."),
+    )
+    persistent_workers: bool = field(
+        default=True,
+        metadata=_h(
+            "Keep DataLoader workers across epochs (map-style reading; a stream has no epoch to restart)."
+        ),
+    )
+    dataloader_multiprocessing_context: str | None = field(
+        default=None,
+        validator=_one_of("--dataloader_multiprocessing_context", ("fork", "spawn", "forkserver")),
+        metadata=_h(
+            "How DataLoader workers start: fork (the default here, where LeRobot's is spawn: the dataset's "
+            "frames are in shared memory a forked worker inherits, it starts in milliseconds instead of "
+            "importing torch again, and video files are opened per process after the fork), spawn or "
+            "forkserver."
+        ),
+    )
+    tolerance_s: float = field(
+        default=1e-4,
+        validator=_positive("--tolerance_s"),
+        metadata=_h(
+            "How far a frame's timestamp may be from the time asked for (seconds), as in LeRobot: video "
+            "frames and timestamps further apart stop the run naming the file."
+        ),
+    )
+    cudnn_deterministic: bool = field(
+        default=False,
+        metadata=_h("Deterministic cuDNN algorithms (cudnn.benchmark off; often 10-20% slower on GPU)."),
+    )
+    use_policy_training_preset: bool = field(
+        default=True,
+        metadata=_h(
+            "Start from the policy's optimizer and scheduler presets (--optimizer.*/--scheduler.* flags "
+            "still override their fields); false: no preset, --optimizer.type and --scheduler.type required."
+        ),
     )
     log_freq: int = field(
         default=200,

@@ -84,7 +84,9 @@ def _loader_kwargs(cfg: TrainConfig, runtime: ParallelRuntime) -> dict[str, Any]
         "shielded": True,
         "num_workers": workers,
         "pin_memory": runtime.device.type == "cuda",
-        "persistent_workers": workers > 0,
+        "persistent_workers": workers > 0 and cfg.persistent_workers,
+        "prefetch_factor": cfg.prefetch_factor if workers > 0 else None,
+        "multiprocessing_context": cfg.dataloader_multiprocessing_context if workers > 0 else None,
     }
 
 
@@ -128,7 +130,7 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
         seed=cfg.seed + runtime.rank,
         rows=rows,
         prepare=prepare,
-        loader_kwargs={**kwargs, "prefetch_factor": 2 if cfg.num_workers > 0 else None},
+        loader_kwargs=kwargs,
     )
     held_out = None
     if cfg.eval_steps > 0 and workload.eval_dataset is not None:
@@ -161,9 +163,7 @@ def _streaming_source(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> S
     _check_same_episodes(dataset, runtime)
     kwargs = _loader_kwargs(cfg, runtime)
     kwargs.pop("num_workers")
-    kwargs["persistent_workers"] = False
-    if cfg.num_workers > 0:
-        kwargs["prefetch_factor"] = 2
+    kwargs["persistent_workers"] = False  # an endless stream: its workers never restart at an epoch
     return StreamingDataSource(
         dataset.read,
         dataset.lengths,

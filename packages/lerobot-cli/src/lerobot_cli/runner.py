@@ -178,6 +178,9 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     revision = functools.partial(decided_on_main, runtime, "the streamed dataset's revision")
     cfg = attrs.evolve(cfg, dataset=pinned(cfg.dataset, revision))
     set_seed(cfg.seed)
+    # as LeRobot: deterministic cuDNN on request, else its autotuner (cudnn.benchmark)
+    torch.backends.cudnn.deterministic = cfg.cudnn_deterministic
+    torch.backends.cudnn.benchmark = not cfg.cudnn_deterministic
     processors_from = CheckpointPaths(resume.checkpoint).pretrained_model if resume else None
     prefetch(cfg, runtime, resuming=resume is not None)  # downloads once per machine, before every rank reads
     workload = build_workload(

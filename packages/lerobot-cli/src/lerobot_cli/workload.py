@@ -72,7 +72,11 @@ def _datasets(
     """The training dataset and, with ``--dataset.eval_split``, the held-out one (disjoint episodes)."""
     # uint8 cameras, as LeRobot's training factory asks for: the runner makes them float on the device
     if cfg.dataset.eval_split == 0:
-        return make_dataset(cfg.dataset, delta_timestamps=delta, return_uint8=True), None, None
+        return (
+            make_dataset(cfg.dataset, delta_timestamps=delta, return_uint8=True, tolerance_s=cfg.tolerance_s),
+            None,
+            None,
+        )
     split = split_episodes(meta.select(cfg.dataset.episodes), cfg.dataset.eval_split)
     for task in split.whole_tasks:
         log.warning(
@@ -83,8 +87,12 @@ def _datasets(
         )
     root = meta.root
     return (
-        LeRobotDataset(root, episodes=split.train, delta_timestamps=delta, return_uint8=True),
-        LeRobotDataset(root, episodes=split.eval, delta_timestamps=delta, return_uint8=True),
+        LeRobotDataset(
+            root, episodes=split.train, delta_timestamps=delta, return_uint8=True, tolerance_s=cfg.tolerance_s
+        ),
+        LeRobotDataset(
+            root, episodes=split.eval, delta_timestamps=delta, return_uint8=True, tolerance_s=cfg.tolerance_s
+        ),
         split,
     )
 
@@ -110,7 +118,13 @@ def _mixture(
         delta = _part_delta(meta, part, source, policy_cfg)
         if not cfg.dataset.eval_split:
             train.append(
-                LeRobotDataset(part.root, episodes=source.episodes, delta_timestamps=delta, return_uint8=True)
+                LeRobotDataset(
+                    part.root,
+                    episodes=source.episodes,
+                    delta_timestamps=delta,
+                    return_uint8=True,
+                    tolerance_s=cfg.tolerance_s,
+                )
             )
             continue
         split = split_episodes(part.select(source.episodes), cfg.dataset.eval_split)
@@ -125,7 +139,13 @@ def _mixture(
         splits.append(split)
         for episodes, into in ((split.train, train), (split.eval, held)):
             into.append(
-                LeRobotDataset(part.root, episodes=episodes, delta_timestamps=delta, return_uint8=True)
+                LeRobotDataset(
+                    part.root,
+                    episodes=episodes,
+                    delta_timestamps=delta,
+                    return_uint8=True,
+                    tolerance_s=cfg.tolerance_s,
+                )
             )
     if not splits:
         return MixtureDataset(train, meta.sources), None, None
@@ -156,6 +176,7 @@ def _streamed(cfg: TrainConfig, meta, policy_cfg: PolicyConfig) -> StreamedDatas
                 part.root,
                 source.episodes,
                 _part_delta(meta, part, source, policy_cfg),
+                tolerance_s=cfg.tolerance_s,
                 return_uint8=True,
                 files=remote_dataset(cfg.dataset.source_config(source)),
             )
@@ -164,7 +185,12 @@ def _streamed(cfg: TrainConfig, meta, policy_cfg: PolicyConfig) -> StreamedDatas
         return StreamedDataset(parts, meta.sources, drop_last=drop)
     delta = _delta(meta.features, meta.fps, policy_cfg)
     reader = EpisodeReader(
-        meta.root, cfg.dataset.episodes, delta, return_uint8=True, files=remote_dataset(cfg.dataset)
+        meta.root,
+        cfg.dataset.episodes,
+        delta,
+        tolerance_s=cfg.tolerance_s,
+        return_uint8=True,
+        files=remote_dataset(cfg.dataset),
     )
     return StreamedDataset([reader], drop_last=drop)
 
@@ -208,7 +234,7 @@ def _has_processors(directory: Path) -> bool:
 
 
 def build_policy_for(
-    cfg: TrainConfig, features: dict, resuming: bool = False
+    cfg: TrainConfig, features: dict, resuming: bool = False, weights: bool = True
 ) -> tuple[PolicyConfig, nn.Module]:
     """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset.
 
@@ -217,6 +243,8 @@ def build_policy_for(
     ``resuming``: the checkpoint's weights replace whatever the policy starts with, so a full fine-tune
     does not read its original ``--policy.path`` weights again (they may have moved or been deleted)
     and nothing is initialised from pretrained files; a PEFT run still needs its frozen base.
+    ``weights=False``: shapes only (``--dry_run`` on the meta device): no weight file is read, adapters
+    included.
     """
     policy_cfg = policy_config_for_dataset(cfg.policy, features)
     check_policy_features(policy_cfg)  # before any weight is built (the CLI checked already if it could)
@@ -224,6 +252,13 @@ def build_policy_for(
     peft_run = cfg.peft is not None or bool(
         policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path)
     )
+    if not weights:
+        policy = build_policy(without_init_only_fields(policy_cfg))
+        if not peft_run:
+            return policy_cfg, policy
+        from lerobot_cli.peft.adapters import shapes_only_peft
+
+        return policy_cfg, shapes_only_peft(policy, cfg.peft, Path(policy_cfg.pretrained_path))
     if resuming and not peft_run:
         return policy_cfg, fp32_masters(build_policy(without_init_only_fields(policy_cfg)), precision)
     if policy_cfg.pretrained_path:

@@ -19,6 +19,7 @@ from lerobot_ckpt.layout import POLICY_CONFIG
 
 from lerobot_cli import configio
 from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.cli.lerobot_only import lerobot_only
 from lerobot_cli.cli.paths import resolve_config_path, resolve_policy_dir
 from lerobot_cli.cli.schema import FlagSpec, convert, field_specs
 from lerobot_cli.config import TrainConfig
@@ -147,13 +148,16 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
     for name, raw in flags.items():
         spec = specs.get(name)
         if spec is None:
+            if lerobot_only(name, raw):
+                continue  # a LeRobot flag whose value keeps its feature off: nothing to set
             raise _unknown_flag(name, specs, policy_cls)
         values[name] = convert(spec, raw)
+    presets = values.get("use_policy_training_preset", tree.get("use_policy_training_preset", True))
 
     for name, value in values.items():
         if name.startswith("policy."):
             _set(tree, name, value)
-    if not from_file and tree.get("policy") is not None:
+    if not from_file and tree.get("policy") is not None and presets:
         policy = _structure(tree, source).policy
         if tree.get("optimizer") is None:
             tree["optimizer"] = configio.converter.unstructure(policy.optimizer_preset())
@@ -162,4 +166,13 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
     for name, value in values.items():
         if not name.startswith("policy."):
             _set(tree, name, value)
-    return BuildResult(_structure(tree, source), config_path, tuple(messages))
+    cfg = _structure(tree, source)
+    if not cfg.use_policy_training_preset and tree.get("policy") is not None:
+        missing = [f"--{name}.type" for name in ("optimizer", "scheduler") if getattr(cfg, name) is None]
+        if missing:
+            raise UsageError(
+                "--use_policy_training_preset=false takes no optimizer or scheduler from the policy: give "
+                f"{' and '.join(missing)} (e.g. --optimizer.type=adamw "
+                "--scheduler.type=cosine_decay_with_warmup), or leave the presets on"
+            )
+    return BuildResult(cfg, config_path, tuple(messages))

@@ -116,6 +116,14 @@ class DatasetConfig:
         },
     )
     video_backend: str = field(default="pyav", metadata={"help": "Video decoder.", "choices": ("pyav",)})
+    return_uint8: bool = field(
+        default=False,
+        metadata={
+            "help": "LeRobot's switch for uint8 camera frames: training here always moves cameras as uint8 "
+            "and makes them float32 in [0, 1] on the device, which is bit-identical, so either value "
+            "trains the same."
+        },
+    )
     streaming: bool = field(
         default=False,
         metadata={

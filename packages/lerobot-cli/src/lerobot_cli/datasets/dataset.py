@@ -339,6 +339,7 @@ def make_dataset(
     cfg: DatasetConfig,
     delta_timestamps: Mapping[str, Sequence[float]] | None = None,
     return_uint8: bool = False,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> LeRobotDataset:
     """The dataset ``--dataset.*`` names: resolved locally or downloaded,
     then ``--dataset.episodes`` applied."""
@@ -347,6 +348,7 @@ def make_dataset(
         episodes=cfg.episodes,
         delta_timestamps=delta_timestamps,
         return_uint8=return_uint8,
+        tolerance_s=tolerance_s,
     )
 
 

@@ -1,0 +1,155 @@
+"""LeRobot 0.6.1 ``lerobot-train`` flags whose feature this stack does not have (yet), and what they do here.
+
+A LeRobot user arrives with the command they already run, and it must never end in ``unknown flag``. Each
+flag below is either accepted as is, when its value keeps the feature off (LeRobot's own default, e.g.
+``--wandb.enable=false``, ``--rename_map={}``, ``--env_eval_freq`` without an env), or refused in one line
+that says why and what to use instead. Flags whose feature exists here are ordinary config fields, not
+listed here. ``tools/interop/flags_lerobot_interop.py`` reads LeRobot's own ``--help`` and checks every
+flag against this stack.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from attrs import define
+
+from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.cli.schema import BOOLEAN_SPELLINGS
+
+_FALSE = ("false", "0", "no", "off")
+_TRUE = ("true", "1", "yes", "on")
+_NULL = ("null", "none", "")
+
+
+def _off(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text not in _FALSE + _TRUE:
+        raise UsageError(f"expected a boolean ({BOOLEAN_SPELLINGS}), got {raw!r}")
+    return text in _FALSE
+
+
+def _null(raw: str) -> bool:
+    return raw.strip().lower() in _NULL
+
+
+def _empty_map(raw: str) -> bool:
+    text = raw.strip()
+    if _null(text):
+        return True
+    try:
+        return json.loads(text) == {}
+    except json.JSONDecodeError:
+        return False
+
+
+def _always(_raw: str) -> bool:
+    return True
+
+
+def _dataset_repo(raw: str) -> bool:
+    return raw.strip() == "dataset"
+
+
+def _local_job(raw: str) -> bool:
+    return _null(raw) or raw.strip() == "local"
+
+
+SIM_EVAL = (
+    "simulation evaluation (--env.*, --eval.*) is not available here yet; the held-out loss is: "
+    "--dataset.eval_split=0.1 --eval_steps=N"
+)
+WANDB = (
+    "wandb is not wired in yet: --trackio.enable=true logs the same metrics (and metrics.jsonl always does)"
+)
+IMAGE_TRANSFORMS = "image augmentation (--dataset.image_transforms.*) is not available here yet"
+RENAME_MAP = (
+    "--rename_map (renaming a --policy.path checkpoint's inputs to this dataset's names) is not available "
+    "here yet; rename the dataset's features, or train with the names the checkpoint expects"
+)
+JOBS = (
+    "Hugging Face Jobs (--job.target) are not launched from here: run the same command under torchrun or "
+    "accelerate launch on the machines themselves (see the guide's Launching and Multi-node sections)"
+)
+REWARD = "reward model training (--reward_model.*) is not available here: train a policy with --policy.type"
+SAMPLE_WEIGHTING = (
+    "per-sample loss weights (--sample_weighting.*, LeRobot's RA-BC) are not available here: they need a "
+    "per-frame progress file and its weighting in each policy's loss, which this stack does not have"
+)
+HUB_CHECKPOINTS = (
+    "--save_checkpoint_to_hub is not available here yet: the final policy is pushed with "
+    "--policy.push_to_hub=true --policy.repo_id=<user>/<name>"
+)
+BUCKETS = (
+    "an HF Storage Bucket is not read here yet: stream a dataset repo "
+    "(--dataset.streaming=true) or give its files' URL as --dataset.root"
+)
+DEPTH = (
+    "depth maps are not dequantized here: --dataset.depth_output_unit takes only LeRobot's default, mm "
+    "(it changes nothing for RGB cameras)"
+)
+SECTION_FILE = (
+    "a section's own config file (--{name}=<file>) is not read here: pass its fields as flags "
+    "(--{name}.<field>=...), or the whole run's config with --config_path"
+)
+
+
+@define(frozen=True)
+class LeRobotOnly:
+    """``flag`` (or every flag under ``flag.`` when ``section``): accepted when ``inert(raw)``, else
+    refused with ``why``."""
+
+    flag: str
+    inert: Callable[[str], bool]
+    why: str
+    section: bool = False
+
+    def matches(self, name: str) -> bool:
+        return name == self.flag or (self.section and name.startswith(self.flag + "."))
+
+
+TABLE: tuple[LeRobotOnly, ...] = (
+    LeRobotOnly("env", _null, SIM_EVAL),
+    LeRobotOnly("env", _null, SIM_EVAL, section=True),  # --env.type=pusht … : an env would be evaluated
+    LeRobotOnly("env_eval_freq", _always, SIM_EVAL),  # no env: LeRobot evaluates nothing either
+    LeRobotOnly("eval", _null, SIM_EVAL),
+    LeRobotOnly("eval", _always, SIM_EVAL, section=True),  # the eval settings of an env there is not
+    LeRobotOnly("wandb", _null, WANDB),
+    LeRobotOnly("wandb.enable", _off, WANDB),
+    LeRobotOnly("wandb", _always, WANDB, section=True),  # project, entity, …: unused while it is off
+    LeRobotOnly("image_transforms", _null, IMAGE_TRANSFORMS),
+    LeRobotOnly("dataset.image_transforms.enable", _off, IMAGE_TRANSFORMS),
+    LeRobotOnly("dataset.image_transforms", _always, IMAGE_TRANSFORMS, section=True),
+    LeRobotOnly("rename_map", _empty_map, RENAME_MAP),
+    LeRobotOnly("job", _null, JOBS),
+    LeRobotOnly("job.target", _local_job, JOBS),
+    LeRobotOnly("job", _always, JOBS, section=True),  # image, timeout, …: unused for a local run
+    LeRobotOnly("reward_model", _null, REWARD),
+    LeRobotOnly("reward_model", _null, REWARD, section=True),
+    LeRobotOnly("sample_weighting", _null, SAMPLE_WEIGHTING),
+    LeRobotOnly("sample_weighting", _empty_map, SAMPLE_WEIGHTING, section=True),  # null or {}: none
+    LeRobotOnly("save_checkpoint_to_hub", _off, HUB_CHECKPOINTS),
+    LeRobotOnly("dataset.repo_type", _dataset_repo, BUCKETS),
+    LeRobotOnly("dataset.depth_output_unit", lambda raw: raw.strip() == "mm", DEPTH),
+)
+SECTIONS = ("dataset", "policy")  # --<section>=<file> in LeRobot's parser (optimizer, scheduler, peft: ours)
+
+
+def lerobot_only(name: str, raw: str) -> bool:
+    """Whether ``--name=raw`` is a LeRobot flag accepted here as inert (True); raises UsageError when it
+    is one this stack refuses; False when it is not one of them."""
+    if name in SECTIONS:
+        if _null(raw):
+            return True  # no config file for the section: LeRobot's default
+        raise UsageError(f"--{name}={raw}: " + SECTION_FILE.format(name=name))
+    for entry in TABLE:
+        if entry.matches(name):
+            try:
+                inert = entry.inert(raw)
+            except UsageError as exc:
+                raise UsageError(f"--{name}: {exc}") from None
+            if inert:
+                return True
+            raise UsageError(f"--{name}={raw}: {entry.why}")
+    return False

@@ -1,0 +1,114 @@
+"""LeRobot 0.6.1's lerobot-train flags here: those whose feature is missing are accepted at their off values
+and refused in one line when switched on; the DataLoader and run flags carry LeRobot's meaning and default.
+(``tools/interop/flags_lerobot_interop.py`` runs every flag of LeRobot's own ``--help`` through a dry run.)"""
+
+from __future__ import annotations
+
+import pytest
+from lerobot_cli.cli.argv import split_argv
+from lerobot_cli.cli.build import build_train_config
+from lerobot_cli.cli.errors import UsageError
+
+BASE = ["--dataset.repo_id=org/x", "--policy.type=mlp"]
+
+
+def build(*flags: str):
+    return build_train_config(split_argv([*BASE, *flags]).flags).config
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--wandb.enable=false",
+        "--wandb.project=lerobot",
+        "--wandb.mode=null",
+        "--env=null",
+        "--env.type=null",
+        "--env_eval_freq=20000",
+        "--eval.n_episodes=50",
+        "--dataset.image_transforms.enable=false",
+        "--dataset.image_transforms.max_num_transforms=3",
+        "--rename_map={}",
+        "--job.target=null",
+        "--job.image=huggingface/lerobot-gpu:latest",
+        "--reward_model=null",
+        "--sample_weighting=null",
+        "--save_checkpoint_to_hub=false",
+        "--dataset.repo_type=dataset",
+        "--dataset.depth_output_unit=mm",
+        "--dataset=null",
+    ],
+)
+def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
+    assert build(flag) == build()
+
+
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        ("--wandb.enable=true", "wandb is not wired in yet: --trackio.enable=true"),
+        ("--wandb.enable=maybe", "--wandb.enable: expected a boolean"),
+        ("--env.type=pusht", "--dataset.eval_split=0.1 --eval_steps=N"),
+        ("--dataset.image_transforms.enable=true", "image augmentation"),
+        ('--rename_map={"a":"b"}', "--rename_map (renaming a --policy.path checkpoint's inputs"),
+        ("--job.target=a10g-small", "run the same command under torchrun or accelerate launch"),
+        ("--reward_model.type=classifier", "reward model training"),
+        ("--sample_weighting.type=rabc", "per-sample loss weights"),
+        ("--save_checkpoint_to_hub=true", "--policy.push_to_hub=true"),
+        ("--dataset.repo_type=bucket", "an HF Storage Bucket is not read here yet"),
+        ("--dataset.depth_output_unit=m", "depth maps are not dequantized here"),
+        ("--dataset=dataset.json", "a section's own config file"),
+    ],
+)
+def test_a_missing_feature_switched_on_is_refused_in_one_line(flag, says):
+    with pytest.raises(UsageError) as err:
+        build(flag)
+    message = str(err.value)
+    assert says in message and "\n" not in message and "unknown flag" not in message
+    assert message.startswith(flag.split("=", 1)[0])  # names the flag
+
+
+def test_the_dataloader_and_run_flags_have_lerobots_defaults_and_meaning():
+    cfg = build()
+    assert (cfg.prefetch_factor, cfg.persistent_workers, cfg.tolerance_s) == (4, True, 1e-4)
+    assert cfg.cudnn_deterministic is False and cfg.use_policy_training_preset is True
+    assert cfg.dataloader_multiprocessing_context is None  # fork here (LeRobot: spawn), said in --help
+    cfg = build(
+        "--prefetch_factor=2",
+        "--persistent_workers=false",
+        "--dataloader_multiprocessing_context=spawn",
+        "--tolerance_s=0.001",
+        "--cudnn_deterministic=true",
+        "--dataset.return_uint8=true",
+    )
+    assert (cfg.prefetch_factor, cfg.persistent_workers, cfg.tolerance_s) == (2, False, 0.001)
+    assert cfg.dataloader_multiprocessing_context == "spawn" and cfg.cudnn_deterministic
+    with pytest.raises((UsageError, ValueError), match="invalid choice 'thread'"):
+        build("--dataloader_multiprocessing_context=thread")
+    with pytest.raises((UsageError, ValueError), match="--tolerance_s must be a number of seconds > 0"):
+        build("--tolerance_s=0")
+
+
+def test_the_loader_takes_the_dataloader_flags():
+    from types import SimpleNamespace
+
+    import torch
+    from lerobot_cli.data_source import _loader_kwargs
+
+    runtime = SimpleNamespace(device=torch.device("cpu"))
+    kwargs = _loader_kwargs(build("--num_workers=2", "--prefetch_factor=3", "--persistent_workers=false",
+                                  "--dataloader_multiprocessing_context=spawn"), runtime)  # fmt: skip
+    assert (kwargs["prefetch_factor"], kwargs["persistent_workers"]) == (3, False)
+    assert kwargs["multiprocessing_context"] == "spawn"
+    kwargs = _loader_kwargs(build("--num_workers=0"), runtime)  # no worker: nothing to prefetch or keep
+    assert (kwargs["prefetch_factor"], kwargs["persistent_workers"], kwargs["multiprocessing_context"]) == (
+        None, False, None)  # fmt: skip
+
+
+def test_without_the_policy_presets_the_optimizer_and_scheduler_must_be_given():
+    with pytest.raises(UsageError, match="give --optimizer.type and --scheduler.type"):
+        build("--use_policy_training_preset=false")
+    cfg = build("--use_policy_training_preset=false", "--optimizer.type=adamw", "--optimizer.lr=0.5",
+                "--scheduler.type=cosine_decay_with_warmup")  # fmt: skip
+    assert cfg.optimizer.lr == 0.5 and cfg.scheduler.type == "cosine_decay_with_warmup"
+    assert cfg.optimizer != build().optimizer  # not the preset's
