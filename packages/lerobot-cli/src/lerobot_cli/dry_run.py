@@ -36,7 +36,7 @@ def dry_run(cfg: TrainConfig) -> int:
 
     meta = run_meta(cfg.dataset, meta_resolver(cfg.dataset))
     with torch.device("meta"):
-        _, policy = build_policy_for(cfg, meta.features, weights=False)
+        _, policy = build_policy_for(cfg, meta.features)
     plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))
     total = sum(p.numel() for p in policy.parameters())
     learnable = sum(p.numel() for p in policy.parameters() if p.requires_grad)

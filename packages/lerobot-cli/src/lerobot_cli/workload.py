@@ -234,7 +234,7 @@ def _has_processors(directory: Path) -> bool:
 
 
 def build_policy_for(
-    cfg: TrainConfig, features: dict, resuming: bool = False, weights: bool = True
+    cfg: TrainConfig, features: dict, resuming: bool = False
 ) -> tuple[PolicyConfig, nn.Module]:
     """The policy a run trains: fresh, or loaded from ``--policy.path``; features from the dataset.
 
@@ -243,8 +243,6 @@ def build_policy_for(
     ``resuming``: the checkpoint's weights replace whatever the policy starts with, so a full fine-tune
     does not read its original ``--policy.path`` weights again (they may have moved or been deleted)
     and nothing is initialised from pretrained files; a PEFT run still needs its frozen base.
-    ``weights=False``: shapes only (``--dry_run`` on the meta device): no weight file is read, adapters
-    included.
     """
     policy_cfg = policy_config_for_dataset(cfg.policy, features)
     check_policy_features(policy_cfg)  # before any weight is built (the CLI checked already if it could)
@@ -252,13 +250,6 @@ def build_policy_for(
     peft_run = cfg.peft is not None or bool(
         policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path)
     )
-    if not weights:
-        policy = build_policy(without_init_only_fields(policy_cfg))
-        if not peft_run:
-            return policy_cfg, policy
-        from lerobot_cli.peft.adapters import shapes_only_peft
-
-        return policy_cfg, shapes_only_peft(policy, cfg.peft, Path(policy_cfg.pretrained_path))
     if resuming and not peft_run:
         return policy_cfg, fp32_masters(build_policy(without_init_only_fields(policy_cfg)), precision)
     if policy_cfg.pretrained_path:

@@ -208,14 +208,3 @@ def load_adapter_policy(
     if trainable and mixed_precision != "no":
         upcast_trainable(model)
     return config, (model.train() if trainable else model.eval())
-
-
-def shapes_only_peft(policy: nn.Module, cfg: PeftConfig | None, directory: Path) -> PeftModel:
-    """``policy`` (freshly built, e.g. on the meta device) with the LoRA adapters a run would add: those of
-    ``cfg`` (``--peft.*``), else the adapter ``directory`` holds. No weight file is read: a dry run counts
-    parameters and plans the sharding from the shapes alone."""
-    config = lora_config(cfg, policy.config) if cfg is not None else checked_lora_config(directory)
-    try:
-        return get_peft_model(policy, config, adapter_name=ADAPTER_NAME)
-    except ValueError as exc:
-        raise PeftSetupError(f"--peft.target_modules: {str(exc).splitlines()[0]}") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -315,13 +316,17 @@ def load_policy(
     weights = pretrained_weights_file(directory)
     own_file(weights.parent, weights.name)  # the directory's own file, not a symlink out of it
     policy = check_fits_memory(config, Path(directory) / POLICY_CONFIG, device)
-    if torch.get_default_device().type != "meta":  # a --dry_run (meta by default) keeps the checked one
+    dry = torch.get_default_device().type == "meta"  # a --dry_run: shapes only, nothing to copy
+    if not dry:
         policy = build_policy(config)
     try:
-        load_weights(policy, weights, strict=strict, adapt=registry.state_dict_adapter(config))
+        with warnings.catch_warnings():
+            if dry:  # the keys and shapes are checked; copying into meta tensors is a no-op torch warns of
+                warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
+            load_weights(policy, weights, strict=strict, adapt=registry.state_dict_adapter(config))
     except ModelMismatchError as exc:
         raise ModelMismatchError(
             f"{exc} (the config, type={config.type} from {Path(directory) / POLICY_CONFIG} with any "
             "overrides, builds other tensors: the weights were saved by another policy type or config)"
         ) from None
-    return config, policy.to(device).eval()
+    return config, (policy if dry else policy.to(device)).eval()
