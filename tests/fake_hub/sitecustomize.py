@@ -8,6 +8,7 @@ tests.
 
 import json
 import os
+import types
 
 import huggingface_hub
 
@@ -28,7 +29,16 @@ def create_commit(self, repo_id, operations, **kw):
     for op in operations:
         src = op.path_or_fileobj
         files[op.path_in_repo] = src.decode() if isinstance(src, bytes) else os.path.basename(src)
-    _record("create_commit", repo_id=repo_id, files=files)
+    failing = os.environ.get("FAKE_HUB_FAIL_COMMIT")  # tests: a commit whose message names this fails
+    if failing and failing in kw.get("commit_message", ""):
+        _record("create_commit_failed", repo_id=repo_id, message=kw.get("commit_message"))
+        raise OSError(f"fake hub: the connection was reset during {kw.get('commit_message')!r}")
+    _record("create_commit", repo_id=repo_id, files=files, message=kw.get("commit_message"))
+    return types.SimpleNamespace(oid=f"fake{len(files):036d}", commit_url=f"fake://{repo_id}")
+
+
+def create_tag(self, repo_id, *, tag, revision=None, **kw):
+    _record("create_tag", repo_id=repo_id, tag=tag, revision=revision)
 
 
 def _inner_whoami(self, token=None):
@@ -63,4 +73,5 @@ os.environ.setdefault("HF_TOKEN", "hf_fake_token_of_the_test_user")
 huggingface_hub.HfApi._inner_whoami = _inner_whoami
 huggingface_hub.HfApi.create_repo = create_repo
 huggingface_hub.HfApi.create_commit = create_commit
+huggingface_hub.HfApi.create_tag = create_tag
 huggingface_hub.snapshot_download = snapshot_download

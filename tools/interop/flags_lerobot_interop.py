@@ -71,7 +71,6 @@ ACTIVATE = {
     "job.target": "a10g-small",
     "reward_model.type": "classifier",
     "sample_weighting.type": "rabc",
-    "save_checkpoint_to_hub": "true",
     "dataset.repo_type": "bucket",
     "dataset.depth_output_unit": "m",
     "dataset": "dataset.json",

@@ -241,6 +241,7 @@ def every_section_non_default() -> TrainConfig:
         tolerance_s=0.01,
         cudnn_deterministic=True,
         use_policy_training_preset=False,
+        save_checkpoint_to_hub=True,
         log_freq=3,
         save_freq=50,
         save_checkpoint=False,

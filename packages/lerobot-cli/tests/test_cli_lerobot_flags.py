@@ -54,7 +54,6 @@ def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
         ("--job.target=a10g-small", "run the same command under torchrun or accelerate launch"),
         ("--reward_model.type=classifier", "reward model training"),
         ("--sample_weighting.type=rabc", "per-sample loss weights"),
-        ("--save_checkpoint_to_hub=true", "--policy.push_to_hub=true"),
         ("--dataset.repo_type=bucket", "an HF Storage Bucket is not read here yet"),
         ("--dataset.depth_output_unit=m", "depth maps are not dequantized here"),
         ("--dataset=dataset.json", "a section's own config file"),
@@ -103,6 +102,14 @@ def test_the_loader_takes_the_dataloader_flags():
     kwargs = _loader_kwargs(build("--num_workers=0"), runtime)  # no worker: nothing to prefetch or keep
     assert (kwargs["prefetch_factor"], kwargs["persistent_workers"], kwargs["multiprocessing_context"]) == (
         None, False, None)  # fmt: skip
+
+
+def test_uploading_checkpoints_needs_a_repository_and_checkpoints():
+    assert build("--save_checkpoint_to_hub=true", "--policy.repo_id=me/x").save_checkpoint_to_hub
+    with pytest.raises(UsageError, match="give --policy.repo_id=<user>/<name>"):
+        build("--save_checkpoint_to_hub=true")
+    with pytest.raises(UsageError, match="no checkpoint would be written"):
+        build("--save_checkpoint_to_hub=true", "--policy.repo_id=me/x", "--save_checkpoint=false")
 
 
 def test_without_the_policy_presets_the_optimizer_and_scheduler_must_be_given():

@@ -36,6 +36,7 @@ from lerobot_trainloop.loop import TrainLoop
 from lerobot_trainloop.streaming import StreamingDataSource, gather_states
 from torch import nn
 
+from lerobot_cli.checkpoint_upload import CheckpointUploader
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.configio import save_train_config
 from lerobot_cli.filewrites import writing
@@ -271,6 +272,8 @@ class Checkpointer:
             if cfg.checkpoint_async and cfg.save_checkpoint
             else None
         )
+        self.uploader: CheckpointUploader | None = None  # --save_checkpoint_to_hub: main rank only
+        self._in_flight: Path | None = None  # an asynchronous save not known to be committed yet
 
     def due(self, step: int) -> bool:
         if not self.cfg.save_checkpoint:
@@ -296,9 +299,21 @@ class Checkpointer:
         )
         self.last_saved = step
         if self.saver is not None:
+            # this save waited for the one before: that one is committed now
+            self._committed(self._in_flight)
+            self._in_flight = Path(path)
             return f"{path} (writing in the background)"
         self.last_path = path
+        self._committed(Path(path))
         return str(path)
+
+    def upload_to(self, uploader: CheckpointUploader) -> None:
+        """Upload every checkpoint committed from now on (``--save_checkpoint_to_hub``, main rank)."""
+        self.uploader = uploader
+
+    def _committed(self, path: Path | None) -> None:
+        if path is not None and self.uploader is not None:
+            self.uploader.submit(path)
 
     def wait(self) -> None:
         """Block until the background save in flight (if any) committed; raise its error if it failed.
@@ -308,6 +323,8 @@ class Checkpointer:
         """
         if self.saver is not None and (done := self.saver.wait()) is not None:
             self.last_path = done.path
+            self._committed(Path(done.path))
+            self._in_flight = None
 
     def resume(self, plan: ResumePlan, warn: Callable[[str], None]) -> ResumeState:
         """Restore everything, then say in one warning what differs from an uninterrupted run.

@@ -144,6 +144,13 @@ class TrainConfig:
         metadata=_h("Checkpoint every N steps (0: only at the end)."),
     )
     save_checkpoint: bool = field(default=True, metadata=_h("Write checkpoints at all."))
+    save_checkpoint_to_hub: bool = field(
+        default=False,
+        metadata=_h(
+            "Upload each checkpoint to --policy.repo_id under checkpoints/<step>/, tagged <step> (as "
+            "LeRobot), from the main rank while training goes on; a failed upload is one warning line."
+        ),
+    )
     save_on_interrupt: bool = field(
         default=True, metadata=_h("On SIGINT/SIGTERM, stop all ranks at the same step and save a checkpoint.")
     )

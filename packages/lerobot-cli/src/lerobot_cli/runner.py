@@ -221,6 +221,17 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     warn = logging.getLogger(PROG).warning
     if resume is not None:
         checkpointer.resume(resume, warn)
+    uploader = None
+    if cfg.save_checkpoint_to_hub and runtime.is_main:
+        from lerobot_cli.checkpoint_upload import CheckpointUploader
+
+        uploader = CheckpointUploader(
+            cfg.policy.repo_id,
+            private=cfg.policy.private,
+            warn=warn,
+            say=lambda line: print(line, flush=True),
+        )
+        checkpointer.upload_to(uploader)
     for note in work.apply() if work is not None and runtime.is_main else ():
         warn(note)
     tracker = None
@@ -306,6 +317,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             torch.distributed.barrier()
     finally:
         try:
+            if uploader is not None:  # the last checkpoint's upload (and any queued) before the exit
+                uploader.close()
             reporter.close()
         finally:
             # The workers end with the run, not whenever the garbage collector frees them (the loop's hooks

@@ -167,6 +167,16 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
         if not name.startswith("policy."):
             _set(tree, name, value)
     cfg = _structure(tree, source)
+    if cfg.save_checkpoint_to_hub and not (cfg.policy is not None and cfg.policy.repo_id):
+        raise UsageError(
+            "--save_checkpoint_to_hub=true uploads each checkpoint to the policy's repository: give "
+            "--policy.repo_id=<user>/<name>"
+        )
+    if cfg.save_checkpoint_to_hub and not cfg.save_checkpoint:
+        raise UsageError(
+            "--save_checkpoint_to_hub=true with --save_checkpoint=false: no checkpoint would be written to "
+            "upload; drop one of them"
+        )
     if not cfg.use_policy_training_preset and tree.get("policy") is not None:
         missing = [f"--{name}.type" for name in ("optimizer", "scheduler") if getattr(cfg, name) is None]
         if missing:

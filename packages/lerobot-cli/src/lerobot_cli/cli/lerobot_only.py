@@ -77,10 +77,6 @@ SAMPLE_WEIGHTING = (
     "per-sample loss weights (--sample_weighting.*, LeRobot's RA-BC) are not available here: they need a "
     "per-frame progress file and its weighting in each policy's loss, which this stack does not have"
 )
-HUB_CHECKPOINTS = (
-    "--save_checkpoint_to_hub is not available here yet: the final policy is pushed with "
-    "--policy.push_to_hub=true --policy.repo_id=<user>/<name>"
-)
 BUCKETS = (
     "an HF Storage Bucket is not read here yet: stream a dataset repo "
     "(--dataset.streaming=true) or give its files' URL as --dataset.root"
@@ -129,7 +125,6 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("reward_model", _null, REWARD, section=True),
     LeRobotOnly("sample_weighting", _null, SAMPLE_WEIGHTING),
     LeRobotOnly("sample_weighting", _empty_map, SAMPLE_WEIGHTING, section=True),  # null or {}: none
-    LeRobotOnly("save_checkpoint_to_hub", _off, HUB_CHECKPOINTS),
     LeRobotOnly("dataset.repo_type", _dataset_repo, BUCKETS),
     LeRobotOnly("dataset.depth_output_unit", lambda raw: raw.strip() == "mm", DEPTH),
 )
