@@ -39,6 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# the same dataset facts, windows and /proc readings as the map-style loader benchmark beside it
+from video_loader import _info, _status, mib, window_deltas
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = Path("/tmp/robot_av1")
 REPO_ID = "bench/robot_video"
@@ -48,23 +51,8 @@ SIDES = ("map", "stream", "local")
 
 # ----------------------------------------------------------------------------------------------- child
 def _deltas(root: Path, window: str) -> dict:
-    info = json.loads((root / "meta" / "info.json").read_text())
-    fps = float(info["fps"])
-    cameras = [k for k, f in info["features"].items() if f.get("dtype") in ("video", "image")]
-    if window == "act":
-        return {"action": [i / fps for i in range(50)]}
-    two = [-1 / fps, 0.0]
-    return {"observation.state": two, **{c: two for c in cameras}, "action": [i / fps for i in range(-1, 15)]}
-
-
-def _status(pid: int | str, field: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    fps, cameras, _ = _info(root)
+    return window_deltas(window, fps, cameras)
 
 
 def _children() -> list[int]:
@@ -200,10 +188,6 @@ def run_child(side: str, root: Path, args, hub: Hub | None, tmp: Path) -> dict:
     if res.returncode != 0 or not lines:
         raise RuntimeError(f"{side} child failed ({res.returncode}):\n{res.stderr[-3000:]}")
     return json.loads(lines[-1][len(RESULT) :])
-
-
-def mib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**20:.0f}"
 
 
 def sampler_cost(batches: int = 20000) -> None:
