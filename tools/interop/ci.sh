@@ -67,17 +67,22 @@ echo "interop: the libraries' tests on LeRobot's torch ${lerobot_torch}"
 if uv pip install -q --python "$VENV/bin/python" --constraint <(echo "torch==${lerobot_torch}") pytest \
       -e packages/lerobot-parallel -e "packages/lerobot-ckpt[torch]" -e packages/lerobot-trainloop \
     && "$VENV/bin/python" -m pytest -q -p no:cacheprovider --import-mode=importlib \
+      -o tmp_path_retention_policy=failed -o tmp_path_retention_count=1 \
       packages/lerobot-parallel/tests packages/lerobot-ckpt/tests packages/lerobot-trainloop/tests; then
   echo "interop: libraries on torch ${lerobot_torch}: PASS"
 else
   echo "interop: FAILED: the libraries' tests on LeRobot's torch ${lerobot_torch}" >&2
   status=1
 fi
+# Each driver writes its checkpoints and datasets (up to ~0.5 GB) under its own scratch TMPDIR, removed
+# after it whatever it left: the disk is shared, and sixteen drivers' leftovers filled it once.
 for check in tools/interop/*_lerobot_interop.py; do
   echo "interop: $(basename "$check")"
-  if ! uv run --frozen python "$check" --lerobot-python "$VENV/bin/python"; then
+  scratch="$(mktemp -d)"
+  if ! TMPDIR="$scratch" uv run --frozen python "$check" --lerobot-python "$VENV/bin/python"; then
     echo "interop: FAILED: $(basename "$check")" >&2
     status=1
   fi
+  rm -rf "$scratch"
 done
 exit "$status"
