@@ -330,6 +330,8 @@ def environment(ctx: Context, cmd: Command, needs_hub: bool) -> dict[str, str]:
         "HF_LEROBOT_HOME": str(ctx.workdir / "lerobot_home"),
         "HF_HUB_OFFLINE": "1",
         "TRACKIO_DIR": str(ctx.workdir / "trackio"),
+        # wandb's own folders (its cache, config, staged artifacts) in the workdir, never under ~
+        **{f"WANDB_{n}_DIR": str(ctx.workdir / "wandb" / n.lower()) for n in ("CACHE", "CONFIG", "DATA")},
     }
     if needs_hub:
         # The fake Hub answers every request a publish makes (whoami, create_repo, create_commit);

@@ -192,6 +192,9 @@ def check_command(cmd: Command, out: str, ctx: Context, where: str) -> None:
             project = cmd.flag("trackio.project") or cmd.flag("job_name")
             dbs = sorted(p.name for p in (ctx.workdir / "trackio").glob("*.db"))
             assert (f"{project}.db" in dbs) if project else dbs, f"{what}: trackio logged nothing ({dbs})"
+        if cmd.flag("wandb.enable") == "true" and cmd.flag("wandb.mode") == "offline":
+            runs = list((ctx.workdir / out_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+            assert len(runs) == 1, f"{what}: wandb wrote no offline run ({runs})"
 
 
 # --------------------------------------------------------------------------------------------- fixtures

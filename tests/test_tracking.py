@@ -1,9 +1,13 @@
-"""--trackio.enable: the main rank logs the reduced metrics and the config locally;
-a clear error without trackio."""
+"""The trackers: --trackio.enable and --wandb.enable log what metrics.jsonl says, from the main rank,
+reduced over ranks; wandb through the real library (offline runs read back with wandb's own reader), its
+run id saved for the resume, checkpoints as artifacts; a clear line without the extra or a login; a
+tracker failing mid-run is dropped with one warning."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,7 +80,7 @@ def test_trackio_missing_is_a_usage_error(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("lerobot-train: error: --trackio.enable=true needs the trackio package")
+    assert proc.stderr.startswith("lerobot-train: error: --trackio.enable=true needs lerobot-cli[trackio]")
     assert "lerobot-cli[trackio]" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 
@@ -86,7 +90,7 @@ def test_finish_ends_the_line_trackio_leaves_open(monkeypatch, capsys):
     the next line must not be glued to it."""
     import types
 
-    from lerobot_cli.tracking import TrackioTracker
+    from lerobot_cli.trackers.trackio import TrackioTracker
 
     fake = types.SimpleNamespace(
         init=lambda **_kw: object(),
@@ -103,3 +107,206 @@ def test_finish_ends_the_line_trackio_leaves_open(monkeypatch, capsys):
     fake.finish = lambda: print("* done")  # a line already ended gets no blank line after it
     tracker.finish()
     assert capsys.readouterr().out == "* done\n"
+
+
+def wandb_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """wandb's own directories under the test's (nothing under ~); no key (offline needs none)."""
+    env = {
+        f"WANDB_{name}_DIR": str(tmp_path / "wandb-home" / name.lower())
+        for name in ("CACHE", "CONFIG", "DATA")
+    }
+    assert "WANDB_API_KEY" not in os.environ and "WANDB_MODE" not in os.environ
+    return {**env, **extra}
+
+
+def read_offline_runs(output_dir: Path) -> list[dict]:
+    """Every offline run under ``output_dir/wandb``, oldest first, as wandb's reader (``wandb sync``'s)
+    sees its ``.wandb`` file: the run record, the history rows, the artifacts."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.sdk.internal import datastore
+
+    runs = []
+    for path in sorted(output_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        store = datastore.DataStore()
+        store.open_for_scan(str(path))
+        run: dict = {"history": [], "artifacts": []}
+        while (data := store.scan_data()) is not None:
+            record = pb.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run["id"], run["project"] = record.run.run_id, record.run.project
+                run["name"], run["tags"] = record.run.display_name, list(record.run.tags)
+                run["config"] = {u.key: json.loads(u.value_json) for u in record.run.config.update}
+            elif kind == "history":
+                run["history"].append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                )
+            elif kind == "artifact":
+                files = [e.path for e in record.artifact.manifest.contents]
+                run["artifacts"].append((record.artifact.name, record.artifact.type, files))
+        runs.append(run)
+    return runs
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_what_metrics_jsonl_says_and_a_resume_continues_it(launch, tmp_path):
+    out = tmp_path / "run"
+    flags = [a for a in ARGS if not a.startswith(("--trackio", "--save_checkpoint", "--steps"))] + [
+        f"--output_dir={out}",
+        "--wandb.enable=true",
+        "--wandb.mode=offline",
+        "--wandb.project=demo",
+        "--wandb.notes=a note",
+        "--dataset.eval_split=0.5",
+        "--eval_steps=3",
+        "--save_freq=3",
+    ]
+    env = wandb_env(tmp_path)
+    first = launch.torchrun(SCRIPT, *flags, "--steps=6", nproc=2, env=env, timeout_s=240)
+    assert first.returncode == 0, first.describe()
+    saved = json.loads((out / "checkpoints" / "last" / "pretrained_model" / "train_config.json").read_text())
+    cfg = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    second = launch.torchrun(
+        SCRIPT, "--resume=true", f"--config_path={cfg}", "--steps=9", nproc=2, env=env, timeout_s=240
+    )
+    assert second.returncode == 0, second.describe()
+    assert "wandb" not in first.stderr + second.stderr  # nothing of wandb's on the console
+
+    frames = int(
+        re.search(r"^Dataset: lerobot/demo_reach: (\d+) frames", first.stdout, re.MULTILINE).group(1)
+    )
+    runs = read_offline_runs(out)
+    assert len(runs) == 2  # the first run and its resume, one folder each, on the main rank only
+    run_id = saved["wandb"]["run_id"]
+    assert [r["id"] for r in runs] == [run_id, run_id]  # the resume continues the same run
+    assert runs[0]["project"] == "demo" and runs[0]["name"] == "lerobot_demo_reach_mlp"
+    assert runs[0]["tags"] == ["policy:mlp", "seed:1000", "dataset:lerobot/demo_reach"]
+    assert runs[0]["config"]["wandb"]["notes"] == "a note"
+    assert runs[0]["config"]["parallelism"] == {"dp_replicate": 1, "dp_shard": 1}
+
+    jsonl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    history = [row for run in runs for row in run["history"]]
+    train = [r for r in jsonl if "loss" in r]
+    logged = [h for h in history if "train/loss" in h]
+    assert [h["_step"] for h in logged] == [r["step"] for r in train] == [2, 4, 6, 8]
+    for row, rec in zip(logged, train, strict=True):  # LeRobot's names, the file's values
+        assert row["train/loss"] == rec["loss"] and row["train/grad_norm"] == rec["grad_norm"]
+        assert row["train/lr"] == rec["lr"] and row["train/dataloading_s"] == rec["data_s"]
+        assert row["train/update_s"] == rec["update_s"] and row["train/samples_per_s"] == rec["samples_per_s"]
+        samples = rec["step"] * 8 * 2  # batch 8 on each of 2 ranks
+        assert row["train/steps"] == rec["step"] and row["train/samples"] == samples
+        assert row["train/epochs"] == pytest.approx(samples / frames)  # of the training episodes
+    evals = [r for r in jsonl if "eval/loss" in r]
+    eval_rows = [h for h in history if "eval/eval_loss" in h]
+    assert [h["_step"] for h in eval_rows] == [r["step"] for r in evals] == [3, 6, 9]
+    assert [h["eval/eval_loss"] for h in eval_rows] == [r["eval/loss"] for r in evals]
+    # each committed checkpoint's weights as a model artifact named as LeRobot names them
+    artifacts = [a for run in runs for a in run["artifacts"]]
+    assert artifacts == [
+        (f"policy_mlp-seed_1000-dataset_lerobot_demo_reach-{step:06d}", "model", ["model.safetensors"])
+        for step in (3, 6, 9)
+    ]
+
+
+def test_wandb_that_cannot_start_is_one_line_and_leaves_no_run(tmp_path):
+    """Online without a login: the job stops before step 1 with one line saying what to do."""
+    argv = [a for a in ARGS if not a.startswith("--trackio")] + [
+        f"--output_dir={tmp_path / 'run'}",
+        "--wandb.enable=true",
+    ]
+    code = f"from lerobot_cli.train import main\nmain({argv!r})\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **wandb_env(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith("lerobot-train: error: --wandb.enable=true: wandb could not start the run")
+    assert "--wandb.mode=offline" in lines[0] and "wandb login" in lines[0]
+    assert "step 1/" not in proc.stdout and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_wandb_missing_is_a_usage_error(tmp_path):
+    argv = [a for a in ARGS if not a.startswith("--trackio")] + [
+        f"--output_dir={tmp_path / 'run'}",
+        "--wandb.enable=true",
+    ]
+    code = f"import sys; sys.modules['wandb'] = None\nfrom lerobot_cli.train import main\nmain({argv!r})\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("lerobot-train: error: --wandb.enable=true needs lerobot-cli[wandb]")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_wandb_flags_are_checked_in_one_line():
+    for flags, expected in (
+        (["--wandb.mode=online_please"], "--wandb.mode: invalid choice 'online_please'"),
+        (["--wandb.enable=true", "--wandb.project=null"], "--wandb.project must name a project"),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lerobot_cli.train",
+                *[a for a in ARGS if not a.startswith("--trackio")],
+                "--dry_run=true",
+                *flags,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_tracker_failing_mid_run_is_dropped_with_one_warning(tmp_path, caplog):
+    """A dashboard never stops training: the failing tracker is said once and dropped, the others go on."""
+    from lerobot_cli.trackers import Record, Trackers
+    from lerobot_cli.trackers.jsonl import MetricsFile
+
+    class Flaky:
+        name = "flaky"
+
+        def __init__(self) -> None:
+            self.logged, self.finished = [], []
+
+        def log(self, record):
+            if record.step == 2:
+                raise ConnectionError("the network went away")
+            self.logged.append(record.step)
+
+        def checkpoint(self, directory):
+            pass
+
+        def saved_config(self):
+            return {}
+
+        def finish(self, failed):
+            self.finished.append(failed)
+
+    flaky = Flaky()
+    trackers = Trackers([MetricsFile(tmp_path), flaky])
+    with caplog.at_level("WARNING"):
+        for step in (1, 2, 3):
+            trackers.log(Record(step, 0.0, "train", {"loss": 1.0 / step}))
+        trackers.finish()
+    assert flaky.logged == [1] and flaky.finished == [True]  # dropped at step 2, its run ended as failed
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        (
+            "flaky failed to log step 2 (ConnectionError: the network went away); it is off for the rest "
+            "of the run (metrics.jsonl has every record)"
+        )
+    ]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

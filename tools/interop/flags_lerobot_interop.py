@@ -65,7 +65,6 @@ VALUES = {
 ACTIVATE = {
     "env.type": "pusht",
     "eval.n_episodes": None,  # inert without an env: accepted at any value
-    "wandb.enable": "true",
     "dataset.image_transforms.enable": "true",
     "rename_map": '{"observation.images.top":"observation.images.front"}',
     "job.target": "a10g-small",

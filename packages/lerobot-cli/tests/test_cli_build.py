@@ -9,7 +9,7 @@ from lerobot_cli import configio
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.errors import UsageError
-from lerobot_cli.config import TrackioConfig, TrainConfig
+from lerobot_cli.config import TrackioConfig, TrainConfig, WandBConfig
 from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
@@ -260,6 +260,16 @@ def every_section_non_default() -> TrainConfig:
         eval_steps=50,
         max_eval_samples=100,
         trackio=TrackioConfig(enable=True, project="p"),
+        wandb=WandBConfig(
+            enable=True,
+            disable_artifact=True,
+            project="p",
+            entity="e",
+            notes="n",
+            run_id="abc123",
+            mode="offline",
+            add_tags=False,
+        ),
         ema=EmaConfig(
             enable=True, decay=0.99, update_after_step=3, inv_gamma=2.0, power=0.5, use_for_eval=False
         ),

@@ -46,7 +46,6 @@ def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
 @pytest.mark.parametrize(
     ("flag", "says"),
     [
-        ("--wandb.enable=true", "wandb is not wired in yet: --trackio.enable=true"),
         ("--wandb.enable=maybe", "--wandb.enable: expected a boolean"),
         ("--env.type=pusht", "--dataset.eval_split=0.1 --eval_steps=N"),
         ("--dataset.image_transforms.enable=true", "image augmentation"),

@@ -35,12 +35,12 @@ def victim(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", [METRICS_FILE, "abandoned"])
+@pytest.mark.parametrize("name", [METRICS_FILE, "abandoned", "wandb"])
 @pytest.mark.parametrize("resume", [False, True])
 def test_a_symlinked_metrics_file_or_abandoned_dir_is_refused_in_one_line(tmp_path, victim, name, resume):
     run = tmp_path / "run"
     (run / "checkpoints" / "000002").mkdir(parents=True)
-    (run / name).symlink_to(victim if name == METRICS_FILE else tmp_path)
+    (run / name).symlink_to(victim if name == METRICS_FILE else tmp_path)  # wandb/: a run's files elsewhere
     plan = _resume_plan(run, run / "checkpoints" / "000002") if resume else _fresh_plan(run)
     with pytest.raises(UsageError) as info:
         inspect_run_dir(plan)
@@ -67,13 +67,36 @@ def test_a_resume_rewrites_metrics_through_a_fresh_name_not_a_planted_one(tmp_pa
     assert not [p for p in run.iterdir() if p.name.startswith(f".{METRICS_FILE}") and not p.is_symlink()]
 
 
+def test_a_fresh_run_sets_an_earlier_failed_runs_wandb_files_aside_with_its_metrics(tmp_path):
+    """A run that failed before its first checkpoint left wandb/ (--wandb.enable) beside metrics.jsonl:
+    retried in the same directory, both go under abandoned/ together, so the new run's wandb folder and
+    the old one's are not mixed."""
+    run = tmp_path / "run"
+    (run / "wandb" / "offline-run-1-abc").mkdir(parents=True)
+    (run / "wandb" / "offline-run-1-abc" / "run-abc.wandb").write_bytes(b"x")
+    (run / METRICS_FILE).write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    notes = inspect_run_dir(_fresh_plan(run)).apply()
+    (aside,) = (run / "abandoned").iterdir()
+    assert (aside / "wandb" / "offline-run-1-abc" / "run-abc.wandb").read_bytes() == b"x"
+    assert (aside / METRICS_FILE).is_file() and not (run / "wandb").exists()
+    assert notes == [
+        (
+            f"{run} held an earlier run that committed no checkpoint: starting afresh there; its "
+            f"{METRICS_FILE} (1 lines) and its wandb/ moved to {aside}"
+        )
+    ]
+    (run / "wandb").write_text("not a folder")
+    with pytest.raises(UsageError, match="wandb is not a directory"):
+        inspect_run_dir(_fresh_plan(run))
+
+
 def test_metrics_are_never_appended_through_a_symlink(tmp_path, victim):
     """A link that appears after the check: the append refuses it, naming the file."""
     (tmp_path / METRICS_FILE).symlink_to(victim)
     reporter = Reporter(True, tmp_path, total_steps=2, stream=io.StringIO())
     with pytest.raises(CheckpointWriteError, match=f"could not write {tmp_path / METRICS_FILE}: OSError"):
         reporter.log(1, {"loss": 1.0})
-    reporter.close()
+    reporter.close(failed=True)
     assert victim.read_text() == "precious"
 
 

@@ -272,7 +272,7 @@ class Checkpointer:
             if cfg.checkpoint_async and cfg.save_checkpoint
             else None
         )
-        self.uploader: CheckpointUploader | None = None  # --save_checkpoint_to_hub: main rank only
+        self._on_commit: list[Callable[[Path], None]] = []  # uploads, trackers' artifacts: main rank only
         self._in_flight: Path | None = None  # an asynchronous save not known to be committed yet
 
     def due(self, step: int) -> bool:
@@ -309,11 +309,22 @@ class Checkpointer:
 
     def upload_to(self, uploader: CheckpointUploader) -> None:
         """Upload every checkpoint committed from now on (``--save_checkpoint_to_hub``, main rank)."""
-        self.uploader = uploader
+        self.on_commit(uploader.submit)
+
+    def on_commit(self, callback: Callable[[Path], None]) -> None:
+        """Call ``callback(checkpoint_dir)`` for every checkpoint committed from now on (an asynchronous
+        one when it is known committed), in the order they were saved."""
+        self._on_commit.append(callback)
+
+    def use_config(self, cfg: TrainConfig, write_pretrained: Callable[[Path], None]) -> None:
+        """Save ``cfg`` with the checkpoints from now on: the run's config plus what its trackers saved
+        (wandb's run id), which only exists once they started, after the resume."""
+        self.cfg, self.write_pretrained = cfg, write_pretrained
 
     def _committed(self, path: Path | None) -> None:
-        if path is not None and self.uploader is not None:
-            self.uploader.submit(path)
+        if path is not None:
+            for callback in self._on_commit:
+                callback(path)
 
     def wait(self) -> None:
         """Block until the background save in flight (if any) committed; raise its error if it failed.

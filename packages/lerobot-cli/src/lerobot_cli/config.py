@@ -28,6 +28,44 @@ class TrackioConfig:
     )
 
 
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _wandb_project(inst, attribute, value) -> None:
+    if inst.enable and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(
+            f"--wandb.project must name a project when --wandb.enable=true, got {value!r} "
+            "(LeRobot's default: lerobot)"
+        )
+
+
+@define(frozen=True)
+class WandBConfig:
+    """LeRobot 0.6.1's ``--wandb.*``, its fields and defaults (``lerobot_cli.trackers.wandb`` says what each
+    does). ``run_id`` is filled in by the run itself, as LeRobot does, so a resume continues the same run."""
+
+    enable: bool = field(default=False, metadata={"help": "Log metrics, config and checkpoints to wandb."})
+    disable_artifact: bool = field(
+        default=False, metadata={"help": "Do not keep each checkpoint's weights as a wandb artifact."}
+    )
+    project: str | None = field(
+        default="lerobot", validator=_wandb_project, metadata={"help": "wandb project."}
+    )
+    entity: str | None = field(default=None, metadata={"help": "wandb entity (team or user)."})
+    notes: str | None = field(default=None, metadata={"help": "wandb run notes."})
+    run_id: str | None = field(
+        default=None, metadata={"help": "wandb run id to continue (saved by the run for its resume)."}
+    )
+    mode: str | None = field(
+        default=None,
+        validator=lambda inst, attr, value: _one_of("--wandb.mode", WANDB_MODES)(inst, attr, value),
+        metadata={"help": "online (default), offline (under --output_dir; `wandb sync` it later), disabled."},
+    )
+    add_tags: bool = field(
+        default=True, metadata={"help": "Tag the run with policy:<type>, seed:<seed>, dataset:<repo_id>."}
+    )
+
+
 def _path_or_none(flag: str):
     def check(inst, attribute, value) -> None:
         if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -187,6 +225,7 @@ class TrainConfig:
         metadata=_h("Cap on held-out frames evaluated (the first of each task, LeRobot's rule; 0: all)."),
     )
     trackio: TrackioConfig = field(factory=TrackioConfig)
+    wandb: WandBConfig = field(factory=WandBConfig)
     ema: EmaConfig = field(factory=EmaConfig)
     parallelism: ParallelismConfig = field(factory=ParallelismConfig)
     accelerator: AcceleratorConfig = field(factory=AcceleratorConfig)

@@ -16,6 +16,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "pi": ("transformers",),
     "peft": ("peft",),
     "trackio": ("trackio",),
+    "wandb": ("wandb",),
     "fastwam": ("diffusers", "transformers"),  # the Wan2.2 VAE; the UMT5 text encoder and its tokenizer
 }
 

@@ -9,19 +9,15 @@ the last log step.
 
 from __future__ import annotations
 
-import errno
-import json
 import math
-import os
-import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from lerobot_cli.filewrites import writing
+from lerobot_cli.trackers import METRICS_FILE, Record, Trackers
 
-METRICS_FILE = "metrics.jsonl"
+__all__ = ["METRICS_FILE", "Reporter", "format_log_line"]
 
 
 def _fmt(value: float) -> str:
@@ -55,21 +51,6 @@ def format_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return f"step {step}/{total} " + " ".join(parts)
 
 
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-def _open_for_append(path: Path) -> TextIO:
-    """``metrics.jsonl`` opened for appending, never through a symlink (``O_NOFOLLOW``) and only when
-    it is a regular file: the run-directory check refuses a planted link in one line first, this
-    keeps one appearing later from being followed (the write then fails naming the file)."""
-    with writing(path):
-        fd = os.open(path, _APPEND, 0o644)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return os.fdopen(fd, "a", encoding="utf-8")
-
-
 class Reporter:
     """Console and JSONL output of one run; a no-op on non-main ranks."""
 
@@ -80,18 +61,17 @@ class Reporter:
         total_steps: int,
         start_step: int = 0,
         stream: TextIO | None = None,
-        tracker: Any | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.enabled = enabled
         self.total = total_steps
         self.stream = stream or sys.stdout
-        self.tracker = tracker
+        # metrics.jsonl (and the trackers the run turned on): the main rank's only
+        self.trackers = (trackers or Trackers.file_only(output_dir)) if enabled else None
         self._progress = None
         self._task = None
-        self._jsonl = None
         self._t0 = time.perf_counter()
         self._start = start_step
-        self._metrics_path = output_dir / METRICS_FILE
         self._last_loss = ""  # the progress bar's loss: the last log step's
         if not enabled:
             return
@@ -134,41 +114,33 @@ class Reporter:
         self.print(
             format_log_line(step, self.total, metrics) + (f" eta={eta:.0f}s" if math.isfinite(eta) else "")
         )
-        self._record(step, elapsed, {**metrics, **(records or {})})
+        self._record(Record(step, elapsed, "train", metrics, records or {}))
         self._last_loss = f"loss {_fmt(metrics.get('loss', math.nan))}"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, status=self._last_loss)
 
     def log_eval(self, step: int, metrics: dict[str, float], samples: int, weights: str) -> None:
-        """The held-out eval loss and its parts, as ``eval/<name>`` (console, metrics.jsonl, trackio)."""
+        """The held-out eval loss and its parts, as ``eval/<name>`` (console, metrics.jsonl, trackers)."""
         if not self.enabled:
             return
         named = {f"eval/{k}": v for k, v in metrics.items()}
         parts = " ".join(f"{k}={_fmt(v)}" for k, v in named.items())
         self.print(f"eval step {step}/{self.total} {parts} ({samples} held-out frames, {weights} weights)")
-        self._record(step, time.perf_counter() - self._t0, named)
+        self._record(Record(step, time.perf_counter() - self._t0, "eval", metrics))
 
-    def _record(self, step: int, elapsed: float, metrics: dict[str, float]) -> None:
-        record = {
-            "step": step,
-            "time_s": round(elapsed, 4),
-            **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()},
-        }
-        if self._jsonl is None:  # opened at the first record: a run that fails before it leaves no empty file
-            self._metrics_path.parent.mkdir(parents=True, exist_ok=True)
-            self._jsonl = _open_for_append(self._metrics_path)
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
-        if self.tracker is not None:
-            self.tracker.log(metrics, step=step)
+    def _record(self, record: Record) -> None:
+        if self.trackers is not None:
+            self.trackers.log(record)
 
-    def close(self) -> None:
-        if self.tracker is not None:
-            self.tracker.finish()
-            self.tracker = None
+    def checkpoint(self, directory: Path) -> None:
+        """A committed checkpoint, for the trackers that keep one (wandb's artifacts)."""
+        if self.trackers is not None:
+            self.trackers.checkpoint(directory)
+
+    def close(self, failed: bool = False) -> None:
+        if self.trackers is not None:
+            self.trackers.finish(failed)
+            self.trackers = None
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None

@@ -46,6 +46,8 @@ from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.reporting import METRICS_FILE
 from lerobot_cli.runplan import RunPlan
 
+WANDB_DIR = "wandb"  # --wandb.enable: wandb's own files (dir=<output_dir>), a folder per run or resume
+
 
 def _metrics_lines(path: Path) -> list[str]:
     try:
@@ -79,7 +81,11 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 def _refuse_links(directory: Path) -> None:
     """The names a run writes or moves into at its top level must not lead elsewhere."""
-    for name, what in ((METRICS_FILE, "its metrics are appended to"), (ABANDONED_DIR, "it moves files into")):
+    for name, what in (
+        (METRICS_FILE, "its metrics are appended to"),
+        (ABANDONED_DIR, "it moves files into"),
+        (WANDB_DIR, "wandb writes its run files into"),
+    ):
         path = directory / name
         if path.is_symlink():
             raise UsageError(
@@ -129,6 +135,7 @@ class RunDirWork:
     directory: Path
     leftovers: tuple[Path, ...] = ()  # interrupted saves' dot-named leftovers in checkpoints/
     earlier_metrics: int = 0  # fresh run: lines of an earlier run (without checkpoints) to set aside
+    earlier_wandb: bool = False  # fresh run: the wandb/ files of that earlier run, set aside too
     set_aside_steps: tuple[Path, ...] = ()  # resume: newer checkpoints the user asked to set aside
     resume_checkpoint: Path | None = None
     stale_lock: LockHolder | None = None
@@ -158,12 +165,18 @@ class RunDirWork:
             )
         metrics = self.directory / METRICS_FILE
         if self.resume_checkpoint is None:
-            if self.earlier_metrics:
+            moved = []
+            if self.earlier_metrics or self.earlier_wandb:
                 aside = self._aside(None)
-                os.replace(metrics, aside / METRICS_FILE)
+                if self.earlier_metrics:
+                    os.replace(metrics, aside / METRICS_FILE)
+                    moved.append(f"its {METRICS_FILE} ({self.earlier_metrics} lines)")
+                if self.earlier_wandb:
+                    os.replace(self.directory / WANDB_DIR, aside / WANDB_DIR)
+                    moved.append(f"its {WANDB_DIR}/")
                 notes.append(
                     f"{self.directory} held an earlier run that committed no checkpoint: starting afresh "
-                    f"there; its {METRICS_FILE} ({self.earlier_metrics} lines) was moved to {aside}"
+                    f"there; {' and '.join(moved)} moved to {aside}"
                 )
             return notes
         step = int(self.resume_checkpoint.name)
@@ -228,12 +241,18 @@ def inspect_run_dir(plan: RunPlan, stale_lock: LockHolder | None = None) -> RunD
         )
     if CHECKPOINTS_DIR in entries and any(p not in leftovers for p in checkpoints.iterdir()):
         raise _not_empty(directory, f"is not empty ({checkpoints} holds files that are not checkpoints)")
-    others = sorted(set(entries) - {CHECKPOINTS_DIR, METRICS_FILE, ABANDONED_DIR})
+    others = sorted(set(entries) - {CHECKPOINTS_DIR, METRICS_FILE, ABANDONED_DIR, WANDB_DIR})
     if others:
         raise _not_empty(directory, f"is not empty (it holds {', '.join(others[:5])})")
     if METRICS_FILE in entries and not entries[METRICS_FILE].is_file():
         raise _not_empty(directory, f"is not empty ({METRICS_FILE} is not a file)")
+    if WANDB_DIR in entries and not entries[WANDB_DIR].is_dir():
+        raise _not_empty(directory, f"is not empty ({WANDB_DIR} is not a directory)")
     earlier = len(_metrics_lines(directory / METRICS_FILE)) if METRICS_FILE in entries else 0
     return RunDirWork(
-        directory=directory, leftovers=leftovers, earlier_metrics=earlier, stale_lock=stale_lock
+        directory=directory,
+        leftovers=leftovers,
+        earlier_metrics=earlier,
+        earlier_wandb=WANDB_DIR in entries,
+        stale_lock=stale_lock,
     )

@@ -32,6 +32,7 @@ from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
 from lerobot_cli.cli.errors import PROG, UsageError, is_quiet_rank, leave_quietly
 from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.configio import unstructure_train_config
 from lerobot_cli.data_source import make_data_sources
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.mixture import MixtureDataset
@@ -49,6 +50,7 @@ from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
+from lerobot_cli.trackers import RunContext, Trackers, TrackerStartError, enabled_kinds
 from lerobot_cli.workload import build_workload, sharding_plan
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -170,6 +172,40 @@ def _training_run(workload, runtime: ParallelRuntime) -> TrainingRun:
     return TrainingRun(tasks=tasks, device=runtime.device)
 
 
+def _start_trackers(
+    cfg: TrainConfig, runtime: ParallelRuntime, workload, resume
+) -> tuple[Trackers | None, TrainConfig]:
+    """The main rank's trackers (``metrics.jsonl`` and those turned on), and the config with what they need
+    saved (wandb's run id). A tracker that cannot start stops the job in one line, on every rank."""
+    if not runtime.is_main and not enabled_kinds(cfg):
+        return None, cfg
+    meta = workload.dataset.meta
+    context = RunContext(
+        cfg=cfg,
+        output_dir=Path(cfg.output_dir),
+        resuming=resume is not None,
+        samples_per_step=cfg.batch_size * runtime.dp_world_size,
+        num_frames=meta.num_frames,
+        num_episodes=meta.num_episodes,
+        config=lambda: unstructure_train_config(cfg),
+    )
+    box: list[Trackers] = []
+
+    def start() -> dict:
+        try:
+            box.append(Trackers.start(context, resume_in_place=resume is not None and resume.in_place))
+        except TrackerStartError as exc:
+            raise UsageError(str(exc)) from None
+        return box[0].saved_config()
+
+    saved = decided_on_main(runtime, "the trackers", start) if enabled_kinds(cfg) else start()
+    if not runtime.is_main:
+        return None, cfg
+    for section, values in saved.items():
+        cfg = attrs.evolve(cfg, **{section: attrs.evolve(getattr(cfg, section), **values)})
+    return box[0], cfg
+
+
 def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = None) -> TrainLoop:
     """Train on this rank; returns the finished loop (its ``model`` is still wrapped and sharded)."""
     cfg, resume = plan.cfg, plan.resume
@@ -234,18 +270,22 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         checkpointer.upload_to(uploader)
     for note in work.apply() if work is not None and runtime.is_main else ():
         warn(note)
-    tracker = None
-    if cfg.trackio.enable and runtime.is_main:
-        from lerobot_cli.configio import unstructure_train_config
-        from lerobot_cli.tracking import TrackioTracker
-
-        tracker = TrackioTracker(
-            cfg.trackio.project or cfg.job_name, cfg.job_name, unstructure_train_config(cfg)
-        )
-    reporter = Reporter(
-        runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, tracker=tracker
+    # The trackers start once nothing can refuse the run any more (the resume loaded, the run directory's
+    # earlier files set aside: wandb writes under it), on the main rank; what one needs saved with the run
+    # (wandb's run id) goes into every train_config.json from here on.
+    trackers, cfg = _start_trackers(cfg, runtime, workload, resume)
+    checkpointer.use_config(
+        cfg,
+        pretrained_writer(
+            cfg, workload.policy_config, workload.preprocessor, workload.postprocessor, workload.policy
+        ),
     )
+    reporter = Reporter(
+        runtime.is_main, Path(cfg.output_dir), cfg.steps, start_step=loop.step, trackers=trackers
+    )
+    checkpointer.on_commit(reporter.checkpoint)  # wandb's artifacts: committed checkpoints only
     watch = InterruptWatch(runtime.device, runtime.is_distributed, runtime.timeout_s)
+    failed = True
     try:
         for line in banner_lines(
             cfg,
@@ -257,6 +297,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             mixture_parts(workload.dataset),
         ):
             reporter.print(line)
+        if trackers is not None and len(trackers.names) > 1:  # besides metrics.jsonl
+            reporter.print(f"Tracking: {', '.join(trackers.names)}")
         for line in prepared:
             reporter.print(line)
         # the whole plan when sharded; unsharded runs list only activation checkpointing and compile
@@ -315,11 +357,12 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
                 )
         if runtime.is_distributed:
             torch.distributed.barrier()
+        failed = False
     finally:
         try:
             if uploader is not None:  # the last checkpoint's upload (and any queued) before the exit
                 uploader.close()
-            reporter.close()
+            reporter.close(failed)
         finally:
             # The workers end with the run, not whenever the garbage collector frees them (the loop's hooks
             # and the held-out eval hold each other): collected in a later run's forked DataLoader worker,

@@ -55,11 +55,12 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
     check_policy_fits_local_dataset(cfg)
     if cfg.peft is not None:
         check_peft(cfg)
-    if cfg.trackio.enable:
-        from lerobot_cli.tracking import missing_trackio_message, trackio_available
+    from lerobot_cli.trackers import enabled_kinds
 
-        if not trackio_available():
-            raise UsageError(missing_trackio_message())
+    for kind in enabled_kinds(cfg):  # --trackio.enable, --wandb.enable: the extra each needs
+        missing = kind.extra and missing_extra_message(kind.extra, f"--{kind.name}.enable=true")
+        if missing:
+            raise UsageError(missing)
 
 
 def check_extras(cfg: TrainConfig) -> None:

@@ -60,9 +60,6 @@ SIM_EVAL = (
     "simulation evaluation (--env.*, --eval.*) is not available here yet; the held-out loss is: "
     "--dataset.eval_split=0.1 --eval_steps=N"
 )
-WANDB = (
-    "wandb is not wired in yet: --trackio.enable=true logs the same metrics (and metrics.jsonl always does)"
-)
 IMAGE_TRANSFORMS = "image augmentation (--dataset.image_transforms.*) is not available here yet"
 RENAME_MAP = (
     "--rename_map (renaming a --policy.path checkpoint's inputs to this dataset's names) is not available "
@@ -111,9 +108,6 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("env_eval_freq", _always, SIM_EVAL),  # no env: LeRobot evaluates nothing either
     LeRobotOnly("eval", _null, SIM_EVAL),
     LeRobotOnly("eval", _always, SIM_EVAL, section=True),  # the eval settings of an env there is not
-    LeRobotOnly("wandb", _null, WANDB),
-    LeRobotOnly("wandb.enable", _off, WANDB),
-    LeRobotOnly("wandb", _always, WANDB, section=True),  # project, entity, …: unused while it is off
     LeRobotOnly("image_transforms", _null, IMAGE_TRANSFORMS),
     LeRobotOnly("dataset.image_transforms.enable", _off, IMAGE_TRANSFORMS),
     LeRobotOnly("dataset.image_transforms", _always, IMAGE_TRANSFORMS, section=True),

@@ -1,9 +1,7 @@
-"""Optional experiment tracking with trackio (local-first: a SQLite file under $TRACKIO_DIR).
+"""trackio (local-first: a SQLite file under ``$TRACKIO_DIR``): ``--trackio.enable=true``.
 
-Only the main rank logs, and only metrics already reduced over ranks (at log steps, the only steps
-whose numbers are read from the device; peak memory, ``gpu_mem_gb`` / ``peak_rss_gb``, is the max over
-ranks), so a dashboard shows the same numbers as the console and ``metrics.jsonl``. trackio is an optional
-extra; asking for it without it installed is a usage error caught before training starts.
+It gets the names ``metrics.jsonl`` uses (eval ones as ``eval/<name>``), so a dashboard and the file
+read alike; non-finite values are left out (trackio stores floats only).
 """
 
 from __future__ import annotations
@@ -12,27 +10,16 @@ import contextlib
 import io
 import math
 import sys
-from typing import Any, TextIO
+from pathlib import Path
+from typing import TextIO
 
-INSTALL_HINT = (
-    "pip install 'lerobot-cli[trackio]' (in this repository: uv sync --all-packages --extra trackio)"
-)
-
-
-def trackio_available() -> bool:
-    try:
-        import trackio  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def missing_trackio_message() -> str:
-    return f"--trackio.enable=true needs the trackio package, which is not installed: {INSTALL_HINT}"
+from lerobot_cli.trackers.base import Record, RunContext
 
 
 class TrackioTracker:
-    def __init__(self, project: str, run_name: str | None, config: dict[str, Any]) -> None:
+    name = "trackio"
+
+    def __init__(self, project: str, run_name: str | None, config: dict) -> None:
         import trackio
 
         self._trackio = trackio
@@ -40,10 +27,23 @@ class TrackioTracker:
             project=project, name=run_name, config=config, embed=False, auto_log_cpu=False, auto_log_gpu=False
         )
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self._trackio.log({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
+    @classmethod
+    def start(cls, ctx: RunContext) -> TrackioTracker:
+        cfg = ctx.cfg
+        return cls(cfg.trackio.project or cfg.job_name, cfg.job_name, ctx.config())
 
-    def finish(self) -> None:
+    def log(self, record: Record) -> None:
+        prefix = "eval/" if record.kind == "eval" else ""
+        values = {**{prefix + k: v for k, v in record.metrics.items()}, **record.extra}
+        self._trackio.log({k: v for k, v in values.items() if math.isfinite(v)}, step=record.step)
+
+    def checkpoint(self, directory: Path) -> None:
+        pass
+
+    def saved_config(self) -> dict:
+        return {}
+
+    def finish(self, failed: bool = False) -> None:
         """End the run; whatever trackio prints meanwhile ("… (please wait...)") ends its line, so the
         next output, ours or the shell's, starts on a line of its own."""
         with _LineEnder(sys.stdout) as out, contextlib.redirect_stdout(out):
