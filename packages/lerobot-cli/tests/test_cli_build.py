@@ -231,6 +231,7 @@ def every_section_non_default() -> TrainConfig:
         job_name="job",
         resume=True,
         abandon_newer_checkpoints=True,
+        rename_map={"observation.images.front": "observation.images.top"},
         seed=7,
         steps=123,
         batch_size=4,

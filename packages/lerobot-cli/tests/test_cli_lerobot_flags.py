@@ -49,7 +49,6 @@ def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
         ("--wandb.enable=maybe", "--wandb.enable: expected a boolean"),
         ("--env.type=pusht", "--dataset.eval_split=0.1 --eval_steps=N"),
         ("--dataset.image_transforms.enable=true", "image augmentation"),
-        ('--rename_map={"a":"b"}', "--rename_map (renaming a --policy.path checkpoint's inputs"),
         ("--job.target=a10g-small", "run the same command under torchrun or accelerate launch"),
         ("--reward_model.type=classifier", "reward model training"),
         ("--sample_weighting.type=rabc", "per-sample loss weights"),

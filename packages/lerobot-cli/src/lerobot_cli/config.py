@@ -18,6 +18,7 @@ from lerobot_cli.datasets.config import DatasetConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies.config import PolicyConfig
+from lerobot_cli.rename import check_map_value
 
 
 @define(frozen=True)
@@ -115,6 +116,14 @@ class TrainConfig:
         metadata=_h(
             "On resume from an older checkpoint, move the newer ones to <output_dir>/abandoned/ instead of "
             "refusing (never recorded as true)."
+        ),
+    )
+    rename_map: dict[str, str] = field(
+        factory=dict,
+        validator=lambda _inst, _attr, value: check_map_value(value),
+        metadata=_h(
+            "Rename the dataset's observations to a --policy.path checkpoint's inputs, LeRobot's flag, e.g. "
+            '\'{"observation.images.front": "observation.images.top"}\' (saved in the pre-processor).'
         ),
     )
     seed: int = field(default=1000, metadata=_h("Seed of model init, data order and dropout."))

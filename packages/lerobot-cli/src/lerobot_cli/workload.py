@@ -50,7 +50,9 @@ from lerobot_cli.processors.factory import QUANTILE_STATS_FIX, MissingStatsError
 from lerobot_cli.processors.normalize import REQUIRED_STATS
 from lerobot_cli.processors.pipeline import ProcessorPipeline
 from lerobot_cli.processors.restat import use_dataset_stats
+from lerobot_cli.processors.steps import RenameObservationsStep
 from lerobot_cli.processors.tokenizer import TokenizerStep, TokenizerUnavailableError
+from lerobot_cli.rename import check_rename_map, renamed, show, suggested_map
 
 log = logging.getLogger(__name__)
 
@@ -203,28 +205,41 @@ def features_are_derived(policy: PolicyConfig) -> bool:
     return (fresh.input_features, fresh.output_features) == (policy.input_features, policy.output_features)
 
 
-def check_features_fit(policy: PolicyConfig, features: dict, root: Path, source: str) -> None:
+def check_features_fit(
+    policy: PolicyConfig, features: dict, root: Path, source: str, rename_map: dict[str, str] | None = None
+) -> None:
     """A policy whose features were fixed elsewhere (a checkpoint, ``--policy.path``) must find them in
     the dataset: otherwise it fails later as a shape error deep in the model, or as weights that
     "do not match", neither of which names the real cause (another dataset). Inputs the policy fills in
-    itself (LeRobot's empty-camera placeholders in a pi0 ``config.json``) need not be in the dataset."""
+    itself (LeRobot's empty-camera placeholders in a pi0 ``config.json``) need not be in the dataset.
+    ``features``: the dataset's after ``rename_map`` (``--rename_map``); a missing input that another
+    observation of the dataset could feed is named with the ``--rename_map`` that would do it."""
     available = dataset_to_policy_features(features)
     placeholders = set(policy.placeholder_inputs())
-    problems = []
+    problems, missing = [], []
     for key, feature in {**policy.input_features, **policy.output_features}.items():
         have = available.get(key)
         if have is None and key in placeholders:
             continue
         if have is None:
             problems.append(f"{key} is missing")
+            missing.append(key)
         elif feature.type is FeatureType.VISUAL and have.shape[:1] != feature.shape[:1]:
             problems.append(f"{key} has {have.shape[0]} channels, not {feature.shape[0]}")
         elif feature.type is not FeatureType.VISUAL and have.shape != feature.shape:
             problems.append(f"{key} has shape {list(have.shape)}, not {list(feature.shape)}")
     if problems:
+        suggestion = suggested_map(
+            [k for k in missing if k in policy.input_features], policy.input_features, available, rename_map
+        )
+        rename = (
+            f"; if the dataset names it otherwise, rename it: {show(suggestion)}"
+            if suggestion is not None and policy.pretrained_path
+            else ""
+        )
         raise DatasetError(
             f"the dataset at {root} does not fit the {policy.type} policy of {source}: "
-            f"{'; '.join(problems)}; use the dataset that policy was trained on, "
+            f"{'; '.join(problems)}{rename}; use the dataset that policy was trained on, "
             "or train a new policy with --policy.type"
         )
 
@@ -303,9 +318,16 @@ def build_workload(
             load_policy_config(processors_from / POLICY_CONFIG),
             "the checkpoint being resumed",
         )
+    features = meta.features
+    if cfg.rename_map:
+        try:
+            check_rename_map(cfg.rename_map, features, cfg.policy.input_features, root)
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from None
+        features = renamed(features, cfg.rename_map)  # the names the policy sees
     if (reference.input_features or reference.output_features) and not features_are_derived(reference):
-        check_features_fit(reference, meta.features, root, source)
-    policy_cfg, policy = build_policy_for(cfg, meta.features, resuming)
+        check_features_fit(reference, features, root, source, cfg.rename_map)
+    policy_cfg, policy = build_policy_for(cfg, features, resuming)
     if cfg.dataset.streaming:
         dataset, eval_dataset, split = _streamed(cfg, meta, policy_cfg), None, None
     elif isinstance(meta, MixtureMeta):
@@ -317,6 +339,8 @@ def build_workload(
     source = processors_from or pretrained
     if source is not None and _has_processors(source):
         pre, post = load_processors(source, device=device)
+        # as LeRobot's override of a pretrained pre-processor: this run's map (``{}`` clears a saved one)
+        set_rename_map(pre, cfg.rename_map, source / PREPROCESSOR_CONFIG)
         if processors_from is None:  # a --policy.path fine-tune, not a resume: the dataset's stats
             try:
                 use_dataset_stats(pre, post, policy_cfg, processor_stats(cfg, dataset))
@@ -324,7 +348,9 @@ def build_workload(
                 raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
     else:
         try:
-            pre, post = make_pre_post_processors(policy_cfg, processor_stats(cfg, dataset), device=device)
+            pre, post = make_pre_post_processors(
+                policy_cfg, processor_stats(cfg, dataset), device=device, rename_map=cfg.rename_map
+            )
         except MissingStatsError as exc:
             raise DatasetError(stats_error_message(dataset.meta.root / STATS_PATH, exc)) from None
         source = None
@@ -349,10 +375,26 @@ def _load_tokenizers(pre, setting: str) -> None:
 
 def processor_stats(cfg: TrainConfig, dataset: LeRobotDataset) -> dict:
     """The statistics new processors are built from: the dataset's, with ImageNet's camera mean/std under
-    ``--dataset.use_imagenet_stats`` (LeRobot's default, applied where LeRobot's dataset factory does)."""
-    if not cfg.dataset.use_imagenet_stats:
-        return dataset.meta.stats
-    return with_imagenet_stats(dataset.meta.stats, dataset.meta.features)
+    ``--dataset.use_imagenet_stats`` (LeRobot's default, applied where LeRobot's dataset factory does),
+    renamed by ``--rename_map``."""
+    stats = dataset.meta.stats
+    if cfg.dataset.use_imagenet_stats:
+        stats = with_imagenet_stats(stats, dataset.meta.features)
+    return renamed(stats, cfg.rename_map)  # under the policy's names (LeRobot's rename_stats)
+
+
+def set_rename_map(pre: ProcessorPipeline, rename_map: dict[str, str], file: Path) -> None:
+    """Give the loaded pre-processor's ``rename_observations_processor`` step ``rename_map``."""
+    steps = [step for step in pre.steps if isinstance(step, RenameObservationsStep)]
+    if not steps:
+        if rename_map:
+            raise DatasetError(
+                f"--rename_map: {file} has no rename_observations_processor step to rename the dataset's "
+                "observations with"
+            )
+        return
+    for step in steps:
+        step.rename_map = dict(rename_map)
 
 
 def stats_error_message(path: Path, exc: MissingStatsError) -> str:

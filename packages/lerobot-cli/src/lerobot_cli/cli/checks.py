@@ -38,6 +38,10 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
                 "model.safetensors to publish; use --checkpoint_format=safetensors_dcp, or convert "
                 "and publish later with lerobot-convert-dcp --push_to_hub"
             )
+    if cfg.rename_map and not cfg.policy.pretrained_path:
+        from lerobot_cli.rename import NEEDS_PRETRAINED
+
+        raise UsageError(NEEDS_PRETRAINED)
     if cfg.eval_steps > 0 and cfg.dataset.eval_split == 0:
         raise UsageError(
             f"--eval_steps={cfg.eval_steps} has no held-out data to evaluate on: pass "
@@ -111,7 +115,20 @@ def check_policy_fits_local_dataset(cfg: TrainConfig) -> None:
     if any(local_dataset_root(one) is None for one in configs):
         return
     try:
-        policy = policy_config_for_dataset(cfg.policy, run_meta(cfg.dataset, local_dataset_root).features)
+        meta = run_meta(cfg.dataset, local_dataset_root)
+    except DatasetError:
+        return
+    features = meta.features
+    if cfg.rename_map:
+        from lerobot_cli.rename import check_rename_map, renamed
+
+        try:
+            check_rename_map(cfg.rename_map, features, cfg.policy.input_features, meta.root)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        features = renamed(features, cfg.rename_map)
+    try:
+        policy = policy_config_for_dataset(cfg.policy, features)
     except DatasetError:
         return
     check_policy_features(policy)

@@ -2,7 +2,7 @@
 
 A LeRobot user arrives with the command they already run, and it must never end in ``unknown flag``. Each
 flag below is either accepted as is, when its value keeps the feature off (LeRobot's own default, e.g.
-``--wandb.enable=false``, ``--rename_map={}``, ``--env_eval_freq`` without an env), or refused in one line
+``--wandb.enable=false``, ``--env_eval_freq`` without an env), or refused in one line
 that says why and what to use instead. Flags whose feature exists here are ordinary config fields, not
 listed here. ``tools/interop/flags_lerobot_interop.py`` reads LeRobot's own ``--help`` and checks every
 flag against this stack.
@@ -61,10 +61,6 @@ SIM_EVAL = (
     "--dataset.eval_split=0.1 --eval_steps=N"
 )
 IMAGE_TRANSFORMS = "image augmentation (--dataset.image_transforms.*) is not available here yet"
-RENAME_MAP = (
-    "--rename_map (renaming a --policy.path checkpoint's inputs to this dataset's names) is not available "
-    "here yet; rename the dataset's features, or train with the names the checkpoint expects"
-)
 JOBS = (
     "Hugging Face Jobs (--job.target) are not launched from here: run the same command under torchrun or "
     "accelerate launch on the machines themselves (see the guide's Launching and Multi-node sections)"
@@ -111,7 +107,6 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("image_transforms", _null, IMAGE_TRANSFORMS),
     LeRobotOnly("dataset.image_transforms.enable", _off, IMAGE_TRANSFORMS),
     LeRobotOnly("dataset.image_transforms", _always, IMAGE_TRANSFORMS, section=True),
-    LeRobotOnly("rename_map", _empty_map, RENAME_MAP),
     LeRobotOnly("job", _null, JOBS),
     LeRobotOnly("job.target", _local_job, JOBS),
     LeRobotOnly("job", _always, JOBS, section=True),  # image, timeout, …: unused for a local run
