@@ -66,7 +66,6 @@ ACTIVATE = {
     "env.type": "pusht",
     "eval.n_episodes": None,  # inert without an env: accepted at any value
     "dataset.image_transforms.enable": "true",
-    "rename_map": '{"observation.images.top":"observation.images.front"}',
     "job.target": "a10g-small",
     "reward_model.type": "classifier",
     "sample_weighting.type": "rabc",

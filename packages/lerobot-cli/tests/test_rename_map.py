@@ -5,6 +5,8 @@ one line. In-process (``lerobot_cli.train.main``), two small datasets written he
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -71,7 +73,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     assert main([*data(top, "top"), *ACT, *RUN, f"--output_dir={tmp / 'base'}"]) == 0
     base = tmp / "base" / "checkpoints" / "last" / "pretrained_model"
     tuned = [*data(front, "front"), f"--policy.path={base}", *RUN, "--dataset.use_imagenet_stats=false"]
-    assert main([*tuned, f"--rename_map={MAP}", f"--output_dir={tmp / 'tuned'}"]) == 0
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*tuned, f"--rename_map={MAP}", f"--output_dir={tmp / 'tuned'}"]) == 0
+    assert f"Rename: {FRONT} → {TOP} (--rename_map" in out.getvalue()  # the banner says it
     return {"top": top, "front": front, "base": base, "tuned": tmp / "tuned" / "checkpoints" / "last"}
 
 

@@ -121,6 +121,14 @@ def streaming_lines(cfg: TrainConfig, dp_world_size: int) -> list[str]:
     return [line]
 
 
+def _rename_lines(cfg: TrainConfig) -> list[str]:
+    """``--rename_map``: which dataset observation the policy sees under which of its input names."""
+    if not cfg.rename_map:
+        return []
+    pairs = ", ".join(f"{old} → {new}" for old, new in cfg.rename_map.items())
+    return [f"Rename: {pairs} (--rename_map, applied and saved by the pre-processor)"]
+
+
 def banner_lines(
     cfg: TrainConfig,
     runtime: ParallelRuntime,
@@ -143,6 +151,7 @@ def banner_lines(
         f"Backend: {runtime.backend or 'none (one process)'}; device {runtime.device}",
         precision_line(cfg.accelerator.mixed_precision, policy),
         *dataset_lines(cfg, num_frames, num_episodes, parts),
+        *_rename_lines(cfg),
         *streaming_lines(cfg, runtime.dp_world_size),
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_initial_weights_lines(cfg),
