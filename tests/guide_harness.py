@@ -156,12 +156,50 @@ class Command:
         return values[-1] if values else None
 
 
+def demo_with_camera(root: Path, camera: str) -> Path:
+    """The demo dataset with its camera named ``camera`` instead of ``observation.images.top`` (written
+    once into ``root``): ``meta/info.json``, ``meta/stats.json``, the episodes' columns and the video
+    directory renamed, the frames the same. A ``--rename_map`` fine-tune of the base policy runs on it."""
+    import pyarrow.parquet as pq
+
+    if (root / "meta" / "info.json").is_file():
+        return root
+    old = "observation.images.top"
+    tmp = root.with_name(root.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(DEMO, tmp)
+    (tmp / "videos" / old).rename(tmp / "videos" / camera)
+    for name, section in (("info.json", "features"), ("stats.json", None)):
+        file = tmp / "meta" / name
+        data = json.loads(file.read_text())
+        where = data[section] if section else data
+        where[camera] = where.pop(old)
+        file.write_text(json.dumps(data, indent=4))
+    for file in (tmp / "meta" / "episodes").rglob("*.parquet"):
+        table = pq.read_table(file)
+        table = table.rename_columns([c.replace(f"/{old}/", f"/{camera}/") for c in table.column_names])
+        meta = {k: v.replace(old.encode(), camera.encode()) for k, v in (table.schema.metadata or {}).items()}
+        pq.write_table(table.replace_schema_metadata(meta), file)
+    tmp.rename(root)
+    return root
+
+
+FRONT_CAMERA = "observation.images.front"
+
+
+def _dataset(m: re.Match, ctx: Context) -> str:
+    """A ``${HF_USER}`` dataset: the demo; one whose name has ``front`` in it: the demo with its camera
+    named ``observation.images.front`` (written into the chain's work directory when it runs)."""
+    if "front" not in m.group(1):
+        return f"--dataset.repo_id=lerobot/demo_reach --dataset.root={DEMO}"
+    root = ctx.workdir / "demo_reach_front"
+    if ctx.workdir.is_dir():
+        demo_with_camera(root, FRONT_CAMERA)
+    return f"--dataset.repo_id=lerobot/demo_reach_front --dataset.root={root}"
+
+
 def _substitute(line: str, ctx: Context) -> str:
-    line = re.sub(
-        r"--dataset\.repo_id=\$\{HF_USER\}/[\w.-]+",
-        lambda _m: f"--dataset.repo_id=lerobot/demo_reach --dataset.root={DEMO}",
-        line,
-    )
+    line = re.sub(r"--dataset\.repo_id=\$\{HF_USER\}/([\w.-]+)", lambda m: _dataset(m, ctx), line)
     line = re.sub(
         r"--policy\.path=\$\{HF_USER\}/[\w.-]+", lambda _m: f"--policy.path={ctx.base_policy()}", line
     )

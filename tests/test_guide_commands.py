@@ -8,7 +8,8 @@ Each ```bash block is parsed into commands (``\\`` continuations joined, ``#`` c
 command per line) and rewritten generically:
 
 * ``--dataset.repo_id=${HF_USER}/<name>`` → the bundled demo dataset (``--dataset.root`` added; for a
-  mixture, ``--dataset.repo_id='["${HF_USER}/a", ...]'``, a ``--dataset.root`` list naming it per entry);
+  mixture, ``--dataset.repo_id='["${HF_USER}/a", ...]'``, a ``--dataset.root`` list naming it per entry;
+  a name with ``front`` in it: a copy of the demo whose camera is ``observation.images.front``);
   ``--policy.path=${HF_USER}/<name>`` → a tiny ACT ``pretrained_model/`` trained once per session;
   other ``${HF_USER}`` → ``me``; ``${MAIN_NODE}`` → ``127.0.0.1``; ``$(which X)`` → the environment's X;
   a flag value starting ``data/`` (the repository's bundled dataset and tokenizer) → that path in the
