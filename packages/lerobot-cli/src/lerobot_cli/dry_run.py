@@ -32,11 +32,13 @@ def dry_run(cfg: TrainConfig) -> int:
     from lerobot_cli.cli.render import as_flags
     from lerobot_cli.datasets.mixing import run_meta
     from lerobot_cli.datasets.stream_location import meta_resolver
+    from lerobot_cli.rename import renamed
     from lerobot_cli.workload import build_policy_for, sharding_plan
 
     meta = run_meta(cfg.dataset, meta_resolver(cfg.dataset))
+    features = renamed(meta.features, cfg.rename_map)  # the names the policy sees (--rename_map)
     with torch.device("meta"):
-        _, policy = build_policy_for(cfg, meta.features)
+        _, policy = build_policy_for(cfg, features)
     plan = sharding_plan(cfg, policy, ParallelRuntime.preview(resolved))
     total = sum(p.numel() for p in policy.parameters())
     learnable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
