@@ -226,9 +226,10 @@ def lerobot_side(work: Path) -> bool:
     steps = json.loads((pretrained(work / "lerobot_tuned") / "policy_preprocessor.json").read_text())["steps"]
     saved_map = next(s["config"] for s in steps if s["registry_name"] == "rename_observations_processor")
     renamed = FRONT not in seen and TOP in seen
+    raw = renamed and bool((seen[TOP] == ref[FRONT]).all())
     print(
         f"[lerobot] its own --rename_map fine-tune: saved {saved_map}, renamed={renamed}, camera stats saved "
-        f"for {_camera_stats(pre)}",
+        f"for {_camera_stats(pre)}, renamed camera left unnormalised: {raw}",
         flush=True,
     )
     ok &= renamed and saved_map == {"rename_map": {FRONT: TOP}}
