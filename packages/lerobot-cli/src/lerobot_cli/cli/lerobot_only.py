@@ -117,7 +117,8 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("dataset.repo_type", _dataset_repo, BUCKETS),
     LeRobotOnly("dataset.depth_output_unit", lambda raw: raw.strip() == "mm", DEPTH),
 )
-SECTIONS = ("dataset", "policy")  # --<section>=<file> in LeRobot's parser (optimizer, scheduler, peft: ours)
+# --<section>=<file> in LeRobot's parser (optimizer, scheduler, peft: ours)
+SECTIONS = ("dataset", "policy", "wandb")
 
 
 def lerobot_only(name: str, raw: str) -> bool:
