@@ -65,7 +65,7 @@ VALUES = {
 ACTIVATE = {
     "env.type": "pusht",
     "eval.n_episodes": None,  # inert without an env: accepted at any value
-    "dataset.image_transforms.enable": "true",
+    "image_transforms": "transforms.json",  # a config file for dataset.image_transforms: pass flags here
     "job.target": "a10g-small",
     "reward_model.type": "classifier",
     "sample_weighting.type": "rabc",

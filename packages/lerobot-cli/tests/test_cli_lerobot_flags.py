@@ -28,6 +28,7 @@ def build(*flags: str):
         "--eval.n_episodes=50",
         "--dataset.image_transforms.enable=false",
         "--dataset.image_transforms.max_num_transforms=3",
+        "--image_transforms=null",
         "--rename_map={}",
         "--job.target=null",
         "--job.image=huggingface/lerobot-gpu:latest",
@@ -48,7 +49,7 @@ def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
     [
         ("--wandb.enable=maybe", "--wandb.enable: expected a boolean"),
         ("--env.type=pusht", "--dataset.eval_split=0.1 --eval_steps=N"),
-        ("--dataset.image_transforms.enable=true", "image augmentation"),
+        ("--image_transforms=transforms.json", "pass their fields as flags (--dataset.image_transforms"),
         ("--job.target=a10g-small", "run the same command under torchrun or accelerate launch"),
         ("--reward_model.type=classifier", "reward model training"),
         ("--sample_weighting.type=rabc", "per-sample loss weights"),
@@ -117,3 +118,28 @@ def test_without_the_policy_presets_the_optimizer_and_scheduler_must_be_given():
                 "--scheduler.type=cosine_decay_with_warmup")  # fmt: skip
     assert cfg.optimizer.lr == 0.5 and cfg.scheduler.type == "cosine_decay_with_warmup"
     assert cfg.optimizer != build().optimizer  # not the preset's
+
+
+def test_image_transforms_are_lerobots_flags_with_its_meaning():
+    """``--dataset.image_transforms.*`` is a config section now: each flag sets its field, and ``tfs``
+    replaces the whole dict as LeRobot's parser does (an entry's missing fields take their defaults)."""
+    cfg = build(
+        "--dataset.image_transforms.enable=true",
+        "--dataset.image_transforms.max_num_transforms=2",
+        "--dataset.image_transforms.random_order=true",
+        '--dataset.image_transforms.tfs={"b":{"weight":2.0,"type":"ColorJitter","kwargs":{"brightness":[0.5,1.5]}},'
+        '"i":{}}',
+    ).dataset.image_transforms
+    assert (cfg.enable, cfg.max_num_transforms, cfg.random_order) == (True, 2, True)
+    assert list(cfg.tfs) == ["b", "i"] and cfg.tfs["b"].kwargs == {"brightness": (0.5, 1.5)}
+    assert (cfg.tfs["i"].weight, cfg.tfs["i"].type, cfg.tfs["i"].kwargs) == (1.0, "Identity", {})
+    assert build().dataset.image_transforms.enable is False
+    for flag, says in (
+        ("--dataset.image_transforms.max_num_transforms=-1", "must be a whole number >= 0"),
+        ('--dataset.image_transforms.tfs={"x":{"type":"GaussianNoise"}}', "'x' has type 'GaussianNoise'"),
+        ('--dataset.image_transforms.tfs={"x":{"weight":-2}}', "'x' has weight -2.0"),
+        ('--dataset.image_transforms.tfs={"x":{"type":"ColorJitter","kwargs":{"hue":0.9}}}', "hue must"),
+    ):
+        with pytest.raises(UsageError) as err:
+            build(flag)
+        assert says in str(err.value) and str(err.value).startswith("--dataset.image_transforms")

@@ -60,7 +60,10 @@ SIM_EVAL = (
     "simulation evaluation (--env.*, --eval.*) is not available here yet; the held-out loss is: "
     "--dataset.eval_split=0.1 --eval_steps=N"
 )
-IMAGE_TRANSFORMS = "image augmentation (--dataset.image_transforms.*) is not available here yet"
+IMAGE_TRANSFORMS = (
+    "a config file for the image transforms (--image_transforms=<file>) is not read here: pass their fields "
+    "as flags (--dataset.image_transforms.enable=true, --dataset.image_transforms.tfs='{...}', ...)"
+)
 JOBS = (
     "Hugging Face Jobs (--job.target) are not launched from here: run the same command under torchrun or "
     "accelerate launch on the machines themselves (see the guide's Launching and Multi-node sections)"
@@ -104,9 +107,7 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("env_eval_freq", _always, SIM_EVAL),  # no env: LeRobot evaluates nothing either
     LeRobotOnly("eval", _null, SIM_EVAL),
     LeRobotOnly("eval", _always, SIM_EVAL, section=True),  # the eval settings of an env there is not
-    LeRobotOnly("image_transforms", _null, IMAGE_TRANSFORMS),
-    LeRobotOnly("dataset.image_transforms.enable", _off, IMAGE_TRANSFORMS),
-    LeRobotOnly("dataset.image_transforms", _always, IMAGE_TRANSFORMS, section=True),
+    LeRobotOnly("image_transforms", _null, IMAGE_TRANSFORMS),  # LeRobot's file for the dataset's section
     LeRobotOnly("job", _null, JOBS),
     LeRobotOnly("job.target", _local_job, JOBS),
     LeRobotOnly("job", _always, JOBS, section=True),  # image, timeout, …: unused for a local run

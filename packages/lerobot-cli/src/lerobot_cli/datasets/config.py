@@ -16,6 +16,8 @@ from typing import Any
 
 from attrs import define, field
 
+from lerobot_cli.datasets.image_transforms import ImageTransformsConfig
+
 
 def _episodes(value):
     if value is None:
@@ -139,6 +141,10 @@ class DatasetConfig:
     streaming_cache_mb: int = field(
         default=256,
         metadata={"help": "Bytes of remote files each streaming reader keeps in memory (MiB)."},
+    )
+    image_transforms: ImageTransformsConfig = field(
+        factory=ImageTransformsConfig,
+        metadata={"help": "LeRobot's image augmentation of the training frames (off by default)."},
     )
 
     def __attrs_post_init__(self) -> None:

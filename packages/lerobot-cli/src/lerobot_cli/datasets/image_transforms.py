@@ -58,7 +58,8 @@ class ImageTransformConfig:
     type: str = field(
         default="Identity", metadata={"help": "ColorJitter, SharpnessJitter, RandomAffine, Identity."}
     )
-    kwargs: dict[str, Any] = field(factory=dict, converter=_kwargs)
+    # Any, not dict[str, Any]: the converter checks it, so a non-object gets this module's sentence.
+    kwargs: Any = field(factory=dict, converter=_kwargs)
 
 
 def _default_tfs() -> dict[str, ImageTransformConfig]:
