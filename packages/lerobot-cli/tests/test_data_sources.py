@@ -13,6 +13,7 @@ import pytest
 import torch
 from lerobot_cli.data_source import make_data_sources
 from lerobot_cli.datasets import DatasetError
+from lerobot_cli.datasets.image_transforms import AugmentItem, ImageTransforms, ImageTransformsConfig
 from lerobot_parallel.runtime import ParallelRuntime
 from torch.utils.data import Dataset
 
@@ -64,7 +65,7 @@ def cfg(**kw):
         "prefetch_factor": 2,
         "persistent_workers": True,
         "dataloader_multiprocessing_context": None,
-        "dataset": SimpleNamespace(episodes=None),
+        "dataset": SimpleNamespace(episodes=None, image_transforms=ImageTransformsConfig()),
     }
     return SimpleNamespace(**{**base, **kw})
 
@@ -104,3 +105,65 @@ def test_the_held_out_source_needs_eval_steps_and_a_split():
     finally:
         data.close()
     assert held.loader._iterator is None  # close ended the persistent workers
+
+
+class Pictures(Frames):
+    """``n`` frames whose camera is a 3×8×8 uint8 picture of its own (so every transform changes it)."""
+
+    def __getitem__(self, i: int) -> dict:
+        g = torch.Generator().manual_seed(i)
+        return {
+            CAM: torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8, generator=g),
+            "index": torch.tensor(i),
+        }
+
+
+AUGMENT = ImageTransformsConfig(enable=True, max_num_transforms=6)
+
+
+def augmented(eval_frames=None, **kw):
+    wl = workload(eval_frames=eval_frames)
+    wl.dataset = Pictures(20)
+    wl.eval_dataset = Pictures(eval_frames) if eval_frames else None
+    dataset = SimpleNamespace(episodes=None, image_transforms=AUGMENT)
+    return wl, make_data_sources(wl, cfg(dataset=dataset, **kw), RT)
+
+
+def test_training_cameras_are_augmented_per_sample_key_and_held_out_ones_are_not():
+    wl, data = augmented(eval_frames=4, eval_steps=1)
+    expect = AugmentItem(ImageTransforms(AUGMENT), [CAM], seed=0)
+    try:
+        it = iter(data.train)
+        seen: dict[int, list[torch.Tensor]] = {}
+        for step in range(20):  # two epochs of 10 batches
+            batch = next(it)
+            for row, frames in zip(batch["index"].tolist(), batch[CAM], strict=True):
+                raw = wl.dataset[row]
+                assert torch.equal(frames, expect(raw, (step // 10, row))[CAM])  # key: (epoch, index)
+                assert not torch.equal(frames, raw[CAM].float() / 255)
+                seen.setdefault(row, []).append(frames)
+        assert all(len(v) == 2 and not torch.equal(*v) for v in seen.values())  # each epoch its own draws
+        for batch in data.held_out:  # the held-out frames as decoded, never augmented
+            for row, frames in zip(batch["index"].tolist(), batch[CAM], strict=True):
+                assert torch.equal(frames, wl.eval_dataset[row][CAM].float() / 255)
+    finally:
+        data.close()
+
+
+def test_an_augmented_source_resumed_mid_epoch_draws_what_it_would_have():
+    _, whole = augmented()
+    it = iter(whole.train)
+    batches = [next(it)[CAM] for _ in range(7)]
+    _, first = augmented()
+    it = iter(first.train)
+    for _ in range(3):
+        next(it)
+    state = first.train.state_dict()
+    _, resumed = augmented(num_workers=2)  # other workers: the same draws
+    resumed.train.load_state_dict(state)
+    try:
+        it = iter(resumed.train)
+        for want in batches[3:]:
+            assert torch.equal(next(it)[CAM], want)
+    finally:
+        resumed.close()

@@ -271,3 +271,13 @@ def test_a_map_data_source_over_a_mixture():
     seven = MixtureBatchSampler(SIZES, WEIGHTS, 4, seed=2)
     seven.consume(7)
     assert again.state_dict() == seven.state_dict()
+
+
+def test_keyed_batches_name_each_draw_by_its_stream_position():
+    s = MixtureBatchSampler(SIZES, WEIGHTS, 4, dp_rank=1, dp_world_size=2, seed=3)
+    total = sum(SIZES)
+    plain, keyed = iter(s), s.keyed_batches()
+    for k in range(30):
+        batch = next(keyed)
+        assert [i for i, _ in batch] == next(plain)
+        assert [key for _, key in batch] == [divmod(k * 8 + 4 + j, total) for j in range(4)]

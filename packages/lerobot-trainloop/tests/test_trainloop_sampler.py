@@ -147,3 +147,28 @@ def test_set_epoch_for_epoch_style_trainers():
     s.set_epoch(2)
     assert take(s, 3) == [epoch_permutation(10, 0, 2).tolist()[i : i + 3] for i in (0, 3, 6)]
     assert torch.equal(s._perm(2), epoch_permutation(10, 0, 2))
+
+
+def test_keyed_batches_pair_each_index_with_its_epoch():
+    """``keyed_batches`` is ``iter()`` with each index's (epoch, index): the same on every topology and
+    after a resume, unique over the run."""
+    from lerobot_trainloop.sampler import SubsetBatches
+
+    n, b = 10, 3
+    s = ShardedBatchSampler(n, b, seed=4)
+    plain, keyed = iter(s), s.keyed_batches()
+    pairs = []
+    for _ in range(8):  # 24 samples: two epochs and a part, batches straddling the boundaries
+        batch = next(keyed)
+        assert [i for i, _ in batch] == next(plain)
+        pairs += batch
+    assert all(key == (pos // n, i) for pos, (i, key) in enumerate(pairs))
+    assert len({key for _, key in pairs}) == len(pairs)
+    ranks = [ShardedBatchSampler(n, 1, dp_rank=r, dp_world_size=3, seed=4).keyed_batches() for r in range(3)]
+    spread = [key for _ in range(8) for r in ranks for _, key in next(r)]
+    assert spread == [key for _, key in pairs]  # another topology: the same keys in the same order
+    s.consume(5)
+    assert next(s.keyed_batches()) == pairs[15:18]  # a resumed position
+    rows = [100 + i for i in range(n)]
+    sub = next(SubsetBatches(ShardedBatchSampler(n, b, seed=4), rows).keyed_batches())
+    assert sub == [(rows[i], key) for i, key in pairs[:3]]

@@ -354,3 +354,30 @@ def test_a_group_without_episodes_counts_zero():
     assert src.group_counts == [2 * B, 0]
     with pytest.raises(ValueError, match="fewer than the groups"):
         source(groups=GROUPS, num_groups=2)
+
+
+def _keyed(item: dict, key: tuple[int, ...]) -> dict:
+    return {**item, "key": torch.tensor(key)}
+
+
+def test_augment_sees_each_items_epoch_episode_and_frame_and_a_resume_sees_the_same():
+    """``augment(item, (epoch, episode, frame))`` runs on every item: each key names one frame of one
+    epoch (every frame once per epoch, over readers), and a resumed source hands the same keys."""
+    src = source(num_workers=2, augment=_keyed)
+    n = 2 * sum(LENGTHS) // B  # two epochs
+    it = iter(src)
+    batches = [next(it) for _ in range(n)]
+    keys = [tuple(k) for b in batches for k in b["key"].tolist()]
+    assert all((ep, f) == pair for (_, ep, f), pair in zip(keys, [p for b in batches for p in pairs_of(b)]))
+    assert Counter((ep, f) for e, ep, f in keys if e == 0) == FRAMES  # the readers are past epoch 0
+    assert len(set(keys)) == len(keys)  # a frame once per epoch
+    first = source(num_workers=2, augment=_keyed)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    resumed = source(num_workers=2, augment=_keyed)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    it = iter(resumed)
+    assert [next(it)["key"].tolist() for _ in range(n - 5)] == [b["key"].tolist() for b in batches[5:]]
+    for s in (src, first, resumed):
+        s.close()

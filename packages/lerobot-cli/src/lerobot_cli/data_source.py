@@ -24,6 +24,7 @@ from lerobot_cli.batch_fit import check_batch_fits
 from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.dataset import cameras_to_float
+from lerobot_cli.datasets.image_transforms import AugmentItem, Identity, ImageTransforms
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import eval_sample_indices
 from lerobot_cli.datasets.streamed import StreamedDataset
@@ -75,6 +76,16 @@ def _prepare(workload) -> Callable[[Any], Any]:
         return pre(cameras_to_float(batch, cameras))
 
     return prepare
+
+
+def _augment(workload, cfg: TrainConfig) -> AugmentItem | None:
+    """``--dataset.image_transforms``: every camera of each training item augmented in the loader's
+    workers, from a generator seeded by the run's seed and the item's sample key (see ``AugmentItem``);
+    None when off (or when no transform can be picked). Never given to the held-out source."""
+    transforms = ImageTransforms(cfg.dataset.image_transforms)
+    if isinstance(transforms.tf, Identity):
+        return None
+    return AugmentItem(transforms, workload.dataset.meta.camera_keys, cfg.seed)
 
 
 def _loader_kwargs(cfg: TrainConfig, runtime: ParallelRuntime) -> dict[str, Any]:
@@ -131,6 +142,7 @@ def make_data_sources(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> D
         rows=rows,
         prepare=prepare,
         loader_kwargs=kwargs,
+        augment=_augment(workload, cfg),
     )
     held_out = None
     if cfg.eval_steps > 0 and workload.eval_dataset is not None:
@@ -178,6 +190,7 @@ def _streaming_source(workload, cfg: TrainConfig, runtime: ParallelRuntime) -> S
         loader_kwargs=kwargs,
         groups=[d for d, _ in dataset.episodes] if dataset.is_mixture else None,
         num_groups=len(dataset.parts),  # a dataset whose episodes are all too short counts 0
+        augment=_augment(workload, cfg),
     )
 
 

@@ -80,6 +80,10 @@ class MapDataSource:
     ``prepare``: applied to every placed batch (normalisation, dtype casts on the device), so the work is
     done where the batch already is. ``loader_kwargs``: the other DataLoader arguments (``num_workers``,
     ``pin_memory``, ``collate_fn``, …), ``shielded`` included.
+    ``augment``: ``augment(item, key) -> item``, run in the loader's workers on every item of a resumable
+    order, with the item's sample key (the order's ``keyed_batches``: ``(epoch, index)`` for a
+    ``ShardedBatchSampler``), which a resume, another rank or another worker count give the same sample,
+    so per-sample randomness seeded by it is reproducible.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class MapDataSource:
         prepare: Callable[[Any], Any] | None = None,
         host_keys: frozenset[str] = HOST_KEYS,
         loader_kwargs: Mapping[str, Any] | None = None,
+        augment: Callable[[Any, tuple[int, ...]], Any] | None = None,
     ) -> None:
         self.dataset = dataset
         self.order = order
@@ -101,6 +106,10 @@ class MapDataSource:
         self.host_keys = host_keys
         self.handed_out = 0  # batches returned by this source's iterators, resumed ones not counted
         batches = order if rows is None else SubsetBatches(order, rows)
+        if augment is not None:
+            if not self.resumable:
+                raise ValueError("augment needs an order with sample keys (a ShardedBatchSampler or mixture)")
+            batches, dataset = KeyedBatches(batches), AugmentedDataset(dataset, augment)
         self.loader = resumable_loader(dataset, batches, seed=seed, **dict(loader_kwargs or {}))
 
     @property
@@ -148,3 +157,31 @@ class MapDataSource:
 
     def close(self) -> None:
         shutdown_loader(self.loader)
+
+
+class KeyedBatches(Sampler):
+    """``batches.keyed_batches()`` as a batch sampler: lists of ``(index, sample key)``."""
+
+    def __init__(self, batches) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[tuple[int, tuple[int, ...]]]]:
+        return self.batches.keyed_batches()
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class AugmentedDataset(Dataset):
+    """``dataset`` read by ``(index, key)`` pairs: ``augment(dataset[index], key)``."""
+
+    def __init__(self, dataset: Dataset, augment: Callable[[Any, tuple[int, ...]], Any]) -> None:
+        self.dataset = dataset
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, pair: tuple[int, tuple[int, ...]]) -> Any:
+        index, key = pair
+        return self.augment(self.dataset[index], tuple(key))

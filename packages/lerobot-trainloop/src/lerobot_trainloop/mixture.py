@@ -235,6 +235,15 @@ class MixtureBatchSampler(Sampler[list[int]]):
             position += self.global_batch_size
             k += 1
 
+    def keyed_batches(self) -> Iterator[list[tuple[int, tuple[int, int]]]]:
+        """The batches of ``iter()``, each index paired with its sample key ``(pass, draw)``: the draw's
+        stream position as whole passes of ``num_samples`` and the place in the pass (a weighted mixture
+        may draw an index twice in a pass, so the key names the draw, not the index)."""
+        position = self._position + self.dp_rank * self.batch_size
+        for batch in self:
+            yield [(i, divmod(position + j, self.num_samples)) for j, i in enumerate(batch)]
+            position += self.global_batch_size
+
     def __len__(self) -> int:
         if self.max_batches is None:
             raise TypeError("MixtureBatchSampler is endless unless max_batches is given")

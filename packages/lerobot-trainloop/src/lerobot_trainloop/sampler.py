@@ -143,13 +143,24 @@ class ShardedBatchSampler(Sampler[list[int]]):
             count -= take
         return out
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _batch_starts(self) -> Iterator[int]:
+        """The stream position of this rank's first sample in each batch, from the consumed position."""
         start, k = self._position, 0
         while self.max_batches is None or k < self.max_batches:
-            yield self.indices_at(
-                start + k * self.global_batch_size + self.dp_rank * self.batch_size, self.batch_size
-            )
+            yield start + k * self.global_batch_size + self.dp_rank * self.batch_size
             k += 1
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for position in self._batch_starts():
+            yield self.indices_at(position, self.batch_size)
+
+    def keyed_batches(self) -> Iterator[list[tuple[int, tuple[int, int]]]]:
+        """The batches of ``iter()``, each index paired with its sample key ``(epoch, index)``: which
+        epoch's permutation drew it. A key names one sample of the run whatever the rank, batch size or
+        resume (an index appears once per epoch), for per-sample randomness such as augmentation."""
+        for position in self._batch_starts():
+            batch = self.indices_at(position, self.batch_size)
+            yield [(i, ((position + j) // self.num_samples, i)) for j, i in enumerate(batch)]
 
     def __len__(self) -> int:
         if self.max_batches is None:
@@ -242,6 +253,12 @@ class SubsetBatches(Sampler[list[int]]):
         rows = self.rows
         for batch in self.batches:
             yield [rows[i] for i in batch]
+
+    def keyed_batches(self) -> Iterator[list[tuple[int, tuple[int, ...]]]]:
+        """``batches.keyed_batches()`` with each position as its row (the keys stay the order's)."""
+        rows = self.rows
+        for batch in self.batches.keyed_batches():
+            yield [(rows[i], key) for i, key in batch]
 
     def __len__(self) -> int:
         return len(self.batches)

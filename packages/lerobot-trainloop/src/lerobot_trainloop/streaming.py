@@ -112,6 +112,7 @@ class _ReaderStreams(IterableDataset):
         self.starts = dict(source.reader_states)
         self.rotation = source.handed_out % source.workers
         self.groups, self.num_groups = source.groups, source.num_groups
+        self.augment = source.augment
 
     def __iter__(self):
         info = get_worker_info()
@@ -127,13 +128,22 @@ class _ReaderStreams(IterableDataset):
             state=self.starts.get(reader),
         )
         while True:
-            pairs = stream.take(self.batch_size)
+            pairs, epochs = [], []
+            for _ in range(self.batch_size):
+                pairs.append(stream.next_pair())
+                epochs.append(stream.epoch)  # the pair's epoch: a reader starts the next one when it is out
             counts = None
             if self.groups is not None:
                 counts = [0] * self.num_groups
                 for ep, _ in pairs:
                     counts[self.groups[ep]] += 1
-            yield self.collate(read_pairs(self.read, pairs)), reader, stream.state_dict(), counts
+            items = read_pairs(self.read, pairs)
+            if self.augment is not None:
+                items = [
+                    self.augment(item, (epoch, ep, f))
+                    for item, epoch, (ep, f) in zip(items, epochs, pairs, strict=True)
+                ]
+            yield self.collate(items), reader, stream.state_dict(), counts
 
 
 def read_pairs(read: Callable[[int, list[int]], list], pairs: Sequence[tuple[int, int]]) -> list:
@@ -174,7 +184,9 @@ class StreamingDataSource:
     in order, no buffer. ``collate_fn`` (default ``default_collate``) runs in the worker; ``prepare`` on
     the placed batch; ``groups``: each episode's group (a mixture's dataset), whose handed-out samples
     the source counts (:attr:`group_counts`, this rank's, kept in its state; ``num_groups``: how many,
-    when the last ones may have no episode); ``loader_kwargs``: the
+    when the last ones may have no episode); ``augment``: ``augment(item, key) -> item`` in the worker
+    for every item, ``key = (epoch, episode, frame)`` (one sample of the run, whatever the reader count
+    or resume); ``loader_kwargs``: the
     other DataLoader arguments (``prefetch_factor``,
     ``pin_memory``, ``shielded``: a ``ShieldedDataLoader`` by default). Persistent workers are refused:
     a worker's reader restarts from the handed-out position at each ``iter()``.
@@ -203,7 +215,9 @@ class StreamingDataSource:
         loader_kwargs: Mapping[str, Any] | None = None,
         groups: Sequence[int] | None = None,
         num_groups: int | None = None,
+        augment: Callable[[Any, tuple[int, ...]], Any] | None = None,
     ) -> None:
+        self.augment = augment
         self.lengths = tuple(lengths)
         self.groups = None if groups is None else tuple(groups)
         if self.groups is not None and (
