@@ -129,6 +129,21 @@ def _rename_lines(cfg: TrainConfig) -> list[str]:
     return [f"Rename: {pairs} (--rename_map, applied and saved by the pre-processor)"]
 
 
+def augmentation_lines(cfg: TrainConfig) -> list[str]:
+    """``--dataset.image_transforms``: which transforms, how many per camera frame, how they are drawn."""
+    t = cfg.dataset.image_transforms
+    names = [name for name, tf in t.tfs.items() if tf.weight > 0]
+    n = min(len(names), t.max_num_transforms)
+    if not t.enable or n == 0:
+        return []
+    order = "in a random order" if t.random_order else "in this order"
+    line = (
+        f"Image transforms: {n} of {', '.join(names)} per camera frame of training items, {order}, "
+        "drawn per sample from (seed, epoch, index); held-out frames are not transformed"
+    )
+    return [line]
+
+
 def banner_lines(
     cfg: TrainConfig,
     runtime: ParallelRuntime,
@@ -153,6 +168,7 @@ def banner_lines(
         *dataset_lines(cfg, num_frames, num_episodes, parts),
         *_rename_lines(cfg),
         *streaming_lines(cfg, runtime.dp_world_size),
+        *augmentation_lines(cfg),
         f"Policy: {cfg.policy.type}; learnable params {learnable:,} / total {total:,}",
         *_initial_weights_lines(cfg),
         *_peft_lines(cfg),
