@@ -143,3 +143,18 @@ def test_image_transforms_are_lerobots_flags_with_its_meaning():
         with pytest.raises(UsageError) as err:
             build(flag)
         assert says in str(err.value) and str(err.value).startswith("--dataset.image_transforms")
+
+
+def test_help_shows_the_default_transforms_as_the_json_a_flag_takes():
+    import json
+
+    from lerobot_cli.cli.help import render_help
+
+    line = next(ln for ln in render_help(None).splitlines() if "--dataset.image_transforms.tfs " in ln)
+    default = json.loads(line.split("(default: ", 1)[1].removesuffix(")"))
+    assert default["affine"] == {
+        "weight": 1.0,
+        "type": "RandomAffine",
+        "kwargs": {"degrees": [-5.0, 5.0], "translate": [0.05, 0.05]},
+    }
+    assert list(default) == ["brightness", "contrast", "saturation", "hue", "sharpness", "affine"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
+
 from lerobot_cli.cli.build import _OPTIONAL_SECTIONS, known_flags
 from lerobot_cli.cli.schema import FlagSpec, type_name
 from lerobot_cli.policies import registry
@@ -19,11 +21,18 @@ null (or none) for no value, except where none is one of the flag's choices.
 """
 
 
+def _plain(o: Any) -> Any:
+    """What JSON cannot write: an enum's value, an attrs instance's fields (``tfs``' entries), else text."""
+    if attrs.has(type(o)):
+        return attrs.asdict(o, recurse=True)
+    return getattr(o, "value", str(o))
+
+
 def _default_text(value: Any) -> str:
     if hasattr(value, "value") and not isinstance(value, int | float | str):
         value = value.value
     try:
-        return json.dumps(value, default=lambda o: getattr(o, "value", str(o)))
+        return json.dumps(value, default=_plain)
     except TypeError:
         return str(value)
 
