@@ -167,3 +167,24 @@ def test_an_augmented_source_resumed_mid_epoch_draws_what_it_would_have():
             assert torch.equal(next(it)[CAM], want)
     finally:
         resumed.close()
+
+
+def test_a_depth_camera_is_not_augmented():
+    depth = "observation.images.depth"
+
+    class WithDepth(Pictures):
+        def __getitem__(self, i: int) -> dict:
+            item = super().__getitem__(i)
+            return {**item, depth: item[CAM].clone()}
+
+    wl = workload()
+    wl.dataset = WithDepth(20)
+    wl.dataset.meta = SimpleNamespace(
+        camera_keys=[CAM, depth], features={CAM: {}, depth: {"info": {"is_depth_map": True}}}
+    )
+    data = make_data_sources(wl, cfg(dataset=SimpleNamespace(episodes=None, image_transforms=AUGMENT)), RT)
+    batch = next(iter(data.train))
+    raw = [wl.dataset[i] for i in batch["index"].tolist()]
+    assert torch.equal(batch[depth], torch.stack([r[depth] for r in raw]).float() / 255)
+    assert not torch.equal(batch[CAM], batch[depth])
+    data.close()

@@ -25,6 +25,7 @@ from lerobot_cli.config import TrainConfig
 from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.dataset import cameras_to_float
 from lerobot_cli.datasets.image_transforms import AugmentItem, Identity, ImageTransforms
+from lerobot_cli.datasets.imagenet import is_depth_map
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import eval_sample_indices
 from lerobot_cli.datasets.streamed import StreamedDataset
@@ -79,13 +80,18 @@ def _prepare(workload) -> Callable[[Any], Any]:
 
 
 def _augment(workload, cfg: TrainConfig) -> AugmentItem | None:
-    """``--dataset.image_transforms``: every camera of each training item augmented in the loader's
-    workers, from a generator seeded by the run's seed and the item's sample key (see ``AugmentItem``);
-    None when off (or when no transform can be picked). Never given to the held-out source."""
+    """``--dataset.image_transforms``: every camera (depth maps aside) of each training item augmented in
+    the loader's workers, from a generator seeded by the run's seed and the item's sample key (see
+    ``AugmentItem``); None when off (or when no transform can be picked). Never given to the held-out
+    source."""
     transforms = ImageTransforms(cfg.dataset.image_transforms)
     if isinstance(transforms.tf, Identity):
         return None
-    return AugmentItem(transforms, workload.dataset.meta.camera_keys, cfg.seed)
+    meta = workload.dataset.meta
+    features = getattr(meta, "features", {})
+    # Depth maps are left alone, as LeRobot does.
+    cameras = [k for k in meta.camera_keys if not is_depth_map(features.get(k, {}))]
+    return AugmentItem(transforms, cameras, cfg.seed)
 
 
 def _loader_kwargs(cfg: TrainConfig, runtime: ParallelRuntime) -> dict[str, Any]:
