@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 # sharpness convolution may differ in the last bit across torch builds (LeRobot's env runs another torch).
 ATOL = 1e-6
 SEEDS = (0, 1, 7, 123, 2024)
-SIZES = ((3, 48, 64), (4, 3, 40, 36))  # one frame; a camera's stacked history frames
+SIZES = ((3, 48, 64), (4, 3, 40, 36), (1, 20, 24))  # a frame; stacked history frames; grayscale
 ALONE = {
     "brightness": ("ColorJitter", {"brightness": [0.5, 1.5]}),
     "contrast": ("ColorJitter", {"contrast": [0.5, 1.5]}),
@@ -44,6 +44,7 @@ ALONE = {
         {"degrees": 20, "translate": [0.1, 0.1], "scale": [0.8, 1.2], "shear": [-10, 10, -5, 5]},
     ),
     "affine_bilinear": ("RandomAffine", {"degrees": 15, "interpolation": 2, "fill": 0.5}),
+    "affine_center": ("RandomAffine", {"degrees": [10, 40], "scale": [0.5, 0.9], "center": [10, 5]}),
     "identity": ("Identity", {}),
 }
 
