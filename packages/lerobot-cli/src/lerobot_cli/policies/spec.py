@@ -91,6 +91,8 @@ class PolicySpec:
     ``extras``: lerobot-cli extras the policy needs (pi0/pi05: ``pi``), checked before the run starts.
     ``state_dict_adapter``: ``"module:function"``, ``function(policy, state) -> state`` putting a weights
     file in another layout LeRobot also loads into this model's names (pi0: openpi's); "" = none.
+    ``per_sample_loss``: the model's ``forward(batch, reduction="none")`` returns one loss per sample
+    (LeRobot's contract for ``--sample_weighting.*``: pi0, pi05); False: the flags are refused.
     """
 
     model: str = field(validator=_target)
@@ -105,3 +107,4 @@ class PolicySpec:
     extension_fields: tuple[str, ...] = field(default=(), converter=_names)
     extras: tuple[str, ...] = field(default=(), converter=_names, validator=_known_extras)
     state_dict_adapter: str = field(default="", validator=_target)
+    per_sample_loss: bool = False

@@ -82,6 +82,7 @@ PI_SPEC = PolicySpec(
     extras=("pi",),  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
     # Files in the layouts LeRobot's from_pretrained also fixes (openpi's names, no model. prefix, …).
     state_dict_adapter="lerobot_cli.policies.pi0.modeling:adapt_state_dict",
+    per_sample_loss=True,  # forward(batch, reduction="none"), as LeRobot's pi0 and pi05
 )
 
 

@@ -188,9 +188,17 @@ class PI0Policy(nn.Module):
 
     # -- training and inference -------------------------------------------------------------------
     def forward(
-        self, batch: dict[str, Any], noise: Tensor | None = None, time: Tensor | None = None
+        self,
+        batch: dict[str, Any],
+        noise: Tensor | None = None,
+        time: Tensor | None = None,
+        reduction: str = "mean",
     ) -> tuple[Tensor, dict[str, float]]:
-        """Mean flow-matching loss over the real action dimensions (LeRobot averages padded steps too)."""
+        """Mean flow-matching loss over the real action dimensions (LeRobot averages padded steps too);
+        ``reduction="none"``: each sample's mean over its steps and action dimensions, ``(B,)``, as LeRobot's
+        ``forward(batch, reduction="none")`` (what ``--sample_weighting.*`` weights)."""
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         images, image_masks = self._images(batch)
         tokens, token_masks = self._language(batch)
         actions = pad_last_dim(batch[ACTION], self.config.max_action_dim)
@@ -201,8 +209,10 @@ class PI0Policy(nn.Module):
         losses = self.model(
             images, image_masks, tokens, token_masks, self._state(batch), actions, noise, time
         )
-        loss = losses[:, :, : self._action_dim()].mean()
-        return loss, {}
+        losses = losses[:, :, : self._action_dim()]
+        if reduction == "none":
+            return losses.mean(dim=(1, 2)), {}
+        return losses.mean(), {}
 
     def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
         """The flow noise and time of each sample, from one draw of the global RNG plus the sample's
