@@ -68,7 +68,6 @@ ACTIVATE = {
     "image_transforms": "transforms.json",  # a config file for dataset.image_transforms: pass flags here
     "job.target": "a10g-small",
     "reward_model.type": "classifier",
-    "sample_weighting.type": "rabc",
     "dataset.repo_type": "bucket",
     "dataset.depth_output_unit": "m",
     "dataset": "dataset.json",

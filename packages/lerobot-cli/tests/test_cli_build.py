@@ -15,6 +15,7 @@ from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies import config_class
 from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 from lerobot_parallel.config import (
     AcceleratorConfig,
     DDPConfig,
@@ -257,6 +258,14 @@ def every_section_non_default() -> TrainConfig:
         ),
         peft=PeftConfig(
             r=4, lora_alpha=8, lora_dropout=0.1, target_modules=("q",), full_training_modules=("head",)
+        ),
+        sample_weighting=SampleWeightingConfig(
+            type="rabc",
+            progress_path="p.parquet",
+            head_mode="dense",
+            kappa=0.05,
+            epsilon=1e-5,
+            extra_params={"fallback_weight": 0.5},
         ),
         eval_steps=50,
         max_eval_samples=100,

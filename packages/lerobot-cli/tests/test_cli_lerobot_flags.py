@@ -52,7 +52,6 @@ def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
         ("--image_transforms=transforms.json", "pass their fields as flags (--dataset.image_transforms"),
         ("--job.target=a10g-small", "run the same command under torchrun or accelerate launch"),
         ("--reward_model.type=classifier", "reward model training"),
-        ("--sample_weighting.type=rabc", "per-sample loss weights"),
         ("--dataset.repo_type=bucket", "an HF Storage Bucket is not read here yet"),
         ("--dataset.depth_output_unit=m", "depth maps are not dequantized here"),
         ("--dataset=dataset.json", "a section's own config file"),

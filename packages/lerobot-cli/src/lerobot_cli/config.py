@@ -19,6 +19,7 @@ from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.rename import check_map_value
+from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 
 
 @define(frozen=True)
@@ -222,6 +223,12 @@ class TrainConfig:
     )
     peft: PeftConfig | None = field(
         default=None, metadata=_h("Adapter fine-tuning (any --peft.* flag enables it).")
+    )
+    sample_weighting: SampleWeightingConfig | None = field(
+        default=None,
+        metadata=_h(
+            "Per-sample loss weights, LeRobot's RA-BC (any --sample_weighting.* flag enables it; pi0, pi05)."
+        ),
     )
     eval_steps: int = field(
         default=0,

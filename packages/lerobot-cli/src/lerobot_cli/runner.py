@@ -227,6 +227,15 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
     plan_ = sharding_plan(cfg, workload.policy, runtime)
     # after the cheap start-up checks (batch, plan), before wrapping: FastWAM's rank 0 loads UMT5 here
     prepared = workload.policy_config.prepare_training(workload.policy, _training_run(workload, runtime))
+    weighter = None
+    if cfg.sample_weighting is not None:  # LeRobot's weighted loss, put on the policy before it is wrapped
+        from lerobot_cli.sample_weighting.loss import weight_the_loss
+        from lerobot_cli.sample_weighting.weights import sample_weighter_for_run
+
+        chunk_size = getattr(workload.policy_config, "chunk_size", None)
+        total_frames = getattr(workload.dataset.meta, "total_frames", None)
+        weighter = sample_weighter_for_run(cfg, runtime, chunk_size, total_frames)
+        weight_the_loss(workload.policy, weighter)
     wrapped = wrap_model(workload.policy, runtime, plan_)
     policy = wrapped.module
     opt_cfg = cfg.optimizer or OptimizerConfig()
@@ -301,6 +310,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
             reporter.print(f"Tracking: {', '.join(trackers.names)}")
         for line in prepared:
             reporter.print(line)
+        if weighter is not None:
+            reporter.print(f"Sample weighting: {weighter.describe()}")
         # the whole plan when sharded; unsharded runs list only activation checkpointing and compile
         for line in plan_.describe() if runtime.parallelism.is_sharded else plan_.describe_regions():
             reporter.print(as_flags(line))
@@ -309,8 +320,18 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)
         if cfg.log_freq > 0:
             counts = data.counts  # a mixture's samples per dataset, recorded beside the metrics
+            # LeRobot's sample_weighting/<name>: the weighter's global stats at every log step (numbers only)
+            weighting = {
+                f"sample_weighting/{k}": float(v)
+                for k, v in (weighter.get_stats() if weighter is not None else {}).items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+
+            def records() -> dict[str, float] | None:
+                return {**(counts() if counts is not None else {}), **weighting} or None
+
             loop.add_hook(
-                lambda ev: reporter.log(ev.step, ev.metrics, counts() if counts is not None else None),
+                lambda ev: reporter.log(ev.step, ev.metrics, records()),
                 every=cfg.log_freq,
                 metrics=True,
             )

@@ -28,6 +28,7 @@ from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import UnknownConfigKeysWarning, load_policy_config
+from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ _OPTIONAL_SECTIONS: dict[str, type] = {
     "optimizer": OptimizerConfig,
     "scheduler": SchedulerConfig,
     "peft": PeftConfig,
+    "sample_weighting": SampleWeightingConfig,
 }
 
 

@@ -59,12 +59,40 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
     check_policy_fits_local_dataset(cfg)
     if cfg.peft is not None:
         check_peft(cfg)
+    if cfg.sample_weighting is not None:
+        check_sample_weighting(cfg)
     from lerobot_cli.trackers import enabled_kinds
 
     for kind in enabled_kinds(cfg):  # --trackio.enable, --wandb.enable: the extra each needs
         missing = kind.extra and missing_extra_message(kind.extra, f"--{kind.name}.enable=true")
         if missing:
             raise UsageError(missing)
+
+
+def check_sample_weighting(cfg: TrainConfig) -> None:
+    """``--sample_weighting.*`` needs LeRobot's per-sample loss (``forward(batch, reduction="none")``, which
+    LeRobot's ACT and Diffusion lack: a TypeError there) and one dataset's global frame ``index`` (what the
+    progress file is keyed by; a mixture's items carry each dataset's own)."""
+    from lerobot_cli.policies import registry
+
+    flag = f"--sample_weighting.type={cfg.sample_weighting.type}"
+    if not spec_of(cfg.policy).per_sample_loss:
+        supported = []
+        for name in registry.available():
+            try:
+                if spec_of(registry.config_class(name)).per_sample_loss:
+                    supported.append(name)
+            except registry.UnknownPolicyError:
+                continue
+        raise UsageError(
+            f"{flag}: policy {cfg.policy.type} has no per-sample loss (LeRobot's forward(batch, "
+            f"reduction='none')) to weight; sample weighting supports {', '.join(supported)}"
+        )
+    if cfg.dataset.is_mixture:
+        raise UsageError(
+            f"{flag}: a dataset mixture is not weighted here: its frames' index is each dataset's own, the "
+            "progress file is one dataset's; train on one --dataset.repo_id"
+        )
 
 
 def check_extras(cfg: TrainConfig) -> None:

@@ -10,7 +10,6 @@ flag against this stack.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from attrs import define
@@ -32,16 +31,6 @@ def _off(raw: str) -> bool:
 
 def _null(raw: str) -> bool:
     return raw.strip().lower() in _NULL
-
-
-def _empty_map(raw: str) -> bool:
-    text = raw.strip()
-    if _null(text):
-        return True
-    try:
-        return json.loads(text) == {}
-    except json.JSONDecodeError:
-        return False
 
 
 def _always(_raw: str) -> bool:
@@ -69,10 +58,6 @@ JOBS = (
     "accelerate launch on the machines themselves (see the guide's Launching and Multi-node sections)"
 )
 REWARD = "reward model training (--reward_model.*) is not available here: train a policy with --policy.type"
-SAMPLE_WEIGHTING = (
-    "per-sample loss weights (--sample_weighting.*, LeRobot's RA-BC) are not available here: they need a "
-    "per-frame progress file and its weighting in each policy's loss, which this stack does not have"
-)
 BUCKETS = (
     "an HF Storage Bucket is not read here yet: stream a dataset repo "
     "(--dataset.streaming=true) or give its files' URL as --dataset.root"
@@ -113,8 +98,6 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("job", _always, JOBS, section=True),  # image, timeout, …: unused for a local run
     LeRobotOnly("reward_model", _null, REWARD),
     LeRobotOnly("reward_model", _null, REWARD, section=True),
-    LeRobotOnly("sample_weighting", _null, SAMPLE_WEIGHTING),
-    LeRobotOnly("sample_weighting", _empty_map, SAMPLE_WEIGHTING, section=True),  # null or {}: none
     LeRobotOnly("dataset.repo_type", _dataset_repo, BUCKETS),
     LeRobotOnly("dataset.depth_output_unit", lambda raw: raw.strip() == "mm", DEPTH),
 )
