@@ -184,12 +184,41 @@ def demo_with_camera(root: Path, camera: str) -> Path:
     return root
 
 
+def demo_with_progress(root: Path) -> Path:
+    """The demo dataset with a ``sarm_progress.parquet`` beside its ``meta/`` (LeRobot's RA-BC progress file,
+    written once into ``root``): progress rising through even episodes and falling through odd ones, so
+    ``--sample_weighting.type=rabc`` gives weights of 1 and 0."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if (root / "sarm_progress.parquet").is_file():
+        return root
+    tmp = root.with_name(root.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(DEMO, tmp)
+    columns, files = ["index", "episode_index", "frame_index"], sorted((tmp / "data").rglob("*.parquet"))
+    table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    episode, frame = table.column("episode_index").to_numpy(), table.column("frame_index").to_numpy()
+    progress = np.where(episode % 2 == 0, frame / 100.0, 1.0 - frame / 100.0).astype(np.float32)
+    columns = {"index": table.column("index"), "episode_index": table.column("episode_index")}
+    pq.write_table(pa.table({**columns, "progress_sparse": progress}), tmp / "sarm_progress.parquet")
+    tmp.rename(root)
+    return root
+
+
 FRONT_CAMERA = "observation.images.front"
 
 
 def _dataset(m: re.Match, ctx: Context) -> str:
     """A ``${HF_USER}`` dataset: the demo; one whose name has ``front`` in it: the demo with its camera
-    named ``observation.images.front`` (written into the chain's work directory when it runs)."""
+    named ``observation.images.front``; one with ``rabc``: the demo with a progress file (each written into
+    the chain's work directory when it runs)."""
+    if "rabc" in m.group(1):
+        root = ctx.workdir / "demo_reach_rabc"
+        if ctx.workdir.is_dir():
+            demo_with_progress(root)
+        return f"--dataset.repo_id=lerobot/demo_reach_rabc --dataset.root={root}"
     if "front" not in m.group(1):
         return f"--dataset.repo_id=lerobot/demo_reach --dataset.root={DEMO}"
     root = ctx.workdir / "demo_reach_front"
