@@ -11,15 +11,15 @@ Two interpreters, files between them (as pi0_lerobot_interop.py, whose tiny pi0 
                                 missing from the file (whole runs, an episode's last frames), negative and
                                 tiny deltas. Every dataset frame (those the file lacks too) in shuffled
                                 batches of 8. For each weighting of ``CONFIGS``: our global stats
-                                (``get_stats``) and each batch's weights and stats. A tiny pi0 (fp32, one
-                                camera; ``pi0_lerobot_interop``'s) saved as model.safetensors with a batch
+                                (``get_stats``) and each batch's weights and stats. A tiny pi0 and a tiny pi05
+                                (fp32, one camera; ``pi0_lerobot_interop``'s) saved as safetensors, one batch
                                 whose frames get weight 1, a soft weight and 0, and its noise and time: our
                                 ``forward(batch, reduction="none")`` per-sample losses, and the loss and
                                 ``sample_weight_*`` values our hooks make of ``policy(batch)``.
 2. lerobot-check  (LeRobot env) LeRobot's ``SampleWeightingConfig`` defaults; for each weighting its own
                                 ``make_sample_weighter`` (``progress_path`` unset: found as
                                 ``<dataset_root>/sarm_progress.parquet``) and ``RABCWeights`` on the same file
-                                and batches; its tiny pi0 loads our file (strict) and runs
+                                and batches; its tiny pi0 and pi05 load our files (strict) and run
                                 ``forward(batch, reduction="none")`` and LeRobot's own ``update_policy`` with
                                 that weighter (the weighted loss it backpropagates and the ``sample_weight_*``
                                 outputs it logs), with the same noise and time.
@@ -53,7 +53,7 @@ CONFIGS = (
     ("kappa0.05-fallback0.5", "sparse", 10, 0.05, 1e-6, {"fallback_weight": 0.5}),
     ("epsilon1e-3-chunk1", "sparse", 1, 0.002, 1e-3, {}),
 )
-PI0_CONFIG = "defaults"  # the weighting of the pi0 check: its chunk_size is the tiny pi0's (4)
+PI0_CONFIG = "defaults"  # the weighting of the pi0/pi05 check: its chunk_size is the tiny policies' (4)
 PI0_SEED = 0
 
 
@@ -105,9 +105,16 @@ def batches_of(total: int) -> list[list[int]]:
 
 
 def _interop_pi0():
-    import pi0_lerobot_interop as pi0  # sibling module (tools/interop/ is first on sys.path)
+    import pi0_lerobot_interop as pi0  # sibling modules (tools/interop/ is first on sys.path)
 
     return pi0
+
+
+def _flavours() -> dict:
+    """pi0 and pi05 (``pi0_lerobot_interop.Flavour``): the policies with a per-sample loss."""
+    import pi05_lerobot_interop as pi05
+
+    return {"pi0": _interop_pi0().PI0, "pi05": pi05.PI05}
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
@@ -142,7 +149,7 @@ def ours_write(work: Path) -> None:
             runs.append({"weights": weights.tolist(), "stats": stats})
         out[config[0]] = {"global": weighter.get_stats(), "batches": runs}
 
-    # the tiny pi0: frames whose raw weights are 1, soft and 0
+    # the tiny pi0 and pi05: frames whose raw weights are 1, soft and 0
     pi0 = _interop_pi0()
     weighter = _our_weighter(path, total, next(c for c in CONFIGS if c[0] == PI0_CONFIG))
     raw = weighter.weights_of(weighter.deltas(np.arange(total)))
@@ -153,35 +160,34 @@ def ours_write(work: Path) -> None:
     ]
     case = pi0.CASES[0]
     (work / "tiny_sizes.json").write_text(json.dumps(pi0._tiny_sizes()))
-    from lerobot_cli.policies.pi0.config import PI0Config
-    from lerobot_cli.policies.pi0.modeling import PI0Policy
-
-    torch.manual_seed(PI0_SEED)
-    policy = PI0Policy(PI0Config(**pi0.OURS_TINY, **pi0._our_features(case), dtype=case.dtype))
-    pi0.perturb_constants(policy, 1)
-    save_file(
-        {k: v.detach().contiguous() for k, v in policy.state_dict().items()}, str(work / "model.safetensors")
-    )
     inputs = pi0.make_inputs(case, 2)
     inputs["batch.index"] = torch.tensor(picks, dtype=torch.int64)
     save_file(inputs, str(work / "inputs.safetensors"))
-    policy.train()
-    with torch.no_grad():
-        per_sample, _ = policy.forward(
-            pi0.batch_of(inputs), noise=inputs["noise"], time=inputs["time"], reduction="none"
-        )
-    weight_the_loss(policy, weighter)
-    loss, info = policy(pi0.batch_of(inputs), noise=inputs["noise"], time=inputs["time"])
-    out["pi0"] = {
-        "indices": picks,
-        "raw_weights": raw[picks].tolist(),
-        "per_sample": per_sample.tolist(),
-        "loss": loss.item(),
-        "info": info,
-    }
+    for name, flavour in _flavours().items():
+        config_cls, policy_cls = pi0._import(flavour.ours_config), pi0._import(flavour.ours_policy)
+        torch.manual_seed(PI0_SEED)
+        policy = policy_cls(config_cls(**pi0.OURS_TINY, **pi0._our_features(case), dtype=case.dtype))
+        pi0.perturb_constants(policy, 1)
+        state = {k: v.detach().contiguous() for k, v in policy.state_dict().items()}
+        save_file(state, str(work / f"{name}.safetensors"))
+        policy.train()
+        with torch.no_grad():
+            per_sample, _ = policy.forward(
+                pi0.batch_of(inputs), noise=inputs["noise"], time=inputs["time"], reduction="none"
+            )
+        weight_the_loss(policy, weighter)
+        loss, info = policy(pi0.batch_of(inputs), noise=inputs["noise"], time=inputs["time"])
+        out[name] = {
+            "indices": picks,
+            "raw_weights": raw[picks].tolist(),
+            "per_sample": per_sample.tolist(),
+            "loss": loss.item(),
+            "info": info,
+        }
     (work / "ours.json").write_text(json.dumps(out))
     print(
-        f"[ours-write] {total} frames, {len(batches)} batches, {len(CONFIGS)} weightings; pi0 frames {picks} "
+        f"[ours-write] {total} frames, {len(batches)} batches, {len(CONFIGS)} weightings; pi0/pi05 frames "
+        f"{picks} "
         f"(raw weights {[round(w, 4) for w in raw[picks].tolist()]}) ({time.perf_counter() - start:.1f} s)"
     )
 
@@ -220,22 +226,23 @@ def compare(work: Path) -> bool:
         )
         if not global_equal:
             print(f"    ours {o['global']}\n    LeRobot {t['global']}")
-    o, t = ours["pi0"], theirs["pi0"]
-    per_sample = _diff(o["per_sample"], t["per_sample"])
-    loss = abs(o["loss"] - t["loss"])
-    info_equal = o["info"] == t["info"]
-    good = t["load_ok"] and per_sample <= TOLERANCE and loss <= TOLERANCE and info_equal
-    ok &= good
-    print(
-        f"[pi0] frames {o['indices']} (raw weights {[round(w, 4) for w in o['raw_weights']]}): LeRobot loads "
-        f"our file {'strictly' if t['load_ok'] else 'NOT'}; per-sample losses (reduction='none') max|Δ| "
-        f"{per_sample:.1e} "
-        f"(ours {[round(v, 6) for v in o['per_sample']]}); weighted loss ours {o['loss']!r} LeRobot "
-        f"update_policy {t['loss']!r} |Δ| {loss:.1e}; sample_weight_* {'equal' if info_equal else 'DIFFER'} "
-        f"{o['info']} -> {'ok' if good else 'MISMATCH'}"
-    )
-    if not info_equal:
-        print(f"    LeRobot's output_dict sample_weight_*: {t['info']}")
+    for name in ("pi0", "pi05"):
+        o, t = ours[name], theirs[name]
+        per_sample = _diff(o["per_sample"], t["per_sample"])
+        loss = abs(o["loss"] - t["loss"])
+        info_equal = o["info"] == t["info"]
+        good = t["load_ok"] and per_sample <= TOLERANCE and loss <= TOLERANCE and info_equal
+        ok &= good
+        print(
+            f"[{name}] frames {o['indices']} (raw weights {[round(w, 4) for w in o['raw_weights']]}): "
+            f"LeRobot loads our file {'strictly' if t['load_ok'] else 'NOT'}; per-sample losses "
+            f"(reduction='none') max|Δ| {per_sample:.1e} (ours {[round(v, 6) for v in o['per_sample']]}); "
+            f"weighted loss ours {o['loss']!r} LeRobot update_policy {t['loss']!r} |Δ| {loss:.1e}; "
+            f"sample_weight_* "
+            f"{'equal' if info_equal else 'DIFFER'} {o['info']} -> {'ok' if good else 'MISMATCH'}"
+        )
+        if not info_equal:
+            print(f"    LeRobot's output_dict sample_weight_*: {t['info']}")
     return ok
 
 
@@ -274,14 +281,15 @@ def lerobot_check(work: Path) -> bool:
             runs.append({"weights": weights.tolist(), "stats": stats})
         out[name] = {"global": weighter.get_stats(), "batches": runs}
 
-    out["pi0"] = _lerobot_pi0(work, weighters[PI0_CONFIG])
+    for name, flavour in _flavours().items():
+        out[name] = _lerobot_pi(work, name, flavour, weighters[PI0_CONFIG])
     (work / "lerobot.json").write_text(json.dumps(out))
     took = time.perf_counter() - start
-    print(f"[lerobot-check] {len(CONFIGS)} weightings and pi0's update_policy ({took:.1f} s)")
+    print(f"[lerobot-check] {len(CONFIGS)} weightings, pi0's and pi05's update_policy ({took:.1f} s)")
     return True
 
 
-def _lerobot_pi0(work: Path, weighter) -> dict:
+def _lerobot_pi(work: Path, name: str, flavour, weighter) -> dict:
     from accelerate import Accelerator
     from lerobot.scripts.lerobot_train import update_policy
     from lerobot.utils.logging_utils import AverageMeter, MetricsTracker
@@ -289,12 +297,12 @@ def _lerobot_pi0(work: Path, weighter) -> dict:
 
     pi0 = _interop_pi0()
     case = pi0.CASES[0]
-    policy = pi0._lerobot_tiny(work, case, pi0.PI0, 100)
+    policy = pi0._lerobot_tiny(work, case, flavour, 100)
     try:
-        policy.load_state_dict(load_file(str(work / "model.safetensors")), strict=True)
+        policy.load_state_dict(load_file(str(work / f"{name}.safetensors")), strict=True)
         load_ok = True
     except RuntimeError as exc:
-        print(f"[lerobot pi0] load_state_dict(strict=True) FAILED: {str(exc)[:1000]}")
+        print(f"[lerobot {name}] load_state_dict(strict=True) FAILED: {str(exc)[:1000]}")
         load_ok = False
     inputs = load_file(str(work / "inputs.safetensors"))
     model = policy.model
