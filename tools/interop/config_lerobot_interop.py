@@ -46,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED_FIELDS = REPO / "packages" / "lerobot-cli" / "tests" / "data" / "lerobot_config_fields.json"
-POLICIES = ("act", "diffusion", "fastwam", "mlp", "pi0", "pi05")
+POLICIES = ("act", "diffusion", "fastwam", "mlp", "pi0", "pi05", "smolvla")
 # LeRobot refuses a tiny pi0/pi05 on purpose: it has no such model (and vision_variant=tiny, which is not in
 # config.json, is only accepted with gemma_tiny, so LeRobot never reads a tiny SigLIP as so400m).
 TINY_REFUSAL = "Invalid paligemma_variant: gemma_tiny"
@@ -211,6 +211,20 @@ def _special_cases() -> dict[str, list[dict[str, Any]]]:
             {"tokenizer_name": "someone/another-tokenizer"},
         ],
         "image_resolution": [{"image_resolution": (112, 112)}],
+        "resize_imgs_with_padding": [
+            {"resize_imgs_with_padding": (320, 256)},
+            {"resize_imgs_with_padding": None},  # refused: LeRobot's parser refuses it
+        ],
+        "attention_mode": [{"attention_mode": "self_attn"}],
+        "pad_language_to": [{"pad_language_to": "max_length"}],
+        "vlm_model_name": [
+            {"vlm_model_name": "/data/vlm/smolvlm_local"},
+            {"vlm_model_name": "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"},
+        ],
+        "num_expert_layers": [
+            {"num_expert_layers": 1},
+            {"num_expert_layers": 4, "self_attn_every_n_layers": 8},
+        ],
         "rtc_config": [
             {"rtc_config": {"enabled": False}},
             {"rtc_config": {}},

@@ -33,6 +33,7 @@ EXTENSIONS = {
     "mlp": (),
     "pi0": ("tokenizer_name", "vision_variant"),
     "pi05": ("tokenizer_name", "vision_variant"),
+    "smolvla": (),
 }
 FEATURES = {
     "input_features": {
@@ -60,6 +61,7 @@ SETTINGS = {
     "act": [{}, {"pre_norm": True, "use_vae": False, "pretrained_backbone_weights": None}],
     "diffusion": [{}, {"noise_scheduler_type": "DDIM", "resize_shape": (48, 48), "crop_ratio": 0.8}],
     "mlp": [{}, {"hidden_dim": 8}],
+    "smolvla": [{}, {"vlm_model_name": "/data/vlm/smolvlm_local", "num_vlm_layers": 4}],
     "fastwam": [
         {"action_dim": 6, "proprio_dim": 6},
         {"action_dim": 6, "proprio_dim": 6, "variant": "tiny", "compile_action_infer": True},

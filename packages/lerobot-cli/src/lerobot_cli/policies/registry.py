@@ -28,6 +28,7 @@ _BUILTIN: dict[str, str] = {
     "mlp": "lerobot_cli.policies.mlp.config:MLPConfig",
     "pi0": "lerobot_cli.policies.pi0.config:PI0Config",
     "pi05": "lerobot_cli.policies.pi05.config:PI05Config",
+    "smolvla": "lerobot_cli.policies.smolvla.config:SmolVLAConfig",
 }
 _REGISTERED: dict[str, type[PolicyConfig]] = {}
 
