@@ -88,7 +88,16 @@ CASES = {
         (),
         {"attention_mode": "self_attn", "prefix_length": 20, "self_attn_every_n_layers": 3},
     ),
+    # SmolVLM2's config.json gives its text model torch_dtype bfloat16: the text model and the expert are
+    # built in bf16 (the replaced cross-attention k/v and the rest fp32), on both sides
+    "bf16-text-defaults": (ONE_CAMERA, (), {}),
+    "bf16-text-train-vlm": (ONE_CAMERA, (), {"train_expert_only": False, "freeze_vision_encoder": False}),
 }
+BF16_TEXT = "bf16-text"  # cases whose name starts with it read the tiny SmolVLM with a bf16 text config
+
+
+def tiny_vlm_of(work: Path, case: str) -> Path:
+    return work / ("tiny-smolvlm-bf16-text" if case.startswith(BF16_TEXT) else "tiny-smolvlm")
 
 
 def _features(cameras: dict, policy_feature, feature_type) -> dict:
@@ -178,12 +187,13 @@ def ours_write(work: Path) -> None:
     from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
     from smolvlm_tiny import save_tiny_smolvlm
 
-    vlm = save_tiny_smolvlm(work / "tiny-smolvlm")
+    save_tiny_smolvlm(work / "tiny-smolvlm")
+    save_tiny_smolvlm(work / "tiny-smolvlm-bf16-text", text_dtype="bfloat16")
     for i, (name, (cameras, missing, overrides)) in enumerate(CASES.items()):
         case = work / name
         case.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(i)
-        policy = SmolVLAPolicy(_our_config(vlm, cameras, overrides))
+        policy = SmolVLAPolicy(_our_config(tiny_vlm_of(work, name), cameras, overrides))
         perturb_constants(policy, seed=100 + i)
         save_file(
             {k: v.contiguous() for k, v in policy.state_dict().items()}, str(case / "model.safetensors")
@@ -276,11 +286,10 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
 
 
 def lerobot_check(work: Path) -> bool:
-    vlm = work / "tiny-smolvlm"
     ok, report = True, {}
     for name, (cameras, _missing, overrides) in CASES.items():
         case = work / name
-        policy = _lerobot_policy(vlm, cameras, overrides)
+        policy = _lerobot_policy(tiny_vlm_of(work, name), cameras, overrides)
         theirs = key_shapes(policy.state_dict())
         ours = json.loads((case / "keys.json").read_text())
         if theirs != ours:

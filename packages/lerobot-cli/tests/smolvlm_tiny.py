@@ -51,12 +51,17 @@ TINY_SMOLVLM = {
 }
 
 
-def save_tiny_smolvlm(directory: str | Path) -> Path:
-    """Write config.json and the tiny tokenizer into ``directory``; returns it."""
+def save_tiny_smolvlm(directory: str | Path, text_dtype: str | None = None) -> Path:
+    """Write config.json and the tiny tokenizer into ``directory``; returns it. ``text_dtype``: the text
+    config's ``torch_dtype`` (SmolVLM2's real config says bfloat16, which builds the text model and the
+    SmolVLA expert in bf16); None: unset (all fp32)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vla_tokenizer.save_tiny_tokenizer(directory)
-    (directory / "config.json").write_text(json.dumps(TINY_SMOLVLM, indent=2))
+    config = json.loads(json.dumps(TINY_SMOLVLM))
+    if text_dtype is not None:
+        config["text_config"]["torch_dtype"] = text_dtype
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
 
 
