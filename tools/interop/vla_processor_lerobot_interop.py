@@ -1,4 +1,4 @@
-"""Check that pi0/pi05 processor pipelines cross between this trainer and LeRobot 0.6.1, both ways.
+"""Check that pi0/pi05/SmolVLA processor pipelines cross between this trainer and LeRobot 0.6.1, both ways.
 
 The language half of pi0/pi05 (newline, pi05's state-in-prompt, tokenizer, relative actions, quantile
 normalization), without the models. The tokenizer is the tiny byte-level one the unit tests build
@@ -20,7 +20,9 @@ nothing is downloaded. Like act_lerobot_interop.py it runs in two interpreters:
                                 two sides' pipeline JSON files must be byte-equal.
 
 Variants: "pi0" (MEAN_STD), "pi05" (QUANTILES, state tokens in the prompt), "pi0-relative" (relative
-actions on, a gripper joint kept absolute). Exit status 0 means every comparison passed.
+actions on, a gripper joint kept absolute), "smolvla" (its newline step, ``longest`` padding, the tokenizer
+of ``vlm_model_name``), "smolvla-max-length" (``pad_language_to=max_length``). Exit status 0 means every
+comparison passed.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ VARIANTS = {
         "pi0",
         {"tokenizer_max_length": 32, "use_relative_actions": True, "action_feature_names": ACTION_NAMES},
     ),
+    # SmolVLA: LeRobot's own config class on both sides; vlm_model_name names the tiny tokenizer's directory
+    "smolvla": ("smolvla", {"tokenizer_max_length": 32}),
+    "smolvla-max-length": ("smolvla", {"tokenizer_max_length": 32, "pad_language_to": "max_length"}),
 }
 COMPARED = (
     "observation.language.tokens",
@@ -172,6 +177,17 @@ def _our_config(variant: str, tokenizer: Path):
 
     policy, overrides = VARIANTS[variant]
     quantiles = policy == "pi05"
+    if policy == "smolvla":
+        from lerobot_cli.policies.smolvla.config import SmolVLAConfig
+
+        feats = {k: PolicyFeature(type=t, shape=s) for k, (t, s) in FEATURES.items()}
+        return SmolVLAConfig(
+            input_features={k: f for k, f in feats.items() if k != "action"},
+            output_features={"action": feats["action"]},
+            device="cpu",
+            vlm_model_name=str(tokenizer),
+            **overrides,
+        )
 
     @define(frozen=True, kw_only=True)
     class VlaProcessorConfig(PolicyConfig):
@@ -265,7 +281,12 @@ def _lerobot_make(variant: str, tokenizer: Path, seed: int):
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     policy, overrides = VARIANTS[variant]
-    if policy == "pi05":
+    if policy == "smolvla":  # its tokenizer is vlm_model_name's: the tiny tokenizer's directory
+        from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig as Config
+        from lerobot.policies.smolvla.processor_smolvla import make_smolvla_pre_post_processors as make
+
+        overrides = {**overrides, "vlm_model_name": str(tokenizer)}
+    elif policy == "pi05":
         from lerobot.policies.pi05.configuration_pi05 import PI05Config as Config
         from lerobot.policies.pi05.processor_pi05 import make_pi05_pre_post_processors as make
     else:
