@@ -19,7 +19,11 @@ written into the work directory and named by ``vlm_model_name``). Per case of ``
                                 ``torch.manual_seed(SEED + 1)``) and the whole chunk.
 2. lerobot-check  (LeRobot env) LeRobot's ``SmolVLAPolicy`` of the same config loads that file with
                                 ``load_state_dict(strict=True)``: same keys, shapes and dtypes; recomputes the
-                                reference the same way, compares, and reports the max |Δ| of each.
+                                reference the same way, compares, and reports the max |Δ| of each. Then a
+                                seeded LeRobot policy is written with its own ``save_pretrained``, with its
+                                outputs.
+3. ours-check     (our env)     that directory through our ``load_policy`` (LeRobot's config.json parsed by
+                                ours, the weights loaded strictly): the same outputs, compared the same way.
 
 Once per run: the full-size SmolVLA (packages/lerobot-cli/tests/data/smolvlm2_500m_video_instruct_config.json,
 defaults otherwise) on the meta device on both sides: key count, value count, trainable count, and each key's
@@ -309,6 +313,13 @@ def lerobot_check(work: Path) -> bool:
         case_ok, figures = compare(name, load_file(str(case / "reference.safetensors")), got)
         ok &= case_ok
         report[name] = {"ok": case_ok, "keys": len(theirs), **figures}
+        # the other way: a seeded LeRobot policy, saved by LeRobot, with its outputs as the reference
+        torch.manual_seed(50 + len(report))
+        policy = _lerobot_policy(tiny_vlm_of(work, name), cameras, overrides)
+        perturb_constants(policy, seed=200 + len(report))
+        policy.save_pretrained(str(case / "lerobot"))
+        got = outputs(policy, load_inputs(case / "inputs.safetensors"), lambda b, p=policy: p.forward(b)[0])
+        save_file(got, str(case / "lerobot" / "reference.safetensors"))
     full = write_full_vlm(work)
     with torch.device("meta"):
         policy = _lerobot_policy(full, ONE_CAMERA, {}, **FULL_DEFAULTS)
@@ -335,11 +346,33 @@ def lerobot_check(work: Path) -> bool:
     return ok
 
 
+def ours_check(work: Path) -> bool:
+    """LeRobot's saved directories through our loader (its config.json parsed by ours, strict weights)."""
+    from lerobot_cli.policies.weights import load_policy
+
+    ok = True
+    for name in CASES:
+        directory = work / name / "lerobot"
+        _, policy = load_policy(directory)
+        got = outputs(policy, load_inputs(work / name / "inputs.safetensors"), lambda b, p=policy: p(b)[0])
+        case_ok, figures = compare(
+            f"ours<-lerobot {name}", load_file(str(directory / "reference.safetensors")), got
+        )
+        ok &= case_ok
+        print(
+            f"ours<-lerobot {name}: {'PASS' if case_ok else 'FAIL'} "
+            + ", ".join(f"{k}={v:.3e}" for k, v in figures.items())
+        )
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", nargs="?", default="run", choices=["run", "ours-write", "lerobot-check"])
+    parser.add_argument(
+        "mode", nargs="?", default="run", choices=["run", "ours-write", "lerobot-check", "ours-check"]
+    )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument(
         "--lerobot-python",
@@ -353,6 +386,8 @@ def main() -> int:
         return 0
     if args.mode == "lerobot-check":
         return 0 if lerobot_check(args.dir) else 1
+    if args.mode == "ours-check":
+        return 0 if ours_check(args.dir) else 1
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="smolvla-interop-") as tmp:
         work = args.dir or Path(tmp)
@@ -361,8 +396,13 @@ def main() -> int:
         lerobot = subprocess.run(
             [args.lerobot_python, str(Path(__file__).resolve()), "lerobot-check", str(work)], check=False
         )
-    passed = lerobot.returncode == 0
-    print(f"LeRobot computes ours: {'PASS' if passed else 'FAIL'} ({time.perf_counter() - start:.0f} s)")
+        saved = all((work / name / "lerobot" / "reference.safetensors").is_file() for name in CASES)
+        ours_ok = saved and ours_check(work)
+    passed = lerobot.returncode == 0 and ours_ok
+    print(
+        f"LeRobot computes ours: {'PASS' if lerobot.returncode == 0 else 'FAIL'}; we compute LeRobot's: "
+        f"{'PASS' if ours_ok else 'FAIL'} ({time.perf_counter() - start:.0f} s)"
+    )
     return 0 if passed else 1
 
 
