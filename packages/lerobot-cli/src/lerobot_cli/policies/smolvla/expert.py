@@ -118,9 +118,10 @@ class SmolVLMWithExpertModel(nn.Module):
         return not self.cross_attention or (n > 0 and index % n == 0)
 
     def unread_modules(self) -> list[nn.Module]:
-        """Parameters in LeRobot's files nothing reads: the VLM's ``lm_head``, its text ``norm``, and its last
-        layer (whose outputs only feed that norm); LeRobot freezes them when it trains the VLM (for DDP's
-        unused parameters), and frozen they take no gradient here either."""
+        """What LeRobot freezes when it trains the VLM (``set_requires_grad``, against DDP's unused
+        parameters): the ``lm_head`` and the text ``norm``, which nothing reads, and the whole last VLM
+        layer (with a shallower expert, the one before it too), although in a cross-attention layer the
+        expert reads that layer's keys and values: frozen here as well, so the same parameters train."""
         text_model = self.vlm.model.text_model
         modules = [self.vlm.lm_head, text_model.norm, text_model.layers[self.num_vlm_layers - 1]]
         if (
