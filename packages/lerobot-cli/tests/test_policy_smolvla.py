@@ -359,3 +359,21 @@ def test_a_missing_vlm_names_the_download():
         vlm_directory("someone/not-a-cached-smolvlm")
     (source,) = SmolVLAConfig(**FEATURES).external_sources()
     assert source.flag == "--policy.vlm_model_name"
+
+
+def test_a_hub_id_is_read_from_the_hugging_face_cache(tiny_vlm, tmp_path, monkeypatch):
+    """vlm_model_name as a Hub id: its config.json from the cache's snapshot, never a download."""
+    from huggingface_hub import constants
+    from lerobot_cli.policies.smolvla.vlm import load_vlm_config, vlm_directory
+
+    repo = tmp_path / "hub" / "models--someone--tiny-smolvlm"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    (snapshot / "config.json").write_text((tiny_vlm / "config.json").read_text())
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert vlm_directory("someone/tiny-smolvlm") == snapshot
+    assert load_vlm_config("someone/tiny-smolvlm").text_config.hidden_size == 64
+    policy = SmolVLAPolicy(tiny(tiny_vlm, vlm_model_name="someone/tiny-smolvlm"))
+    assert policy.model.vlm_with_expert.expert_hidden_size == 48
