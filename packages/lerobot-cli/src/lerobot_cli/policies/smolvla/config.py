@@ -47,8 +47,15 @@ def _smolvla_normalization() -> dict[str, NormalizationMode]:
 SMOLVLA_SPEC = PolicySpec(
     model="lerobot_cli.policies.smolvla.modeling:SmolVLAPolicy",
     processors="lerobot_cli.policies.smolvla.processors:smolvla_processor_steps",
-    # The size rule picks the units for now (grouped units: a later slice). Modules whose forward never
-    # runs (LeRobot's layer loop calls their norms and projections directly) must never be FSDP units.
+    # The vision encoder's layers, and VLM text layer i with the expert layer paired with it as one unit:
+    # the layer loop runs both in one call (SmolVLMLayer.joint: one joint attention, or the expert's
+    # cross-attention to that VLM layer's keys and values). A VLM layer without an expert partner
+    # (num_expert_layers < num_vlm_layers) is a SmolVLMSoloLayer, a unit of its own. Everything else
+    # (embeddings, connector, norms, lm_head, the flow projections) is the root's.
+    wrap_units=("SmolVLMEncoderLayer", "SmolVLMLayer", "SmolExpertLayer", "SmolVLMSoloLayer"),
+    unit_groups=(("SmolVLMLayer", "SmolExpertLayer"),),
+    # Modules whose forward never runs (LeRobot's layer loop calls their norms and projections directly)
+    # must never be FSDP units.
     no_forward_modules=(
         "SmolVLAFlowModel",
         "SmolVLMWithExpertModel",

@@ -195,6 +195,9 @@ class SmolVLAFlowModel(nn.Module):
 class SmolVLAPolicy(nn.Module):
     name: ClassVar[str] = "smolvla"
     config_class: ClassVar[type[SmolVLAConfig]] = SmolVLAConfig
+    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
+    _fsdp_wrap_modules: ClassVar[list[str]] = list(SmolVLAConfig.spec.wrap_units)
+    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = list(SmolVLAConfig.spec.unit_groups)
     _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = SmolVLAConfig.spec.no_forward_modules
 
     def __init__(self, config: SmolVLAConfig) -> None:

@@ -1,0 +1,136 @@
+"""SmolVLA's sharding plan at full size, on the meta device, as ``lerobot-train`` makes it (the CLI's flags,
+``workload.sharding_plan``, which passes the spec's ``unit_groups``): the vision encoder's layers are units,
+and VLM text layer i with the expert layer paired with it is one unit, because the layer loop runs both in
+one call (``SmolVLMLayer.joint``: a joint attention, or the expert's cross-attention to that VLM layer's
+keys and values); everything else is the root's. ``--dry_run`` prints that plan in seconds. The real
+launches (DDP, FSDP2) are tests/test_smolvla_layouts.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from lerobot_cli.cli.argv import split_argv
+from lerobot_cli.cli.build import build_train_config
+from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.policies.smolvla.config import SmolVLAConfig
+from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
+from lerobot_cli.workload import sharding_plan
+from lerobot_parallel.runtime import ParallelRuntime
+
+HERE = Path(__file__).resolve().parent
+DEMO = HERE.parents[2] / "data" / "lerobot" / "demo_reach"
+FULL_CONFIG = HERE / "data" / "smolvlm2_500m_video_instruct_config.json"
+TOWERS = "model.vlm_with_expert."
+VLM = TOWERS + "vlm.model.text_model.layers"
+EXPERT = TOWERS + "lm_expert.layers"
+VISION = TOWERS + "vlm.model.vision_model.encoder.layers"
+LAYERS, VISION_LAYERS = 16, 12  # num_vlm_layers (the default) and SmolVLM2-500M's vision depth
+FEATURES = {
+    "input_features": {
+        "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 512, 512)),
+        "observation.state": PolicyFeature(FeatureType.STATE, (6,)),
+    },
+    "output_features": {"action": PolicyFeature(FeatureType.ACTION, (6,))},
+}
+
+
+@pytest.fixture(scope="module")
+def full_vlm(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("smolvlm2_500m")
+    config = json.loads(FULL_CONFIG.read_text())
+    config.pop("_source")
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def full_policy(vlm: Path, **overrides) -> SmolVLAPolicy:
+    with torch.device("meta"):
+        return SmolVLAPolicy(SmolVLAConfig(**FEATURES, vlm_model_name=str(vlm), **overrides))
+
+
+def plan_of(policy: SmolVLAPolicy, *flags: str):
+    cfg = attrs.evolve(build_train_config(split_argv(list(flags)).flags).config, policy=policy.config)
+    return sharding_plan(cfg, policy, ParallelRuntime.preview(cfg.parallelism))
+
+
+def assert_covers_every_parameter_once(policy: SmolVLAPolicy, plan) -> None:
+    """Each parameter lies in at most one unit member (units do not nest here), and the units' and the
+    root's counts add up to the model's."""
+    unit_of: dict[str, str] = {}
+    for unit in plan.units:
+        for path in unit.paths:
+            for name, _ in policy.get_submodule(path).named_parameters():
+                full = f"{path}.{name}"
+                assert full not in unit_of, (full, unit_of.get(full), unit.label)
+                unit_of[full] = unit.label
+    for unit in plan.units:
+        members = [policy.get_submodule(path) for path in unit.paths]
+        assert unit.num_params == sum(p.numel() for m in members for p in m.parameters()), unit.label
+    root = sum(p.numel() for n, p in policy.named_parameters() if n not in unit_of)
+    assert plan.root.num_params == root
+    total = sum(p.numel() for p in policy.parameters())
+    assert sum(u.num_params for u in plan.units) + plan.root.num_params == total
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [("--parallelism.dp_shard=8",), ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=4")],
+    ids=["fsdp8", "hsdp2x4"],
+)
+def test_each_vlm_layer_and_its_expert_layer_are_one_unit(full_vlm, topology):
+    policy = full_policy(full_vlm)
+    plan = plan_of(policy, *topology, "--accelerator.mixed_precision=bf16")
+    assert plan.unit_source == "the smolvla policy's PolicySpec.wrap_units"
+    assert len(plan.units) == LAYERS + VISION_LAYERS
+    joint = [u for u in plan.units if u.members]
+    assert [u.paths for u in joint] == [(f"{VLM}.{i}", f"{EXPERT}.{i}") for i in range(LAYERS)]
+    assert {u.class_name for u in joint} == {"SmolVLMLayer+SmolExpertLayer"}
+    alone = [u for u in plan.units if not u.members]
+    assert [u.path for u in alone] == [f"{VISION}.{i}" for i in range(VISION_LAYERS)]
+    assert {u.class_name for u in alone} == {"SmolVLMEncoderLayer"}
+    assert_covers_every_parameter_once(policy, plan)
+    text = "\n".join(plan.describe())
+    assert (
+        f"SmolVLMLayer+SmolExpertLayer x{LAYERS}" in text and f"SmolVLMEncoderLayer x{VISION_LAYERS}" in text
+    )
+
+
+def test_a_shallower_expert_leaves_the_unpaired_vlm_layers_units_of_their_own(full_vlm):
+    """num_expert_layers=8 of 16 (self-attention: LeRobot pairs VLM layer 2j with expert layer j): the
+    odd VLM layers run without an expert layer, each a SmolVLMSoloLayer unit."""
+    policy = full_policy(full_vlm, num_expert_layers=8, attention_mode="self_attn")
+    plan = plan_of(policy, "--parallelism.dp_shard=4", "--accelerator.mixed_precision=bf16")
+    joint = [u.paths for u in plan.units if u.members]
+    assert joint == [(f"{VLM}.{2 * j}", f"{EXPERT}.{j}") for j in range(8)]
+    solo = [u.path for u in plan.units if u.class_name == "SmolVLMSoloLayer"]
+    assert solo == [f"{VLM}.{2 * j + 1}" for j in range(8)]
+    assert len(plan.units) == 8 + 8 + VISION_LAYERS
+    assert_covers_every_parameter_once(policy, plan)
+
+
+def test_dry_run_plans_the_full_size_in_seconds(full_vlm, monkeypatch, capsys):
+    from lerobot_cli.train import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = [
+        "--dataset.repo_id=lerobot/demo_reach",
+        f"--dataset.root={DEMO}",
+        "--policy.type=smolvla",
+        f"--policy.vlm_model_name={full_vlm}",
+        "--dry_run=true",
+        "--parallelism.dp_shard=8",
+        "--accelerator.mixed_precision=bf16",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # LeRobot's counts (test_policy_smolvla.py), and the plan: 28 units, per-rank bytes at 1/8
+    assert "Policy: smolvla; parameters 450,046,176 (learnable 99,880,992)" in out
+    assert (
+        f"Wrap units from the smolvla policy's PolicySpec.wrap_units: {LAYERS + VISION_LAYERS} unit(s)" in out
+    )
+    assert f"SmolVLMLayer+SmolExpertLayer x{LAYERS}" in out and f"SmolVLMEncoderLayer x{VISION_LAYERS}" in out
+    assert "(0.125x of the unsharded" in out
