@@ -124,6 +124,8 @@ def test_ddp_and_fsdp2_compute_the_one_process_losses(runs):
     assert plan.count("(SmolVLMLayer+SmolExpertLayer)") == 4 and plan.count("(SmolVLMEncoderLayer)") == 2, (
         plan
     )
+    # the token embedding's unit and the lm_head's, which never runs (never gathered; saved all the same)
+    assert "(SmolVLMTokenEmbedding)" in plan and "(UnusedLMHead)" in plan, plan
 
 
 def test_fsdp2_keeps_the_frozen_half_of_each_unit_and_trains_the_other(runs):

@@ -2,11 +2,13 @@
 ``workload.sharding_plan``, which passes the spec's ``unit_groups``): the vision encoder's layers are units,
 and VLM text layer i with the expert layer paired with it is one unit, because the layer loop runs both in
 one call (``SmolVLMLayer.joint``: a joint attention, or the expert's cross-attention to that VLM layer's
-keys and values); everything else is the root's. ``--dry_run`` prints that plan in seconds. The real
+keys and values); the token embedding is a unit, and so is the ``lm_head`` nothing reads (never gathered);
+everything else is the root's. ``--dry_run`` prints that plan in seconds. The real
 launches (DDP, FSDP2) are tests/test_smolvla_layouts.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -29,6 +31,7 @@ VLM = TOWERS + "vlm.model.text_model.layers"
 EXPERT = TOWERS + "lm_expert.layers"
 VISION = TOWERS + "vlm.model.vision_model.encoder.layers"
 LAYERS, VISION_LAYERS = 16, 12  # num_vlm_layers (the default) and SmolVLM2-500M's vision depth
+EMBED, HEAD = TOWERS + "vlm.model.text_model.embed_tokens", TOWERS + "vlm.lm_head"
 FEATURES = {
     "input_features": {
         "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 512, 512)),
@@ -85,13 +88,16 @@ def test_each_vlm_layer_and_its_expert_layer_are_one_unit(full_vlm, topology):
     policy = full_policy(full_vlm)
     plan = plan_of(policy, *topology, "--accelerator.mixed_precision=bf16")
     assert plan.unit_source == "the smolvla policy's PolicySpec.wrap_units"
-    assert len(plan.units) == LAYERS + VISION_LAYERS
+    assert len(plan.units) == LAYERS + VISION_LAYERS + 2
     joint = [u for u in plan.units if u.members]
     assert [u.paths for u in joint] == [(f"{VLM}.{i}", f"{EXPERT}.{i}") for i in range(LAYERS)]
     assert {u.class_name for u in joint} == {"SmolVLMLayer+SmolExpertLayer"}
-    alone = [u for u in plan.units if not u.members]
-    assert [u.path for u in alone] == [f"{VISION}.{i}" for i in range(VISION_LAYERS)]
-    assert {u.class_name for u in alone} == {"SmolVLMEncoderLayer"}
+    alone = {u.path: u.class_name for u in plan.units if not u.members}
+    vision = {f"{VISION}.{i}": "SmolVLMEncoderLayer" for i in range(VISION_LAYERS)}
+    assert alone == {**vision, EMBED: "SmolVLMTokenEmbedding", HEAD: "UnusedLMHead"}
+    # what stays in the root, gathered all step long: the vision embeddings, the connector, the norms and
+    # the flow projections (the embedding and lm_head would add 94.6 M)
+    assert plan.root.num_params == 14_811_872  # 14.8 M of 450 M
     assert_covers_every_parameter_once(policy, plan)
     text = "\n".join(plan.describe())
     assert (
@@ -108,7 +114,7 @@ def test_a_shallower_expert_leaves_the_unpaired_vlm_layers_units_of_their_own(fu
     assert joint == [(f"{VLM}.{2 * j}", f"{EXPERT}.{j}") for j in range(8)]
     solo = [u.path for u in plan.units if u.class_name == "SmolVLMSoloLayer"]
     assert solo == [f"{VLM}.{2 * j + 1}" for j in range(8)]
-    assert len(plan.units) == 8 + 8 + VISION_LAYERS
+    assert len(plan.units) == 8 + 8 + VISION_LAYERS + 2
     assert_covers_every_parameter_once(policy, plan)
 
 
@@ -127,10 +133,30 @@ def test_dry_run_plans_the_full_size_in_seconds(full_vlm, monkeypatch, capsys):
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    # LeRobot's counts (test_policy_smolvla.py), and the plan: 28 units, per-rank bytes at 1/8
+    # LeRobot's counts (test_policy_smolvla.py), and the plan: 30 units, per-rank bytes at 1/8
     assert "Policy: smolvla; parameters 450,046,176 (learnable 99,880,992)" in out
-    assert (
-        f"Wrap units from the smolvla policy's PolicySpec.wrap_units: {LAYERS + VISION_LAYERS} unit(s)" in out
-    )
+    units = LAYERS + VISION_LAYERS + 2
+    assert f"Wrap units from the smolvla policy's PolicySpec.wrap_units: {units} unit(s)" in out
     assert f"SmolVLMLayer+SmolExpertLayer x{LAYERS}" in out and f"SmolVLMEncoderLayer x{VISION_LAYERS}" in out
     assert "(0.125x of the unsharded" in out
+
+
+def test_a_tied_lm_head_stays_in_the_root_with_the_embedding(tmp_path):
+    """tie_word_embeddings: the lm_head is the embedding's weight; two units would split one tensor (the
+    plan refuses that), so neither becomes a unit."""
+    spec = importlib.util.spec_from_file_location("smolvlm_tiny", HERE / "smolvlm_tiny.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    vlm = builder.save_tiny_smolvlm(tmp_path / "tied")
+    config = json.loads((vlm / "config.json").read_text())
+    config["tie_word_embeddings"] = config["text_config"]["tie_word_embeddings"] = True
+    (vlm / "config.json").write_text(json.dumps(config))
+    tiny = {"num_vlm_layers": 4, "chunk_size": 4, "n_action_steps": 4, "resize_imgs_with_padding": (32, 32)}
+    policy = full_policy(vlm, **tiny)
+    towers = policy.model.vlm_with_expert
+    assert towers.vlm.lm_head.weight is towers.vlm.model.text_model.embed_tokens.weight
+    plan = plan_of(policy, "--parallelism.dp_shard=2")
+    classes = {u.class_name for u in plan.units}
+    assert classes == {"SmolVLMEncoderLayer", "SmolVLMLayer+SmolExpertLayer"}
+    assert [s.owner for s in plan.tied.shared] == [""]  # the root holds both users
+    assert_covers_every_parameter_once(policy, plan)

@@ -50,9 +50,17 @@ SMOLVLA_SPEC = PolicySpec(
     # The vision encoder's layers, and VLM text layer i with the expert layer paired with it as one unit:
     # the layer loop runs both in one call (SmolVLMLayer.joint: one joint attention, or the expert's
     # cross-attention to that VLM layer's keys and values). A VLM layer without an expert partner
-    # (num_expert_layers < num_vlm_layers) is a SmolVLMSoloLayer, a unit of its own. Everything else
-    # (embeddings, connector, norms, lm_head, the flow projections) is the root's.
-    wrap_units=("SmolVLMEncoderLayer", "SmolVLMLayer", "SmolExpertLayer", "SmolVLMSoloLayer"),
+    # (num_expert_layers < num_vlm_layers) is a SmolVLMSoloLayer, a unit of its own. The token embedding
+    # is a unit (gathered only while it embeds), and so is the lm_head nothing reads (never gathered);
+    # everything else (vision embeddings, connector, norms, the flow projections) is the root's.
+    wrap_units=(
+        "SmolVLMEncoderLayer",
+        "SmolVLMTokenEmbedding",
+        "SmolVLMLayer",
+        "SmolExpertLayer",
+        "SmolVLMSoloLayer",
+        "UnusedLMHead",
+    ),
     unit_groups=(("SmolVLMLayer", "SmolExpertLayer"),),
     # Modules whose forward never runs (LeRobot's layer loop calls their norms and projections directly)
     # must never be FSDP units.

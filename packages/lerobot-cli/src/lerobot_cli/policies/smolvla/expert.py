@@ -20,7 +20,8 @@ so under FSDP2 the pair is one unit (``fully_shard([vlm_i, expert_i])``, ``joint
 method) and calling ``joint`` gathers both. The layers stay transformers' ``LlamaDecoderLayer`` objects (same
 parameters and keys); their class is swapped for a subclass naming the role (``SmolVLMLayer``,
 ``SmolExpertLayer``, ``SmolVLMSoloLayer`` for a VLM layer no expert layer is paired with), which is what the
-policy spec's ``wrap_units``/``unit_groups`` name.
+policy spec's ``wrap_units``/``unit_groups`` name; so are the token embedding's and the unread ``lm_head``'s
+(``SmolVLMTokenEmbedding``, ``UnusedLMHead``: units of their own, out of the always-gathered root).
 
 The key/value cache of inference is a plain per-layer list: the prefix's keys and values are written once;
 a denoising step concatenates its own to them in self-attention layers without storing them (LeRobot
@@ -256,13 +257,29 @@ class SmolExpertLayer(_SmolLayer):
     """Expert layer j; it runs inside the ``joint`` of the VLM layer it is paired with."""
 
 
-def _recast(layer: nn.Module, cls: type[nn.Module]) -> None:
-    if type(layer) is not LlamaDecoderLayer:
-        raise TypeError(
-            f"SmolVLA needs a Llama text model (LeRobot calls its layers' parts directly); this SmolVLM's "
-            f"text layers are {type(layer).__name__}"
+class SmolVLMTokenEmbedding(nn.Embedding):
+    """The VLM's token embedding (``nn.Embedding``, same parameter and key), its own FSDP unit: gathered only
+    while it embeds the task tokens instead of all step long with the root (49,280 x 960 at full size)."""
+
+
+class UnusedLMHead(nn.Linear):
+    """The VLM's ``lm_head`` (``nn.Linear``, same parameter and key): in LeRobot's files, read by no
+    computation. Its own FSDP unit, one that never runs forward, so it is never all-gathered."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        raise RuntimeError(
+            "SmolVLA never runs the VLM's lm_head; it is kept only for LeRobot's checkpoint keys"
         )
-    layer.__class__ = cls
+
+
+def _recast(module: nn.Module, cls: type[nn.Module], base: type[nn.Module] = LlamaDecoderLayer) -> None:
+    """Give ``module``, a ``base``, its subclass ``cls`` (parameters, buffers and keys unchanged)."""
+    if type(module) is not base:
+        raise TypeError(
+            f"SmolVLA needs a Llama text model (LeRobot calls its layers' parts directly); this SmolVLM has "
+            f"a {type(module).__name__} where a {base.__name__} belongs"
+        )
+    module.__class__ = cls
 
 
 class SmolVLMWithExpertModel(nn.Module):
@@ -322,6 +339,10 @@ class SmolVLMWithExpertModel(nn.Module):
             _recast(vlm_layer, SmolVLMSoloLayer if expert_layer is None else SmolVLMLayer)
         for layer in self.lm_expert.layers:
             _recast(layer, SmolExpertLayer)
+        embed = text_model.embed_tokens
+        if self.vlm.lm_head.weight is not embed.weight:  # tied (tie_word_embeddings), both stay in the root
+            _recast(embed, SmolVLMTokenEmbedding, nn.Embedding)
+            _recast(self.vlm.lm_head, UnusedLMHead, nn.Linear)
 
     @property
     def cross_attention(self) -> bool:
