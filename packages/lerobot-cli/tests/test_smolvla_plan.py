@@ -160,3 +160,48 @@ def test_a_tied_lm_head_stays_in_the_root_with_the_embedding(tmp_path):
     assert classes == {"SmolVLMEncoderLayer", "SmolVLMLayer+SmolExpertLayer"}
     assert [s.owner for s in plan.tied.shared] == [""]  # the root holds both users
     assert_covers_every_parameter_once(policy, plan)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_of_the_blocks_gives_the_same_gradients(tmp_path, mode):
+    """The plan's blocks (the units: SmolVLMLayer.joint among them) checkpointed: bit-equal loss and
+    gradients. Selective checkpointing keeps matmul outputs, so a block must not change one in place
+    (LeRobot's ``h += residual``, ``weights *= scale``): that corrupted the recomputed gradients."""
+    from lerobot_parallel.config import CompileConfig
+    from lerobot_parallel.regions import apply_regions
+
+    spec = importlib.util.spec_from_file_location("smolvlm_tiny", HERE / "smolvlm_tiny.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    vlm = builder.save_tiny_smolvlm(tmp_path / "tiny")
+    tiny = {"num_vlm_layers": 4, "chunk_size": 4, "n_action_steps": 4, "resize_imgs_with_padding": (32, 32)}
+    config = SmolVLAConfig(
+        **{**FEATURES, "vlm_model_name": str(vlm), **tiny, "train_expert_only": False},
+        freeze_vision_encoder=False,
+    )
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "observation.images.top": torch.rand(2, 3, 32, 32, generator=g),
+        "observation.state": torch.randn(2, 6, generator=g),
+        "action": torch.randn(2, 4, 6, generator=g),
+        "observation.language.tokens": torch.randint(0, 260, (2, 5), generator=g),
+        "observation.language.attention_mask": torch.ones(2, 5, dtype=torch.bool),
+    }
+    noise, time = torch.randn(2, 4, 32, generator=g), torch.rand(2, generator=g)
+    grads = []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        policy = SmolVLAPolicy(config).train()
+        if checkpointed:
+            plan = plan_of(policy, f"--accelerator.activation_checkpointing.mode={mode}")
+            assert {b.class_name for b in plan.blocks} >= {"SmolVLMLayer+SmolExpertLayer"}
+            apply_regions(policy, plan.block_paths, checkpointing=mode, compile_config=CompileConfig())
+        loss, _ = policy(batch, noise=noise, time=time)
+        loss.backward()
+        grads.append(
+            {"loss": loss.detach(), **{n: p.grad for n, p in policy.named_parameters() if p.grad is not None}}
+        )
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 50
+    assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0]), [
+        k for k in grads[0] if not torch.equal(grads[0][k], grads[1][k])
+    ]

@@ -85,7 +85,7 @@ def eager_attention(heads: AttentionHeads, mask: Tensor, batch_size: int, q: Ten
     q = q.to(dtype=torch.float32).transpose(1, 2)
     k = k.to(dtype=torch.float32).transpose(1, 2)
     weights = torch.matmul(q, k.transpose(2, 3))
-    weights *= head_dim**-0.5
+    weights = weights * head_dim**-0.5  # out of place: selective checkpointing keeps the matmul's output
     weights = weights.to(dtype=torch.float32)
     masked = torch.where(mask[:, None, :, :], weights, torch.finfo(weights.dtype).min)
     probs = nn.functional.softmax(masked, dim=-1).to(dtype=v.dtype)
@@ -212,11 +212,13 @@ def joint_layer(
         if out.dtype != layer.self_attn.o_proj.weight.dtype:
             out = out.to(layer.self_attn.o_proj.weight.dtype)
         h = layer.self_attn.o_proj(out[:, start:end])
-        h += hidden
+        # out of place (selective checkpointing keeps o_proj's and the MLP's outputs, see eager_attention),
+        # in h's dtype as LeRobot's in-place adds: the same values
+        h = (h + hidden).to(h.dtype)
         residual = h.clone()
         h = layer.post_attention_layernorm(h)
         h = layer.mlp(h)
-        h += residual
+        h = (h + residual).to(h.dtype)
         new_embeds.append(h)
         start = end if len(outputs) == 1 else 0
     return new_embeds, (new_kv if fill_cache else None)
