@@ -5,7 +5,8 @@ its rank) and log the same losses; under FSDP2 each VLM text layer and its exper
 (``SmolVLMLayer.joint``), half frozen (the VLM, with LeRobot's default ``train_expert_only``) and half
 trained, and the frozen half comes back bit for bit. An FSDP2 x2 run saved at step 4 resumes to the
 uninterrupted run's losses. The same with the VLM and the vision tower trained (``train_expert_only=false``):
-then the gradient reaches VLM layer i through the expert's cross-attention, inside the same unit.
+then the gradient reaches VLM layer i through the expert's cross-attention, inside the same unit. And with
+SmolVLM2's dtypes (bf16 text model and expert), which FSDP2 trains with bf16 mixed precision.
 
 SmolVLA's loss is LeRobot's masked mean (padded steps past the episode end left out of the numerator and
 the denominator) taken per micro-batch: with padded steps in a batch it is not layout-invariant (each rank
@@ -71,9 +72,23 @@ def weights(out: Path, step: int) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
     """Every run of this file in two launches; ``runs[name]`` is a run's output directory."""
-    vlm = _load("smolvlm_tiny", SMOLVLM_BUILDER).save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm"))
+    builder = _load("smolvlm_tiny", SMOLVLM_BUILDER)
+    vlm = builder.save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm"))
+    # as SmolVLM2's config.json: the text model and the expert in bf16, the rest fp32
+    bf16_vlm = builder.save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm_bf16"), text_dtype="bfloat16")
     root = tmp_path_factory.mktemp("smolvla")
-    names = ("single", "vlm_single", "padded_single", "ddp", "fsdp", "resumed", "vlm_fsdp", "padded_ddp")
+    names = (
+        "single",
+        "vlm_single",
+        "padded_single",
+        "bf16_single",
+        "ddp",
+        "fsdp",
+        "resumed",
+        "vlm_fsdp",
+        "padded_ddp",
+        "bf16_fsdp",
+    )
     out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_smolvla(vlm), "--steps=6", "--save_freq=4"]
     train_vlm = [
@@ -84,10 +99,12 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "--policy.freeze_vision_encoder=false",
     ]
     padded = [*tiny_smolvla(vlm, chunk=10), "--steps=4", "--save_checkpoint=false"]
+    bf16 = [*tiny_smolvla(bf16_vlm), "--steps=2", "--save_freq=2", "--accelerator.mixed_precision=bf16"]
     one_process = {
         "single": [*common, "--batch_size=8", f"--output_dir={out['single']}"],
         "vlm_single": [*train_vlm, "--batch_size=8", f"--output_dir={out['vlm_single']}"],
         "padded_single": [*padded, "--batch_size=8", f"--output_dir={out['padded_single']}"],
+        "bf16_single": [*bf16, "--batch_size=8", f"--output_dir={out['bf16_single']}"],
     }
     fsdp = ["--batch_size=4", "--parallelism.dp_shard=2"]
     two_processes = {
@@ -101,6 +118,7 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         ],
         "vlm_fsdp": [*train_vlm, *fsdp, f"--output_dir={out['vlm_fsdp']}"],
         "padded_ddp": [*padded, "--batch_size=4", f"--output_dir={out['padded_ddp']}"],
+        "bf16_fsdp": [*bf16, *fsdp, f"--output_dir={out['bf16_fsdp']}"],
     }
     env = {"HF_HUB_OFFLINE": "1"}
     for nproc, group in ((1, one_process), (2, two_processes)):
@@ -172,3 +190,18 @@ def test_padded_steps_make_the_layouts_differ(runs):
     gaps = {s: abs(single[s] - ddp[s]) / max(1.0, abs(single[s])) for s in single}
     print("padded chunk=10, |single - ddp| relative per step:", gaps)
     assert max(gaps.values()) > 1e-4, gaps
+
+
+def test_bf16_towers_train_under_fsdp2_with_bf16_mixed_precision(runs):
+    """SmolVLM2's layout (bf16 text model and expert, fp32 projections) needs bf16 mixed precision under
+    FSDP2 (one dtype per unit's trainable parameters): each unit then holds a frozen bf16 VLM layer and an
+    expert layer upcast to fp32 masters. It trains; the frozen VLM layers come back bit for bit, in bf16."""
+    single, fsdp = losses(runs["bf16_single"]), losses(runs["bf16_fsdp"])
+    print("bf16 one process:", single, "bf16 FSDP2 x2:", fsdp)
+    # bf16 compute casts at other places on one process (measured: 1.2e-4 relative apart)
+    assert_same_losses(fsdp, single, "bf16_fsdp", tol=1e-3)
+    assert "parameters all-gathered in bfloat16" in runs["bf16_fsdp.stdout"]
+    one, two = weights(runs["bf16_single"], 2), weights(runs["bf16_fsdp"], 2)
+    frozen = [k for k in one if k.startswith(VLM_LAYERS)]
+    assert frozen and all(one[k].dtype == two[k].dtype and one[k].equal(two[k]) for k in frozen)
+    assert {str(two[k].dtype) for k in frozen} == {"torch.bfloat16"}
