@@ -6,7 +6,8 @@ its rank) and log the same losses; under FSDP2 each VLM text layer and its exper
 trained, and the frozen half comes back bit for bit. An FSDP2 x2 run saved at step 4 resumes to the
 uninterrupted run's losses. The same with the VLM and the vision tower trained (``train_expert_only=false``):
 then the gradient reaches VLM layer i through the expert's cross-attention, inside the same unit. And with
-SmolVLM2's dtypes (bf16 text model and expert), which FSDP2 trains with bf16 mixed precision.
+SmolVLM2's dtypes (bf16 text model and expert), which FSDP2 trains with bf16 mixed precision. LoRA with
+LeRobot's default SmolVLA targets fine-tunes a saved policy under FSDP2.
 
 SmolVLA's loss is LeRobot's masked mean (padded steps past the episode end left out of the numerator and
 the denominator) taken per micro-batch: with padded steps in a batch it is not layout-invariant (each rank
@@ -88,6 +89,7 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "vlm_fsdp",
         "padded_ddp",
         "bf16_fsdp",
+        "lora",
     )
     out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_smolvla(vlm), "--steps=6", "--save_freq=4"]
@@ -119,6 +121,17 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "vlm_fsdp": [*train_vlm, *fsdp, f"--output_dir={out['vlm_fsdp']}"],
         "padded_ddp": [*padded, "--batch_size=4", f"--output_dir={out['padded_ddp']}"],
         "bf16_fsdp": [*bf16, *fsdp, f"--output_dir={out['bf16_fsdp']}"],
+        # the one-process run's policy fine-tuned with LeRobot's default SmolVLA LoRA targets
+        "lora": [
+            *tiny_smolvla(vlm)[:3],
+            f"--policy.path={out['single'] / 'checkpoints' / '000004' / 'pretrained_model'}",
+            "--peft.r=4",
+            "--steps=2",
+            "--save_freq=2",
+            "--log_freq=1",
+            *fsdp,
+            f"--output_dir={out['lora']}",
+        ],
     }
     env = {"HF_HUB_OFFLINE": "1"}
     for nproc, group in ((1, one_process), (2, two_processes)):
@@ -205,3 +218,25 @@ def test_bf16_towers_train_under_fsdp2_with_bf16_mixed_precision(runs):
     frozen = [k for k in one if k.startswith(VLM_LAYERS)]
     assert frozen and all(one[k].dtype == two[k].dtype and one[k].equal(two[k]) for k in frozen)
     assert {str(two[k].dtype) for k in frozen} == {"torch.bfloat16"}
+
+
+def test_lora_with_lerobots_default_smolvla_targets_under_fsdp2(runs):
+    from safetensors.torch import load_file
+
+    saved = runs["lora"] / "checkpoints" / "000002" / "pretrained_model"
+    adapter = load_file(saved / "adapter_model.safetensors")
+    targets = {k.split(".lora_")[0] for k in adapter}
+    # LeRobot's default SmolVLA targets: the expert's q/v projections and the five projections
+    assert {t.rsplit(".", 1)[-1] for t in targets} == {
+        "q_proj",
+        "v_proj",
+        "state_proj",
+        "action_in_proj",
+        "action_out_proj",
+        "action_time_mlp_in",
+        "action_time_mlp_out",
+    }
+    assert all(".lm_expert." in t for t in targets if t.endswith(("q_proj", "v_proj")))
+    assert len([t for t in targets if t.endswith("q_proj")]) == 4  # one per expert layer
+    got = losses(runs["lora"])
+    assert sorted(got) == [1, 2] and all(v > 0 for v in got.values())
