@@ -52,10 +52,17 @@ if ! env_ok; then
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   uv venv -q --python "$PY312" "$VENV"
-  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion,dataset,fastwam]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion,dataset,fastwam,pusht]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
   env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion,dataset,fastwam] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
 else
   echo "interop: reusing LeRobot ${LEROBOT_VERSION} in ${VENV}"
+fi
+
+# gym-pusht for pusht_eval_lerobot_interop.py (LeRobot's [pusht] extra), added to an env built before it
+# was needed rather than rebuilding the whole env
+if ! "$VENV/bin/python" -c 'import gym_pusht' 2>/dev/null; then
+  echo "interop: adding lerobot[pusht] ${LEROBOT_VERSION} to ${VENV}"
+  uv pip install -q --python "$VENV/bin/python" "lerobot[pusht]==${LEROBOT_VERSION}"
 fi
 
 status=0
