@@ -41,3 +41,27 @@ def test_bad_values_are_one_line(kwargs, line):
     with pytest.raises(ValueError) as info:
         EvalConfig(**kwargs)
     assert str(info.value) == line
+
+
+def test_configs_and_plan_import_neither_torch_nor_gymnasium():
+    """A run validates --env.*/--eval.* and plans the episodes before it imports torch or an env."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import lerobot_cli.envs, lerobot_cli.envs.make, lerobot_cli.evaluation.config, "
+        "lerobot_cli.evaluation.plan; from lerobot_cli.envs import env_config; env_config('pusht'); "
+        "from lerobot_cli.evaluation import EpisodePlan; "
+        "EpisodePlan(n_episodes=3, batch_size=2).for_rank(1, 2); "
+        "heavy = sorted({'torch', 'gymnasium', 'numpy', 'gym_pusht'} & set(sys.modules)); "
+        "assert not heavy, f'imported {heavy}'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_env_errors_are_usage_errors():
+    """The CLI prints a UsageError as one line and exits 2: a missing extra or task is one."""
+    from lerobot_cli.cli.errors import UsageError
+    from lerobot_cli.envs.make import EnvUnavailableError
+
+    assert issubclass(EnvUnavailableError, UsageError)
