@@ -175,3 +175,30 @@ def test_observation_mapping_of_other_layouts():
 def test_pixels_lerobot_refuses_are_refused(pixels, line):
     with pytest.raises(ObservationError, match="^" + line):
         preprocess_observation({"pixels": pixels})
+
+
+def test_async_envs_roll_out_what_sync_envs_do():
+    """--eval.use_async_envs: one env per worker process (forkserver), the same rollouts as in-process."""
+    from lerobot_cli.evaluation.rollout import rollout_batch
+
+    class Scripted(torch.nn.Module):
+        def reset(self):
+            self.t = 0
+
+        def select_action(self, batch):
+            self.t += 1
+            return (
+                batch["observation.state"] * 0.5 + 128.0 + 40.0 * batch["observation.image"][:, 0, 48, 48:50]
+            )
+
+    cfg = PushtEnvConfig(episode_length=6)
+    runs = {}
+    for use_async in (False, True):
+        env = make_vector_env(cfg, 2, use_async_envs=use_async)
+        try:
+            assert isinstance(env, gym.vector.AsyncVectorEnv) == use_async
+            runs[use_async] = rollout_batch(env, Scripted(), lambda x: x, lambda x: x, [21, 22])
+        finally:
+            env.close()
+    assert torch.equal(runs[False].actions, runs[True].actions)
+    assert torch.equal(runs[False].rewards, runs[True].rewards)

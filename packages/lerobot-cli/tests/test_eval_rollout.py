@@ -143,6 +143,40 @@ def test_keep_stepping_calls_the_policy_without_changing_the_rollout():
     assert steps[:n] == [False] * n and all(steps[n:])
 
 
+class Described(Reach):
+    task_description = "reach the origin"
+
+
+DESCRIBED = "simeval_test/Described-v0"
+if DESCRIBED not in gym.envs.registration.registry:
+    gym.register(DESCRIBED, entry_point=Described)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize(("env_id", "task"), [(REACH, ""), (DESCRIBED, "reach the origin")])
+def test_task_is_lerobots_and_async_workers_survive_its_lookup(env_id, task, use_async):
+    """LeRobot's batch["task"]: the envs' task_description, else "" (PushT has none); in async envs,
+    asking a worker for an attribute it lacks would shut it down, so the lookup must not."""
+    seen = []
+
+    class Recording(GoHome):
+        def select_action(self, batch):
+            seen.append(batch["task"])
+            return super().select_action(batch)
+
+    def make():
+        return gym.make(env_id, disable_env_checker=True, max_episode_steps=3)
+
+    cls = gym.vector.AsyncVectorEnv if use_async else gym.vector.SyncVectorEnv
+    env = cls([make] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        out = rollout_batch(env, Recording(), identity, identity, [0, 1])
+    finally:
+        env.close()
+    assert seen and all(t == [task, task] for t in seen)
+    assert out.dones[:, -1].all()
+
+
 def test_action_of_the_wrong_rank_is_one_line():
     class Flat(GoHome):
         def select_action(self, batch):

@@ -48,6 +48,15 @@ def _register(cfg: EnvConfig) -> None:
         )
 
 
+def _make_one(package_name: str, gym_id: str, disable_env_checker: bool, kwargs: dict) -> gym.Env:
+    """One env; module-level so an async worker (a fresh ``forkserver`` process, where nothing has
+    registered the env's id yet) unpickles it by name and imports the env's package itself."""
+    import gymnasium as gym
+
+    importlib.import_module(package_name)
+    return gym.make(gym_id, disable_env_checker=disable_env_checker, **kwargs)
+
+
 def make_vector_env(cfg: EnvConfig, n_envs: int, use_async_envs: bool = False) -> gym.vector.VectorEnv:
     """``n_envs`` copies of ``cfg``'s env in one vector env (LeRobot's ``make_env(cfg, n_envs, use_async)``
     for a single-task env; the caller closes it)."""
@@ -59,7 +68,7 @@ def make_vector_env(cfg: EnvConfig, n_envs: int, use_async_envs: bool = False) -
     from gymnasium.vector import AutoresetMode
 
     make_one = functools.partial(
-        gym.make, cfg.gym_id, disable_env_checker=cfg.disable_env_checker, **cfg.gym_kwargs
+        _make_one, cfg.package_name, cfg.gym_id, cfg.disable_env_checker, cfg.gym_kwargs
     )
     if use_async_envs and n_envs > 1:
         return gym.vector.AsyncVectorEnv(

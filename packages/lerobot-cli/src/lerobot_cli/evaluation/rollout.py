@@ -59,8 +59,17 @@ class BatchRollout:
     dones: torch.Tensor
 
 
-def _tasks(env: Any) -> list[str]:
-    for name in ("task_description", "task"):
+def _task_names(env: Any) -> tuple[str, ...]:
+    """Which of LeRobot's task attributes the envs have, asked once per rollout with
+    ``has_wrapper_attr``: LeRobot just calls ``env.call(name)`` and catches the AttributeError, but in an
+    ``AsyncVectorEnv`` that error shuts the worker down (gymnasium closes a worker that raised), so
+    PushT, which has neither attribute, would lose its envs on the first step."""
+    return tuple(name for name in ("task_description", "task") if all(env.call("has_wrapper_attr", name)))
+
+
+def _tasks(env: Any, names: tuple[str, ...]) -> list[str]:
+    """LeRobot's ``task``: ``task_description``, else ``task``, else ``""`` per env."""
+    for name in names:
         try:
             return list(env.call(name))
         except (AttributeError, NotImplementedError):
@@ -86,9 +95,11 @@ def _successes(info: dict[str, Any], n: int) -> list[bool]:
     return [False] * n
 
 
-def _act(policy: EvalPolicy, pre: Processor, post: Processor, observation: Any, env: Any) -> np.ndarray:
+def _act(
+    policy: EvalPolicy, pre: Processor, post: Processor, observation: Any, env: Any, tasks: tuple[str, ...]
+) -> np.ndarray:
     batch = preprocess_observation(observation)
-    batch["task"] = _tasks(env)
+    batch["task"] = _tasks(env, tasks)
     batch = pre(batch)
     with torch.inference_mode():
         action = policy.select_action(batch)
@@ -119,11 +130,12 @@ def rollout_batch(
         render_callback(env)
     go_on = keep_stepping if keep_stepping is not None else (lambda all_done: not all_done)
     max_steps = env.call("_max_episode_steps")[0]
+    tasks = _task_names(env)
     done = np.zeros(env.num_envs, dtype=bool)
     actions, rewards, successes, dones = [], [], [], []
     step = 0
     while step < max_steps and go_on(bool(done.all())):
-        action = _act(policy, preprocessor, postprocessor, observation, env)
+        action = _act(policy, preprocessor, postprocessor, observation, env, tasks)
         step += 1
         if done.all():  # only keeping the other ranks' collectives company: nothing to step or record
             continue
