@@ -327,7 +327,14 @@ def test_pusht_rollout_with_a_tiny_mlp_and_its_processors(tmp_path):
     finally:
         env.close()
     assert [(r.episode_ix, r.seed) for r in one] == [(0, 1000), (1, 1001), (2, 1002)]
-    assert sorted(two[0] + two[1], key=lambda r: r.episode_ix) == one
+    both = sorted(two[0] + two[1], key=lambda r: r.episode_ix)
+    assert [(r.episode_ix, r.seed, r.success) for r in both] == [
+        (r.episode_ix, r.seed, r.success) for r in one
+    ]
+    # gym-pusht's rewards vary in their last bits between env instances and resets (test_env_pusht.py)
+    for a, b in zip(both, one, strict=True):
+        assert a.sum_reward == pytest.approx(b.sum_reward, rel=0, abs=1e-12)
+        assert a.max_reward == pytest.approx(b.max_reward, rel=0, abs=1e-12)
     assert torch.equal(again.actions, first.actions) and again.actions.shape == (2, 12, 2)
     assert all(0.0 <= r.max_reward <= 1.0 and r.sum_reward >= 0.0 for r in one)
     info = eval_info(one, task_group=cfg.type, eval_s=1.0)
