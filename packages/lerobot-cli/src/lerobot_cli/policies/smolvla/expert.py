@@ -373,11 +373,24 @@ class SmolVLMWithExpertModel(nn.Module):
 
     # -- embeddings --------------------------------------------------------------------------------
     def embed_image(self, image: Tensor) -> Tensor:
-        vlm = self.vlm_model()
-        hidden = vlm.vision_model(
-            pixel_values=image.to(dtype=vlm.vision_model.dtype), patch_attention_mask=None
-        ).last_hidden_state
-        return vlm.connector(hidden)
+        """LeRobot's ``vision_model(pixel_values, patch_attention_mask=None)``, without its host sync.
+
+        With no patch mask, transformers' vision model builds an all-true one and then asks whether it is
+        all true (``padding_mask.all()`` in ``create_bidirectional_mask``), a device-to-host read on every
+        camera of every step. Every patch of a resized image is real, so the encoder runs with no mask,
+        which is what that check concludes (for eager attention it would add a mask of zeros: the same
+        numbers); the position ids still come from the all-true patch mask, as in transformers."""
+        vision = self.vlm_model().vision_model
+        pixels = image.to(dtype=vision.dtype)
+        side = vision.config.patch_size
+        patches = torch.ones(
+            (pixels.shape[0], pixels.shape[2] // side, pixels.shape[3] // side),
+            dtype=torch.bool,
+            device=pixels.device,
+        )
+        hidden = vision.embeddings(pixel_values=pixels, patch_attention_mask=patches)
+        hidden = vision.encoder(inputs_embeds=hidden, attention_mask=None).last_hidden_state
+        return self.vlm_model().connector(vision.post_layernorm(hidden))
 
     def embed_language_tokens(self, tokens: Tensor) -> Tensor:
         return self.vlm_model().text_model.get_input_embeddings()(tokens)
