@@ -15,7 +15,7 @@ import torch
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 from lerobot_cli.sample_weighting.loss import weight_the_loss, weighted_mean
 from lerobot_cli.sample_weighting.weights import (
@@ -66,7 +66,7 @@ def test_the_config_has_lerobots_fields_and_defaults():
     ],
 )
 def test_bad_values_are_refused_in_one_line(flag, says):
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(ConfigError) as err:
         build(flag)
     assert says in str(err.value) and "\n" not in str(err.value)
 
@@ -74,7 +74,7 @@ def test_bad_values_are_refused_in_one_line(flag, says):
 @pytest.mark.parametrize("policy", ["act", "diffusion", "mlp"])
 def test_a_policy_without_a_per_sample_loss_is_refused_naming_those_with_one(policy):
     result = build("--sample_weighting.type=uniform", policy=policy)
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(ConfigError) as err:
         check_runnable(result.config, None)
     message = str(err.value)
     assert message.startswith("--sample_weighting.type=uniform: policy " + policy)
@@ -83,7 +83,7 @@ def test_a_policy_without_a_per_sample_loss_is_refused_naming_those_with_one(pol
 
 def test_a_mixture_is_refused():
     result = build("--sample_weighting.type=rabc", '--dataset.repo_id=["org/a","org/b"]')
-    with pytest.raises(UsageError, match="a dataset mixture is not weighted here"):
+    with pytest.raises(ConfigError, match="a dataset mixture is not weighted here"):
         check_runnable(result.config, None)
 
 
@@ -98,9 +98,9 @@ def test_the_progress_file_is_found_where_lerobot_looks():
     assert progress_location(cfg, None, "org/x") == "hf://datasets/org/x/sarm_progress.parquet"
     assert progress_location(SampleWeightingConfig(progress_path="a.parquet"), "d", "o/x") == "a.parquet"
     assert str(resolve_progress_path("rel/p.parquet")) == "rel/p.parquet"  # the working directory's
-    with pytest.raises(UsageError, match="only a local file or hf://datasets/"):
+    with pytest.raises(ConfigError, match="only a local file or hf://datasets/"):
         resolve_progress_path("s3://bucket/p.parquet")
-    with pytest.raises(UsageError, match="expected hf://datasets/<owner>/<name>/<file"):
+    with pytest.raises(ConfigError, match="expected hf://datasets/<owner>/<name>/<file"):
         resolve_progress_path("hf://datasets/org/x")
 
 
@@ -118,7 +118,7 @@ def test_an_hf_path_goes_through_the_hub_cache_and_a_failure_is_one_line(monkeyp
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
     assert resolve_progress_path("hf://datasets/org/x/sub/p.parquet") == tmp_path / "f.parquet"
     assert calls[0] == {"repo_id": "org/x", "filename": "sub/p.parquet", "repo_type": "dataset"}
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(ConfigError) as err:
         resolve_progress_path("hf://datasets/org/missing/p.parquet")
     assert str(err.value).endswith("could not download it (OSError: offline)")
 
@@ -213,7 +213,7 @@ def test_a_malformed_file_is_refused_in_one_line_naming_the_flag_and_the_file(tm
         path = write(tmp_path / "p.parquet", columns, schema)
     else:
         path = write(tmp_path / "p.parquet", columns)
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(ConfigError) as err:
         read_progress(path, "progress_sparse", num_frames=10)
     message = str(err.value)
     assert message.startswith(f"--sample_weighting.progress_path {path}: ") and "\n" not in message
@@ -224,7 +224,7 @@ def test_a_file_that_is_not_parquet_or_missing_is_refused_in_one_line(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
     for path, says in ((bad, "not a readable parquet file"), (tmp_path / "none.parquet", "no such file")):
-        with pytest.raises(UsageError) as err:
+        with pytest.raises(ConfigError) as err:
             read_progress(path, "progress_sparse")
         assert str(err.value).startswith(f"--sample_weighting.progress_path {path}: {says}")
         assert "\n" not in str(err.value)

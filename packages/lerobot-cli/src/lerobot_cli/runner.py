@@ -38,6 +38,7 @@ from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.stream_location import pinned
 from lerobot_cli.datasets.streamed import StreamedDataset
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.fetching import decided_on_main, prefetch
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
@@ -59,7 +60,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     NonFiniteLossError,
     CheckpointError,
     PeftSetupError,
-    UsageError,
+    ConfigError,  # UsageError included: policy, optimizer and sample-weighting refusals
 )
 
 

@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import attrs
 from attrs import define, field
 
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.fastwam.dit_configs import (
@@ -453,9 +454,7 @@ class FastWAMConfig(PolicyConfig):
 
         if not self.load_text_encoder and not {"context", "context_mask"} <= set(dataset_features):
             # LeRobot fails at the first batch ("Prompt encoding requires loaded text encoder/tokenizer")
-            from lerobot_cli.cli.errors import UsageError  # torch-free; one line, also from the runner
-
-            raise UsageError(
+            raise ConfigError(
                 "--policy.load_text_encoder=false: FastWAM then reads each sample's text context from the "
                 "batch, but the dataset has no context/context_mask features; pass "
                 "--policy.load_text_encoder=true to encode the task text with UMT5"
@@ -473,10 +472,8 @@ class FastWAMConfig(PolicyConfig):
             return attrs.evolve(self, output_features=outputs)
         if not cameras:
             # LeRobot keeps its synthetic camera here and fails at the first batch (a KeyError)
-            from lerobot_cli.cli.errors import UsageError
-
             observed = sorted(k for k in dataset_features if k.startswith("observation."))
-            raise UsageError(
+            raise ConfigError(
                 f"fastwam needs a camera, but the dataset has no {CAMERA_PREFIX}* feature (its observations: "
                 f"{', '.join(observed) or 'none'}): FastWAM learns from and predicts the camera video; use a "
                 "dataset with a camera"
