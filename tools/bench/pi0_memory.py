@@ -80,7 +80,7 @@ def _register_bench_variants() -> None:
 
 
 def _config(size: str, image_size: int, chunk: int):
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.pi0.config import PI0Config
 
     _register_bench_variants()

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "lerob
 
 
 def act_policy(**overrides):
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
 
     inputs = {
         "observation.state": PolicyFeature("STATE", (2,)),

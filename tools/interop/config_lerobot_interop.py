@@ -65,7 +65,7 @@ FASTWAM_CAMERAS = ("observation.wrist_rgb", "observation.top")
 
 
 def _features(policy: str) -> dict[str, Any]:
-    from lerobot_cli.policies.features import PolicyFeature
+    from lerobot_cli.features import PolicyFeature
 
     if policy == "fastwam":
         return _fastwam_features()
@@ -81,7 +81,7 @@ def _fastwam_features(state: int = 8, action: int = 7, size: tuple[int, int] = (
     """FastWAM's features as LeRobot's ``validate_features`` wants them for these settings (its
     ``__post_init__`` refuses a config.json whose features disagree): the state ``proprio_dim`` wide, the
     action ``action_dim`` wide, both cameras ``image_size[0]`` high and half ``image_size[1]`` wide."""
-    from lerobot_cli.policies.features import PolicyFeature
+    from lerobot_cli.features import PolicyFeature
 
     height, width = size
     cameras = {name: PolicyFeature("VISUAL", (3, height, width // 2)) for name in FASTWAM_CAMERAS}
@@ -159,6 +159,7 @@ def _fastwam_cases() -> dict[str, list[dict[str, Any]]]:
 
 def _special_cases() -> dict[str, list[dict[str, Any]]]:
     """Fields whose other values are choices, need a companion setting, or are not plain numbers."""
+    from lerobot_cli.features import NormalizationMode
     from lerobot_cli.policies.act.config import FEEDFORWARD_ACTIVATIONS
     from lerobot_cli.policies.act.config import SUPPORTED_BACKBONES as ACT_BACKBONES
     from lerobot_cli.policies.diffusion.config import (
@@ -167,7 +168,6 @@ def _special_cases() -> dict[str, list[dict[str, Any]]]:
         NOISE_SCHEDULERS,
         PREDICTION_TYPES,
     )
-    from lerobot_cli.policies.features import NormalizationMode
     from lerobot_cli.policies.pi0.config import DTYPES
     from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
 

@@ -278,7 +278,7 @@ def key_shapes(state_dict) -> dict[str, list]:
 
 
 def _our_features(case: Case) -> dict:
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
 
     cameras = {key: PolicyFeature(FeatureType.VISUAL, shape) for key, shape in case.cameras}
     return {

@@ -154,7 +154,7 @@ def outputs(policy, inputs: dict[str, torch.Tensor], forward) -> dict[str, torch
 
 
 def _our_config(vlm: Path, cameras: dict, overrides: dict, **extra):
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 
     return SmolVLAConfig(

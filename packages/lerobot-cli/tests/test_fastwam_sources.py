@@ -26,10 +26,10 @@ from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"

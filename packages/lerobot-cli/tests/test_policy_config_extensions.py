@@ -14,8 +14,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies import registry
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.serialization import (
     UnknownConfigKeysWarning,
     load_policy_config,

@@ -15,9 +15,9 @@ import sys
 import attrs
 import pytest
 import torch
+from lerobot_cli.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies import config_class
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
-from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 
 DEMO = "data/lerobot/demo_reach"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.pi0.config import PI0Config
 from lerobot_cli.policies.pi0.modeling import PI0Policy
 from lerobot_cli.policies.serialization import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy, attention_mask_2d
 

@@ -274,7 +274,7 @@ def test_the_hooks_make_training_use_lerobots_weighted_mean_and_eval_the_plain_o
 
 
 def tiny_pi0(policy: str = "pi0"):
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.registry import config_class
     from lerobot_cli.policies.weights import build_policy
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
 from lerobot_cli.workload import sharding_plan

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from attrs import define, field, frozen
 
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 if TYPE_CHECKING:  # torch-free at run time

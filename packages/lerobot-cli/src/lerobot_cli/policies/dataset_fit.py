@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from lerobot_cli.datasets.features import dataset_to_policy_features, split_policy_features
 from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import dataset_to_policy_features, split_policy_features
 from lerobot_cli.policies.config import PolicyConfig
 
 

@@ -20,10 +20,10 @@ from typing import ClassVar
 
 from attrs import define, field
 
+from lerobot_cli.features import NormalizationMode, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.backbone_weights import DEFAULT_BACKBONE_WEIGHTS
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 SUPPORTED_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")

@@ -49,6 +49,13 @@ import attrs
 from attrs import define, field
 
 from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import (
+    FeatureType,
+    NormalizationMode,
+    PolicyFeature,
+    dataset_to_policy_features,
+    normalization_mapping,
+)
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.fastwam.dit_configs import (
@@ -59,7 +66,6 @@ from lerobot_cli.policies.fastwam.dit_configs import (
     require_positive_int,
     tiny_dit_configs,
 )
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 WAN22_MODEL_ID = "Wan-AI/Wan2.2-TI2V-5B"
@@ -450,8 +456,6 @@ class FastWAMConfig(PolicyConfig):
         ``video``) is refused: the policy would fail at its first batch. The state keeps the dataset's width
         (LeRobot writes ``proprio_dim`` whatever the data, then fails in the proprio encoder), so a mismatch
         is refused by :meth:`validate_features` before any weight is built."""
-        from lerobot_cli.datasets.features import dataset_to_policy_features
-
         if not self.load_text_encoder and not {"context", "context_mask"} <= set(dataset_features):
             # LeRobot fails at the first batch ("Prompt encoding requires loaded text encoder/tokenizer")
             raise ConfigError(

@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import attrs
 from attrs import define, field
 
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.config import PolicyConfig, Source
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, LEROBOT_GEMMA_VARIANTS, VISION_VARIANTS
 from lerobot_cli.policies.spec import PolicySpec
 

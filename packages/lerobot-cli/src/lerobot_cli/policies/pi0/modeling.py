@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.policies.features import FeatureType
+from lerobot_cli.features import FeatureType
 from lerobot_cli.policies.pi0.config import PI0Config, PiFlowConfig
 from lerobot_cli.policies.pi0.flow import PI0FlowModel
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 import attrs
 from attrs import define, field
 
-from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
+from lerobot_cli.features import NormalizationMode, normalization_mapping
 from lerobot_cli.policies.pi0.config import PI_SPEC, PiFlowConfig
 from lerobot_cli.policies.spec import PolicySpec
 

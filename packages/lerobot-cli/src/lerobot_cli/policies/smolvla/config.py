@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 
 from attrs import define, field
 
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.config import PolicyConfig, Source
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 SMOLVLM2_500M = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"

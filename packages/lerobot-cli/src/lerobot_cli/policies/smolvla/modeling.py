@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.policies.features import FeatureType
+from lerobot_cli.features import FeatureType
 from lerobot_cli.policies.pi0.backbone import sinusoidal_time_embedding  # LeRobot's shared helper, as is
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.expert import SmolVLMWithExpertModel
