@@ -51,6 +51,8 @@ class DiffusionConfig(PolicyConfig):
     type: ClassVar[str] = "diffusion"
     spec: ClassVar[PolicySpec] = PolicySpec(
         model="lerobot_cli.policies.diffusion.modeling:DiffusionPolicy",
+        in_lerobot=True,
+        lerobot_extras=("diffusion",),  # LeRobot's DiffusionPolicy needs diffusers' schedulers
         # Every U-Net residual block (the bulk of the parameters: 2048-channel stages hold most of the 263M)
         # and every camera encoder (a ResNet each); the timestep MLP, the down/up-sampling convolutions and
         # the head stay in the root unit. With gradient_checkpointing the residual blocks are also what is

@@ -132,6 +132,8 @@ FASTWAM_SPEC = PolicySpec(
     ),
     init_only_fields=("base_model_id",),
     extension_fields=("compile_action_infer", "precompute_task_contexts", "variant"),
+    in_lerobot=True,
+    lerobot_extras=("fastwam",),  # LeRobot 0.6.1's FastWAM needs its [fastwam] extra
     # diffusers (the Wan2.2 VAE) and transformers (UMT5 and its tokenizer), as lerobot[fastwam]
     extras=("fastwam",),
 )

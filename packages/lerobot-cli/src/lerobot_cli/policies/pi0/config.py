@@ -79,6 +79,8 @@ PI_SPEC = PolicySpec(
     ),
     # Fields LeRobot's PI0Config/PI05Config lack: saved in config_extensions.json, never in config.json.
     extension_fields=("tokenizer_name", "vision_variant"),
+    in_lerobot=True,
+    lerobot_extras=("pi",),  # LeRobot 0.6.1's own pi0/pi05 need its [pi] extra
     extras=("pi",),  # transformers: PaliGemma, SigLIP and Gemma classes, the PaliGemma tokenizer
     # Files in the layouts LeRobot's from_pretrained also fixes (openpi's names, no model. prefix, …).
     state_dict_adapter="lerobot_cli.policies.pi0.modeling:adapt_state_dict",

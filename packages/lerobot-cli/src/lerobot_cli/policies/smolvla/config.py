@@ -78,6 +78,8 @@ SMOLVLA_SPEC = PolicySpec(
         r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj|"
         r"action_out_proj|action_time_mlp_in|action_time_mlp_out))"
     ),
+    in_lerobot=True,
+    lerobot_extras=("smolvla",),  # LeRobot 0.6.1's SmolVLA needs its [smolvla] extra
     extras=("pi",),  # transformers: the SmolVLM and Llama classes, the SmolVLM tokenizer
 )
 
