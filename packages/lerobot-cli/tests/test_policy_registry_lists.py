@@ -47,6 +47,7 @@ config_pins = _load(HERE / "test_policy_config_extensions.py")
 extras_tests = _load(HERE / "test_extras.py")
 config_driver = _load(INTEROP / "config_lerobot_interop.py")
 defaults_driver = _load(INTEROP / "defaults_lerobot_interop.py")
+weighting_driver = _load(INTEROP / "sample_weighting_lerobot_interop.py")
 
 
 def test_lerobot_metadata_needs_in_lerobot():
@@ -203,6 +204,13 @@ def test_the_defaults_driver_covers_every_policy_lerobot_has():
     assert set(defaults_driver.SAME) | set(defaults_driver.NOT_CHECKED) == set(in_lerobot)
 
 
+def test_the_sample_weighting_driver_covers_every_policy_with_a_per_sample_loss():
+    assert weighting_driver.coverage_problems() == []
+    assert set(weighting_driver.FLAVOURED) == {
+        name for name in registry.available() if registry.config_class(name).spec.per_sample_loss
+    }
+
+
 # ---------------------------------------------------------------- a new policy
 
 _CONFIG = """
@@ -220,6 +228,7 @@ class ThrowawayConfig(PolicyConfig):
         in_lerobot=True,
         lerobot_extras=("throwaway-extra",),
         extras=("pi",),
+        per_sample_loss=True,
     )
 
     width: int = field(default=3, metadata={"help": "Throwaway width."})
@@ -270,6 +279,9 @@ def test_a_new_policy_is_one_folder_and_one_registration(throwaway):
             f"policy {throwaway!r} registered (in LeRobot) but has no flags in SAME nor a reason in "
             "NOT_CHECKED: add one"
         )
+    ]
+    assert weighting_driver.coverage_problems() == [
+        f"policy {throwaway!r} registered with a per-sample loss but has no flavour in FLAVOURED: add one"
     ]
 
 

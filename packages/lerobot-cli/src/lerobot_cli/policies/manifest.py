@@ -27,6 +27,7 @@ def policies() -> dict[str, dict[str, Any]]:
             "lerobot_extras": list(spec.lerobot_extras),
             "extras": list(spec.extras),
             "extension_fields": list(spec.extension_fields),
+            "per_sample_loss": spec.per_sample_loss,
         }
     return out
 
