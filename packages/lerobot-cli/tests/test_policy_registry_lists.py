@@ -285,6 +285,32 @@ def test_a_new_policy_is_one_folder_and_one_registration(throwaway):
     ]
 
 
+def test_a_plugin_policy_is_in_the_manifest_the_tools_read(tmp_path):
+    """The tools outside our env read the manifest in a process of their own: a policy from another package
+    (its folder plus one entry point, as ``tests/test_policy_plugin.py`` installs it) is in it there."""
+    folder = tmp_path / "throwaway_policy"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "config.py").write_text(_CONFIG)
+    info = tmp_path / "throwaway_policy-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: throwaway-policy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[{registry.ENTRY_POINT_GROUP}]\nthrowaway = throwaway_policy.config:ThrowawayConfig\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
+    run = [sys.executable, "-m", "lerobot_cli.policies.manifest"]
+    res = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(res.stdout)["throwaway"]["lerobot_extras"] == ["throwaway-extra"]
+    res = subprocess.run(
+        [*run, "lerobot-extras"], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "throwaway-extra" in res.stdout.strip().split(",")
+
+
 def test_a_registered_class_is_in_the_lists_too():
     """``registry.register`` (in-process) reaches the same lists as the built-in table's line."""
 
