@@ -211,6 +211,23 @@ def test_the_sample_weighting_driver_covers_every_policy_with_a_per_sample_loss(
     }
 
 
+def missing_interop_drivers(names: list[str]) -> list[str]:
+    """One line per policy of ``names`` without a driver of its own,
+    ``tools/interop/<name>_lerobot_interop.py`` (ci.sh runs every such file)."""
+    return [
+        f"policy {name!r} registered (in LeRobot) but has no tools/interop/{name}_lerobot_interop.py: add one"
+        for name in names
+        if not (INTEROP / f"{name}_lerobot_interop.py").is_file()
+    ]
+
+
+def test_every_policy_lerobot_has_has_its_interop_driver():
+    """A policy LeRobot also has is compared with LeRobot's own by a driver named after it (ci.sh's glob
+    runs it); mlp, which LeRobot lacks, needs none."""
+    assert missing_interop_drivers(manifest.in_lerobot()) == []
+    assert "mlp" not in manifest.in_lerobot()
+
+
 # ---------------------------------------------------------------- a new policy
 
 _CONFIG = """
@@ -282,6 +299,10 @@ def test_a_new_policy_is_one_folder_and_one_registration(throwaway):
     ]
     assert weighting_driver.coverage_problems() == [
         f"policy {throwaway!r} registered with a per-sample loss but has no flavour in FLAVOURED: add one"
+    ]
+    driver = f"tools/interop/{throwaway}_lerobot_interop.py"
+    assert missing_interop_drivers(manifest.in_lerobot()) == [
+        f"policy {throwaway!r} registered (in LeRobot) but has no {driver}: add one"
     ]
 
 
