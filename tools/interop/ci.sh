@@ -9,10 +9,10 @@
 # [dataset] (LeRobotDataset, which examples/lerobot_act_fsdp.py trains on).
 #
 # The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
-# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, with every
-# requirement of each of those extras installed (an env without one is rebuilt), and with the transformers
-# of its [pi] extra below 5.6 (which pi0/pi05 need). No Python 3.12 means no interop run: that is said in
-# one line and fails, so a missing run is never read as a pass.
+# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, or its
+# transformers is 5.6 or newer (pi0/pi05 need the [pi] extra's, below). An env that lacks a requirement of
+# one of those extras (a new policy's) has the extras installed into it, not rebuilt. No Python 3.12 means
+# no interop run: that is said in one line and fails, so a missing run is never read as a pass.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
