@@ -3,9 +3,9 @@
 The other drivers hand both sides the same processors; this one lets each side build its own from the
 dataset, as a user's run does, so a default that differs (``--dataset.use_imagenet_stats``: LeRobot 0.6.1
 replaces every camera's mean and std with ImageNet's by default) shows up in the files. For each policy
-(every registered policy LeRobot also has, read from our registry: act, diffusion, pi0, pi05, fastwam; one
-without flags in ``SAME`` nor a reason in ``NOT_CHECKED`` fails the run before anything else), with the
-default and with ``--dataset.use_imagenet_stats=false``,
+(every registered policy LeRobot also has, read from our registry: act, diffusion, pi0, pi05, smolvla,
+fastwam; one without flags in ``SAME`` nor a reason in ``NOT_CHECKED`` fails the run before anything
+else), with the default and with ``--dataset.use_imagenet_stats=false``,
 every file ``policy_preprocessor*`` / ``policy_postprocessor*`` must be equal: the JSON files as parsed
 JSON, the state files key for key (same keys, shapes, dtypes and values, exactly). act and diffusion are
 also fine-tuned with ``--policy.path`` (both sides from the same LeRobot-trained ``pretrained_model/``) on a
@@ -28,18 +28,21 @@ checkpoint's, and so must ours. Runs in two interpreters:
      ``lerobot-train --policy.path=<its {policy}_false checkpoint's pretrained_model>`` on that copy, 1 step,
      default flags and with ``--dataset.use_imagenet_stats=false``. The base was trained with the first
      dataset's own camera statistics, so each statistic a fine-tune saves differs from the base's;
-   - pi0, pi05, fastwam: LeRobot cannot build these offline on a CPU (PaliGemma's 3B weights and tokenizer;
-     Wan2.2's VAE and UMT5), so its ``lerobot-train`` is followed up to its processors and no further: the
-     same command line parsed by its own parser into its ``TrainPipelineConfig`` (``cfg.validate()``),
-     ``make_train_eval_datasets(cfg)`` (its dataset factory, where ``use_imagenet_stats`` acts), the policy
-     features ``make_policy`` fills in from the dataset, then ``make_pre_post_processors(cfg.policy,
-     pretrained_path=None, dataset_stats=dataset.meta.stats)`` and ``save_pretrained`` as its checkpoint
-     does; LeRobot's policy defaults otherwise (gemma_2b/gemma_300m, its FastWAM), whose sizes its
-     processors do not read. pi0/pi05's PaliGemma tokenizer is the repository's byte-level stand-in
-     (data/tokenizers/demo_bytes), named as on our side.
+   - pi0, pi05, smolvla, fastwam: LeRobot cannot build these offline on a CPU (PaliGemma's 3B weights and
+     tokenizer, SmolVLM2's, Wan2.2's VAE and UMT5), so its ``lerobot-train`` is followed up to its
+     processors and no further: the same command line parsed by its own parser into its
+     ``TrainPipelineConfig`` (``cfg.validate()``), ``make_train_eval_datasets(cfg)`` (its dataset factory,
+     where ``use_imagenet_stats`` acts), the policy features ``make_policy`` fills in from the dataset,
+     then ``make_pre_post_processors(cfg.policy, pretrained_path=None, dataset_stats=dataset.meta.stats)``
+     and ``save_pretrained`` as its checkpoint does; LeRobot's policy defaults otherwise
+     (gemma_2b/gemma_300m, its FastWAM), whose sizes its processors do not read. pi0/pi05's PaliGemma
+     tokenizer is the repository's byte-level stand-in (data/tokenizers/demo_bytes), named as on our side;
+     SmolVLA's ``vlm_model_name`` is the shipped tiny SmolVLM (data/vlms/smolvlm_tiny) on both sides,
+     whose tokenizer both pre-processors load.
 2. ours (this env, one process): ``lerobot-train`` (``lerobot_cli.train.main``) for each policy and flag
    on the same dataset, from scratch, 1 step: act/diffusion with LeRobot's tiny sizes; pi0/pi05/fastwam with
-   the tiny variants (``gemma_tiny`` / ``variant=tiny``) and the demo tokenizer; then the same fine-tunes
+   the tiny variants (``gemma_tiny`` / ``variant=tiny``) and the demo tokenizer, smolvla on the tiny
+   SmolVLM; then the same fine-tunes
    from LeRobot's base ``pretrained_model/`` (our checkpoints being LeRobot's format, it loads as a user's
    download would).
 3. compare: every file of both ``pretrained_model/`` directories, and the cameras' saved mean/std printed
@@ -64,6 +67,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "data" / "tokenizers" / "demo_bytes"
+DEMO_VLM = REPO / "data" / "vlms" / "smolvlm_tiny"  # SmolVLA's vlm_model_name: config.json + tokenizer
 PALIGEMMA = "google/paligemma-3b-pt-224"
 REPO_ID = "local/imagenet_defaults"
 CAMERA = "observation.images.top"
@@ -85,6 +89,8 @@ SAME = {  # policy -> flags both sides take (LeRobot's field names, which ours s
     ],
     "pi0": ["--policy.type=pi0"],
     "pi05": ["--policy.type=pi05"],
+    # SmolVLA's tokenizer is vlm_model_name's: both sides read the shipped tiny SmolVLM's (LeRobot's field)
+    "smolvla": ["--policy.type=smolvla", f"--policy.vlm_model_name={DEMO_VLM}"],
     "fastwam": [
         "--policy.type=fastwam",
         "--policy.action_dim=2",
@@ -113,13 +119,14 @@ OURS_ONLY = {  # our tiny variants (LeRobot has none; its processors do not depe
     ],
 }
 OURS_ONLY["pi05"] = OURS_ONLY["pi0"]
+OURS_ONLY["smolvla"] = [  # sizes LeRobot's processors do not read (its side builds no model)
+    "--policy.num_vlm_layers=4",
+    "--policy.resize_imgs_with_padding=[32,32]",
+    "--policy.chunk_size=4",
+    "--policy.n_action_steps=4",
+]
 # Registered policies LeRobot also has that this driver does not run, and why (a decision, not an omission).
-NOT_CHECKED = {
-    "smolvla": (
-        "LeRobot's processors load vlm_model_name's tokenizer (SmolVLM2's, a download; our side would need "
-        "the tiny SmolVLM of the unit tests); vla_processor_lerobot_interop.py compares its processors"
-    ),
-}
+NOT_CHECKED: dict[str, str] = {}
 LEROBOT_ONLY = ["--policy.push_to_hub=false", "--wandb.enable=false"]
 
 
