@@ -1,10 +1,14 @@
-"""Tiny SmolVLA through ``lerobot-train`` on the demo dataset on one process, DDP x2 and FSDP2 x2 (gloo, CPU).
+"""Tiny SmolVLA through ``lerobot-train`` on the demo dataset on one process, DDP x2, FSDP2 x2 and HSDP 2x2
+(gloo, CPU).
 
 The layouts train the same global batches (each sample's flow noise and time follow its dataset index, not
 its rank) and log the same losses; under FSDP2 each VLM text layer and its expert layer are one unit
 (``SmolVLMLayer.joint``), half frozen (the VLM, with LeRobot's default ``train_expert_only``) and half
 trained, and the frozen half comes back bit for bit. An FSDP2 x2 run saved at step 4 resumes to the
-uninterrupted run's losses. The same with the VLM and the vision tower trained (``train_expert_only=false``):
+uninterrupted run's losses; its DCP shards at step 4, converted by ``lerobot-convert-dcp`` into one
+``model.safetensors`` (the shards deleted), load strictly into a one-process SmolVLA and resume on HSDP 2x2 to
+the uninterrupted run's losses and weights. A 100-step run on one process shows the loss going down. The same
+with the VLM and the vision tower trained (``train_expert_only=false``):
 then the gradient reaches VLM layer i through the expert's cross-attention, inside the same unit. And with
 SmolVLM2's dtypes (bf16 text model and expert), which FSDP2 trains with bf16 mixed precision. LoRA with
 LeRobot's default SmolVLA targets fine-tunes a saved policy under FSDP2.
@@ -15,14 +19,16 @@ divides by its own count; the ranks' means are averaged). These runs use ``chunk
 ever padded and the layouts must agree; ``test_padded_steps_make_the_layouts_differ`` measures the gap
 with a chunk of 10.
 
-The runs share two launches (``launch.lerobot_train_runs``): the one-process runs and the x2 runs, each
-launch's runs one after another in the same ranks.
+The runs share three launches (``launch.lerobot_train_runs``): the one-process runs, the x2 runs and the x4
+runs, each launch's runs one after another in the same ranks; the conversion runs between the last two.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +39,8 @@ SMOLVLM_BUILDER = REPO / "packages" / "lerobot-cli" / "tests" / "smolvlm_tiny.py
 VLM_LAYERS = "model.vlm_with_expert.vlm.model.text_model.layers."
 EXPERT_LAYERS = "model.vlm_with_expert.lm_expert.layers."
 VISION = "model.vlm_with_expert.vlm.model.vision_model."
+CONVERT = str(Path(sys.executable).parent / "lerobot-convert-dcp")
+HSDP = ["--batch_size=2", "--parallelism.dp_replicate=2", "--parallelism.dp_shard=2"]
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +80,9 @@ def weights(out: Path, step: int) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
-    """Every run of this file in two launches; ``runs[name]`` is a run's output directory."""
+    """Every run of this file in three launches; ``runs[name]`` is a run's output directory. The FSDP2 run's
+    step-4 checkpoint is copied and converted between the x2 and the x4 launch (``runs["converted"]``, its DCP
+    shards deleted by the converter), so that the x4 launch resumes from the converted copy."""
     builder = _load("smolvlm_tiny", SMOLVLM_BUILDER)
     vlm = builder.save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm"))
     # as SmolVLM2's config.json: the text model and the expert in bf16, the rest fp32
@@ -90,6 +100,9 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "padded_ddp",
         "bf16_fsdp",
         "lora",
+        "long",
+        "hsdp",
+        "resumed_hsdp",
     )
     out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_smolvla(vlm), "--steps=6", "--save_freq=4"]
@@ -107,11 +120,22 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "vlm_single": [*train_vlm, "--batch_size=8", f"--output_dir={out['vlm_single']}"],
         "padded_single": [*padded, "--batch_size=8", f"--output_dir={out['padded_single']}"],
         "bf16_single": [*bf16, "--batch_size=8", f"--output_dir={out['bf16_single']}"],
+        # 100 steps at a constant 1e-3 after the fitted warm-up, logged every 10: the loss goes down
+        "long": [
+            *tiny_smolvla(vlm),
+            "--steps=100",
+            "--batch_size=8",
+            "--save_checkpoint=false",
+            "--log_freq=10",
+            "--policy.scheduler_decay_lr=1e-3",
+            f"--output_dir={out['long']}",
+        ],
     }
     fsdp = ["--batch_size=4", "--parallelism.dp_shard=2"]
     two_processes = {
         "ddp": [*common, "--batch_size=4", f"--output_dir={out['ddp']}"],
-        "fsdp": [*common, *fsdp, f"--output_dir={out['fsdp']}"],
+        # DCP shards beside the gathered model.safetensors at steps 4 and 6
+        "fsdp": [*common, *fsdp, "--checkpoint_format=safetensors_dcp", f"--output_dir={out['fsdp']}"],
         # the FSDP2 run's step-4 checkpoint resumed (steps 5 and 6) in a directory of its own
         "resumed": [
             "--resume=true",
@@ -133,8 +157,34 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
             f"--output_dir={out['lora']}",
         ],
     }
+    # the FSDP2 run's step 4 converted (its shards only: the gathered file removed first) in a copy
+    converted = root / "converted"
+    four_processes = {
+        "hsdp": [
+            *tiny_smolvla(vlm),
+            "--steps=6",
+            "--save_checkpoint=false",
+            *HSDP,
+            f"--output_dir={out['hsdp']}",
+        ],
+        # that converted checkpoint resumed on HSDP 2x2 (steps 5 and 6), in a directory of its own
+        "resumed_hsdp": [
+            "--resume=true",
+            f"--config_path={converted}",
+            *HSDP,
+            f"--output_dir={out['resumed_hsdp']}",
+        ],
+    }
     env = {"HF_HUB_OFFLINE": "1"}
-    for nproc, group in ((1, one_process), (2, two_processes)):
+    for nproc, group in ((1, one_process), (2, two_processes), (4, four_processes)):
+        if nproc == 4:
+            shutil.copytree(out["fsdp"] / "checkpoints" / "000004", converted)
+            (converted / "pretrained_model" / "model.safetensors").unlink()
+            res = launch.run_command(
+                [CONVERT, f"--checkpoint_dir={converted}", "--delete_dcp=true"], timeout_s=120, env=env
+            )
+            assert res.returncode == 0, res.describe()
+            out["converted"], out["convert.stdout"] = converted, res.stdout
         printed = launch.lerobot_train_runs(*group.values(), nproc=nproc, env=env)
         out.update({f"{name}.stdout": p.stdout for name, p in zip(group, printed, strict=True)})
     return out
@@ -146,10 +196,14 @@ def assert_same_losses(got: dict[int, float], want: dict[int, float], name: str,
         assert abs(got[step] - loss) <= tol * max(1.0, abs(loss)), (name, step, got[step], loss)
 
 
-def test_ddp_and_fsdp2_compute_the_one_process_losses(runs):
+def test_ddp_fsdp2_and_hsdp_compute_the_one_process_losses(runs):
     reference = losses(runs["single"])
     assert sorted(reference) == [1, 2, 3, 4, 5, 6]
-    for name in ("ddp", "fsdp"):
+    # HSDP 2x2: two replicas of two shards each, a 2-D mesh; each rank loads its quarter of the global batch
+    hsdp = runs["hsdp.stdout"]
+    assert "Sharding plan: hsdp on mesh (dp_replicate=2, dp_shard=2)" in hsdp, hsdp[-3000:]
+    assert hsdp.count("(SmolVLMLayer+SmolExpertLayer)") == 4, hsdp[-3000:]
+    for name in ("ddp", "fsdp", "hsdp"):
         assert_same_losses(losses(runs[name]), reference, name)
     plan = runs["fsdp.stdout"]
     assert plan.count("(SmolVLMLayer+SmolExpertLayer)") == 4 and plan.count("(SmolVLMEncoderLayer)") == 2, (
@@ -240,3 +294,50 @@ def test_lora_with_lerobots_default_smolvla_targets_under_fsdp2(runs):
     assert len([t for t in targets if t.endswith("q_proj")]) == 4  # one per expert layer
     got = losses(runs["lora"])
     assert sorted(got) == [1, 2] and all(v > 0 for v in got.values())
+
+
+def test_a_dcp_checkpoint_converts_to_one_file_that_loads_into_one_process(runs):
+    """FSDP2 x2's step-4 DCP shards, merged by ``lerobot-convert-dcp`` (and deleted by it): every key the
+    gathered ``model.safetensors`` of the same step has, bit for bit, and a one-process SmolVLA built from
+    the checkpoint's config loads it strictly (no key missing, none left over)."""
+    import torch
+    from lerobot_cli.policies.weights import load_policy
+    from safetensors.torch import load_file
+
+    shards = runs["fsdp"] / "checkpoints" / "000004" / "pretrained_model"
+    converted = runs["converted"] / "pretrained_model"
+    assert any(p.is_dir() and p.name.startswith("pytorch_model_fsdp") for p in shards.iterdir())
+    assert not any(p.name.startswith("pytorch_model_fsdp") for p in converted.iterdir())  # --delete_dcp
+    merged, gathered = load_file(converted / "model.safetensors"), weights(runs["fsdp"], 4)
+    assert merged.keys() == gathered.keys()
+    assert all(torch.equal(merged[k], gathered[k]) for k in gathered)
+    assert any(k.startswith(VISION) for k in merged) and any(k.startswith(EXPERT_LAYERS) for k in merged)
+    _, policy = load_policy(converted)  # strict: every key, no other
+    state = policy.state_dict()
+    assert set(state) == set(merged) and all(torch.equal(state[k], merged[k]) for k in merged)
+
+
+def test_the_converted_checkpoint_resumes_on_hsdp_as_the_run_went_on(runs):
+    """The converted step-4 checkpoint resumed on HSDP 2x2 continues the 6-step FSDP2 x2 run: steps 5 and 6
+    log its losses (the layouts agree; step 5 runs the restored weights and each sample's restored noise,
+    step 6 also the restored optimizer state) and it ends at its weights. A resume that restored nothing,
+    or not the optimizer, is far outside that."""
+    got, want = losses(runs["resumed_hsdp"]), losses(runs["fsdp"])
+    assert sorted(got) == [5, 6] and sorted(want) == [1, 2, 3, 4, 5, 6]
+    assert_same_losses(got, {s: want[s] for s in got}, "resumed_hsdp")
+    resumed, uninterrupted, start = (
+        weights(runs["resumed_hsdp"], 6),
+        weights(runs["fsdp"], 6),
+        weights(runs["fsdp"], 4),
+    )
+    assert resumed.keys() == uninterrupted.keys()
+    gap = max((resumed[k] - uninterrupted[k]).abs().max().item() for k in uninterrupted)
+    moved = max((uninterrupted[k] - start[k]).abs().max().item() for k in uninterrupted)
+    assert gap <= 1e-5 and moved > 100 * gap, (gap, moved)
+
+
+def test_loss_goes_down_over_100_steps(runs):
+    got = list(losses(runs["long"]).values())
+    assert len(got) == 10
+    # flow-matching losses are noisy step to step (random times): compare the first and last three logs
+    assert sum(got[-3:]) < 0.85 * sum(got[:3]), got
