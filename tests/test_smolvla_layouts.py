@@ -339,5 +339,6 @@ def test_the_converted_checkpoint_resumes_on_hsdp_as_the_run_went_on(runs):
 def test_loss_goes_down_over_100_steps(runs):
     got = list(losses(runs["long"]).values())
     assert len(got) == 10
-    # flow-matching losses are noisy step to step (random times): compare the first and last three logs
-    assert sum(got[-3:]) < 0.85 * sum(got[:3]), got
+    # flow-matching losses are noisy step to step (random times): compare the first and last three logs.
+    # Measured 0.70; the same batches and draws with nothing learnt (lr 1e-7) give 0.86
+    assert sum(got[-3:]) < 0.8 * sum(got[:3]), got
