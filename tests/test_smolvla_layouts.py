@@ -7,11 +7,11 @@ its rank) and log the same losses; under FSDP2 each VLM text layer and its exper
 trained, and the frozen half comes back bit for bit. An FSDP2 x2 run saved at step 4 resumes to the
 uninterrupted run's losses; its DCP shards at step 4, converted by ``lerobot-convert-dcp`` into one
 ``model.safetensors`` (the shards deleted), load strictly into a one-process SmolVLA and resume on HSDP 2x2 to
-the uninterrupted run's losses and weights. A 100-step run on one process shows the loss going down. The same
-with the VLM and the vision tower trained (``train_expert_only=false``):
-then the gradient reaches VLM layer i through the expert's cross-attention, inside the same unit. And with
-SmolVLM2's dtypes (bf16 text model and expert), which FSDP2 trains with bf16 mixed precision. LoRA with
-LeRobot's default SmolVLA targets fine-tunes a saved policy under FSDP2.
+the uninterrupted run's losses and weights, and so on DDP x4. The same with the VLM and the vision tower
+trained (``train_expert_only=false``): then the gradient reaches VLM layer i through the expert's
+cross-attention, inside the same unit. And with SmolVLM2's dtypes (bf16 text model and expert), which FSDP2
+trains with bf16 mixed precision. LoRA with LeRobot's default SmolVLA targets fine-tunes a saved policy under
+FSDP2. A 100-step run on one process shows the loss going down.
 
 SmolVLA's loss is LeRobot's masked mean (padded steps past the episode end left out of the numerator and
 the denominator) taken per micro-batch: with padded steps in a batch it is not layout-invariant (each rank
@@ -103,6 +103,7 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "long",
         "hsdp",
         "resumed_hsdp",
+        "resumed_ddp",
     )
     out: dict[str, Path | str] = {name: root / name for name in names}
     common = [*tiny_smolvla(vlm), "--steps=6", "--save_freq=4"]
@@ -173,6 +174,14 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
             f"--config_path={converted}",
             *HSDP,
             f"--output_dir={out['resumed_hsdp']}",
+        ],
+        # and on DDP x4 (the checkpoint's dp_shard=2 replaced): every rank loads the whole model
+        "resumed_ddp": [
+            "--resume=true",
+            f"--config_path={converted}",
+            "--batch_size=2",
+            "--parallelism.dp_shard=1",
+            f"--output_dir={out['resumed_ddp']}",
         ],
     }
     env = {"HF_HUB_OFFLINE": "1"}
@@ -317,16 +326,24 @@ def test_a_dcp_checkpoint_converts_to_one_file_that_loads_into_one_process(runs)
     assert set(state) == set(merged) and all(torch.equal(state[k], merged[k]) for k in merged)
 
 
-def test_the_converted_checkpoint_resumes_on_hsdp_as_the_run_went_on(runs):
-    """The converted step-4 checkpoint resumed on HSDP 2x2 continues the 6-step FSDP2 x2 run: steps 5 and 6
+@pytest.mark.parametrize("name", ["resumed_hsdp", "resumed_ddp"])
+def test_the_converted_checkpoint_resumes_on_another_topology_as_the_run_went_on(runs, name):
+    """The converted step-4 checkpoint resumed on HSDP 2x2 and on DDP x4 (unsharded: the merged file whole
+    on every rank, the optimizer's DCP state cut to full tensors) continues the 6-step FSDP2 x2 run: steps 5
+    and 6
     log its losses (the layouts agree; step 5 runs the restored weights and each sample's restored noise,
     step 6 also the restored optimizer state) and it ends at its weights. A resume that restored nothing,
     or not the optimizer, is far outside that."""
-    got, want = losses(runs["resumed_hsdp"]), losses(runs["fsdp"])
+    topology = {
+        "resumed_hsdp": "dp_replicate=2 x dp_shard=2 (HSDP)",
+        "resumed_ddp": "dp_replicate=4 x dp_shard=1 (DDP)",
+    }
+    assert f"topology {topology[name]}" in runs[f"{name}.stdout"], runs[f"{name}.stdout"][-3000:]
+    got, want = losses(runs[name]), losses(runs["fsdp"])
     assert sorted(got) == [5, 6] and sorted(want) == [1, 2, 3, 4, 5, 6]
-    assert_same_losses(got, {s: want[s] for s in got}, "resumed_hsdp")
+    assert_same_losses(got, {s: want[s] for s in got}, name)
     resumed, uninterrupted, start = (
-        weights(runs["resumed_hsdp"], 6),
+        weights(runs[name], 6),
         weights(runs["fsdp"], 6),
         weights(runs["fsdp"], 4),
     )
