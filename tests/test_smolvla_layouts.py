@@ -223,7 +223,13 @@ def test_ddp_fsdp2_and_hsdp_compute_the_one_process_losses(runs):
 
 
 def test_fsdp2_keeps_the_frozen_half_of_each_unit_and_trains_the_other(runs):
-    """train_expert_only (LeRobot's default): each unit's VLM layer is frozen, its expert layer trains."""
+    """train_expert_only (LeRobot's default): each unit's VLM layer is frozen, its expert layer trains. The
+    banner says so: the frozen VLM's share of the per-rank params, and the VLM named as frozen."""
+    banner = runs["fsdp.stdout"]
+    assert "params per rank: trainable " in banner and "no grads, no optimizer state)" in banner, banner[
+        -3000:
+    ]
+    assert "optimizer state: model.vlm_with_expert.vlm (" in banner, banner[-3000:]
     single, fsdp = weights(runs["single"], 4), weights(runs["fsdp"], 4)
     assert single.keys() == fsdp.keys()
     frozen = [k for k in single if k.startswith((VLM_LAYERS, VISION))]

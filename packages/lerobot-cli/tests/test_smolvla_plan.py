@@ -142,6 +142,34 @@ def test_dry_run_plans_the_full_size_in_seconds(full_vlm, monkeypatch, capsys):
     assert "(0.125x of the unsharded" in out
     # what a rank holds of the frozen VLM and vision tower, apart from the trained expert's bytes
     assert "params per rank: trainable " in out and "no grads, no optimizer state)" in out, out[-2000:]
+    # and which parts: LeRobot's train_expert_only freezes the whole VLM (350 M of the 450 M)
+    assert (
+        "Frozen: 350,165,184 params, held (sharded with their units when sharded) with no grads and no "
+        f"optimizer state: {TOWERS}vlm (350,165,184 params)"
+    ) in out, out[-2000:]
+
+
+def test_training_the_vlm_leaves_the_vision_tower_and_the_unread_parts_frozen(full_vlm):
+    """train_expert_only=false: LeRobot still freezes the vision tower and what nothing reads (the lm_head,
+    the text norm, the last VLM layer); the dry run names them, the last layer by its own index."""
+    from lerobot_cli.frozen_parts import describe_frozen, frozen_parts
+
+    policy = full_policy(full_vlm, train_expert_only=False)
+    parts = frozen_parts(policy)
+    assert [path for path, _ in parts] == [
+        TOWERS + "vlm.model.vision_model",
+        f"{VLM}.{LAYERS - 1}",
+        TOWERS + "vlm.model.text_model.norm",
+        HEAD,
+    ]
+    frozen = sum(p.numel() for p in policy.parameters() if not p.requires_grad)
+    assert sum(n for _, n in parts) == frozen == 143_575_104
+    line = describe_frozen(policy)
+    assert f"{VLM}.{LAYERS - 1} (9,832,320 params)" in line and f"{HEAD} (47,308,800 params)" in line, line
+    # numbered siblings frozen alike are one entry (here layers 0-2 beside the last one)
+    for layer in policy.model.vlm_with_expert.vlm.model.text_model.layers[:3]:
+        layer.requires_grad_(False)
+    assert f"{VLM}.* x4 ({4 * 9_832_320:,} params)" in describe_frozen(policy)
 
 
 @pytest.mark.parametrize("train_expert_only", [True, False])
