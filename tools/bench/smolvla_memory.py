@@ -83,7 +83,7 @@ def write_vlm(directory: Path, image_size: int | None) -> Path:
 
 
 def policy_config(vlm: Path, image_size: int, vlm_layers: int, **overrides):
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 
     return SmolVLAConfig(
