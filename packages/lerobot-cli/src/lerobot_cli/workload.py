@@ -266,7 +266,8 @@ def build_policy_for(
         policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path)
     )
     if resuming and not peft_run:
-        return policy_cfg, fp32_masters(build_policy(without_init_only_fields(policy_cfg)), precision)
+        policy = build_policy(without_init_only_fields(policy_cfg), initialise=False)
+        return policy_cfg, fp32_masters(policy, precision)
     if policy_cfg.pretrained_path:
         directory = Path(policy_cfg.pretrained_path)
         if is_adapter_dir(directory):

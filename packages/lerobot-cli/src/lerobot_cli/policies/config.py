@@ -45,10 +45,13 @@ class InitialWeights:
     """Where a fresh policy's weights start from, when the policy says (``PolicyConfig.initial_weights``):
     ``directory``, a ``pretrained_model/`` whose ``model.safetensors`` is loaded over the fresh weights
     (tensors it lacks or holds in other shapes stay fresh, named in one warning), or None (the fresh
-    weights as built); ``note`` says which and why, in the run's banner."""
+    weights as built); ``note`` says which and why, in the run's banner. ``load``: instead of a
+    ``directory``, a function that loads them into the built policy itself (SmolVLA's VLM weights, whose
+    files are the VLM's own, not a policy's)."""
 
     note: str
     directory: Path | None = None
+    load: Callable[[nn.Module], object] | None = field(default=None, eq=False, repr=False)
 
 
 def _default_normalization() -> dict[str, NormalizationMode]:
