@@ -337,7 +337,6 @@ def test_a_tiny_smolvla_trains_on_the_demo_dataset(tiny_vlm, tmp_path, monkeypat
     ("overrides", "message"),
     [
         ({"n_action_steps": 60}, "cannot be greater than --policy.chunk_size"),
-        ({"load_vlm_weights": True}, "load_vlm_weights=true"),
         ({"add_image_special_tokens": True}, "image special tokens"),
         ({"use_cache": False}, "use_cache=false"),
         ({"use_delta_joint_actions_aloha": True}, "not ported in LeRobot"),

@@ -5,10 +5,17 @@ no field of ours is missing from LeRobot's class (no ``config_extensions.json``)
 ``vlm_model_name``'s ``config.json`` (a Hub id found in the Hugging Face cache, or a local directory: tests
 write a tiny SmolVLM there), whose tokenizer the pre-processor loads too, as LeRobot's does.
 
+``load_vlm_weights=true`` (``lerobot/smolvla_base``'s config.json has it) builds the VLM as LeRobot's
+``from_pretrained(torch_dtype=bfloat16)`` does: the whole VLM and the action expert in bf16 (the expert's
+replaced cross-attention ``k_proj``/``v_proj`` and the flow projections fp32), and a fresh policy starts
+from ``vlm_model_name``'s weights (``model.safetensors``, or shards with an index; found offline like its
+config), read for the first ``num_vlm_layers`` text layers only. With ``--policy.path`` or a resume the
+checkpoint holds every tensor, so only the dtypes matter and the VLM's weights are not read
+(``vlm_weights.py`` says why that gives LeRobot's values).
+
 LeRobot fields this stack does not implement yet are kept so that LeRobot's files load, and refused
 when set to anything but their off value: ignoring them would train something else than asked
-(``load_vlm_weights``: LeRobot loads the VLM's weights in bfloat16, which this slice does not build yet;
-``add_image_special_tokens``, ``adapt_to_pi_aloha``, ``rtc_config``, ``compile_model``; ``use_cache=false``
+(``add_image_special_tokens``, ``adapt_to_pi_aloha``, ``rtc_config``, ``compile_model``; ``use_cache=false``
 crashes LeRobot's own cross-attention inference, and ``use_delta_joint_actions_aloha`` LeRobot refuses).
 """
 
@@ -20,7 +27,7 @@ from attrs import define, field
 
 from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
-from lerobot_cli.policies.config import PolicyConfig, Source
+from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.spec import PolicySpec
 
 SMOLVLM2_500M = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
@@ -137,7 +144,11 @@ class SmolVLAConfig(PolicyConfig):
         },
     )
     load_vlm_weights: bool = field(
-        default=False, metadata={"help": "Start from the VLM's pretrained weights (not supported yet)."}
+        default=False,
+        metadata={
+            "help": "Start from the VLM's pretrained weights (vlm_model_name's model.safetensors, from the "
+            "cache or a local directory), with the VLM and the expert in bfloat16, as LeRobot."
+        },
     )
     add_image_special_tokens: bool = field(
         default=False, metadata={"help": "Image special tokens around each camera (not supported yet)."}
@@ -251,8 +262,6 @@ class SmolVLAConfig(PolicyConfig):
     def _refuse_unsupported(self) -> None:
         """LeRobot features this stack does not implement: on, they would be silently ignored."""
         refused = {
-            "load_vlm_weights": "the VLM's pretrained weights (LeRobot loads them in bfloat16) are not "
-            "supported yet; train from scratch or start from a SmolVLA checkpoint with --policy.path",
             "add_image_special_tokens": "image special tokens are not supported yet",
             "adapt_to_pi_aloha": "LeRobot's Aloha state/action conversion is not supported here",
             "compile_model": "torch.compile of the policy is not supported here; leave it false",
@@ -318,7 +327,24 @@ class SmolVLAConfig(PolicyConfig):
     def external_sources(self) -> tuple[Source, ...]:
         from lerobot_cli.policies.smolvla.vlm import vlm_config_source
 
-        return (vlm_config_source(self.vlm_model_name),)
+        sources = (vlm_config_source(self.vlm_model_name),)
+        if self._reads_vlm_weights():
+            from lerobot_cli.policies.smolvla.vlm_weights import vlm_weights_source
+
+            sources += (vlm_weights_source(self.vlm_model_name),)
+        return sources
+
+    def _reads_vlm_weights(self) -> bool:
+        """A fresh policy reads the VLM's weights; one from ``--policy.path`` (or a PEFT base) takes every
+        tensor from that checkpoint instead (a resume does not ask: see ``build_policy``)."""
+        return self.load_vlm_weights and not self.pretrained_path and not self.use_peft
+
+    def initial_weights(self) -> InitialWeights | None:
+        if not self._reads_vlm_weights():
+            return None
+        from lerobot_cli.policies.smolvla.vlm_weights import vlm_initial_weights
+
+        return vlm_initial_weights(self)
 
     def optimizer_preset(self) -> OptimizerConfig:
         return OptimizerConfig(

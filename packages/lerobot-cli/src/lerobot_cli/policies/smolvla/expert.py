@@ -294,11 +294,19 @@ class SmolVLMWithExpertModel(nn.Module):
         num_vlm_layers: int,
         self_attn_every_n_layers: int,
         expert_width_multiplier: float,
+        load_vlm_weights: bool = False,
     ) -> None:
         super().__init__()
         from transformers import AutoModel, SmolVLMForConditionalGeneration
 
-        self.vlm = SmolVLMForConditionalGeneration(config=vlm_config)
+        if load_vlm_weights:  # LeRobot's from_pretrained in bf16 (see vlm_weights.py); the weights come after
+            from lerobot_cli.policies.smolvla.vlm_weights import pretrained_build, pretrained_vlm_config
+
+            vlm_config = pretrained_vlm_config(copy.deepcopy(vlm_config))
+            with pretrained_build():
+                self.vlm = SmolVLMForConditionalGeneration(config=vlm_config)
+        else:
+            self.vlm = SmolVLMForConditionalGeneration(config=vlm_config)
         text_model = self.vlm.model.text_model
         if num_vlm_layers > 0:
             text_model.layers = text_model.layers[:num_vlm_layers]

@@ -80,6 +80,7 @@ class SmolVLAFlowModel(nn.Module):
             num_vlm_layers=config.num_vlm_layers,
             self_attn_every_n_layers=config.self_attn_every_n_layers,
             expert_width_multiplier=config.expert_width_multiplier,
+            load_vlm_weights=config.load_vlm_weights,
         )
         width = self.vlm_with_expert.config.text_config.hidden_size
         expert = self.vlm_with_expert.expert_hidden_size
