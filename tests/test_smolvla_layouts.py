@@ -10,8 +10,9 @@ uninterrupted run's losses; its DCP shards at step 4, converted by ``lerobot-con
 the uninterrupted run's losses and weights, and so on DDP x4. The same with the VLM and the vision tower
 trained (``train_expert_only=false``): then the gradient reaches VLM layer i through the expert's
 cross-attention, inside the same unit. And with SmolVLM2's dtypes (bf16 text model and expert), which FSDP2
-trains with bf16 mixed precision. LoRA with LeRobot's default SmolVLA targets fine-tunes a saved policy under
-FSDP2. A 100-step run on one process shows the loss going down.
+trains with bf16 mixed precision, and with ``load_vlm_weights=true`` (every rank reads the VLM's weights,
+then FSDP2 shards them). LoRA with LeRobot's default SmolVLA targets fine-tunes a saved policy under FSDP2.
+A 100-step run on one process shows the loss going down.
 
 SmolVLA's loss is LeRobot's masked mean (padded steps past the episode end left out of the numerator and
 the denominator) taken per micro-batch: with padded steps in a batch it is not layout-invariant (each rank
@@ -87,18 +88,23 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
     vlm = builder.save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm"))
     # as SmolVLM2's config.json: the text model and the expert in bf16, the rest fp32
     bf16_vlm = builder.save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm_bf16"), text_dtype="bfloat16")
+    # seeded fp32 weights in two shards: load_vlm_weights reads them in bf16, 4 text layers of 4
+    weighted_vlm = builder.save_tiny_smolvlm(tmp_path_factory.mktemp("tiny_smolvlm_weights"))
+    out_vlm_weights = builder.save_tiny_smolvlm_weights(weighted_vlm, seed=3, shards=2)
     root = tmp_path_factory.mktemp("smolvla")
     names = (
         "single",
         "vlm_single",
         "padded_single",
         "bf16_single",
+        "weights_single",
         "ddp",
         "fsdp",
         "resumed",
         "vlm_fsdp",
         "padded_ddp",
         "bf16_fsdp",
+        "weights_fsdp",
         "lora",
         "long",
         "hsdp",
@@ -116,11 +122,19 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
     ]
     padded = [*tiny_smolvla(vlm, chunk=10), "--steps=4", "--save_checkpoint=false"]
     bf16 = [*tiny_smolvla(bf16_vlm), "--steps=2", "--save_freq=2", "--accelerator.mixed_precision=bf16"]
+    from_weights = [
+        *tiny_smolvla(weighted_vlm),
+        "--policy.load_vlm_weights=true",
+        "--steps=2",
+        "--save_freq=2",
+        "--accelerator.mixed_precision=bf16",
+    ]
     one_process = {
         "single": [*common, "--batch_size=8", f"--output_dir={out['single']}"],
         "vlm_single": [*train_vlm, "--batch_size=8", f"--output_dir={out['vlm_single']}"],
         "padded_single": [*padded, "--batch_size=8", f"--output_dir={out['padded_single']}"],
         "bf16_single": [*bf16, "--batch_size=8", f"--output_dir={out['bf16_single']}"],
+        "weights_single": [*from_weights, "--batch_size=8", f"--output_dir={out['weights_single']}"],
         # 100 steps at a constant 1e-3 after the fitted warm-up, logged every 10: the loss goes down
         "long": [
             *tiny_smolvla(vlm),
@@ -146,6 +160,7 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
         "vlm_fsdp": [*train_vlm, *fsdp, f"--output_dir={out['vlm_fsdp']}"],
         "padded_ddp": [*padded, "--batch_size=4", f"--output_dir={out['padded_ddp']}"],
         "bf16_fsdp": [*bf16, *fsdp, f"--output_dir={out['bf16_fsdp']}"],
+        "weights_fsdp": [*from_weights, *fsdp, f"--output_dir={out['weights_fsdp']}"],
         # the one-process run's policy fine-tuned with LeRobot's default SmolVLA LoRA targets
         "lora": [
             *tiny_smolvla(vlm)[:3],
@@ -196,6 +211,7 @@ def runs(tmp_path_factory, launch) -> dict[str, Path | str]:
             out["converted"], out["convert.stdout"] = converted, res.stdout
         printed = launch.lerobot_train_runs(*group.values(), nproc=nproc, env=env)
         out.update({f"{name}.stdout": p.stdout for name, p in zip(group, printed, strict=True)})
+    out["vlm_weights"] = out_vlm_weights
     return out
 
 
@@ -287,6 +303,23 @@ def test_bf16_towers_train_under_fsdp2_with_bf16_mixed_precision(runs):
     frozen = [k for k in one if k.startswith(VLM_LAYERS)]
     assert frozen and all(one[k].dtype == two[k].dtype and one[k].equal(two[k]) for k in frozen)
     assert {str(two[k].dtype) for k in frozen} == {"torch.bfloat16"}
+
+
+def test_the_vlm_weights_load_on_every_rank_and_train_under_fsdp2(runs):
+    """load_vlm_weights=true: each rank builds the policy and reads the VLM's weights (bf16), then FSDP2
+    shards it; the frozen VLM comes back as the file's values in bf16, and the losses are one process's."""
+    import torch
+
+    single, fsdp = losses(runs["weights_single"]), losses(runs["weights_fsdp"])
+    print("VLM weights one process:", single, "FSDP2 x2:", fsdp)
+    assert_same_losses(fsdp, single, "weights_fsdp", tol=1e-3)
+    assert "Initial weights: the VLM's from" in runs["weights_fsdp.stdout"]
+    file = runs["vlm_weights"]
+    for name in ("weights_single", "weights_fsdp"):
+        saved = weights(runs[name], 2)
+        vlm = {k.removeprefix("model.vlm_with_expert.vlm."): v for k, v in saved.items() if ".vlm." in k}
+        assert vlm.keys() == file.keys()  # 4 text layers of 4: every tensor of the file
+        assert all(v.dtype == torch.bfloat16 and v.equal(file[k].to(torch.bfloat16)) for k, v in vlm.items())
 
 
 def test_lora_with_lerobots_default_smolvla_targets_under_fsdp2(runs):
