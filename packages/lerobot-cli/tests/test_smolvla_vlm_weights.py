@@ -279,3 +279,11 @@ def test_a_hub_id_without_its_weights_names_the_download(weighted, tmp_path, mon
     shutil.copy(weighted[0] / "model.safetensors", blob)
     (snapshot / "model.safetensors").symlink_to(Path("..", "..", "blobs", "weights"))
     _check_built(build_policy(config("someone/tiny-smolvlm")), weighted[1])
+
+
+def test_the_single_file_wins_over_an_index_as_in_transformers(weighted, tmp_path):
+    """from_pretrained reads model.safetensors when there is one, whatever index lies beside it."""
+    directory = tmp_path / "both"
+    shutil.copytree(weighted[0], directory)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../x"}}))
+    _check_built(build_policy(config(directory)), weighted[1])

@@ -113,10 +113,15 @@ def _inside(directory: Path, name: str, source: Path) -> Path:
 
 
 def weight_map(directory: Path, name: str) -> dict[str, Path]:
-    """Tensor name -> the file that holds it: ``model.safetensors``, or the shards ``model.safetensors.
-    index.json`` maps each tensor to. None there: one line naming ``hf download``."""
+    """Tensor name -> the file that holds it: ``model.safetensors``, else the shards ``model.safetensors.
+    index.json`` maps each tensor to (``from_pretrained``'s order). Neither: one line naming ``hf download``
+    (or, for a local directory, what to copy there)."""
     from lerobot_cli.policies.location import own_file
 
+    # transformers' order: the single file when there is one, else the index
+    single = directory / WEIGHTS
+    if single.is_file():
+        return dict.fromkeys(_keys(_inside(directory, WEIGHTS, directory)), single)
     index = directory / INDEX
     if index.is_file():
         try:
@@ -132,9 +137,6 @@ def weight_map(directory: Path, name: str) -> dict[str, Path]:
             raise VLMWeightsError(f"{FLAG}=true: {index} is not a safetensors index ({exc})") from None
         shards = {shard: _inside(directory, shard, index) for shard in sorted(set(mapping.values()))}
         return {key: shards[shard] for key, shard in mapping.items()}
-    single = directory / WEIGHTS
-    if single.is_file():
-        return dict.fromkeys(_keys(_inside(directory, WEIGHTS, directory)), single)
     fetch = (
         f"copy the model's {WEIGHTS} (or its shards and {INDEX}) into it"
         if Path(name).expanduser().is_dir()
