@@ -199,11 +199,14 @@ def test_a_checkpoint_loads_without_the_vlm_weights_in_their_dtypes(weighted, tm
     assert [s.flag for s in fine_tune.external_sources()] == ["--policy.vlm_model_name"]
 
 
-def test_a_short_training_run_starts_from_the_vlm_weights(weighted, tmp_path, monkeypatch, capsys):
+def test_a_short_training_run_starts_from_the_vlm_weights_and_resumes_without_them(
+    weighted, tmp_path, monkeypatch, capsys
+):
     from lerobot_cli.train import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    directory, state = weighted
+    directory, state = tmp_path / "vlm", weighted[1]
+    shutil.copytree(weighted[0], directory)
     out = tmp_path / "run"
     argv = [
         "--dataset.repo_id=lerobot/demo_reach",
@@ -218,7 +221,7 @@ def test_a_short_training_run_starts_from_the_vlm_weights(weighted, tmp_path, mo
         "--steps=3",
         "--batch_size=4",
         "--log_freq=1",
-        "--save_freq=3",
+        "--save_freq=2",
         "--num_workers=0",
         f"--output_dir={out}",
     ]
@@ -233,6 +236,17 @@ def test_a_short_training_run_starts_from_the_vlm_weights(weighted, tmp_path, mo
     # the frozen VLM (train_expert_only) is still the file's, in bf16
     vlm = {k.removeprefix(VLM): v for k, v in policy.state_dict().items() if k.startswith(VLM)}
     assert all(torch.equal(v, state[k].to(torch.bfloat16)) for k, v in vlm.items())
+    # a resume from step 2 takes every tensor from its checkpoint: the VLM's weights need not be there
+    (directory / "model.safetensors").unlink()
+    resumed = tmp_path / "resumed"
+    resume = [
+        "--resume=true",
+        f"--config_path={out / 'checkpoints' / '000002'}",
+        f"--output_dir={resumed}",
+    ]
+    assert main(resume) == 0
+    again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [3] and again[0]["loss"] == rows[2]["loss"]
 
 
 def test_a_missing_weight_set_ends_the_cli_in_one_line(tmp_path, monkeypatch, capsys):

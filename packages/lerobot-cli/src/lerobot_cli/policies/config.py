@@ -33,11 +33,14 @@ class Source:
     (``--policy.tokenizer_name``; "" when the policy fixes it and no flag can change it) and its ``value``
     (a Hub repo id or a local path). ``resolve``: the local path it is read from, found without any
     download, or a ``ValueError`` in one line naming ``flag`` and how to get it (None: read elsewhere,
-    e.g. a tokenizer the processors load). Torch-free, so the check runs before any heavy work."""
+    e.g. a tokenizer the processors load). Torch-free, so the check runs before any heavy work.
+    ``initial``: only what a fresh policy starts from (``initial_weights``), not asked for on a resume,
+    whose checkpoint replaces it (SmolVLA's VLM weights)."""
 
     flag: str
     value: str
     resolve: Callable[[], Path] | None = field(default=None, eq=False, repr=False)
+    initial: bool = False
 
 
 @frozen

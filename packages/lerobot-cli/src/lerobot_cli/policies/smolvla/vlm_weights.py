@@ -230,7 +230,7 @@ def vlm_weights_source(name: str):
 
     from lerobot_cli.policies.config import Source
 
-    return Source(FLAG, name, resolve=partial(check_vlm_weights, name))
+    return Source(FLAG, name, resolve=partial(check_vlm_weights, name), initial=True)
 
 
 def vlm_initial_weights(config):
