@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.vlm_weights import VLMWeightsError
 from lerobot_cli.policies.weights import build_policy, load_policy, save_pretrained

@@ -41,7 +41,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
 
 FLAG = "--policy.load_vlm_weights"
 WEIGHTS = "model.safetensors"
@@ -49,7 +49,7 @@ INDEX = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 64 * 2**20  # an index names a few thousand tensors: a bigger one is not an index
 
 
-class VLMWeightsError(UsageError):
+class VLMWeightsError(ConfigError):
     """The VLM's weights are missing, incomplete or unsafe to read (one line, exit 2)."""
 
 
