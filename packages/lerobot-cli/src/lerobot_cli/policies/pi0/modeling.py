@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lerobot_cli.features import FeatureType
+from lerobot_cli.policies.common.flow_matching import draw_noise_and_time
+from lerobot_cli.policies.common.tensors import pad_last_dim
 from lerobot_cli.policies.pi0.config import PI0Config, PiFlowConfig
 from lerobot_cli.policies.pi0.flow import PI0FlowModel
 
@@ -47,11 +49,6 @@ def cast_towers_like_lerobot(towers: nn.Module) -> None:
     for name, param in towers.named_parameters():
         if any(part in name for part in FLOAT32_PARTS):
             param.data = param.data.to(torch.float32)
-
-
-def pad_last_dim(x: Tensor, size: int) -> Tensor:
-    """Zero-pad the feature dimension to ``size`` (openpi: states and actions live in max_*_dim)."""
-    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
 
 
 def resize_with_pad(images: Tensor, height: int, width: int) -> Tensor:
@@ -215,29 +212,9 @@ class PI0Policy(nn.Module):
         return losses.mean(), {}
 
     def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
-        """The flow noise and time of each sample, from one draw of the global RNG plus the sample's
-        dataset ``index``: a sample gets the same noise whichever rank and micro-batch it lands in,
-        so DDP, FSDP and HSDP layouts of one global batch compute the same loss as one process (every
-        rank seeds the global RNG alike and draws in lockstep; a resume restores it). Without an
-        ``index`` (a foreign batch) the draws come from the global RNG directly, as in LeRobot."""
-        index = batch.get("index")
-        if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
-            return (
-                self.model.sample_noise(actions.shape, actions.device),
-                self.model.sample_time(actions.shape[0], actions.device),
-            )
-        base = int(torch.randint(0, 2**62, ()))
-        noises, times = [], []
-        for sample in index.reshape(-1).tolist():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
-                noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
-                times.append(self.model.sample_time(1, torch.device("cpu")))
-        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
-        return (
-            torch.cat(noises).to(actions.device, non_blocking=True),
-            torch.cat(times).to(actions.device, non_blocking=True),
-        )
+        """Each sample's flow noise and time, keyed by its dataset ``index`` when the batch has one
+        (see :func:`~lerobot_cli.policies.common.flow_matching.draw_noise_and_time`)."""
+        return draw_noise_and_time(batch, actions, self.model.sample_noise, self.model.sample_time)
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:

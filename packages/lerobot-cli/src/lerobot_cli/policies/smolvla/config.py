@@ -27,6 +27,7 @@ from attrs import define, field
 
 from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
+from lerobot_cli.policies.common.presets import adamw_preset, cosine_decay_with_warmup_preset
 from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.spec import PolicySpec
 
@@ -347,23 +348,10 @@ class SmolVLAConfig(PolicyConfig):
         return vlm_initial_weights(self)
 
     def optimizer_preset(self) -> OptimizerConfig:
-        return OptimizerConfig(
-            type="adamw",
-            lr=self.optimizer_lr,
-            betas=self.optimizer_betas,
-            eps=self.optimizer_eps,
-            weight_decay=self.optimizer_weight_decay,
-            grad_clip_norm=self.optimizer_grad_clip_norm,
-        )
+        return adamw_preset(self)
 
     def scheduler_preset(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            type="cosine_decay_with_warmup",
-            num_warmup_steps=self.scheduler_warmup_steps,
-            num_decay_steps=self.scheduler_decay_steps,
-            peak_lr=self.optimizer_lr,
-            decay_lr=self.scheduler_decay_lr,
-        )
+        return cosine_decay_with_warmup_preset(self)
 
     @property
     def observation_delta_indices(self) -> list[int]:

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lerobot_cli.features import FeatureType
-from lerobot_cli.policies.pi0.backbone import sinusoidal_time_embedding  # LeRobot's shared helper, as is
+from lerobot_cli.policies.common.flow_matching import (
+    draw_noise_and_time,
+    euler_integrate,
+    sample_beta_time,
+    sample_flow_noise,
+    sinusoidal_time_embedding,
+)
+from lerobot_cli.policies.common.masks import attention_mask_2d
+from lerobot_cli.policies.common.tensors import pad_last_dim
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.expert import SmolVLMWithExpertModel
 from lerobot_cli.policies.smolvla.vlm import load_vlm_config
@@ -35,11 +43,6 @@ ACTION_IS_PAD = "action_is_pad"
 OBS_STATE = "observation.state"
 LANGUAGE_TOKENS = "observation.language.tokens"
 LANGUAGE_MASK = "observation.language.attention_mask"
-
-
-def pad_last_dim(x: Tensor, size: int) -> Tensor:
-    """Zero-pad the last dimension to ``size`` (a wider one is kept as is, as LeRobot's ``pad_vector``)."""
-    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
 
 
 def pad_sequence(x: Tensor, length: int, value: float = 0) -> Tensor:
@@ -61,12 +64,6 @@ def resize_with_pad_left_top(image: Tensor, height: int, width: int, pad_value: 
     new_h, new_w = int(cur_h / ratio), int(cur_w / ratio)
     resized = F.interpolate(image, size=(new_h, new_w), mode="bilinear", align_corners=False)
     return F.pad(resized, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
-
-
-def attention_mask_2d(pad_masks: Tensor, att_masks: Tensor) -> Tensor:
-    """big_vision's rule: token i sees token j when j's block (cumulative ``att_masks``) is ≤ i's."""
-    cumsum = torch.cumsum(att_masks, dim=1)
-    return (cumsum[:, None, :] <= cumsum[:, :, None]) & (pad_masks[:, None, :] * pad_masks[:, :, None])
 
 
 class SmolVLAFlowModel(nn.Module):
@@ -91,13 +88,11 @@ class SmolVLAFlowModel(nn.Module):
         self.action_time_mlp_out = nn.Linear(expert, expert)
 
     def sample_noise(self, shape, device: torch.device) -> Tensor:
-        return torch.normal(mean=0.0, std=1.0, size=tuple(shape), dtype=torch.float32, device=device)
+        return sample_flow_noise(shape, device)
 
     def sample_time(self, batch_size: int, device: torch.device) -> Tensor:
         """``Beta(1.5, 1) * 0.999 + 0.001`` drawn on the CPU (LeRobot's constants for SmolVLA)."""
-        beta = torch.distributions.Beta(torch.tensor(1.5, dtype=torch.float32), torch.tensor(1.0))
-        time = beta.sample((batch_size,)).to(device) * 0.999 + 0.001
-        return time.to(dtype=torch.float32, device=device)
+        return sample_beta_time(batch_size, device, alpha=1.5, beta=1.0, scale=0.999, offset=0.001)
 
     def embed_prefix(
         self,
@@ -176,12 +171,9 @@ class SmolVLAFlowModel(nn.Module):
         mask = attention_mask_2d(prefix_pad, prefix_att)
         position_ids = torch.cumsum(prefix_pad, dim=1) - 1
         _, cache = self.vlm_with_expert.run([prefix, None], mask, position_ids, fill_cache=True)
-        dt = -1.0 / self.config.num_steps
-        x_t = noise
-        for step in range(self.config.num_steps):
-            time = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=device).expand(batch_size)
-            x_t = x_t + dt * self.denoise_step(prefix_pad, cache, x_t, time)
-        return x_t
+        return euler_integrate(
+            noise, self.config.num_steps, lambda x_t, time: self.denoise_step(prefix_pad, cache, x_t, time)
+        )
 
     def denoise_step(self, prefix_pad: Tensor, cache, x_t: Tensor, time: Tensor) -> Tensor:
         suffix, suffix_pad, suffix_att = self.embed_suffix(x_t, time)
@@ -307,27 +299,9 @@ class SmolVLAPolicy(nn.Module):
         return losses.sum() / valid, {}
 
     def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
-        """The flow noise, then the time, of each sample (LeRobot's order). With the samples' dataset
-        ``index`` (the trainer's batches) each sample's draws come from one draw of the global RNG plus its
-        index, as pi0's here, so every DDP/FSDP layout of one global batch computes the same loss; without
-        one (a foreign batch) straight from the global RNG, as LeRobot draws them."""
-        index = batch.get("index")
-        if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
-            return (
-                self.model.sample_noise(actions.shape, actions.device),
-                self.model.sample_time(actions.shape[0], actions.device),
-            )
-        base = int(torch.randint(0, 2**62, ()))
-        noises, times = [], []
-        for sample in index.reshape(-1).tolist():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
-                noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
-                times.append(self.model.sample_time(1, torch.device("cpu")))
-        return (
-            torch.cat(noises).to(actions.device, non_blocking=True),
-            torch.cat(times).to(actions.device, non_blocking=True),
-        )
+        """Each sample's flow noise and time, keyed by its dataset ``index`` when the batch has one
+        (see :func:`~lerobot_cli.policies.common.flow_matching.draw_noise_and_time`)."""
+        return draw_noise_and_time(batch, actions, self.model.sample_noise, self.model.sample_time)
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
