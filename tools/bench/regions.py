@@ -57,7 +57,7 @@ def act_batch(cfg, batch_size: int) -> dict:
 
 def pi0_case(depth: int, batch_size: int):
     """pi0 with the tiny widths and ``depth`` joint layer pairs (and SigLIP layers), as the tests build it."""
-    from lerobot_cli.policies.pi0 import variants
+    from lerobot_cli.policies.common.paligemma import variants
     from lerobot_cli.policies.pi0.modeling import PI0Policy
     from test_policy_pi0 import batch, tiny
 

@@ -177,14 +177,14 @@ def _special_cases() -> dict[str, list[dict[str, Any]]]:
     from lerobot_cli.features import NormalizationMode
     from lerobot_cli.policies.act.config import FEEDFORWARD_ACTIVATIONS
     from lerobot_cli.policies.act.config import SUPPORTED_BACKBONES as ACT_BACKBONES
+    from lerobot_cli.policies.common.paligemma.config import DTYPES
+    from lerobot_cli.policies.common.paligemma.variants import GEMMA_VARIANTS, VISION_VARIANTS
     from lerobot_cli.policies.diffusion.config import (
         BETA_SCHEDULES,
         LR_SCHEDULERS,
         NOISE_SCHEDULERS,
         PREDICTION_TYPES,
     )
-    from lerobot_cli.policies.pi0.config import DTYPES
-    from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
     modes = [m.value for m in NormalizationMode]
     return {

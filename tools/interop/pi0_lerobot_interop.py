@@ -320,7 +320,7 @@ def run_ours(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 def _tiny_sizes() -> dict:
     """The tiny sizes LeRobot is taught (variants.py's gemma_tiny and tiny SigLIP), in transformers' names."""
     import attrs
-    from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
+    from lerobot_cli.policies.common.paligemma.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
     vision = VISION_VARIANTS["tiny"]
     return {

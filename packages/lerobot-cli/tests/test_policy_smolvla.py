@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 from lerobot_cli.features import FeatureType, PolicyFeature
+from lerobot_cli.policies.common.masks import attention_mask_2d
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
-from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy, attention_mask_2d
+from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parents[2] / "data" / "lerobot" / "demo_reach"

@@ -18,14 +18,14 @@ import torch
 from torch import Tensor, nn
 from transformers import GemmaConfig, GemmaForCausalLM, PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
-from lerobot_cli.policies.pi0.gemma import (
+from lerobot_cli.policies.common.paligemma.gemma import (
     ATTENTION_MASK_VALUE,
     AdaRMSNorm,
     ExpertLayer,
     KeyValues,
     PaliGemmaLayer,
 )
-from lerobot_cli.policies.pi0.variants import PALIGEMMA_VOCAB_SIZE, GemmaVariant, VisionVariant
+from lerobot_cli.policies.common.paligemma.variants import PALIGEMMA_VOCAB_SIZE, GemmaVariant, VisionVariant
 
 INIT_STD = 0.02  # Gemma's initializer_range, for the layers built here
 

@@ -27,9 +27,9 @@ from lerobot_cli.policies.common.flow_matching import (
     sinusoidal_time_embedding,
 )
 from lerobot_cli.policies.common.masks import attention_mask_2d
-from lerobot_cli.policies.pi0.backbone import PaliGemmaWithExpert
-from lerobot_cli.policies.pi0.config import PiFlowConfig
-from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
+from lerobot_cli.policies.common.paligemma.backbone import PaliGemmaWithExpert
+from lerobot_cli.policies.common.paligemma.config import PiFlowConfig
+from lerobot_cli.policies.common.paligemma.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
 
 def _as_input_of(layer: nn.Linear, x: Tensor) -> Tensor:
