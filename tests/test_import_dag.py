@@ -309,3 +309,61 @@ def test_layer_checker_catches_lazy_and_indirect_violations(tmp_path, monkeypatc
         "pkg.datasets.meta -> pkg.features -> pkg.policies.types: why",
     ]
     assert neutral_violations("pkg", graph) == ["pkg.features imports ['pkg.policies.types']"]
+
+
+# -- policy folders: what policies share lives in policies/common, never in another policy's folder ------
+SHARED_POLICY_FOLDERS = frozenset({"common"})
+
+
+def cross_policy_imports(graph: dict[str, set[str]], root: str = "lerobot_cli") -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs where a module in one policy folder (``<root>.policies.<X>…``)
+    imports a module of another policy folder ``<Y>``. ``common`` and the top-level ``policies`` modules
+    (config, features, registry, …) are what policies may share; a policy importing another instead
+    ties the two together (LeRobot keeps each policy standalone, beside its shared helpers). ``common``
+    itself imports no policy: shared code that needed one would tie every user to it."""
+    prefix = f"{root}.policies."
+    folders = {m[len(prefix) :].split(".")[0] for m in graph if m.startswith(prefix) and m.count(".") > 2}
+
+    def folder(module: str) -> str | None:
+        name = module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+        return name if name in folders else None
+
+    return sorted(
+        (importer, imported)
+        for importer, targets in graph.items()
+        for imported in targets
+        if folder(importer)
+        and folder(imported) not in (None, *SHARED_POLICY_FOLDERS)
+        and folder(importer) != folder(imported)
+    )
+
+
+def test_no_policy_folder_imports_another():
+    assert cross_policy_imports(module_graph("lerobot_cli")) == []
+
+
+def test_cross_policy_checker_catches_a_planted_violation(tmp_path):
+    """A policy importing another's module (here lazily, inside a function) is caught, and so is ``common``
+    importing a policy; importing ``common``, a top-level ``policies`` module or its own folder is not."""
+    pkg = tmp_path / "lerobot_cli"
+    for folder in ("a", "b", "common"):
+        (pkg / "policies" / folder).mkdir(parents=True)
+        (pkg / "policies" / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "policies" / "__init__.py").write_text("")
+    (pkg / "policies" / "config.py").write_text("")
+    (pkg / "policies" / "common" / "flow.py").write_text("")
+    (pkg / "policies" / "b" / "model.py").write_text("")
+    (pkg / "policies" / "a" / "ok.py").write_text(
+        "from lerobot_cli.policies.common.flow import x\nfrom lerobot_cli.policies.config import C\n"
+        "from lerobot_cli.policies.a import ok\n"
+    )
+    (pkg / "policies" / "a" / "bad.py").write_text(
+        "def f():\n    from lerobot_cli.policies.b.model import M\n    return M\n"
+    )
+    (pkg / "policies" / "common" / "shared.py").write_text("from lerobot_cli.policies.b import model\n")
+    graph = module_graph("lerobot_cli", pkg)
+    assert cross_policy_imports(graph) == [
+        ("lerobot_cli.policies.a.bad", "lerobot_cli.policies.b.model"),
+        ("lerobot_cli.policies.common.shared", "lerobot_cli.policies.b.model"),
+    ]
