@@ -20,10 +20,6 @@ class PI0Policy(PiFlowPolicy):
     name: ClassVar[str] = "pi0"
     config_class: ClassVar[type[PiFlowConfig]] = PI0Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI0FlowModel
-    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
-    _fsdp_wrap_modules: ClassVar[list[str]] = list(PI0Config.spec.wrap_units)
-    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = list(PI0Config.spec.unit_groups)
-    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = PI0Config.spec.no_forward_modules
     # openpi's older time-MLP names, in converted files LeRobot also loads.
     _renamed_modules: ClassVar[dict[str, str]] = {
         "time_mlp_in.": "action_time_mlp_in.",

@@ -23,10 +23,6 @@ class PI05Policy(PiFlowPolicy):
     name: ClassVar[str] = "pi05"
     config_class: ClassVar[type[PiFlowConfig]] = PI05Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI05FlowModel
-    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
-    _fsdp_wrap_modules: ClassVar[list[str]] = list(PI05Config.spec.wrap_units)
-    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = list(PI05Config.spec.unit_groups)
-    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = PI05Config.spec.no_forward_modules
     # Files LeRobot's pi05 from_pretrained accepts: pi0's time-MLP names and a state_proj pi05 has no use for.
     _renamed_modules: ClassVar[dict[str, str]] = {
         "action_time_mlp_in.": "time_mlp_in.",

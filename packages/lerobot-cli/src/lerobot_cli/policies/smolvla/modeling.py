@@ -17,7 +17,6 @@ and the steps inside the episode (``action_is_pad``); ``predict_action_chunk`` i
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any, ClassVar
 
 import torch
@@ -25,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lerobot_cli.features import FeatureType
+from lerobot_cli.policies.common.chunked_policy import ACTION, OBS_STATE, ChunkedFlowPolicy
 from lerobot_cli.policies.common.flow_matching import (
-    draw_noise_and_time,
     euler_integrate,
     sample_beta_time,
     sample_flow_noise,
@@ -38,11 +37,7 @@ from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.expert import SmolVLMWithExpertModel
 from lerobot_cli.policies.smolvla.vlm import load_vlm_config
 
-ACTION = "action"
 ACTION_IS_PAD = "action_is_pad"
-OBS_STATE = "observation.state"
-LANGUAGE_TOKENS = "observation.language.tokens"
-LANGUAGE_MASK = "observation.language.attention_mask"
 
 
 def pad_sequence(x: Tensor, length: int, value: float = 0) -> Tensor:
@@ -185,7 +180,7 @@ class SmolVLAFlowModel(nn.Module):
         return self.action_out_proj(suffix_out[:, -self.config.chunk_size :].to(dtype=torch.float32))
 
 
-class SmolVLAPolicy(nn.Module):
+class SmolVLAPolicy(ChunkedFlowPolicy):
     name: ClassVar[str] = "smolvla"
     config_class: ClassVar[type[SmolVLAConfig]] = SmolVLAConfig
     # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
@@ -226,13 +221,6 @@ class SmolVLAPolicy(nn.Module):
             towers.vlm.eval()
         return self
 
-    def get_optim_params(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def reset(self) -> None:
-        """Drop queued actions; call when an episode starts."""
-        self._action_queue: deque[Tensor] = deque(maxlen=self.config.n_action_steps)
-
     # -- inputs -----------------------------------------------------------------------------------
     def _images(self, batch: dict[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
         """LeRobot's ``prepare_images``: the config's cameras (its VISUAL features, empty cameras last) that
@@ -259,23 +247,12 @@ class SmolVLAPolicy(nn.Module):
             masks.append(torch.zeros_like(masks[-1]))
         return images, masks
 
-    def _language(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        if LANGUAGE_TOKENS not in batch:
-            raise KeyError(
-                f"smolvla needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the policy's "
-                "pre-processor first"
-            )
-        return batch[LANGUAGE_TOKENS], batch[LANGUAGE_MASK].to(torch.bool)
-
     def _state(self, batch: dict[str, Any]) -> Tensor:
         state = batch[OBS_STATE]
         state = state[:, -1, :] if state.ndim > 2 else state
         return pad_last_dim(state, self.config.max_state_dim)
 
-    def _action_dim(self) -> int:
-        return self.config.action_feature.shape[-1]
-
-    # -- training and inference -------------------------------------------------------------------
+    # -- training -------------------------------------------------------------------
     def forward(
         self, batch: dict[str, Any], noise: Tensor | None = None, time: Tensor | None = None
     ) -> tuple[Tensor, dict[str, float]]:
@@ -297,29 +274,3 @@ class SmolVLAPolicy(nn.Module):
         losses = losses * (~is_pad).unsqueeze(-1)
         valid = ((~is_pad).sum() * losses.shape[-1]).clamp_min(1)
         return losses.sum() / valid, {}
-
-    def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
-        """Each sample's flow noise and time, keyed by its dataset ``index`` when the batch has one
-        (see :func:`~lerobot_cli.policies.common.flow_matching.draw_noise_and_time`)."""
-        return draw_noise_and_time(batch, actions, self.model.sample_noise, self.model.sample_time)
-
-    @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
-        """``(B, chunk_size, action_dim)`` normalised actions; puts the policy in eval mode."""
-        self.eval()
-        images, image_masks = self._images(batch)
-        tokens, token_masks = self._language(batch)
-        actions = self.model.sample_actions(
-            images, image_masks, tokens, token_masks, self._state(batch), noise
-        )
-        return actions[:, :, : self._action_dim()]
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
-        """The ``(B, A)`` action for this step, from the queue refilled with ``n_action_steps`` of a new
-        chunk when empty."""
-        self.eval()
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(batch, noise)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()

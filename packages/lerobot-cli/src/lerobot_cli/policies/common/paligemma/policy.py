@@ -16,7 +16,6 @@ expert layer i form one grouped unit whose forward is ``PaliGemmaLayer.joint`` (
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, ClassVar
 
 import torch
@@ -24,15 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lerobot_cli.features import FeatureType
-from lerobot_cli.policies.common.flow_matching import draw_noise_and_time
+from lerobot_cli.policies.common.chunked_policy import ACTION, OBS_STATE, ChunkedFlowPolicy
 from lerobot_cli.policies.common.paligemma.config import PiFlowConfig
 from lerobot_cli.policies.common.paligemma.flow import PI0FlowModel
 from lerobot_cli.policies.common.tensors import pad_last_dim
 
-ACTION = "action"
-OBS_STATE = "observation.state"
-LANGUAGE_TOKENS = "observation.language.tokens"
-LANGUAGE_MASK = "observation.language.attention_mask"
 # dtype=bfloat16 casts the towers (``paligemma_with_expert``) alone, and inside them keeps these parts fp32:
 # LeRobot's ``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params`` (names relative to the towers).
 # The flow model's own projections (action_in/out_proj, state_proj, the time MLPs) stay fp32, as there.
@@ -65,13 +60,21 @@ def resize_with_pad(images: Tensor, height: int, width: int) -> Tensor:
     return F.pad(resized, (left, left + extra_w, top, top + extra_h), value=0.0)
 
 
-class PiFlowPolicy(nn.Module):
-    """The base of pi0's and pi05's policies; a subclass sets the class variables below (and, for
-    lerobot-parallel's reading of a bare model, ``_fsdp_*`` from its config's spec)."""
+class PiFlowPolicy(ChunkedFlowPolicy):
+    """The base of pi0's and pi05's policies; a subclass sets the class variables below."""
 
     name: ClassVar[str]
     config_class: ClassVar[type[PiFlowConfig]]
     flow_class: ClassVar[type[PI0FlowModel]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """lerobot-parallel's own reading of a bare model (build_plan without defaults): the FSDP units of
+        the subclass's config spec, which stays the source."""
+        super().__init_subclass__(**kwargs)
+        spec = cls.config_class.spec
+        cls._fsdp_wrap_modules = list(spec.wrap_units)
+        cls._fsdp_unit_groups = list(spec.unit_groups)
+        cls._fsdp_no_forward_modules = spec.no_forward_modules
 
     def __init__(self, config: PiFlowConfig) -> None:
         super().__init__()
@@ -135,13 +138,6 @@ class PiFlowPolicy(nn.Module):
             k: v for k, v in adapted.items() if not k.removeprefix("model.").startswith(self._dropped_modules)
         }
 
-    def get_optim_params(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def reset(self) -> None:
-        """Drop queued actions; call when an episode starts."""
-        self._action_queue: deque[Tensor] = deque(maxlen=self.config.n_action_steps)
-
     # -- inputs -----------------------------------------------------------------------------------
     def _images(self, batch: dict[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
         """SigLIP inputs in [-1, 1] per expected camera, and which rows really have that camera.
@@ -168,21 +164,10 @@ class PiFlowPolicy(nn.Module):
             masks.append(torch.zeros_like(masks[0]))
         return images, masks
 
-    def _language(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        if LANGUAGE_TOKENS not in batch:
-            raise KeyError(
-                f"{self.name} needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the "
-                "policy's pre-processor first"
-            )
-        return batch[LANGUAGE_TOKENS], batch[LANGUAGE_MASK].to(torch.bool)
-
     def _state(self, batch: dict[str, Any]) -> Tensor | None:
         return pad_last_dim(batch[OBS_STATE], self.config.max_state_dim)
 
-    def _action_dim(self) -> int:
-        return self.config.action_feature.shape[-1]
-
-    # -- training and inference -------------------------------------------------------------------
+    # -- training -------------------------------------------------------------------
     def forward(
         self,
         batch: dict[str, Any],
@@ -209,32 +194,6 @@ class PiFlowPolicy(nn.Module):
         if reduction == "none":
             return losses.mean(dim=(1, 2)), {}
         return losses.mean(), {}
-
-    def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
-        """Each sample's flow noise and time, keyed by its dataset ``index`` when the batch has one
-        (see :func:`~lerobot_cli.policies.common.flow_matching.draw_noise_and_time`)."""
-        return draw_noise_and_time(batch, actions, self.model.sample_noise, self.model.sample_time)
-
-    @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
-        """``(B, chunk_size, action_dim)`` normalised actions; puts the policy in eval mode."""
-        self.eval()
-        images, image_masks = self._images(batch)
-        tokens, token_masks = self._language(batch)
-        actions = self.model.sample_actions(
-            images, image_masks, tokens, token_masks, self._state(batch), noise
-        )
-        return actions[:, :, : self._action_dim()]
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, Any]) -> Tensor:
-        """The ``(B, A)`` action for this step,
-        from the queue refilled with ``n_action_steps`` of a new chunk."""
-        self.eval()
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()
 
 
 def adapt_state_dict(policy: PiFlowPolicy, state: dict[str, Tensor]) -> dict[str, Tensor]:
