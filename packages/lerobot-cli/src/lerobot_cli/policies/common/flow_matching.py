@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lerobot_cli.policies.common.index_draws import index_keyed_draws
+
 NoiseSampler = Callable[[Sequence[int], torch.device], Tensor]
 TimeSampler = Callable[[int, torch.device], Tensor]
-# Golden-ratio multiplier: spreads consecutive dataset indices over the seed space.
-_INDEX_SEED_STRIDE = 0x9E3779B97F4A7C15
 
 
 def sinusoidal_time_embedding(time: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
@@ -55,26 +55,17 @@ def sample_beta_time(
 def draw_noise_and_time(
     batch: Mapping[str, Any], actions: Tensor, sample_noise: NoiseSampler, sample_time: TimeSampler
 ) -> tuple[Tensor, Tensor]:
-    """The flow noise, then the time, of each sample (LeRobot's order), from one draw of the global RNG
-    plus the sample's dataset ``index``: a sample gets the same noise whichever rank and micro-batch it
-    lands in, so DDP, FSDP and HSDP layouts of one global batch compute the same loss as one process
-    (every rank seeds the global RNG alike and draws in lockstep; a resume restores it). Without an
-    ``index`` (a foreign batch) the draws come from the global RNG directly, as in LeRobot."""
+    """The flow noise, then the time, of each sample (LeRobot's order), keyed by the sample's dataset
+    ``index`` (:func:`~lerobot_cli.policies.common.index_draws.index_keyed_draws`). Without an ``index``
+    (a foreign batch) the draws come from the global RNG directly, as in LeRobot."""
     index = batch.get("index")
     if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
         return sample_noise(actions.shape, actions.device), sample_time(actions.shape[0], actions.device)
-    base = int(torch.randint(0, 2**62, ()))
-    noises, times = [], []
-    for sample in index.reshape(-1).tolist():
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((base + _INDEX_SEED_STRIDE * (int(sample) + 1)) % 2**63)
-            noises.append(sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
-            times.append(sample_time(1, torch.device("cpu")))
-    # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
-    return (
-        torch.cat(noises).to(actions.device, non_blocking=True),
-        torch.cat(times).to(actions.device, non_blocking=True),
+    cpu = torch.device("cpu")
+    noise, time = index_keyed_draws(
+        index, lambda: (sample_noise((1, *actions.shape[1:]), cpu), sample_time(1, cpu)), actions.device
     )
+    return noise, time
 
 
 def euler_integrate(noise: Tensor, steps: int, velocity: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
