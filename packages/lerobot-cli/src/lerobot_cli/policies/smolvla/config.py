@@ -28,19 +28,11 @@ from attrs import define, field
 from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.common.presets import adamw_preset, cosine_decay_with_warmup_preset
+from lerobot_cli.policies.common.rtc import check_rtc_config
 from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.spec import PolicySpec
 
 SMOLVLM2_500M = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
-# LeRobot's RTCConfig fields: config.json's rtc_config may hold no other key (LeRobot refuses the file).
-RTC_FIELDS = (
-    "enabled",
-    "prefix_attention_schedule",
-    "max_guidance_weight",
-    "execution_horizon",
-    "debug",
-    "debug_maxlen",
-)
 # LeRobot's validate_features gives each empty camera this shape (it never reads it: the blank image
 # takes the shape of the batch's resized cameras).
 EMPTY_CAMERA_SHAPE = (3, 480, 640)
@@ -275,18 +267,7 @@ class SmolVLAConfig(PolicyConfig):
                 "--policy.use_cache=false is not supported (LeRobot's own cross-attention inference fails "
                 "without the prefix cache); leave it true"
             )
-        if self.rtc_config is not None:
-            unknown = sorted(set(self.rtc_config) - set(RTC_FIELDS))
-            if unknown:
-                raise ValueError(
-                    f"--policy.rtc_config: unknown keys {', '.join(unknown)} (LeRobot's RTCConfig has "
-                    f"{', '.join(RTC_FIELDS)})"
-                )
-            if self.rtc_config.get("enabled", True):
-                raise ValueError(
-                    "--policy.rtc_config with enabled=true (LeRobot's default when the key is missing) "
-                    "is not supported here; set it to null"
-                )
+        check_rtc_config(self.rtc_config)
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""
