@@ -31,20 +31,12 @@ from lerobot_cli.policies.common.paligemma.variants import (
     VISION_VARIANTS,
 )
 from lerobot_cli.policies.common.presets import adamw_preset, cosine_decay_with_warmup_preset
+from lerobot_cli.policies.common.rtc import check_rtc_config
 from lerobot_cli.policies.config import PolicyConfig, Source
 from lerobot_cli.policies.spec import PolicySpec
 
 DTYPES = ("float32", "bfloat16")
 PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"
-# LeRobot's RTCConfig fields: config.json's rtc_config may hold no other key (LeRobot refuses the file).
-RTC_FIELDS = (
-    "enabled",
-    "prefix_attention_schedule",
-    "max_guidance_weight",
-    "execution_horizon",
-    "debug",
-    "debug_maxlen",
-)
 
 
 def _pi0_normalization() -> dict[str, NormalizationMode]:
@@ -229,20 +221,7 @@ class PiFlowConfig(PolicyConfig):
             )
         if self.compile_model:
             raise ValueError("--policy.compile_model=true is not supported here; leave it false")
-        if self.rtc_config is not None:
-            unknown = sorted(set(self.rtc_config) - set(RTC_FIELDS))
-            if unknown:
-                raise ValueError(
-                    f"--policy.rtc_config: unknown keys {', '.join(unknown)} (LeRobot's RTCConfig has "
-                    f"{', '.join(RTC_FIELDS)})"
-                )
-            # A missing "enabled" is true to LeRobot (RTCConfig's default): {} means real-time chunking on.
-            if self.rtc_config.get("enabled", True):
-                raise ValueError(
-                    "--policy.rtc_config with enabled=true (LeRobot's default when the key is missing) "
-                    "is not supported here (real-time chunking is an inference feature of LeRobot); set "
-                    "it to null"
-                )
+        check_rtc_config(self.rtc_config)
 
     def fit_dataset(self, dataset_features: dict[str, dict]) -> PiFlowConfig:
         """LeRobot's ``make_policy``: ``action_feature_names`` are the dataset's action names (whatever the
