@@ -60,6 +60,18 @@ TINY_DIFFUSION = [
     "--policy.scheduler_warmup_steps=0",
 ]
 # FastWAM: TINY_FASTWAM (fastwam_flags.py), the guide's fastwam-tiny size, nothing read from the Hub cache
+# SmolVLA at the guide's smolvla-tiny size, on the shipped tiny SmolVLM (tools/make_demo_vlm.py, offline)
+TINY_SMOLVLA = [
+    f"--policy.vlm_model_name={REPO / 'data' / 'vlms' / 'smolvlm_tiny'}",
+    "--policy.num_vlm_layers=4",
+    "--policy.resize_imgs_with_padding=[32,32]",
+    "--policy.chunk_size=10",
+    "--policy.n_action_steps=10",
+]
+# a full-size SmolVLA dry run reads only SmolVLM2-500M's config.json (a copy kept with the tests)
+SMOLVLM2_CONFIG = (
+    REPO / "packages" / "lerobot-cli" / "tests" / "data" / "smolvlm2_500m_video_instruct_config.json"
+)
 TINY_RUN = ["--num_workers=0", "--log_freq=1"]
 LAUNCH_TIMEOUT_S = 240  # hard limit per command; the whole file takes ~2.5 min on 2 CPU cores
 TOOL_TIMEOUT_S = 120
@@ -276,6 +288,7 @@ def _train_args(args: list[str], spec: dict, cwd: Path) -> list[str]:
     fastwam = "--policy.type=fastwam" in args and "--policy.variant=tiny" not in args
     if fastwam and "--dry_run=true" not in args:
         extra += TINY_FASTWAM  # a full-size command, run tiny (its torch_dtype and layout flags kept)
+    extra += _smolvla_args(args, cwd)
     if spec.get("steps"):
         steps = int(spec["steps"])
     elif "--resume=true" in args:
@@ -285,6 +298,21 @@ def _train_args(args: list[str], spec: dict, cwd: Path) -> list[str]:
     else:
         steps = DEFAULT_STEPS
     return [*args, *extra, f"--steps={steps}"]
+
+
+def _smolvla_args(args: list[str], cwd: Path) -> list[str]:
+    """A SmolVLA command that names no VLM (LeRobot's default, SmolVLM2-500M from the Hub) runs tiny on the
+    shipped demo VLM; as a dry run it plans the full size from a copy of SmolVLM2-500M's config.json."""
+    if "--policy.type=smolvla" not in args or any(a.startswith("--policy.vlm_model_name=") for a in args):
+        return []
+    if "--dry_run=true" not in args:
+        return list(TINY_SMOLVLA)
+    vlm = cwd / ".smolvlm2_500m"
+    vlm.mkdir(parents=True, exist_ok=True)
+    config = json.loads(SMOLVLM2_CONFIG.read_text())
+    config.pop("_source", None)
+    (vlm / "config.json").write_text(json.dumps(config))
+    return [f"--policy.vlm_model_name={vlm}"]
 
 
 def _train_kind(args: list[str]) -> str:

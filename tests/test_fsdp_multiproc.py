@@ -372,9 +372,9 @@ def test_act_under_fsdp2_matches_one_process(fsdp):
 
 
 def test_act_default_size_plan():
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
     from lerobot_parallel import AcceleratorConfig, ParallelismConfig, build_plan
 
     policy = ACTPolicy(

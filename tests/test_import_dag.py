@@ -3,6 +3,8 @@ package, every ``importlib.import_module`` call whose target the source names (s
 
 The allowed edges restate the project's architecture (the shared ARCHITECTURE.md, kept outside this
 repository): ``lerobot-cli → {trainloop, ckpt, parallel}``, ``trainloop → parallel``, ``ckpt`` alone.
+Inside lerobot-cli, ``LAYERS`` keeps the policy and optimizer code off the command line and policies and
+datasets off each other, and ``NEUTRAL`` names the modules both sides share.
 """
 
 import ast
@@ -211,4 +213,157 @@ def test_graph_sees_cycles_through_the_package_root_and_import_module(tmp_path):
         ["pkg.a", "pkg.b"],
         ["pkg.plugin", "pkg.registry"],
         ["pkg.sub", "pkg.sub.c"],
+    ]
+
+
+# Inside lerobot-cli: (importer, what it must never reach, why), as subpackages of the package. "Reach" is
+# any chain of imports (lazy ones included): a policy that imports a top-level module that imports the
+# command line imports the command line.
+LAYERS: dict[str, list[tuple[str, str, str]]] = {
+    "lerobot_cli": [
+        ("policies", "cli", "policy code raises lerobot_cli.errors.ConfigError; the CLI prints it"),
+        ("optim", "cli", "optimizer code raises lerobot_cli.errors.ConfigError; the CLI prints it"),
+        ("peft", "cli", "PEFT code raises its PeftSetupError; the CLI prints it"),
+        ("policies", "datasets", "the feature vocabulary both share is lerobot_cli.features"),
+        ("datasets", "policies", "the feature vocabulary both share is lerobot_cli.features"),
+    ],
+}
+# Modules both sides import: they may import each other and nothing else of the package.
+NEUTRAL = {"lerobot_cli": {"errors", "features"}}
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(f"{prefix}.")
+
+
+def import_chain(graph: dict[str, set[str]], start: str, target: str) -> list[str] | None:
+    """The shortest chain of imports from ``start`` to a module under ``target`` (breadth first), or None."""
+    previous: dict[str, str | None] = {start: None}
+    queue = [start]
+    for module in queue:
+        if module != start and _under(module, target):
+            chain = [module]
+            while (step := previous[chain[-1]]) is not None:
+                chain.append(step)
+            return chain[::-1]
+        for imported in sorted(graph[module]):
+            if imported not in previous:
+                previous[imported] = module
+                queue.append(imported)
+    return None
+
+
+def layer_violations(package: str, graph: dict[str, set[str]]) -> list[str]:
+    """One line per module of ``package`` that reaches what its layer must not (``LAYERS``): the chain."""
+    found = []
+    for importer, forbidden, why in LAYERS.get(package, []):
+        for module in sorted(m for m in graph if _under(m, f"{package}.{importer}")):
+            chain = import_chain(graph, module, f"{package}.{forbidden}")
+            if chain:
+                found.append(f"{' -> '.join(chain)}: {why}")
+    return found
+
+
+def neutral_violations(package: str, graph: dict[str, set[str]]) -> list[str]:
+    neutral = {f"{package}.{name}" for name in NEUTRAL.get(package, set())}
+    return [f"{m} imports {sorted(graph[m] - neutral)}" for m in sorted(neutral) if graph[m] - neutral]
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_layers_inside_a_package_keep_their_direction(package):
+    """Policies, optimizers and PEFT never reach the command line (they raise a domain error it turns into
+    its one line), and policies and datasets never reach each other."""
+    assert layer_violations(package, module_graph(package)) == []
+
+
+@pytest.mark.parametrize("package", sorted(NEUTRAL))
+def test_neutral_modules_import_only_each_other(package):
+    graph = module_graph(package)
+    assert all(f"{package}.{name}" in graph for name in NEUTRAL[package])
+    assert neutral_violations(package, graph) == []
+
+
+def test_layer_checker_catches_lazy_and_indirect_violations(tmp_path, monkeypatch):
+    """A lazy import inside a function, a chain through a top-level module, and a chain through a neutral
+    module that imports a layer are each found and named; a module that keeps its layer is not."""
+    pkg = tmp_path / "pkg"
+    for sub in ("cli", "policies", "datasets", "optim", "peft"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("class ConfigError(ValueError):\n    pass\n")
+    (pkg / "cli" / "errors.py").write_text("from pkg.errors import ConfigError\n")
+    (pkg / "policies" / "fit.py").write_text("def check():\n    from pkg.cli.errors import UsageError\n")
+    (pkg / "optim" / "factory.py").write_text("from pkg import glue\n")
+    (pkg / "glue.py").write_text("import pkg.cli.errors\n")
+    (pkg / "features.py").write_text("import pkg.policies.types\n")
+    (pkg / "policies" / "types.py").write_text("")
+    (pkg / "datasets" / "meta.py").write_text("from pkg.features import Feature\n")
+    (pkg / "peft" / "ok.py").write_text("from pkg.errors import ConfigError\n")
+    monkeypatch.setitem(LAYERS, "pkg", [(i, f, "why") for i, f, _ in LAYERS["lerobot_cli"]])
+    monkeypatch.setitem(NEUTRAL, "pkg", {"errors", "features"})
+    graph = module_graph("pkg", pkg)
+    assert layer_violations("pkg", graph) == [
+        "pkg.policies.fit -> pkg.cli.errors: why",
+        "pkg.optim.factory -> pkg.glue -> pkg.cli.errors: why",
+        "pkg.datasets.meta -> pkg.features -> pkg.policies.types: why",
+    ]
+    assert neutral_violations("pkg", graph) == ["pkg.features imports ['pkg.policies.types']"]
+
+
+# -- policy folders: what policies share lives in policies/common, never in another policy's folder ------
+SHARED_POLICY_FOLDERS = frozenset({"common"})
+
+
+def cross_policy_imports(graph: dict[str, set[str]], root: str = "lerobot_cli") -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs where a module in one policy folder (``<root>.policies.<X>…``)
+    imports a module of another policy folder ``<Y>``. ``common`` and the top-level ``policies`` modules
+    (config, features, registry, …) are what policies may share; a policy importing another instead
+    ties the two together (LeRobot keeps each policy standalone, beside its shared helpers). ``common``
+    itself imports no policy: shared code that needed one would tie every user to it."""
+    prefix = f"{root}.policies."
+    folders = {m[len(prefix) :].split(".")[0] for m in graph if m.startswith(prefix) and m.count(".") > 2}
+
+    def folder(module: str) -> str | None:
+        name = module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+        return name if name in folders else None
+
+    return sorted(
+        (importer, imported)
+        for importer, targets in graph.items()
+        for imported in targets
+        if folder(importer)
+        and folder(imported) not in (None, *SHARED_POLICY_FOLDERS)
+        and folder(importer) != folder(imported)
+    )
+
+
+def test_no_policy_folder_imports_another():
+    assert cross_policy_imports(module_graph("lerobot_cli")) == []
+
+
+def test_cross_policy_checker_catches_a_planted_violation(tmp_path):
+    """A policy importing another's module (here lazily, inside a function) is caught, and so is ``common``
+    importing a policy; importing ``common``, a top-level ``policies`` module or its own folder is not."""
+    pkg = tmp_path / "lerobot_cli"
+    for folder in ("a", "b", "common"):
+        (pkg / "policies" / folder).mkdir(parents=True)
+        (pkg / "policies" / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "policies" / "__init__.py").write_text("")
+    (pkg / "policies" / "config.py").write_text("")
+    (pkg / "policies" / "common" / "flow.py").write_text("")
+    (pkg / "policies" / "b" / "model.py").write_text("")
+    (pkg / "policies" / "a" / "ok.py").write_text(
+        "from lerobot_cli.policies.common.flow import x\nfrom lerobot_cli.policies.config import C\n"
+        "from lerobot_cli.policies.a import ok\n"
+    )
+    (pkg / "policies" / "a" / "bad.py").write_text(
+        "def f():\n    from lerobot_cli.policies.b.model import M\n    return M\n"
+    )
+    (pkg / "policies" / "common" / "shared.py").write_text("from lerobot_cli.policies.b import model\n")
+    graph = module_graph("lerobot_cli", pkg)
+    assert cross_policy_imports(graph) == [
+        ("lerobot_cli.policies.a.bad", "lerobot_cli.policies.b.model"),
+        ("lerobot_cli.policies.common.shared", "lerobot_cli.policies.b.model"),
     ]

@@ -1,7 +1,7 @@
 """The README's main command, run as written (with fewer steps), so the front page cannot rot.
 
-The README's pi0 demo is the guide's ``pi0-tiny`` block, which tests/test_guide_commands.py runs; here
-it is only checked to be that same command.
+The README's pi0 and SmolVLA demos are the guide's ``pi0-tiny`` and ``smolvla-tiny`` blocks, which
+tests/test_guide_commands.py runs; here they are only checked to be those same commands.
 """
 
 from __future__ import annotations
@@ -32,17 +32,20 @@ def main_command() -> list[str]:
     return argv[2:]
 
 
-def test_readme_pi0_command_is_the_guides_tested_one():
+@pytest.mark.parametrize(
+    "readme_marker, guide_id", [("pi0-command", "pi0-tiny"), ("smolvla-command", "smolvla-tiny")]
+)
+def test_readme_policy_demo_is_the_guides_tested_one(readme_marker, guide_id):
     readme = re.search(
-        r"<!-- pi0-command\b[^>]*-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL
+        rf"<!-- {readme_marker}\b[^>]*-->\s*```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL
     )
-    assert readme, "README.md lost its <!-- pi0-command --> block"
+    assert readme, f"README.md lost its <!-- {readme_marker} --> block"
     guide = re.search(
-        r"<!-- test: id=pi0-tiny\b[^>]*-->\s*```bash\n(.*?)```",
+        rf"<!-- test: id={guide_id}\b[^>]*-->\s*```bash\n(.*?)```",
         (REPO / "docs" / "guide.md").read_text(),
         re.DOTALL,
     )
-    assert guide, "docs/guide.md lost its pi0-tiny block"
+    assert guide, f"docs/guide.md lost its {guide_id} block"
     argv = _argv(readme.group(1))
     assert argv[:2] == ["uv", "run"], argv
     assert argv[2:] == _argv(guide.group(1))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "data" / "tokenizers" / "demo_bytes"

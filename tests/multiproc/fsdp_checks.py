@@ -139,7 +139,7 @@ def joint_towers_check(rt) -> dict:
 def pi0_check(rt) -> dict:
     """Tiny pi0 under FSDP2 with its grouped joint-layer units: the same full batch on every rank, so
     the gradients must equal one process's bitwise; every parameter is a DTensor shard."""
-    from lerobot_cli.policies.pi0.gemma import ExpertLayer, PaliGemmaLayer
+    from lerobot_cli.policies.common.paligemma.gemma import ExpertLayer, PaliGemmaLayer
     from pi0_tiny import pi0_batch, tiny_pi0
 
     def run(acc: AcceleratorConfig) -> tuple[torch.nn.Module, torch.Tensor, dict]:

@@ -172,9 +172,9 @@ class ACTData:
 
 def small_act(seed: int = MODEL_SEED) -> torch.nn.Module:
     """LeRobot's ACT (from lerobot_cli) at test size, deterministic: no dropout, no VAE sampling."""
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
 
     cfg = ACTConfig(
         input_features={

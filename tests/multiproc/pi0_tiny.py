@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.pi0.config import PI0Config
 from lerobot_cli.policies.pi0.modeling import PI0Policy
 

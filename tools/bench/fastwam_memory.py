@@ -68,9 +68,9 @@ FULL["HSDP 2x4"] = ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=4")
 def bench_config(layers: int, heads: int):
     """LeRobot's FastWAM structure at ``heads x 128`` channels of attention (30 layers of both experts by
     default), a 4x FFN, the action expert half the video expert's width."""
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.fastwam.config import FastWAMConfig
     from lerobot_cli.policies.fastwam.dit_configs import default_action_dit_config, default_video_dit_config
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
     width = heads * HEAD_DIM
     video, action = default_video_dit_config(ACTION_DIM), default_action_dit_config(ACTION_DIM)

@@ -22,9 +22,9 @@ from _memory_common import STATE_HEADER, above_target, largest_rank, plan_memory
 
 
 def _act(image_size: int):
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
 
     cfg = ACTConfig(
         input_features={

@@ -14,7 +14,7 @@ Two kinds of numbers, labelled as such in the output:
   values, 121 M trainable; PaliGemma's 257,152-token vocabulary makes its embedding and the two unused
   ``lm_head``\\ s most of it) with the same layer structure as LeRobot's: 18 joint PaliGemma/expert
   layer pairs, a 12-layer SigLIP. Its Gemma/SigLIP sizes are not variants the CLI offers; this script
-  registers them in ``lerobot_cli.policies.pi0.variants`` in its own processes only.
+  registers them in ``lerobot_cli.policies.common.paligemma.variants`` in its own processes only.
 * **estimated** — a mid-size pi0 of about 1 B parameters (``--estimated`` sizes, default LeRobot's
   gemma_300m language model *and* gemma_300m expert with LeRobot's so400m SigLIP: 1,829,772,048
   values, 1,288,442,640 trainable), built on the meta device and planned with ``build_plan`` on
@@ -67,7 +67,7 @@ TOKENS = 16
 def _register_bench_variants() -> None:
     """bench_250m: Gemma with every pi0 variant's head layout (8 query heads, 1 key/value head) and
     LeRobot's 18 layers at width 256; a ViT-S-like 12-layer SigLIP. In this process only."""
-    from lerobot_cli.policies.pi0 import variants
+    from lerobot_cli.policies.common.paligemma import variants
 
     variants.GEMMA_VARIANTS.setdefault(
         "bench_250m",
@@ -80,7 +80,7 @@ def _register_bench_variants() -> None:
 
 
 def _config(size: str, image_size: int, chunk: int):
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.pi0.config import PI0Config
 
     _register_bench_variants()

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "lerob
 
 
 def act_policy(**overrides):
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
 
     inputs = {
         "observation.state": PolicyFeature("STATE", (2,)),
@@ -57,7 +57,7 @@ def act_batch(cfg, batch_size: int) -> dict:
 
 def pi0_case(depth: int, batch_size: int):
     """pi0 with the tiny widths and ``depth`` joint layer pairs (and SigLIP layers), as the tests build it."""
-    from lerobot_cli.policies.pi0 import variants
+    from lerobot_cli.policies.common.paligemma import variants
     from lerobot_cli.policies.pi0.modeling import PI0Policy
     from test_policy_pi0 import batch, tiny
 

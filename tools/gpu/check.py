@@ -480,9 +480,9 @@ def check_fp16(ctx: Ctx) -> str:
 # ------------------------------------------------------------------------------- in-process models
 def act_model(default_size: bool, **overrides):
     """ACT with the demo's features (state 2, a 64x64 top camera, action 2), no backbone download."""
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
 
     size = (
         {}
@@ -535,7 +535,7 @@ def pi0_model(mid: bool):
 
 
 def _tiny_pi0_config():
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.pi0.config import PI0Config
 
     return PI0Config(

@@ -169,9 +169,9 @@ def load_reference(path: Path) -> tuple[dict, dict]:
 
 
 def ours_write(work: Path, variant: str) -> None:
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.act.config import ACTConfig
     from lerobot_cli.policies.act.modeling import ACTPolicy
-    from lerobot_cli.policies.features import PolicyFeature
     from lerobot_cli.policies.pretrained import save_pretrained
     from lerobot_cli.processors import make_pre_post_processors, save_processors
 

@@ -3,20 +3,28 @@
 # Python 3.12, then run lerobot-parallel's, lerobot-ckpt's and lerobot-trainloop's own tests on its torch
 # and every policy's round trip against it (tools/interop/*_lerobot_interop.py).
 #
+# LeRobot is installed with the extras its classes of our policies need, read from our policy registry
+# (each spec's lerobot_extras: [pi] for pi0/pi05, [diffusion], [smolvla], [fastwam] …; python -m
+# lerobot_cli.policies.manifest lerobot-extras), so a new policy brings its extra without an edit here, plus
+# [dataset] (LeRobotDataset, which examples/lerobot_act_fsdp.py trains on).
+#
 # The environment is cached between runs in $LEROBOT_INTEROP_VENV (default ~/.cache/lerobot-interop/
-# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, the
-# transformers of its [pi] extra (< 5.6, which pi0/pi05 need; an env without the extra is rebuilt) and the
-# diffusers of its [diffusion] extra (LeRobot's DiffusionPolicy refuses to build without it; [fastwam] names the
-# same transformers and diffusers, for FastWAM's Wan2.2 VAE and UMT5) and the datasets
-# of its [dataset] extra (LeRobotDataset, which examples/lerobot_act_fsdp.py trains on). No
-# Python 3.12 means no interop run: that is said in one line and fails, so a missing run is never read
-# as a pass.
+# lerobot-0.6.1-py312, ~5 GB) and rebuilt only when it does not import LeRobot 0.6.1 with peft, or its
+# transformers is 5.6 or newer (pi0/pi05 need the [pi] extra's, below). An env that lacks a requirement of
+# one of those extras (a new policy's) has the extras installed into it, not rebuilt. No Python 3.12 means
+# no interop run: that is said in one line and fails, so a missing run is never read as a pass.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 LEROBOT_VERSION="0.6.1"
 PEFT_VERSION="0.21.2"   # what lerobot-cli's lock pins, so both sides read the same adapter files
 VENV="${LEROBOT_INTEROP_VENV:-$HOME/.cache/lerobot-interop/lerobot-${LEROBOT_VERSION}-py312}"
+policy_extras="$(uv run --frozen python -m lerobot_cli.policies.manifest lerobot-extras)" || {
+  echo "interop: FAILED: our policy registry did not list LeRobot's extras (python -m lerobot_cli.policies.manifest)" >&2
+  exit 1
+}
+# pusht: pusht_eval_lerobot_interop.py runs LeRobot's own PushT evaluation
+LEROBOT_EXTRAS="${policy_extras:+${policy_extras},}dataset,pusht"
 
 find_python312() {
   local candidate
@@ -32,18 +40,63 @@ find_python312() {
 }
 
 env_ok() {
-  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$LEROBOT_VERSION" "$PEFT_VERSION" <<'EOF' 2>/dev/null
+  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$LEROBOT_VERSION" "$PEFT_VERSION" "$LEROBOT_EXTRAS" <<'EOF'
 import sys
-from importlib.metadata import version
-assert version("lerobot") == sys.argv[1] and version("peft") == sys.argv[2]
-# transformers from the [pi] extra (>= 5.4, < 5.6): without it there is none, or a newer one pi0 cannot use
-assert tuple(int(part) for part in version("transformers").split(".")[:2]) < (5, 6)
-version("diffusers")  # the [diffusion] extra
-version("datasets")  # the [dataset] extra: LeRobotDataset, for examples/lerobot_act_fsdp.py
+from importlib.metadata import PackageNotFoundError, metadata, requires, version
+
+from packaging.requirements import Requirement
+
+
+def missing(extra: str) -> list[str]:
+    """The distributions lerobot[extra] requires on this machine that are not installed (nested extras too)."""
+    out = []
+    for line in requires("lerobot") or []:
+        req = Requirement(line)
+        if req.marker is None or not req.marker.evaluate({"extra": extra}):
+            continue
+        if req.name == "lerobot":  # lerobot[transformers-dep] and the like: its own extras
+            out += [name for nested in sorted(req.extras) for name in missing(nested)]
+            continue
+        try:
+            version(req.name)
+        except PackageNotFoundError:
+            out.append(f"{req.name} (lerobot[{extra}])")
+    return out
+
+
+try:
+    assert version("lerobot") == sys.argv[1] and version("peft") == sys.argv[2]
+except (PackageNotFoundError, AssertionError):
+    sys.exit(1)
+unknown = set(sys.argv[3].split(",")) - set(metadata("lerobot").get_all("Provides-Extra") or [])
+if unknown:
+    print(f"interop: LeRobot {sys.argv[1]} has no extras {sorted(unknown)} (a spec's lerobot_extras)", file=sys.stderr)
+    sys.exit(4)
+absent = [name for extra in sys.argv[3].split(",") for name in missing(extra)]
+if absent:
+    print(f"interop: LeRobot's env lacks {', '.join(absent)}", file=sys.stderr)
+    sys.exit(3)
+# transformers from the [pi] extra (>= 5.4, < 5.6): a newer one pi0 cannot use
+try:
+    sys.exit(tuple(int(part) for part in version("transformers").split(".")[:2]) >= (5, 6))
+except PackageNotFoundError:
+    pass  # no extra asked for it (their requirements are checked above)
 EOF
 }
 
-if ! env_ok; then
+# env_ok's status: 0 ready; 3 LeRobot and peft right, an extra's requirement missing (installed into it:
+# a new policy's extra does not cost a rebuild); 4 an extra LeRobot lacks (a wrong lerobot_extras); else
+# rebuilt from scratch.
+ok=0
+env_ok || ok=$?
+if [ "$ok" = 4 ]; then
+  echo "interop: FAILED: LeRobot ${LEROBOT_VERSION} has not all of the extras [${LEROBOT_EXTRAS}]" >&2
+  exit 1
+elif [ "$ok" = 3 ]; then
+  echo "interop: adding lerobot[${LEROBOT_EXTRAS}] to ${VENV}"
+  uv pip install -q --python "$VENV/bin/python" "lerobot[${LEROBOT_EXTRAS}]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[${LEROBOT_EXTRAS}] ${LEROBOT_VERSION} with peft ${PEFT_VERSION}" >&2; exit 1; }
+elif [ "$ok" != 0 ]; then
   if ! PY312="$(find_python312)"; then
     echo "interop: FAILED: no Python 3.12 on this machine (LeRobot ${LEROBOT_VERSION} needs it; set LEROBOT_INTEROP_PYTHON), so LeRobot cannot check our checkpoints" >&2
     exit 1
@@ -52,17 +105,10 @@ if ! env_ok; then
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   uv venv -q --python "$PY312" "$VENV"
-  uv pip install -q --python "$VENV/bin/python" "lerobot[pi,diffusion,dataset,fastwam,pusht]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
-  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[pi,diffusion,dataset,fastwam] ${LEROBOT_VERSION} (transformers < 5.6, diffusers) with peft ${PEFT_VERSION}" >&2; exit 1; }
+  uv pip install -q --python "$VENV/bin/python" "lerobot[${LEROBOT_EXTRAS}]==${LEROBOT_VERSION}" "peft==${PEFT_VERSION}"
+  env_ok || { echo "interop: FAILED: ${VENV} does not import lerobot[${LEROBOT_EXTRAS}] ${LEROBOT_VERSION} (transformers < 5.6) with peft ${PEFT_VERSION}" >&2; exit 1; }
 else
-  echo "interop: reusing LeRobot ${LEROBOT_VERSION} in ${VENV}"
-fi
-
-# gym-pusht for pusht_eval_lerobot_interop.py (LeRobot's [pusht] extra), added to an env built before it
-# was needed rather than rebuilding the whole env
-if ! "$VENV/bin/python" -c 'import gym_pusht' 2>/dev/null; then
-  echo "interop: adding lerobot[pusht] ${LEROBOT_VERSION} to ${VENV}"
-  uv pip install -q --python "$VENV/bin/python" "lerobot[pusht]==${LEROBOT_VERSION}"
+  echo "interop: reusing LeRobot ${LEROBOT_VERSION}[${LEROBOT_EXTRAS}] in ${VENV}"
 fi
 
 status=0

@@ -24,9 +24,15 @@ policy and, one field at a time, every setting we accept:
 3. ours-read      (our env) each of those LeRobot-written ``config.json`` files, read by
                   ``load_policy_config``, must equal the config of step 1 with our extension fields at their
                   defaults (LeRobot's file has no sidecar; ``device`` aside): the other direction.
-4. lerobot-fields (LeRobot env) writes the dataclass fields of LeRobot's config class for each of our policy
-                  types (null for a type LeRobot lacks) to FILE; ``run`` compares them with the list the unit
-                  tests pin (packages/lerobot-cli/tests/data/lerobot_config_fields.json).
+4. lerobot-fields (LeRobot env) writes the dataclass fields of LeRobot's config class for each ``--policy``
+                  type (null for a type LeRobot lacks) to FILE; ``run`` passes every registered policy and
+                  compares them with the list the unit tests pin
+                  (packages/lerobot-cli/tests/data/lerobot_config_fields.json).
+
+The policies are our registry's (``lerobot_cli.policies.manifest``: built-ins, plugins), read in our env and
+handed to LeRobot's in the manifest and on the command line: a new policy is checked without an edit here.
+Whether LeRobot has its type is its spec's ``in_lerobot``: a type LeRobot lacks (``mlp``) must be refused by
+its type, and ``lerobot-fields`` must find no class for it.
 
     uv run python tools/interop/config_lerobot_interop.py \
         --lerobot-python ~/.cache/lerobot-interop/lerobot-0.6.1-py312/bin/python
@@ -46,12 +52,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PINNED_FIELDS = REPO / "packages" / "lerobot-cli" / "tests" / "data" / "lerobot_config_fields.json"
-POLICIES = ("act", "diffusion", "fastwam", "mlp", "pi0", "pi05", "smolvla")
 # LeRobot refuses a tiny pi0/pi05 on purpose: it has no such model (and vision_variant=tiny, which is not in
 # config.json, is only accepted with gemma_tiny, so LeRobot never reads a tiny SigLIP as so400m).
 TINY_REFUSAL = "Invalid paligemma_variant: gemma_tiny"
-# A policy LeRobot has no class for: its config.json keeps every field and LeRobot refuses it by type.
-UNKNOWN_TO_LEROBOT = {"mlp": "Policy type 'mlp'"}
 CAMERAS = {"observation.wrist_rgb": (3, 96, 96), "observation.top": (3, 96, 96)}
 CAMERAS_UNEQUAL = {
     "observation.wrist_rgb": (3, 64, 80),
@@ -64,8 +67,20 @@ FASTWAM_CAMERAS = ("observation.wrist_rgb", "observation.top")
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
 
 
+def registered() -> dict[str, bool]:
+    """Every policy of our registry -> whether LeRobot 0.6.1 has its type (the spec's ``in_lerobot``)."""
+    from lerobot_cli.policies import manifest
+
+    return {name: meta["in_lerobot"] for name, meta in manifest.policies().items()}
+
+
+def unknown_to_lerobot(policy: str) -> str:
+    """LeRobot's refusal of a policy type it has no class for: our config.json keeps every field there."""
+    return f"Policy type '{policy}'"
+
+
 def _features(policy: str) -> dict[str, Any]:
-    from lerobot_cli.policies.features import PolicyFeature
+    from lerobot_cli.features import PolicyFeature
 
     if policy == "fastwam":
         return _fastwam_features()
@@ -81,7 +96,7 @@ def _fastwam_features(state: int = 8, action: int = 7, size: tuple[int, int] = (
     """FastWAM's features as LeRobot's ``validate_features`` wants them for these settings (its
     ``__post_init__`` refuses a config.json whose features disagree): the state ``proprio_dim`` wide, the
     action ``action_dim`` wide, both cameras ``image_size[0]`` high and half ``image_size[1]`` wide."""
-    from lerobot_cli.policies.features import PolicyFeature
+    from lerobot_cli.features import PolicyFeature
 
     height, width = size
     cameras = {name: PolicyFeature("VISUAL", (3, height, width // 2)) for name in FASTWAM_CAMERAS}
@@ -159,17 +174,17 @@ def _fastwam_cases() -> dict[str, list[dict[str, Any]]]:
 
 def _special_cases() -> dict[str, list[dict[str, Any]]]:
     """Fields whose other values are choices, need a companion setting, or are not plain numbers."""
+    from lerobot_cli.features import NormalizationMode
     from lerobot_cli.policies.act.config import FEEDFORWARD_ACTIVATIONS
     from lerobot_cli.policies.act.config import SUPPORTED_BACKBONES as ACT_BACKBONES
+    from lerobot_cli.policies.common.paligemma.config import DTYPES
+    from lerobot_cli.policies.common.paligemma.variants import GEMMA_VARIANTS, VISION_VARIANTS
     from lerobot_cli.policies.diffusion.config import (
         BETA_SCHEDULES,
         LR_SCHEDULERS,
         NOISE_SCHEDULERS,
         PREDICTION_TYPES,
     )
-    from lerobot_cli.policies.features import NormalizationMode
-    from lerobot_cli.policies.pi0.config import DTYPES
-    from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
     modes = [m.value for m in NormalizationMode]
     return {
@@ -321,7 +336,7 @@ def ours_write(work: Path) -> bool:
     from lerobot_cli.policies.serialization import load_policy_config, save_policy_config
 
     manifest, ok = [], True
-    for policy in POLICIES:
+    for policy, in_lerobot in registered().items():
         cls = registry.config_class(policy)
         cases, uncovered = cases_for(policy)
         for i, (name, overrides) in enumerate(cases):
@@ -342,7 +357,7 @@ def ours_write(work: Path) -> bool:
                     "policy": policy,
                     "field": name,
                     "setting": json.loads(json.dumps(overrides, default=_jsonable)),
-                    "expect_refusal": UNKNOWN_TO_LEROBOT.get(policy) or expect,
+                    "expect_refusal": expect if in_lerobot else unknown_to_lerobot(policy),
                 }
             )
         print(
@@ -517,6 +532,12 @@ def main() -> int:
     )
     parser.add_argument("dir", nargs="?", type=Path, help="work directory, or lerobot-fields' output file")
     parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help="lerobot-fields: a policy type to list (repeated; run passes every registered policy)",
+    )
+    parser.add_argument(
         "--lerobot-python",
         default="/tmp/lerobot-venv/bin/python",
         help="interpreter of the environment where LeRobot is installed",
@@ -529,7 +550,9 @@ def main() -> int:
     if args.mode == "ours-read":
         return 0 if ours_read(args.dir) else 1
     if args.mode == "lerobot-fields":
-        lerobot_fields(args.dir, list(POLICIES))
+        if not args.policy:
+            parser.error("lerobot-fields needs --policy for each type (run passes our registry's)")
+        lerobot_fields(args.dir, args.policy)
         return 0
     work = args.dir or Path(tempfile.mkdtemp(prefix="config-interop-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -540,7 +563,8 @@ def main() -> int:
     )
     back_ok = ours_read(work)
     fresh = work / "lerobot_config_fields.json"
-    subprocess.run([args.lerobot_python, me, "lerobot-fields", str(fresh)], check=True)
+    types = [arg for policy in registered() for arg in ("--policy", policy)]
+    subprocess.run([args.lerobot_python, me, "lerobot-fields", str(fresh), *types], check=True)
     fields_ok = json.loads(fresh.read_text()) == json.loads(PINNED_FIELDS.read_text())
     if not fields_ok:
         print(

@@ -3,7 +3,9 @@
 The other drivers hand both sides the same processors; this one lets each side build its own from the
 dataset, as a user's run does, so a default that differs (``--dataset.use_imagenet_stats``: LeRobot 0.6.1
 replaces every camera's mean and std with ImageNet's by default) shows up in the files. For each policy
-(act, diffusion, pi0, pi05, fastwam), with the default and with ``--dataset.use_imagenet_stats=false``,
+(every registered policy LeRobot also has, read from our registry: act, diffusion, pi0, pi05, smolvla,
+fastwam; one without flags in ``SAME`` nor a reason in ``NOT_CHECKED`` fails the run before anything
+else), with the default and with ``--dataset.use_imagenet_stats=false``,
 every file ``policy_preprocessor*`` / ``policy_postprocessor*`` must be equal: the JSON files as parsed
 JSON, the state files key for key (same keys, shapes, dtypes and values, exactly). act and diffusion are
 also fine-tuned with ``--policy.path`` (both sides from the same LeRobot-trained ``pretrained_model/``) on a
@@ -26,18 +28,21 @@ checkpoint's, and so must ours. Runs in two interpreters:
      ``lerobot-train --policy.path=<its {policy}_false checkpoint's pretrained_model>`` on that copy, 1 step,
      default flags and with ``--dataset.use_imagenet_stats=false``. The base was trained with the first
      dataset's own camera statistics, so each statistic a fine-tune saves differs from the base's;
-   - pi0, pi05, fastwam: LeRobot cannot build these offline on a CPU (PaliGemma's 3B weights and tokenizer;
-     Wan2.2's VAE and UMT5), so its ``lerobot-train`` is followed up to its processors and no further: the
-     same command line parsed by its own parser into its ``TrainPipelineConfig`` (``cfg.validate()``),
-     ``make_train_eval_datasets(cfg)`` (its dataset factory, where ``use_imagenet_stats`` acts), the policy
-     features ``make_policy`` fills in from the dataset, then ``make_pre_post_processors(cfg.policy,
-     pretrained_path=None, dataset_stats=dataset.meta.stats)`` and ``save_pretrained`` as its checkpoint
-     does; LeRobot's policy defaults otherwise (gemma_2b/gemma_300m, its FastWAM), whose sizes its
-     processors do not read. pi0/pi05's PaliGemma tokenizer is the repository's byte-level stand-in
-     (data/tokenizers/demo_bytes), named as on our side.
+   - pi0, pi05, smolvla, fastwam: LeRobot cannot build these offline on a CPU (PaliGemma's 3B weights and
+     tokenizer, SmolVLM2's, Wan2.2's VAE and UMT5), so its ``lerobot-train`` is followed up to its
+     processors and no further: the same command line parsed by its own parser into its
+     ``TrainPipelineConfig`` (``cfg.validate()``), ``make_train_eval_datasets(cfg)`` (its dataset factory,
+     where ``use_imagenet_stats`` acts), the policy features ``make_policy`` fills in from the dataset,
+     then ``make_pre_post_processors(cfg.policy, pretrained_path=None, dataset_stats=dataset.meta.stats)``
+     and ``save_pretrained`` as its checkpoint does; LeRobot's policy defaults otherwise
+     (gemma_2b/gemma_300m, its FastWAM), whose sizes its processors do not read. pi0/pi05's PaliGemma
+     tokenizer is the repository's byte-level stand-in (data/tokenizers/demo_bytes), named as on our side;
+     SmolVLA's ``vlm_model_name`` is the shipped tiny SmolVLM (data/vlms/smolvlm_tiny) on both sides,
+     whose tokenizer both pre-processors load.
 2. ours (this env, one process): ``lerobot-train`` (``lerobot_cli.train.main``) for each policy and flag
    on the same dataset, from scratch, 1 step: act/diffusion with LeRobot's tiny sizes; pi0/pi05/fastwam with
-   the tiny variants (``gemma_tiny`` / ``variant=tiny``) and the demo tokenizer; then the same fine-tunes
+   the tiny variants (``gemma_tiny`` / ``variant=tiny``) and the demo tokenizer, smolvla on the tiny
+   SmolVLM; then the same fine-tunes
    from LeRobot's base ``pretrained_model/`` (our checkpoints being LeRobot's format, it loads as a user's
    download would).
 3. compare: every file of both ``pretrained_model/`` directories, and the cameras' saved mean/std printed
@@ -62,10 +67,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "data" / "tokenizers" / "demo_bytes"
+DEMO_VLM = REPO / "data" / "vlms" / "smolvlm_tiny"  # SmolVLA's vlm_model_name: config.json + tokenizer
 PALIGEMMA = "google/paligemma-3b-pt-224"
 REPO_ID = "local/imagenet_defaults"
 CAMERA = "observation.images.top"
-POLICIES = ("act", "diffusion", "pi0", "pi05", "fastwam")
 TRAINED_BY_LEROBOT = ("act", "diffusion")  # the others: LeRobot's processors only (see the docstring)
 FINE_TUNE_BASE = "false"  # fine-tunes start from LeRobot's {policy}_false: the first dataset's camera stats
 FLAGS = {"default": [], "false": ["--dataset.use_imagenet_stats=false"]}
@@ -84,6 +89,8 @@ SAME = {  # policy -> flags both sides take (LeRobot's field names, which ours s
     ],
     "pi0": ["--policy.type=pi0"],
     "pi05": ["--policy.type=pi05"],
+    # SmolVLA's tokenizer is vlm_model_name's: both sides read the shipped tiny SmolVLM's (LeRobot's field)
+    "smolvla": ["--policy.type=smolvla", f"--policy.vlm_model_name={DEMO_VLM}"],
     "fastwam": [
         "--policy.type=fastwam",
         "--policy.action_dim=2",
@@ -112,7 +119,40 @@ OURS_ONLY = {  # our tiny variants (LeRobot has none; its processors do not depe
     ],
 }
 OURS_ONLY["pi05"] = OURS_ONLY["pi0"]
+OURS_ONLY["smolvla"] = [  # sizes LeRobot's processors do not read (its side builds no model)
+    "--policy.num_vlm_layers=4",
+    "--policy.resize_imgs_with_padding=[32,32]",
+    "--policy.chunk_size=4",
+    "--policy.n_action_steps=4",
+]
+# Registered policies LeRobot also has that this driver does not run, and why (a decision, not an omission).
+NOT_CHECKED: dict[str, str] = {}
 LEROBOT_ONLY = ["--policy.push_to_hub=false", "--wandb.enable=false"]
+
+
+def registered_in_lerobot() -> list[str]:
+    """Our registered policies that LeRobot 0.6.1 also has (their specs' ``in_lerobot``; our env only)."""
+    from lerobot_cli.policies import manifest
+
+    return manifest.in_lerobot()
+
+
+def coverage_problems(in_lerobot: list[str]) -> list[str]:
+    """What keeps this driver from covering exactly ``in_lerobot``: a policy with neither flags nor a reason
+    (a new policy, silently unchecked otherwise), or flags for a policy that is not one of them."""
+    problems = [
+        f"policy {name!r} registered (in LeRobot) but has no flags in SAME nor a reason in NOT_CHECKED: "
+        "add one"
+        for name in in_lerobot
+        if name not in SAME and name not in NOT_CHECKED
+    ]
+    problems += [
+        f"{table} names {name!r}, not a registered policy LeRobot has"
+        for table, names in (("SAME", SAME), ("NOT_CHECKED", NOT_CHECKED))
+        for name in names
+        if name not in in_lerobot
+    ]
+    return problems
 
 
 def _case(policy: str, flag: str) -> str:
@@ -460,10 +500,10 @@ def main() -> int:
         help="interpreter of the environment where LeRobot is installed",
     )
     parser.add_argument(
-        "--policy", choices=POLICIES, action="append", help="policies to check (default: all)"
+        "--policy", choices=sorted(SAME), action="append", help="policies to check (default: all)"
     )
     args = parser.parse_args()
-    policies = args.policy or list(POLICIES)
+    policies = args.policy or sorted(SAME)
     if args.mode == "lerobot-side":
         lerobot_side(args.dir, policies)
         return 0
@@ -472,6 +512,16 @@ def main() -> int:
         return 0
     if args.mode == "compare":
         return 0 if compare(args.dir, policies) else 1
+    in_lerobot = registered_in_lerobot()
+    problems = coverage_problems(in_lerobot)
+    for line in problems:
+        print(f"defaults: FAIL: {line}")
+    if problems:
+        return 1
+    policies = args.policy or [name for name in in_lerobot if name in SAME]
+    for name in in_lerobot:
+        if name in NOT_CHECKED:
+            print(f"defaults: not checked: {name} ({NOT_CHECKED[name]})")
     with tempfile.TemporaryDirectory(prefix="defaults-interop-") as tmp:
         work = args.dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

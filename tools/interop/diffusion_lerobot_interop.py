@@ -304,9 +304,9 @@ def case_name(case: tuple) -> str:
 
 
 def ours_write(work: Path, variant: str) -> None:
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.diffusion.config import DiffusionConfig
     from lerobot_cli.policies.diffusion.modeling import DiffusionPolicy
-    from lerobot_cli.policies.features import PolicyFeature
     from lerobot_cli.policies.pretrained import save_pretrained
     from lerobot_cli.processors import make_pre_post_processors, save_processors
 

@@ -224,9 +224,9 @@ def save(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def _ours_config(case: str):
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.fastwam.config import FastWAMConfig
     from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
     spec = CASES[case]
     settings = dict(spec.get("config", {}))

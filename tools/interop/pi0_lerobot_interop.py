@@ -278,7 +278,7 @@ def key_shapes(state_dict) -> dict[str, list]:
 
 
 def _our_features(case: Case) -> dict:
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
 
     cameras = {key: PolicyFeature(FeatureType.VISUAL, shape) for key, shape in case.cameras}
     return {
@@ -320,7 +320,7 @@ def run_ours(policy, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 def _tiny_sizes() -> dict:
     """The tiny sizes LeRobot is taught (variants.py's gemma_tiny and tiny SigLIP), in transformers' names."""
     import attrs
-    from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
+    from lerobot_cli.policies.common.paligemma.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
     vision = VISION_VARIANTS["tiny"]
     return {

@@ -55,6 +55,9 @@ CONFIGS = (
 )
 PI0_CONFIG = "defaults"  # the weighting of the pi0/pi05 check: its chunk_size is the tiny policies' (4)
 PI0_SEED = 0
+# The policies with a per-sample loss this driver builds on both sides (_flavours); run fails first when the
+# registry has another (a spec with per_sample_loss), so a new one is not silently left unchecked.
+FLAVOURED = ("pi0", "pi05")
 
 
 def write_progress(work: Path) -> tuple[Path, int]:
@@ -114,7 +117,28 @@ def _flavours() -> dict:
     """pi0 and pi05 (``pi0_lerobot_interop.Flavour``): the policies with a per-sample loss."""
     import pi05_lerobot_interop as pi05
 
-    return {"pi0": _interop_pi0().PI0, "pi05": pi05.PI05}
+    flavours = {"pi0": _interop_pi0().PI0, "pi05": pi05.PI05}
+    assert tuple(flavours) == FLAVOURED
+    return flavours
+
+
+def coverage_problems() -> list[str]:
+    """A registered policy with a per-sample loss (its spec's ``per_sample_loss``) that ``FLAVOURED`` lacks,
+    or one ``FLAVOURED`` names without one (our env: reads the registry)."""
+    from lerobot_cli.policies import manifest
+
+    with_loss = [name for name, meta in manifest.policies().items() if meta["per_sample_loss"]]
+    problems = [
+        f"policy {name!r} registered with a per-sample loss but has no flavour in FLAVOURED: add one"
+        for name in with_loss
+        if name not in FLAVOURED
+    ]
+    problems += [
+        f"FLAVOURED names {name!r}, no registered policy with a per-sample loss"
+        for name in FLAVOURED
+        if name not in with_loss
+    ]
+    return problems
 
 
 # ---------------------------------------------------------------- our side (imports lerobot_cli)
@@ -226,7 +250,7 @@ def compare(work: Path) -> bool:
         )
         if not global_equal:
             print(f"    ours {o['global']}\n    LeRobot {t['global']}")
-    for name in ("pi0", "pi05"):
+    for name in FLAVOURED:
         o, t = ours[name], theirs[name]
         per_sample = _diff(o["per_sample"], t["per_sample"])
         loss = abs(o["loss"] - t["loss"])
@@ -342,6 +366,11 @@ def main() -> int:
     torch.set_num_threads(min(4, torch.get_num_threads()))
     if args.mode == "lerobot-check":
         return 0 if lerobot_check(args.dir) else 1
+    problems = coverage_problems()
+    for line in problems:
+        print(f"sample weighting interop: FAIL: {line}")
+    if problems:
+        return 1
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sample-weighting-interop-") as tmp:
         work = args.dir or Path(tmp)

@@ -25,6 +25,15 @@ written into the work directory and named by ``vlm_model_name``). Per case of ``
 3. ours-check     (our env)     that directory through our ``load_policy`` (LeRobot's config.json parsed by
                                 ours, the weights loaded strictly): the same outputs, compared the same way.
 
+The ``vlm-weights-*`` cases build with ``load_vlm_weights=True`` on both sides, from one tiny SmolVLM whose
+seeded fp32 weights are two shards and an index (``smolvlm_tiny.save_tiny_smolvlm_weights``), cut to 2 of
+its 4 text layers: LeRobot's ``from_pretrained(torch_dtype=bfloat16)`` against ours. Before step 1's
+perturbation our policy as built is saved, and LeRobot's, built from the same seed, must equal it in names,
+shapes, dtypes and, bit for bit, every VLM tensor (the file's, in bf16) and every fp32 one; the bf16
+expert's random draws are counted apart (``compare_built`` says why). Step 3 loads LeRobot's saved
+directory (config.json with ``load_vlm_weights: true``) with the VLM's weight files moved away: they are
+not read (the checkpoint holds every tensor), only the dtypes they imply are built.
+
 Once per run: the full-size SmolVLA (packages/lerobot-cli/tests/data/smolvlm2_500m_video_instruct_config.json,
 defaults otherwise) on the meta device on both sides: key count, value count, trainable count, and each key's
 shape and dtype.
@@ -96,11 +105,27 @@ CASES = {
     # built in bf16 (the replaced cross-attention k/v and the rest fp32), on both sides
     "bf16-text-defaults": (ONE_CAMERA, (), {}),
     "bf16-text-train-vlm": (ONE_CAMERA, (), {"train_expert_only": False, "freeze_vision_encoder": False}),
+    # load_vlm_weights: both sides read the VLM from the tiny SmolVLM's seeded fp32 weights (two shards and
+    # an index), in bf16, cut to 2 of its 4 text layers; the expert bf16 but its cross k/v fp32
+    "vlm-weights-defaults": (ONE_CAMERA, (), {"load_vlm_weights": True, "num_vlm_layers": 2}),
+    "vlm-weights-train-vlm": (
+        ONE_CAMERA,
+        (),
+        {
+            "load_vlm_weights": True,
+            "num_vlm_layers": 2,
+            "train_expert_only": False,
+            "freeze_vision_encoder": False,
+        },
+    ),
 }
 BF16_TEXT = "bf16-text"  # cases whose name starts with it read the tiny SmolVLM with a bf16 text config
+VLM_WEIGHTS = "vlm-weights"  # cases whose name starts with it read the tiny SmolVLM's weights
 
 
 def tiny_vlm_of(work: Path, case: str) -> Path:
+    if case.startswith(VLM_WEIGHTS):
+        return work / "tiny-smolvlm-weights"
     return work / ("tiny-smolvlm-bf16-text" if case.startswith(BF16_TEXT) else "tiny-smolvlm")
 
 
@@ -154,7 +179,7 @@ def outputs(policy, inputs: dict[str, torch.Tensor], forward) -> dict[str, torch
 
 
 def _our_config(vlm: Path, cameras: dict, overrides: dict, **extra):
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 
     return SmolVLAConfig(
@@ -189,15 +214,22 @@ def write_full_vlm(work: Path) -> Path:
 def ours_write(work: Path) -> None:
     sys.path.insert(0, str(TESTS))
     from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
-    from smolvlm_tiny import save_tiny_smolvlm
+    from lerobot_cli.policies.weights import build_policy
+    from smolvlm_tiny import save_tiny_smolvlm, save_tiny_smolvlm_weights
 
     save_tiny_smolvlm(work / "tiny-smolvlm")
     save_tiny_smolvlm(work / "tiny-smolvlm-bf16-text", text_dtype="bfloat16")
+    save_tiny_smolvlm_weights(save_tiny_smolvlm(work / "tiny-smolvlm-weights"), seed=7, shards=2)
     for i, (name, (cameras, missing, overrides)) in enumerate(CASES.items()):
         case = work / name
         case.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(i)
-        policy = SmolVLAPolicy(_our_config(tiny_vlm_of(work, name), cameras, overrides))
+        # build_policy: the fresh policy with what it starts from (load_vlm_weights: the VLM's weights)
+        policy = build_policy(_our_config(tiny_vlm_of(work, name), cameras, overrides))
+        if name.startswith(VLM_WEIGHTS):  # as built, before any perturbation: LeRobot's must equal it
+            save_file(
+                {k: v.contiguous() for k, v in policy.state_dict().items()}, str(case / "built.safetensors")
+            )
         perturb_constants(policy, seed=100 + i)
         save_file(
             {k: v.contiguous() for k, v in policy.state_dict().items()}, str(case / "model.safetensors")
@@ -289,11 +321,42 @@ def compare(tag: str, ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
     return ok, figures
 
 
+def compare_built(name: str, ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> dict:
+    """Both sides' state dicts as built from one seed with load_vlm_weights: names, shapes, dtypes and the
+    VLM's values (the file's, in bf16) bit for bit, and every fp32 tensor (the projections, the cross
+    k/v: same draws in the same order). The bf16 expert's own random draws are compared and counted
+    apart: transformers 5.5 (LeRobot's env) and ours initialise a bf16 tensor from the same RNG state
+    differently (load_vlm_weights=false with a bf16 text config shows it too); its values are not
+    LeRobot's to choose and come from the file in a loss comparison."""
+    layout = key_shapes(ours) == key_shapes(theirs)
+    if not layout:
+        print(f"[{name}] built state dicts differ in names/shapes/dtypes")
+    vlm = [k for k in ours if ".vlm." in k]
+    other_fp32 = [k for k in ours if ".vlm." not in k and ours[k].dtype == torch.float32]
+    expert_bf16 = [k for k in ours if ".vlm." not in k and ours[k].dtype == torch.bfloat16]
+    bad = [k for k in vlm + other_fp32 if k in theirs and not torch.equal(ours[k], theirs[k])]
+    fp32 = other_fp32
+    if bad:
+        print(f"[{name}] built tensors differ: {bad[:5]}")
+    draws = sum(not torch.equal(ours[k], theirs[k]) for k in expert_bf16 if k in theirs)
+    return {
+        "ok": layout and not bad,
+        "built VLM tensors equal": f"{len(vlm) - sum(k in bad for k in vlm)}/{len(vlm)}",
+        "built fp32 tensors equal": f"{len(other_fp32) - sum(k in bad for k in fp32)}/{len(other_fp32)}",
+        "built bf16 expert draws differing": f"{draws}/{len(expert_bf16)}",
+    }
+
+
 def lerobot_check(work: Path) -> bool:
     ok, report = True, {}
-    for name, (cameras, _missing, overrides) in CASES.items():
+    for i, (name, (cameras, _missing, overrides)) in enumerate(CASES.items()):
         case = work / name
+        torch.manual_seed(i)  # ours_write's seed: a load_vlm_weights policy as built is compared whole
         policy = _lerobot_policy(tiny_vlm_of(work, name), cameras, overrides)
+        built, built_ok = {}, True
+        if name.startswith(VLM_WEIGHTS):
+            built = compare_built(name, load_file(str(case / "built.safetensors")), policy.state_dict())
+            built_ok = built.pop("ok")
         theirs = key_shapes(policy.state_dict())
         ours = json.loads((case / "keys.json").read_text())
         if theirs != ours:
@@ -311,8 +374,9 @@ def lerobot_check(work: Path) -> bool:
 
         got = outputs(policy, load_inputs(case / "inputs.safetensors"), forward)
         case_ok, figures = compare(name, load_file(str(case / "reference.safetensors")), got)
+        case_ok &= built_ok
         ok &= case_ok
-        report[name] = {"ok": case_ok, "keys": len(theirs), **figures}
+        report[name] = {"ok": case_ok, "keys": len(theirs), **built, **figures}
         # the other way: a seeded LeRobot policy, saved by LeRobot, with its outputs as the reference
         torch.manual_seed(50 + len(report))
         policy = _lerobot_policy(tiny_vlm_of(work, name), cameras, overrides)
@@ -351,6 +415,12 @@ def ours_check(work: Path) -> bool:
     from lerobot_cli.policies.weights import load_policy
 
     ok = True
+    # LeRobot's config.json says load_vlm_weights=true, but its model.safetensors holds every tensor: the
+    # VLM's weights are moved away first, so a load that still reads them fails
+    hidden = work / "hidden-vlm-weights"
+    hidden.mkdir(exist_ok=True)
+    for file in (work / "tiny-smolvlm-weights").glob("model*.safetensors*"):
+        file.rename(hidden / file.name)
     for name in CASES:
         directory = work / name / "lerobot"
         _, policy = load_policy(directory)

@@ -171,8 +171,8 @@ def _our_config(variant: str, tokenizer: Path):
     from typing import ClassVar
 
     from attrs import define, field
+    from lerobot_cli.features import NormalizationMode, PolicyFeature
     from lerobot_cli.policies.config import PolicyConfig
-    from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
     from lerobot_cli.policies.spec import PolicySpec
 
     policy, overrides = VARIANTS[variant]

@@ -65,6 +65,36 @@ def save_tiny_smolvlm(directory: str | Path, text_dtype: str | None = None) -> P
     return directory
 
 
+def save_tiny_smolvlm_weights(directory: str | Path, seed: int = 0, shards: int = 1) -> dict:
+    """Write seeded fp32 weights of the tiny SmolVLM whose ``config.json`` is in ``directory`` (all its text
+    layers: SmolVLA keeps ``num_vlm_layers`` of them): ``model.safetensors``, or with ``shards`` > 1 that
+    many ``model-0000i-of-0000n.safetensors`` and the ``model.safetensors.index.json`` mapping each tensor
+    to its shard, as ``save_pretrained`` splits a large model. Returns the tensors written."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, SmolVLMForConditionalGeneration
+
+    directory = Path(directory)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = SmolVLMForConditionalGeneration(AutoConfig.from_pretrained(str(directory)))
+        # the default init leaves norms at 1 and biases at 0: other values, so a skipped copy shows
+        state = {k: (v + 0.01 * torch.randn_like(v)).contiguous() for k, v in model.state_dict().items()}
+    if shards <= 1:
+        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return state
+    keys = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = keys[i::shards]
+        save_file({k: state[k] for k in part}, str(directory / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, name))
+    index = {"metadata": {"total_size": sum(v.numel() * 4 for v in state.values())}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return state
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} OUTPUT_DIR")

@@ -11,10 +11,10 @@ from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrackioConfig, TrainConfig, WandBConfig
 from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies import config_class
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 from lerobot_parallel.config import (
     AcceleratorConfig,

@@ -19,7 +19,7 @@ from lerobot_cli.datasets import (
     resolve_delta_timestamps,
     split_policy_features,
 )
-from lerobot_cli.policies.features import FeatureType
+from lerobot_cli.features import FeatureType
 
 DATA = Path(__file__).resolve().parents[3] / "data"
 ROOT = DATA / "lerobot" / "demo_reach"

@@ -129,7 +129,7 @@ def test_writer_stores_quantiles_per_episode_and_for_the_dataset(tmp_path):
                 stats[key][name], (per_episode * counts).sum(axis=0) / counts.sum(), rtol=1e-12
             )
     from lerobot_cli.datasets import load_meta
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.pi05.config import PI05Config
     from lerobot_cli.processors.factory import make_pre_post_processors
 
@@ -147,7 +147,7 @@ def test_missing_quantiles_name_fixes_that_work():
     """pi05's QUANTILES on statistics without quantiles (datasets written before them, such as the shipped
     demo): the error names the mapping the statistics support and where q01-q99 come from."""
     from lerobot_cli.datasets import load_meta
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies.pi05.config import PI05Config
     from lerobot_cli.processors.factory import MissingStatsError, make_pre_post_processors
 

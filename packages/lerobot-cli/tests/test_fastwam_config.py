@@ -9,7 +9,8 @@ from pathlib import Path
 
 import attrs
 import pytest
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.policies.dataset_fit import policy_config_for_dataset
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
@@ -18,7 +19,6 @@ from lerobot_cli.policies.fastwam.dit_configs import (
     default_video_dit_config,
     tiny_dit_configs,
 )
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.policies.serialization import load_policy_config, policy_config_from_dict, save_policy_config
 
 # dataclasses.fields(lerobot.policies.fastwam.FastWAMConfig) in LeRobot 0.6.1.
@@ -467,7 +467,7 @@ def test_a_dataset_without_named_cameras_is_refused_and_three_cameras_need_a_div
     the first batch (a KeyError); here the dataset is refused in one line at start-up."""
     features = dataset_features({"observation.image": (64, 64)})
     with pytest.raises(
-        UsageError,
+        ConfigError,
         match=r"^fastwam needs a camera, but the dataset has no observation.images.\* feature \(its "
         r"observations: observation.image, observation.state\): .*use a dataset with a camera$",
     ):

@@ -86,8 +86,8 @@ def test_features_the_config_derives_are_not_held_against_the_dataset():
     """FastWAM's config fills in LeRobot's synthetic features (one full-size camera, its state and action)
     when given none: nobody fixed them, so the run fits them to the dataset instead of refusing the demo
     for lacking ``observation.images.image``; features someone gave are still checked."""
+    from lerobot_cli.features import FeatureType, PolicyFeature
     from lerobot_cli.policies import registry
-    from lerobot_cli.policies.features import FeatureType, PolicyFeature
     from lerobot_cli.workload import features_are_derived
 
     fastwam = registry.config_class("fastwam")

@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.fastwam import modeling
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.contexts import precompute_task_contexts
@@ -26,7 +27,6 @@ from lerobot_cli.policies.fastwam.modeling import FastWAMPolicy
 from lerobot_cli.policies.fastwam.schedule import FlowSchedule
 from lerobot_cli.policies.fastwam.sources import FrozenPartUnavailableError
 from lerobot_cli.policies.fastwam.video import stack_video
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
 from lerobot_trainloop.testing import HostSyncCounter
 
 B, FRAMES, HORIZON, ACTION_DIM, STATE_DIM = 3, 5, 8, 2, 3

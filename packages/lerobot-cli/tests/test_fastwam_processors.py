@@ -14,10 +14,10 @@ from typing import ClassVar
 import pytest
 import torch
 from attrs import define, field
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.fastwam.processors import fastwam_processor_steps
 from lerobot_cli.policies.fastwam.toggle import ActionToggleStep
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.policies.spec import PolicySpec
 from lerobot_cli.processors import load_processors, make_pre_post_processors, save_processors
 

@@ -25,10 +25,11 @@ import torch
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
 from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.fastwam.base import BaseModelUnavailable, resolve_base_model
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.dit_configs import tiny_dit_configs
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "lerobot" / "demo_reach"
@@ -164,7 +165,7 @@ def test_a_tiny_fastwam_needs_no_source_but_its_tokenizer(hub):
     _check("--policy.variant=tiny", f"--policy.tokenizer_model_id={DEMO_TOKENIZER}")
     with pytest.raises(UsageError, match=r"^--policy.tokenizer_model_id=google/umt5-xxl: the UMT5 tokenizer"):
         _check("--policy.variant=tiny")
-    with pytest.raises(UsageError) as exc:  # no source at all: what is left is where the contexts come from
+    with pytest.raises(ConfigError) as exc:  # no source at all: what is left is where the contexts come from
         _check("--policy.variant=tiny", "--policy.load_text_encoder=false")
     assert str(exc.value) == NO_CONTEXTS
 
@@ -178,7 +179,7 @@ def test_without_the_text_encoder_the_dataset_must_carry_the_contexts():
         "action": {"dtype": "float32", "shape": [2]},
     }
     config = tiny_config(load_text_encoder=False)
-    with pytest.raises(UsageError) as exc:
+    with pytest.raises(ConfigError) as exc:
         config.fit_dataset(features)
     assert str(exc.value) == NO_CONTEXTS
     contexts = {
@@ -210,14 +211,14 @@ def test_the_tokenizer_flag_is_under_the_custom_code_refusal(hub, tmp_path):
     (directory / "tokenizer.json").write_text("{}")
     (directory / "custom_tok.py").write_text("raise SystemExit('ran')\n")
     for variant in ("full", "tiny"):
-        with pytest.raises(UsageError) as exc:
+        with pytest.raises(ConfigError) as exc:
             _check(f"--policy.variant={variant}", f"--policy.tokenizer_model_id={directory}")
         assert str(exc.value).startswith(
             f"--policy.tokenizer_model_id={directory}: its tokenizer_config.json has an auto_map that names "
             "custom Python code (custom_tok.py)"
         )
     # not loaded without the text encoder, so not refused (the contexts are what is missing then)
-    with pytest.raises(UsageError, match="^--policy.load_text_encoder=false: FastWAM then reads"):
+    with pytest.raises(ConfigError, match="^--policy.load_text_encoder=false: FastWAM then reads"):
         _check(
             "--policy.variant=tiny",
             "--policy.load_text_encoder=false",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.optim.factory import build_optimizer
 
@@ -43,12 +43,12 @@ def test_fused_and_foreach_reach_torch_and_step(kind):
 
 
 def test_fused_on_a_device_without_kernels_is_one_sentence_naming_the_flag():
-    with pytest.raises(UsageError) as exc:
+    with pytest.raises(ConfigError) as exc:
         build_optimizer(OptimizerConfig(fused=True), params(device="meta"))
     message = str(exc.value)
     assert message.startswith("--optimizer.fused=true needs floating-point parameters on a device with fused")
     assert "torch.float32 on meta" in message and "cuda" in message and message.count(". ") == 0
-    with pytest.raises(UsageError, match="torch.int64 on cpu"):
+    with pytest.raises(ConfigError, match="torch.int64 on cpu"):
         build_optimizer(
             OptimizerConfig(type="adam", fused=True), [{"params": [torch.zeros(2, dtype=torch.int64)]}]
         )

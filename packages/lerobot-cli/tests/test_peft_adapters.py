@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from lerobot_ckpt.pretrained import stored_float_dtype
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.peft.adapters import (
     adapter_state,
     default_target_modules,
@@ -25,7 +26,6 @@ from lerobot_cli.peft.basefile import (
 )
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.mlp.modeling import MLPPolicy
 from lerobot_cli.policies.pretrained import load_pretrained, save_pretrained

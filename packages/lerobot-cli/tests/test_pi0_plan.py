@@ -12,7 +12,7 @@ import pytest
 import torch
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.pi0.config import PI0Config
 from lerobot_cli.policies.pi0.modeling import PI0Policy
 from lerobot_cli.workload import sharding_plan

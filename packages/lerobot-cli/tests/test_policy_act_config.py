@@ -7,9 +7,9 @@ import sys
 
 import attrs
 import pytest
+from lerobot_cli.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies import config_class
 from lerobot_cli.policies.act.config import ACTConfig
-from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 
 # LeRobot 0.6.1's ACTConfig defaults (pretrained_backbone_weights differs on purpose: we never download).
 LEROBOT_DEFAULTS = {

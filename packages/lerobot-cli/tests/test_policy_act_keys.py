@@ -11,9 +11,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.act.modeling import ACTPolicy
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.pretrained import load_pretrained
 from lerobot_cli.processors import load_processors
 from safetensors.torch import load_file

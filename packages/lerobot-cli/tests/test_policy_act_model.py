@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies import policy_class
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.act.ensemble import ACTTemporalEnsembler
 from lerobot_cli.policies.act.modeling import ACTPolicy
-from lerobot_cli.policies.features import PolicyFeature
 
 CHUNK, B = 5, 2
 SMALL = {

@@ -116,5 +116,5 @@ def test_other_specs(tmp_path):
     assert bw.resolve_backbone_weights(str(local)) == local
     with pytest.raises(bw.BackboneWeightsUnavailable, match="no file at"):
         bw.resolve_backbone_weights(str(tmp_path / "missing.pth"))
-    with pytest.raises(bw.UsageError, match="unknown torchvision weights"):
+    with pytest.raises(bw.ConfigError, match="unknown torchvision weights"):
         bw.resolve_backbone_weights("ResNet18_Weights.IMAGENET9K")

@@ -10,11 +10,11 @@ A camera of a LeRobot dataset is any ``image``/``video`` feature; ``observation.
 from __future__ import annotations
 
 import torch
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.act.modeling import ACTPolicy
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
 from lerobot_cli.policies.diffusion.modeling import DiffusionPolicy
-from lerobot_cli.policies.features import PolicyFeature
 
 B = 2
 STATE = {"observation.state": PolicyFeature("STATE", (4,))}

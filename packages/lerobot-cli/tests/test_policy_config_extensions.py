@@ -8,14 +8,15 @@ lerobot-fields`` (its ``run`` checks the file is current and that LeRobot parses
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
 from pathlib import Path
 
 import attrs
 import pytest
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies import registry
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.serialization import (
     UnknownConfigKeysWarning,
     load_policy_config,
@@ -23,6 +24,10 @@ from lerobot_cli.policies.serialization import (
     policy_config_to_dict,
     save_policy_config,
 )
+
+_spec = importlib.util.spec_from_file_location("policy_tables", Path(__file__).parent / "policy_tables.py")
+policy_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(policy_tables)
 
 LEROBOT = json.loads((Path(__file__).parent / "data" / "lerobot_config_fields.json").read_text())
 # The fields of ours that LeRobot's class of the same type lacks, pinned: a new one must be a decision.
@@ -49,7 +54,8 @@ TINY_VLA = {
     "vision_variant": "tiny",
     "image_resolution": (56, 56),
 }
-# Settings per policy, the ones that used to break LeRobot's parser first.
+# Settings per policy, the ones that used to break LeRobot's parser first (a registered policy missing here is
+# checked at its defaults, and fails test_every_registered_policy_is_pinned).
 SETTINGS = {
     "pi0": [
         {"tokenizer_name": "/data/tokenizers/paligemma_local"},
@@ -67,18 +73,35 @@ SETTINGS = {
         {"action_dim": 6, "proprio_dim": 6, "variant": "tiny", "compile_action_infer": True},
     ],
 }
-CASES = [(policy, setting) for policy, settings in SETTINGS.items() for setting in settings]
+CASES = [(policy, setting) for policy in registry.available() for setting in SETTINGS.get(policy, [{}])]
+# What each table of this file must cover: every registered policy (the registry's list, not a copy).
+TABLES = {
+    "pinned extension fields (EXTENSIONS in test_policy_config_extensions.py)": EXTENSIONS,
+    "settings for LeRobot's parser (SETTINGS in test_policy_config_extensions.py)": SETTINGS,
+    "LeRobot fields in tests/data/lerobot_config_fields.json (rewrite it: tools/interop/"
+    "config_lerobot_interop.py run, then copy its lerobot_config_fields.json)": LEROBOT["fields"],
+}
 
 
-def test_every_builtin_policy_is_pinned():
-    assert set(EXTENSIONS) == set(LEROBOT["fields"]) >= {"act", "diffusion", "fastwam", "mlp", "pi0", "pi05"}
+def test_every_registered_policy_is_pinned():
+    for what, table in TABLES.items():
+        policy_tables.require_every_policy(table, what)
     assert LEROBOT["lerobot_version"] == "0.6.1"
 
 
-@pytest.mark.parametrize("policy", sorted(EXTENSIONS))
+@pytest.mark.parametrize("policy", registry.available())
+def test_in_lerobot_is_whether_lerobot_0_6_1_has_the_type(policy):
+    """The spec's ``in_lerobot`` (which the interop drivers and ci.sh read) agrees with LeRobot's own list of
+    config classes, as its ``lerobot-fields`` wrote it."""
+    assert policy in LEROBOT["fields"], policy_tables.unlisted(LEROBOT["fields"], "LeRobot fields", [policy])
+    assert registry.config_class(policy).spec.in_lerobot == (LEROBOT["fields"][policy] is not None)
+
+
+@pytest.mark.parametrize("policy", registry.available())
 def test_extension_fields_are_exactly_the_fields_lerobots_class_lacks(policy):
     cls = registry.config_class(policy)
     declared = tuple(sorted(cls.spec.extension_fields))
+    assert policy in EXTENSIONS, policy_tables.unlisted(EXTENSIONS, "pinned extension fields", [policy])
     assert declared == EXTENSIONS[policy]
     lerobot = LEROBOT["fields"][policy]
     if lerobot is None:  # LeRobot has no such policy (mlp): config.json keeps every field, nothing goes aside

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_runnable
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_reach"
 PI0 = [
@@ -44,7 +44,7 @@ def config(*flags: str):
 def test_pi_without_a_camera_names_empty_cameras_before_torch(no_camera, kind):
     flags = [f"--dataset.root={no_camera}", "--dataset.repo_id=a/b", *PI0]
     flags[2] = f"--policy.type={kind}"
-    with pytest.raises(UsageError) as exc:
+    with pytest.raises(ConfigError) as exc:
         check_runnable(config(*flags), None)
     assert str(exc.value).startswith(
         f"{kind} needs a camera, but the dataset has none (no observation.images.*"
@@ -61,7 +61,7 @@ def test_diffusion_crop_larger_than_the_images_before_torch():
         "--policy.pretrained_backbone_weights=null",
     ]
     with pytest.raises(
-        UsageError,
+        ConfigError,
         match=r"^--policy.crop_shape \[100, 90\] does not fit inside observation.images.top "
         r"\(64x64\): give at most \[64, 64\], or null for no crop$",
     ):
@@ -76,10 +76,10 @@ def test_a_dataset_not_on_disk_is_left_to_the_run(tmp_path, monkeypatch):
 
 def test_the_run_checks_again_on_the_dataset_it_built(no_camera):
     """A Hub dataset is only on disk once the run downloaded it: the policy build refuses the same way
-    (a UsageError, one line under the runner) instead of a ValueError traceback from the model's init."""
+    (a ConfigError, one line under the runner) instead of a ValueError traceback from the model's init."""
     from lerobot_cli.datasets import load_meta
     from lerobot_cli.workload import build_policy_for
 
     cfg = config(f"--dataset.root={no_camera}", "--dataset.repo_id=a/b", *PI0)
-    with pytest.raises(UsageError, match=r"pi0 needs a camera, but the dataset has none"):
+    with pytest.raises(ConfigError, match=r"pi0 needs a camera, but the dataset has none"):
         build_policy_for(cfg, load_meta(no_camera).features)

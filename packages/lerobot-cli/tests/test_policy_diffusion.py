@@ -15,9 +15,9 @@ import sys
 import attrs
 import pytest
 import torch
+from lerobot_cli.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies import config_class
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
-from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 
 DEMO = "data/lerobot/demo_reach"
 
@@ -592,9 +592,9 @@ def test_missing_backbone_weights_say_how_to_train_without_them(tmp_path, monkey
     with pytest.raises(FileNotFoundError) as err:
         DiffusionPolicy(tiny_config(pretrained_backbone_weights="ResNet18_Weights.IMAGENET1K_V1"))
     assert "--policy.pretrained_backbone_weights=null" in str(err.value)
-    from lerobot_cli.cli.errors import UsageError
+    from lerobot_cli.errors import ConfigError
 
-    assert isinstance(err.value, UsageError)  # lerobot-train prints one error line, no traceback
+    assert isinstance(err.value, ConfigError)  # lerobot-train prints one error line, no traceback
 
 
 def test_backbone_loads_a_torchvision_state_dict(tmp_path):

@@ -18,9 +18,9 @@ from attrs import define, field
 from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.checks import check_custom_code, check_external_sources, check_runnable
 from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import InitialWeights, Source
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.spec import PolicySpec
 from lerobot_cli.policies.weights import build_policy, load_initial_weights, save_pretrained

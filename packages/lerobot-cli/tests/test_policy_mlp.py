@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies import policy_class
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.mlp.modeling import MLPBlock, MLPPolicy
 

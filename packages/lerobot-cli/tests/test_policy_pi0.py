@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.pi0.config import PI0Config
 from lerobot_cli.policies.pi0.modeling import PI0Policy
 from lerobot_cli.policies.serialization import (
@@ -142,7 +142,7 @@ def test_cached_prefix_inference_equals_recomputing_the_whole_sequence():
     x_t, time = torch.randn(3, 4, 32), torch.full((3,), 0.3)
     with torch.no_grad():
         prefix, pads, starts = model.embed_prefix(images, image_masks, tokens, masks)
-        from lerobot_cli.policies.pi0.flow import attention_mask_2d
+        from lerobot_cli.policies.common.masks import attention_mask_2d
 
         _, cache = model.paligemma_with_expert.run(
             [prefix, None], attention_mask_2d(pads, starts), torch.cumsum(pads, dim=1) - 1
@@ -263,7 +263,7 @@ def test_gradient_checkpointing_recomputes_each_joint_layer_with_the_same_gradie
     """--policy.gradient_checkpointing=true is lerobot-parallel's activation checkpointing of each wrap unit
     (joint layer pairs, SigLIP layers); tiny widths but 6 layers deep: gradients equal, saved bytes drop."""
     import attrs
-    from lerobot_cli.policies.pi0 import variants
+    from lerobot_cli.policies.common.paligemma import variants
     from lerobot_parallel import AcceleratorConfig, ParallelismConfig
     from lerobot_parallel.config import ActivationCheckpointingConfig
     from lerobot_parallel.plan import build_plan

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from lerobot_cli.policies import registry
+from lerobot_cli.policies.common.masks import attention_mask_2d
 from lerobot_cli.policies.pi0.config import PI0Config
-from lerobot_cli.policies.pi0.flow import attention_mask_2d
 from lerobot_cli.policies.pi0.modeling import PI0Policy
 from lerobot_cli.policies.pi05.config import PI05Config
 from lerobot_cli.policies.pi05.modeling import PI05Policy

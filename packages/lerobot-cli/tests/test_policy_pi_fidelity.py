@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
+from lerobot_cli.policies.common.paligemma.policy import resize_with_pad
 from lerobot_cli.policies.pi0.config import PI0Config
-from lerobot_cli.policies.pi0.modeling import PI0Policy, resize_with_pad
+from lerobot_cli.policies.pi0.modeling import PI0Policy
 from lerobot_cli.policies.pi05.config import PI05Config
 from lerobot_cli.policies.pi05.modeling import PI05Policy
 from lerobot_cli.policies.weights import load_policy, save_pretrained

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.act.modeling import ACTPolicy
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.pretrained import (
     build_policy,

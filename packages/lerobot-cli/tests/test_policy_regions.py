@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.act.modeling import ACTPolicy
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_parallel import AcceleratorConfig, ParallelismConfig
 from lerobot_parallel.config import ActivationCheckpointingConfig, CompileConfig
 from lerobot_parallel.plan import build_plan

@@ -9,9 +9,9 @@ from typing import Optional
 import cattrs
 import pytest
 from attrs import define
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.policies.serialization import (
     UnknownConfigKeysWarning,

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
+from lerobot_cli.policies.common.masks import attention_mask_2d
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
-from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy, attention_mask_2d
+from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parents[2] / "data" / "lerobot" / "demo_reach"
@@ -337,7 +338,6 @@ def test_a_tiny_smolvla_trains_on_the_demo_dataset(tiny_vlm, tmp_path, monkeypat
     ("overrides", "message"),
     [
         ({"n_action_steps": 60}, "cannot be greater than --policy.chunk_size"),
-        ({"load_vlm_weights": True}, "load_vlm_weights=true"),
         ({"add_image_special_tokens": True}, "image special tokens"),
         ({"use_cache": False}, "use_cache=false"),
         ({"use_delta_joint_actions_aloha": True}, "not ported in LeRobot"),

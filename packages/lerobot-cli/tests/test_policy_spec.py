@@ -187,8 +187,10 @@ def test_peft_targets_and_init_only_fields_come_from_the_spec():
 
 
 def test_each_builtin_policy_is_one_folder():
-    """Model and processor step lists both live in the policy's own folder (pi0/pi05's included)."""
-    for name in ("act", "diffusion", "mlp", "pi0", "pi05"):
+    """Model and processor step lists both live in the policy's own folder (pi0/pi05's included), for every
+    built-in the registry lists (not a copy of its names: a new one is held to it too)."""
+    assert set(registry._BUILTIN) >= {"act", "diffusion", "fastwam", "mlp", "pi0", "pi05", "smolvla"}
+    for name in registry._BUILTIN:
         spec = registry.spec_of(registry.config_class(name))
         module, _, cls = spec.model.partition(":")
         assert module.startswith(f"lerobot_cli.policies.{name}.") and cls.endswith("Policy"), spec.model

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lerobot_cli.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
-from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 from lerobot_cli.processors import (
     STEP_REGISTRY,
     DeviceStep,

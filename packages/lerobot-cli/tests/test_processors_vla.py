@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 from attrs import define, field
+from lerobot_cli.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies.pi0.prompts import Pi0NewLineStep
 from lerobot_cli.policies.pi05.prompts import Pi05StateTokensStep
 from lerobot_cli.policies.spec import PolicySpec

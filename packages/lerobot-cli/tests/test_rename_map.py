@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from lerobot_cli.datasets.writer import EpisodeData, write_dataset
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.pretrained import load_pretrained
 from lerobot_cli.processors import load_processors
 from lerobot_cli.rename import check_rename_map, suggested_map

@@ -17,10 +17,11 @@ import pytest
 import torch
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.modeling import SmolVLAPolicy
 from lerobot_cli.workload import sharding_plan
+from lerobot_parallel.memory import format_bytes
 from lerobot_parallel.runtime import ParallelRuntime
 
 HERE = Path(__file__).resolve().parent
@@ -139,6 +140,72 @@ def test_dry_run_plans_the_full_size_in_seconds(full_vlm, monkeypatch, capsys):
     assert f"Wrap units from the smolvla policy's PolicySpec.wrap_units: {units} unit(s)" in out
     assert f"SmolVLMLayer+SmolExpertLayer x{LAYERS}" in out and f"SmolVLMEncoderLayer x{VISION_LAYERS}" in out
     assert "(0.125x of the unsharded" in out
+    # what a rank holds of the frozen VLM and vision tower, apart from the trained expert's bytes
+    assert "params per rank: trainable " in out and "no grads, no optimizer state)" in out, out[-2000:]
+    # and which parts: LeRobot's train_expert_only freezes the whole VLM (350 M of the 450 M)
+    assert (
+        "Frozen: 350,165,184 params, held (sharded with their units when sharded) with no grads and no "
+        f"optimizer state: {TOWERS}vlm (350,165,184 params)"
+    ) in out, out[-2000:]
+
+
+def test_training_the_vlm_leaves_the_vision_tower_and_the_unread_parts_frozen(full_vlm):
+    """train_expert_only=false: LeRobot still freezes the vision tower and what nothing reads (the lm_head,
+    the text norm, the last VLM layer); the dry run names them, the last layer by its own index."""
+    from lerobot_cli.frozen_parts import describe_frozen, frozen_parts
+
+    policy = full_policy(full_vlm, train_expert_only=False)
+    parts = frozen_parts(policy)
+    assert [path for path, _ in parts] == [
+        TOWERS + "vlm.model.vision_model",
+        f"{VLM}.{LAYERS - 1}",
+        TOWERS + "vlm.model.text_model.norm",
+        HEAD,
+    ]
+    frozen = sum(p.numel() for p in policy.parameters() if not p.requires_grad)
+    assert sum(n for _, n in parts) == frozen == 143_575_104
+    line = describe_frozen(policy)
+    assert f"{VLM}.{LAYERS - 1} (9,832,320 params)" in line and f"{HEAD} (47,308,800 params)" in line, line
+    # numbered siblings frozen alike are one entry (here layers 0-2 beside the last one)
+    for layer in policy.model.vlm_with_expert.vlm.model.text_model.layers[:3]:
+        layer.requires_grad_(False)
+    assert f"{VLM}.* x4 ({4 * 9_832_320:,} params)" in describe_frozen(policy)
+
+
+@pytest.mark.parametrize("train_expert_only", [True, False])
+def test_the_plan_tells_the_frozen_towers_bytes_from_the_trained_ones(full_vlm, train_expert_only):
+    """LeRobot's defaults freeze the whole VLM (``train_expert_only``: its text layers, embedding and vision
+    tower) and train the expert; training the VLM still freezes the vision tower (and the parts nothing
+    reads). Those frozen parts are
+    sharded with their units (1/4 of them per rank, padded) but have no gradient and no optimizer state: the
+    plan's estimate counts them apart, to the byte, and the banner's line says so."""
+    from lerobot_parallel.memory import padded_shard_numel
+
+    policy = full_policy(full_vlm, train_expert_only=train_expert_only)
+    plan = plan_of(policy, "--parallelism.dp_shard=4", "--accelerator.mixed_precision=bf16")
+    named = dict(policy.named_parameters())
+    frozen = [n for n, p in named.items() if not p.requires_grad]
+    assert any(n.startswith(VISION) for n in frozen) and all(n.startswith(TOWERS + "vlm.") for n in frozen)
+    frozen_layers = {int(n[len(VLM) + 1 :].split(".")[0]) for n in frozen if n.startswith(VLM + ".")}
+    # training the VLM, LeRobot still freezes its last layer (nothing reads its output; unread_modules)
+    assert frozen_layers == (set(range(LAYERS)) if train_expert_only else {LAYERS - 1})
+    assert not any(n.startswith(EXPERT) for n in frozen)
+
+    def shard_bytes(names: list[str], itemsize=None) -> int:
+        return sum(
+            padded_shard_numel(named[n].shape, 4) * (itemsize or named[n].dtype.itemsize) for n in names
+        )
+
+    m = plan.memory
+    trained = [n for n in named if n not in frozen]
+    # frozen parameters kept in their dtype (the config's bf16 towers), the trained ones as fp32 masters
+    assert m.frozen_params == shard_bytes(frozen) > 0
+    assert m.params - m.frozen_params == m.grads == shard_bytes(trained, itemsize=4)
+    assert m.optimizer == 2 * m.grads
+    assert m.frozen_params * 4 >= m.unsharded_frozen_params > m.frozen_params * 4 * 0.99
+    line = "\n".join(plan.describe())
+    assert f"frozen {format_bytes(m.frozen_params)} (0.25" in line, line
+    assert f"trainable {format_bytes(m.grads)} (with the grads and optimizer state above)" in line
 
 
 def test_a_tied_lm_head_stays_in_the_root_with_the_embedding(tmp_path):

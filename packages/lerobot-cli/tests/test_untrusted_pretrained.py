@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from lerobot_ckpt.paths import UnsafePathError
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies.act.config import ACTConfig
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.location import links_root
 from lerobot_cli.processors import load_processors, make_pre_post_processors, save_processors
 

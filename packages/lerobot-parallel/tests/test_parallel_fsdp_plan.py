@@ -92,6 +92,12 @@ def test_memory_estimate_arithmetic():
     # per rank: weight 2x4=8, bias 2, frozen weight 1x4=4 + bias 1 -> params 15 elements
     assert est.params == 15 * 4 and est.grads == 10 * 4 and est.optimizer == 2 * 10 * 4
     assert est.unsharded_params == 45 * 4 and est.unsharded_grads == 30 * 4
+    # the frozen part of params, sharded as the rest: 5 of the 15 elements, 15 of the 45 unsharded
+    assert est.frozen_params == 5 * 4 and est.unsharded_frozen_params == 15 * 4
+    assert "trainable 40 B" in est.describe_params() and "frozen 20 B (0.333x of the unsharded 60 B" in (
+        est.describe_params()
+    )
+    assert estimate_memory(lin.parameters(), dp_shard=4).describe_params() is None  # nothing frozen
     ign = estimate_memory(lin.parameters(), dp_shard=4, ignored=frozenset({id(lin.weight)}))
     assert ign.params == (24 + 2) * 4  # the ignored weight is whole on every rank
     half = nn.Linear(4, 6).to(torch.bfloat16)

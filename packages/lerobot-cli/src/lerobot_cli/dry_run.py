@@ -32,6 +32,7 @@ def dry_run(cfg: TrainConfig) -> int:
     from lerobot_cli.cli.render import as_flags
     from lerobot_cli.datasets.mixing import run_meta
     from lerobot_cli.datasets.stream_location import meta_resolver
+    from lerobot_cli.frozen_parts import describe_frozen
     from lerobot_cli.rename import renamed
     from lerobot_cli.workload import build_policy_for, sharding_plan
 
@@ -44,6 +45,9 @@ def dry_run(cfg: TrainConfig) -> int:
     learnable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     print(f"Policy: {cfg.policy.type}; parameters {total:,} (learnable {learnable:,})")
     print(as_flags("\n".join(plan.describe())))
+    frozen = describe_frozen(policy)
+    if frozen:
+        print(frozen)
     for line in cfg.policy.dry_run_notes():
         print(as_flags(line))
     return 0

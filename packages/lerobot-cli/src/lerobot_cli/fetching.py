@@ -87,8 +87,8 @@ def prefetch(cfg, runtime: ParallelRuntime, resuming: bool) -> None:
     cached, and the ImageNet backbone when a fresh policy with camera inputs will load it."""
     from lerobot_cli.datasets.mixing import run_meta
     from lerobot_cli.datasets.stream_location import meta_resolver
+    from lerobot_cli.features import FeatureType
     from lerobot_cli.policies.backbone_weights import resolve_backbone_weights
-    from lerobot_cli.policies.features import FeatureType
     from lerobot_cli.workload import policy_config_for_dataset
 
     resolve = meta_resolver(cfg.dataset)  # a streamed dataset: its meta/ only

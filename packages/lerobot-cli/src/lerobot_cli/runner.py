@@ -38,7 +38,9 @@ from lerobot_cli.datasets import DatasetError
 from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.stream_location import pinned
 from lerobot_cli.datasets.streamed import StreamedDataset
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.fetching import decided_on_main, prefetch
+from lerobot_cli.frozen_parts import describe_frozen
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
 from lerobot_cli.lost_worker import WorkerLostError, worker_death_line
 from lerobot_cli.optim.config import OptimizerConfig
@@ -59,7 +61,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     NonFiniteLossError,
     CheckpointError,
     PeftSetupError,
-    UsageError,
+    ConfigError,  # UsageError included: policy, optimizer and sample-weighting refusals
 )
 
 
@@ -315,6 +317,8 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         # the whole plan when sharded; unsharded runs list only activation checkpointing and compile
         for line in plan_.describe() if runtime.parallelism.is_sharded else plan_.describe_regions():
             reporter.print(as_flags(line))
+        if runtime.parallelism.is_sharded and (frozen := describe_frozen(policy)):
+            reporter.print(frozen)
         # Every-step hooks read nothing of the device (check_finite=False), so ordinary steps cost no host
         # sync: the loss, its parts, the grad norm and the NaN check are read at log and save steps.
         loop.add_hook(lambda ev: reporter.step(ev.step, ev.output.lr), every=1, check_finite=False)

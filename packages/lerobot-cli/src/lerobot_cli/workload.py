@@ -38,10 +38,10 @@ from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.split import EpisodeSplit, split_episodes
 from lerobot_cli.datasets.stream_location import meta_resolver, remote_dataset
 from lerobot_cli.datasets.streamed import StreamedDataset
+from lerobot_cli.features import FeatureType, NormalizationMode
 from lerobot_cli.peft.basefile import is_adapter_dir
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.dataset_fit import check_policy_features, policy_config_for_dataset
-from lerobot_cli.policies.features import FeatureType, NormalizationMode
 from lerobot_cli.policies.registry import spec_of
 from lerobot_cli.policies.serialization import load_policy_config
 from lerobot_cli.policies.weights import build_policy, load_policy, without_init_only_fields
@@ -266,7 +266,8 @@ def build_policy_for(
         policy_cfg.pretrained_path and is_adapter_dir(policy_cfg.pretrained_path)
     )
     if resuming and not peft_run:
-        return policy_cfg, fp32_masters(build_policy(without_init_only_fields(policy_cfg)), precision)
+        policy = build_policy(without_init_only_fields(policy_cfg), initialise=False)
+        return policy_cfg, fp32_masters(policy, precision)
     if policy_cfg.pretrained_path:
         directory = Path(policy_cfg.pretrained_path)
         if is_adapter_dir(directory):

@@ -32,6 +32,11 @@ class MemoryEstimate:
     unsharded_optimizer: int
     optimizer_states: int
     location: str  # "device", or "cpu (offloaded)"
+    # the part of ``params`` (and of ``unsharded_params``) that is frozen: held (sharded like the rest when
+    # its module is), but with no gradient and no optimizer state, so a reader of the banner can tell a
+    # frozen vision tower's bytes from the trained ones'
+    frozen_params: int = 0
+    unsharded_frozen_params: int = 0
 
     @property
     def total(self) -> int:
@@ -52,6 +57,19 @@ class MemoryEstimate:
             f"per trainable param): {format_bytes(self.params)} + {format_bytes(self.grads)} + "
             f"{format_bytes(self.optimizer)} = {format_bytes(self.total)} on {self.location} "
             f"({self.ratio:.3f}x of the unsharded {format_bytes(self.unsharded_total)})"
+        )
+
+    def describe_params(self) -> str | None:
+        """The params split into trainable and frozen, or None when nothing is frozen. Why a line of its
+        own: the total alone hides that a frozen tower, though sharded, costs parameters only."""
+        if not self.frozen_params:
+            return None
+        trainable = self.params - self.frozen_params
+        share = self.frozen_params / self.unsharded_frozen_params
+        return (
+            f"  params per rank: trainable {format_bytes(trainable)} (with the grads and optimizer state "
+            f"above), frozen {format_bytes(self.frozen_params)} ({share:.3f}x of the unsharded "
+            f"{format_bytes(self.unsharded_frozen_params)}; no grads, no optimizer state)"
         )
 
 
@@ -89,7 +107,7 @@ def estimate_memory(
     cpu_offload: bool = False,
 ) -> MemoryEstimate:
     """Estimate for ``params`` (each object once) sharded over ``dp_shard`` ranks (1: not sharded)."""
-    totals = dict.fromkeys(("p", "g", "o", "up", "ug", "uo"), 0)
+    totals = dict.fromkeys(("p", "g", "o", "up", "ug", "uo", "f", "uf"), 0)
     seen: set[int] = set()
     for p in params:
         if id(p) in seen:
@@ -105,6 +123,9 @@ def estimate_memory(
             totals["ug"] += full
             totals["o"] += optimizer_states * local
             totals["uo"] += optimizer_states * full
+        else:
+            totals["f"] += local
+            totals["uf"] += full
     return MemoryEstimate(
         params=totals["p"],
         grads=totals["g"],
@@ -114,6 +135,8 @@ def estimate_memory(
         unsharded_optimizer=totals["uo"],
         optimizer_states=optimizer_states,
         location="cpu (offloaded)" if cpu_offload and dp_shard > 1 else "device",
+        frozen_params=totals["f"],
+        unsharded_frozen_params=totals["uf"],
     )
 
 

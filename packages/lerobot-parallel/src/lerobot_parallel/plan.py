@@ -104,13 +104,18 @@ class ShardingPlan:
         by_path = {u.path: u for u in self.units}
         return [by_path[p] for p in children_first(by_path)]
 
+    def describe_memory(self) -> list[str]:
+        """The per-rank estimate, then its params split into trainable and frozen when some are frozen."""
+        split = self.memory.describe_params()
+        return [self.memory.describe(), *([split] if split else [])]
+
     def describe(self) -> list[str]:
         """Lines for ``--dry_run`` and the training banner."""
         mesh = ", ".join(f"{n}={s}" for n, s in zip(self.mesh_dim_names, self.mesh_shape, strict=True))
         lines = [f"Sharding plan: {self.mode} on mesh ({mesh})"]
         if not self.is_sharded:
             lines[0] += " - every rank holds a full copy (no sharding)"
-            lines.append(self.memory.describe())
+            lines += self.describe_memory()
             return lines + self.describe_regions()
         lines.append(
             f"Wrap units from {self.unit_source}: {len(self.units)} unit(s) + the root, "
@@ -150,7 +155,7 @@ class ShardingPlan:
             f"Reshard after forward: {'yes (root: no)' if self.reshard_after_forward else 'no'}; "
             f"CPU offload: {'yes' if self.cpu_offload else 'no'}"
         )
-        lines.append(self.memory.describe())
+        lines += self.describe_memory()
         return lines + self.describe_regions()
 
 

@@ -187,8 +187,8 @@ def check_external_sources(cfg: TrainConfig) -> None:
     """What the policy reads from outside the dataset and checkpoints and never downloads (its
     ``external_sources()`` hook: FastWAM's frozen VAE, text encoder, tokenizer and base weights), each
     found on this machine before any heavy work, or one line naming its flag and the download (exit 2).
-    On a resume the init-only fields are cleared first (the checkpoint's weights replace what they would
-    initialise); a dry run reads none of them."""
+    On a resume the init-only fields are cleared first and the ``initial`` sources skipped (the
+    checkpoint's weights replace what they would initialise); a dry run reads none of them."""
     if cfg.dry_run:
         return
     policy = cfg.policy
@@ -196,6 +196,8 @@ def check_external_sources(cfg: TrainConfig) -> None:
         cleared = [name for name in spec_of(policy).init_only_fields if getattr(policy, name) is not None]
         policy = attrs.evolve(policy, **{name: None for name in cleared}) if cleared else policy
     for source in policy.external_sources():
+        if cfg.resume and source.initial:  # the checkpoint's weights replace it: never read
+            continue
         try:
             source.resolve()
         except ValueError as exc:

@@ -7,12 +7,16 @@ import sys
 import time
 from typing import NoReturn
 
+from lerobot_cli.errors import ConfigError
+
 PROG = "lerobot-train"
 USAGE_EXIT_CODE = 2
 
 
-class UsageError(ValueError):
-    """Bad flags, files or environment: the user can fix it; no traceback is shown."""
+class UsageError(ConfigError):
+    """Bad flags, files or environment: the user can fix it; no traceback is shown. The command line's own
+    :class:`ConfigError`: code outside ``lerobot_cli.cli`` (policies, optimizers) raises ``ConfigError``
+    itself, and every place that turns a ``UsageError`` into its line catches ``ConfigError``."""
 
 
 QUIET_EXIT_DELAY_S = 1.0

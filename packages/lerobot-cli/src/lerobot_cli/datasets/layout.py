@@ -7,6 +7,8 @@ load with LeRobot's ``LeRobotDataset``, so nothing below may drift from upstream
 
 from __future__ import annotations
 
+from lerobot_cli import features as _features
+
 CODEBASE_VERSION = "v3.0"
 SUPPORTED_VERSIONS: tuple[str, ...] = ("v3.0",)
 
@@ -43,7 +45,7 @@ NUMERIC_DTYPES: tuple[str, ...] = (
     "uint8",
     "bool",
 )
-VISUAL_DTYPES: tuple[str, ...] = ("image", "video")
+VISUAL_DTYPES: tuple[str, ...] = _features.VISUAL_DTYPES  # ("image", "video"), named once for policies too
 
 # meta/episodes columns (per episode row).
 EP_INDEX = "episode_index"

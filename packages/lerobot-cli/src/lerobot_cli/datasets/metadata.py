@@ -23,6 +23,8 @@ from lerobot_ckpt.paths import UnsafePathError, check_name, resolve_inside
 
 from lerobot_cli.datasets import layout as L
 from lerobot_cli.datasets.errors import DatasetError
+from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import visual_chw as features_chw
 
 logger = logging.getLogger(__name__)
 
@@ -145,19 +147,12 @@ def read_json(path: Path) -> Any:
 
 
 def visual_chw(key: str, feature: dict) -> tuple[int, int, int]:
-    """(C, H, W) of an image/video feature.
-
-    LeRobot stores camera shapes as (H, W, C) with names ending in "channels" (or "channel", from datasets
-    ported to v2.0); any other naming is taken as already channel-first, exactly as LeRobot's
-    ``dataset_to_policy_features`` does.
-    """
-    shape = tuple(feature["shape"])
-    if len(shape) != 3:
-        raise DatasetError(f"meta/info.json: feature {key!r} has shape {list(shape)}; images need 3 dims")
-    names = feature.get("names")
-    if isinstance(names, (list, tuple)) and len(names) == 3 and names[2] in ("channel", "channels"):
-        return shape[2], shape[0], shape[1]
-    return shape  # type: ignore[return-value]
+    """(C, H, W) of an image/video feature (:func:`lerobot_cli.features.visual_chw`, LeRobot's rule), a
+    shape that is not 3-dim refused as a :class:`DatasetError`: the dataset's file is what to fix."""
+    try:
+        return features_chw(key, feature)
+    except ConfigError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 def _check_info(path: Path, info: Any) -> dict[str, dict]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 
 
@@ -48,11 +49,9 @@ def _tensors(params: list[Any]) -> list[torch.Tensor]:
 
 
 def _check_fused_supported(params: list[Any]) -> None:
-    """Refuse ``fused=True`` (a :class:`UsageError`, exit 2) unless torch has a fused kernel for every
+    """Refuse ``fused=True`` (a :class:`ConfigError`, exit 2) unless torch has a fused kernel for every
     parameter: torch's rule, ``_device_dtype_check_for_fused``, is a floating-point dtype on one of
     ``_get_fused_kernels_supported_devices()`` (cuda, cpu, mps, xpu, … as of torch 2.15)."""
-    from lerobot_cli.cli.errors import UsageError
-
     try:
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
@@ -67,7 +66,7 @@ def _check_fused_supported(params: list[Any]) -> None:
         }
     )
     if bad:
-        raise UsageError(
+        raise ConfigError(
             "--optimizer.fused=true needs floating-point parameters on a device with fused optimizer kernels "
             f"({', '.join(supported)}), but some are {', '.join(bad)}: leave --optimizer.fused unset "
             "(torch's choice) or set it to false"

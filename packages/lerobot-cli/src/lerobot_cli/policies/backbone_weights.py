@@ -21,7 +21,7 @@ import re
 import socket
 from pathlib import Path
 
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
 
 FLAG = "--policy.pretrained_backbone_weights"
 DEFAULT_BACKBONE_WEIGHTS = "ResNet18_Weights.IMAGENET1K_V1"  # LeRobot's default for ACT and diffusion
@@ -45,7 +45,7 @@ _HASH = re.compile(r"-([a-f0-9]+)\.")
 CONNECT_TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole download
 
 
-class BackboneWeightsUnavailable(UsageError, FileNotFoundError):
+class BackboneWeightsUnavailable(ConfigError, FileNotFoundError):
     """The named backbone weights are neither on this machine nor downloadable (one error line, exit 2)."""
 
 
@@ -64,7 +64,7 @@ def torchvision_file(spec: str) -> str | None:
     if version == "DEFAULT" and depth in _DEFAULT_VERSION:
         spec = f"ResNet{depth}_Weights.IMAGENET1K_{_DEFAULT_VERSION[depth]}"
     if spec not in TORCHVISION_FILES:
-        raise UsageError(
+        raise ConfigError(
             f"{FLAG}: unknown torchvision weights {spec!r} (known: {', '.join(TORCHVISION_FILES)}), "
             "or give the path of a local weights file, or null"
         )

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from attrs import define, field, frozen
 
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 if TYPE_CHECKING:  # torch-free at run time
@@ -33,11 +33,14 @@ class Source:
     (``--policy.tokenizer_name``; "" when the policy fixes it and no flag can change it) and its ``value``
     (a Hub repo id or a local path). ``resolve``: the local path it is read from, found without any
     download, or a ``ValueError`` in one line naming ``flag`` and how to get it (None: read elsewhere,
-    e.g. a tokenizer the processors load). Torch-free, so the check runs before any heavy work."""
+    e.g. a tokenizer the processors load). Torch-free, so the check runs before any heavy work.
+    ``initial``: only what a fresh policy starts from (``initial_weights``), not asked for on a resume,
+    whose checkpoint replaces it (SmolVLA's VLM weights)."""
 
     flag: str
     value: str
     resolve: Callable[[], Path] | None = field(default=None, eq=False, repr=False)
+    initial: bool = False
 
 
 @frozen
@@ -45,10 +48,13 @@ class InitialWeights:
     """Where a fresh policy's weights start from, when the policy says (``PolicyConfig.initial_weights``):
     ``directory``, a ``pretrained_model/`` whose ``model.safetensors`` is loaded over the fresh weights
     (tensors it lacks or holds in other shapes stay fresh, named in one warning), or None (the fresh
-    weights as built); ``note`` says which and why, in the run's banner."""
+    weights as built); ``note`` says which and why, in the run's banner. ``load``: instead of a
+    ``directory``, a function that loads them into the built policy itself (SmolVLA's VLM weights, whose
+    files are the VLM's own, not a policy's)."""
 
     note: str
     directory: Path | None = None
+    load: Callable[[nn.Module], object] | None = field(default=None, eq=False, repr=False)
 
 
 def _default_normalization() -> dict[str, NormalizationMode]:

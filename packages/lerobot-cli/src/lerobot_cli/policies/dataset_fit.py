@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import attrs
 
-from lerobot_cli.cli.errors import UsageError
-from lerobot_cli.datasets.features import dataset_to_policy_features, split_policy_features
+from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import dataset_to_policy_features, split_policy_features
 from lerobot_cli.policies.config import PolicyConfig
 
 
@@ -30,9 +30,9 @@ def policy_config_for_dataset(policy: PolicyConfig, features: dict) -> PolicyCon
 
 
 def check_policy_features(policy: PolicyConfig) -> None:
-    """The policy's ``validate_features`` (cameras, state, action, image sizes) as a :class:`UsageError`:
+    """The policy's ``validate_features`` (cameras, state, action, image sizes) as a :class:`ConfigError`:
     every refusal there is about the dataset and the flags, never a bug to show a traceback for."""
     try:
         policy.validate_features()
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None

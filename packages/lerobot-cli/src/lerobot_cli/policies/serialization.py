@@ -32,9 +32,9 @@ from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 from lerobot_ckpt.layout import POLICY_CONFIG
 
+from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies import extensions, registry
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import PolicyFeature
 from lerobot_cli.policies.location import own_file
 
 CONFIG_NAME = POLICY_CONFIG  # LeRobot's name, spelled by lerobot_ckpt.layout

@@ -66,6 +66,14 @@ def _units_run_forward(instance, attribute, value: tuple[str, ...]) -> None:
         )
 
 
+def _lerobot_only(instance, attribute, value) -> None:
+    if value and not instance.in_lerobot:
+        raise ValueError(
+            f"PolicySpec.{attribute.name} is set but in_lerobot is False: only a policy LeRobot 0.6.1 also "
+            f"has can lack LeRobot's fields or need LeRobot's extras"
+        )
+
+
 def _known_extras(instance, attribute, value: tuple[str, ...]) -> None:
     unknown = [name for name in value if name not in EXTRAS]
     if unknown:
@@ -87,8 +95,13 @@ class PolicySpec:
     directly): never FSDP units, whatever chooses the units (pi0's ``PaliGemmaWithExpert`` …).
     ``peft_targets``: default ``--peft.target_modules`` (a regex or module names; None: the flag is needed).
     ``init_only_fields``: config fields that only initialise fresh weights, cleared before loading saved ones.
+    ``in_lerobot``: LeRobot 0.6.1 has a config class of this type (False: ``mlp``, plugins). Its config.json
+    then holds LeRobot's fields only, ``tests/data/lerobot_config_fields.json`` pins them, and the interop
+    drivers check the policy against LeRobot's; otherwise LeRobot refuses its config.json by type.
     ``extension_fields``: config fields LeRobot's class lacks, saved in ``config_extensions.json``.
     ``extras``: lerobot-cli extras the policy needs (pi0/pi05: ``pi``), checked before the run starts.
+    ``lerobot_extras``: LeRobot's own pip extras its class of this type needs (pi0: ``lerobot[pi]``):
+    ``tools/interop/ci.sh`` builds LeRobot's environment with their union.
     ``state_dict_adapter``: ``"module:function"``, ``function(policy, state) -> state`` putting a weights
     file in another layout LeRobot also loads into this model's names (pi0: openpi's); "" = none.
     ``per_sample_loss``: the model's ``forward(batch, reduction="none")`` returns one loss per sample
@@ -104,7 +117,9 @@ class PolicySpec:
     no_forward_modules: tuple[str, ...] = field(default=(), converter=_names, validator=_units_run_forward)
     peft_targets: str | tuple[str, ...] | None = field(default=None, converter=_peft_targets)
     init_only_fields: tuple[str, ...] = field(default=(), converter=_names)
-    extension_fields: tuple[str, ...] = field(default=(), converter=_names)
+    in_lerobot: bool = False
+    extension_fields: tuple[str, ...] = field(default=(), converter=_names, validator=_lerobot_only)
     extras: tuple[str, ...] = field(default=(), converter=_names, validator=_known_extras)
+    lerobot_extras: tuple[str, ...] = field(default=(), converter=_names, validator=_lerobot_only)
     state_dict_adapter: str = field(default="", validator=_target)
     per_sample_loss: bool = False

@@ -40,16 +40,19 @@ def without_init_only_fields(config: PolicyConfig) -> PolicyConfig:
     return attrs.evolve(config, **{n: None for n in names}) if names else config
 
 
-def build_policy(config: PolicyConfig) -> nn.Module:
+def build_policy(config: PolicyConfig, *, initialise: bool = True) -> nn.Module:
     """Instantiate the module class that the registry names for ``config`` (fresh weights), then load the
-    weights its ``initial_weights()`` names over them (FastWAM's base model). Those come from init-only
-    fields, which every load of saved weights clears first, so a checkpoint's policy never reads them;
+    weights its ``initial_weights()`` names over them (FastWAM's base model, SmolVLA's VLM). Those come
+    from init-only fields, which every load of saved weights clears first, or (``initialise=False``, what
+    a load of saved weights passes) are not asked for at all, so a checkpoint's policy never reads them;
     a policy built on the meta device (``--dry_run``) reads no file."""
     policy = registry.policy_class(config)(config)
-    if _on_meta(policy):  # shapes only: the hook is not even asked (it may look for files)
+    if _on_meta(policy) or not initialise:  # the hook is not even asked (it may look for files)
         return policy
     initial = config.initial_weights()
-    if initial is not None and initial.directory is not None:
+    if initial is not None and initial.load is not None:
+        initial.load(policy)
+    elif initial is not None and initial.directory is not None:
         load_initial_weights(
             policy, Path(initial.directory) / MODEL_NAME, adapt=registry.state_dict_adapter(config)
         )
@@ -317,8 +320,8 @@ def load_policy(
     own_file(weights.parent, weights.name)  # the directory's own file, not a symlink out of it
     policy = check_fits_memory(config, Path(directory) / POLICY_CONFIG, device)
     dry = torch.get_default_device().type == "meta"  # a --dry_run: shapes only, nothing to copy
-    if not dry:
-        policy = build_policy(config)
+    if not dry:  # every tensor comes from the file (strict), so nothing is initialised from elsewhere
+        policy = build_policy(config, initialise=not strict)
     try:
         with warnings.catch_warnings():
             if dry:  # the keys and shapes are checked; copying into meta tensors is a no-op torch warns of

@@ -28,8 +28,8 @@ from typing import Any
 from attrs import frozen
 from lerobot_ckpt.layout import POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 
+from lerobot_cli.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import NormalizationMode, PolicyFeature
 from lerobot_cli.policies.registry import spec_of
 from lerobot_cli.processors.normalize import REQUIRED_STATS, NormalizerStep, UnnormalizerStep
 from lerobot_cli.processors.pipeline import ProcessorPipeline

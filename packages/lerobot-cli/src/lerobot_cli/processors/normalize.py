@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.processors.steps import Batch, ProcessorStep, register_step
 
 REQUIRED_STATS = {

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lerobot_cli.cli.errors import UsageError
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def progress_location(cfg: SampleWeightingConfig, dataset_root: str | None, repo
         return str(Path(dataset_root) / PROGRESS_FILE)
     if repo_id:
         return f"{HF_DATASETS}{repo_id}/{PROGRESS_FILE}"
-    raise UsageError(f"{FLAG}: no progress file: pass {FLAG}=FILE (or --dataset.root)")
+    raise ConfigError(f"{FLAG}: no progress file: pass {FLAG}=FILE (or --dataset.root)")
 
 
 def resolve_progress_path(location: str) -> Path:
@@ -56,14 +56,14 @@ def resolve_progress_path(location: str) -> Path:
     cache alone), as LeRobot's ``resolve_hf_path``."""
     if not location.startswith(HF_DATASETS):
         if "://" in location:
-            raise UsageError(
+            raise ConfigError(
                 f"{FLAG}={location}: only a local file or hf://datasets/<owner>/<name>/<file> is read (as "
                 "LeRobot); copy it to a local path"
             )
         return Path(location)
     parts = location[len(HF_DATASETS) :].split("/")
     if len(parts) < 3 or not all(parts):
-        raise UsageError(f"{FLAG}={location}: expected hf://datasets/<owner>/<name>/<file in the repo>")
+        raise ConfigError(f"{FLAG}={location}: expected hf://datasets/<owner>/<name>/<file in the repo>")
     from huggingface_hub import hf_hub_download
 
     try:
@@ -73,7 +73,7 @@ def resolve_progress_path(location: str) -> Path:
     except Exception as exc:  # noqa: BLE001 (offline, missing repo or file, auth: all one line)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         why = f"{type(exc).__name__}: {first}"
-        raise UsageError(f"{FLAG}={location}: could not download it ({why})") from None
+        raise ConfigError(f"{FLAG}={location}: could not download it ({why})") from None
 
 
 def _integers(table, name: str, where: str) -> np.ndarray:
@@ -81,9 +81,9 @@ def _integers(table, name: str, where: str) -> np.ndarray:
 
     column = table.column(name)
     if not pa.types.is_integer(column.type):
-        raise UsageError(f"{where}: column {name!r} must hold integers, not {column.type}")
+        raise ConfigError(f"{where}: column {name!r} must hold integers, not {column.type}")
     if column.null_count:
-        raise UsageError(f"{where}: column {name!r} has {column.null_count} empty values")
+        raise ConfigError(f"{where}: column {name!r} has {column.null_count} empty values")
     return column.to_numpy().astype(np.int64)
 
 
@@ -97,41 +97,41 @@ def read_progress(
 
     where = f"{FLAG} {path}"
     if not path.is_file():
-        raise UsageError(f"{where}: no such file (write it with LeRobot's compute_rabc_weights)")
+        raise ConfigError(f"{where}: no such file (write it with LeRobot's compute_rabc_weights)")
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise UsageError(f"{where}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(f"{where}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
     names = table.column_names
     if column not in names:
         available = [c for c in names if c.startswith("progress")]
-        raise UsageError(
+        raise ConfigError(
             f"{where}: column {column!r} not found (--sample_weighting.head_mode picks "
             f"progress_<head_mode>). Available progress columns: {available}"
         )
     for needed in ("index", "episode_index"):
         if needed not in names:
-            raise UsageError(f"{where}: column {needed!r} not found (columns: {names})")
+            raise ConfigError(f"{where}: column {needed!r} not found (columns: {names})")
     index = _integers(table, "index", where)
     episode = _integers(table, "episode_index", where)
     values = table.column(column)
     if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)):
-        raise UsageError(f"{where}: column {column!r} must hold numbers, not {values.type}")
+        raise ConfigError(f"{where}: column {column!r} must hold numbers, not {values.type}")
     # float64, as LeRobot's pandas rows hold them; a null is pandas' NaN
     progress = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
     progress = np.where(np.asarray(values.is_null().to_numpy(zero_copy_only=False)), np.nan, progress)
     if np.isinf(progress).any():
-        raise UsageError(f"{where}: column {column!r} has infinite values")
+        raise ConfigError(f"{where}: column {column!r} has infinite values")
     if len(index) == 0:
-        raise UsageError(f"{where}: the file has no rows")
+        raise ConfigError(f"{where}: the file has no rows")
     unique, counts = np.unique(index, return_counts=True)
     if (counts > 1).any():
-        raise UsageError(f"{where}: frame index {int(unique[counts > 1][0])} appears more than once")
+        raise ConfigError(f"{where}: frame index {int(unique[counts > 1][0])} appears more than once")
     bad = (index < 0) | (num_frames is not None and index >= num_frames) | (episode < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         size = f" (the dataset has frames 0..{num_frames - 1})" if num_frames is not None else ""
-        raise UsageError(
+        raise ConfigError(
             f"{where}: row {i} names frame {int(index[i])} of episode {int(episode[i])}, outside the "
             f"dataset{size}: is it this dataset's progress file?"
         )
@@ -231,7 +231,7 @@ class RABCWeights:
         """The batch's weights ``(B,)`` on the device, summing to ``B``, and LeRobot's per-batch stats."""
         indices = batch.get("index")
         if indices is None:
-            raise UsageError("--sample_weighting: the batch has no 'index' (the global frame index)")
+            raise ConfigError("--sample_weighting: the batch has no 'index' (the global frame index)")
         if isinstance(indices, torch.Tensor):
             indices = indices.cpu().numpy()  # a host value here: no device sync
         weights = self.weights_of(self.deltas(indices))
@@ -274,7 +274,7 @@ def make_sample_weighter(
     if cfg.type == "uniform":
         return UniformWeighter(device)
     if chunk_size is None:
-        raise UsageError("--sample_weighting.type=rabc needs a policy with a chunk_size")
+        raise ConfigError("--sample_weighting.type=rabc needs a policy with a chunk_size")
     index, episode, progress = read_progress(path, f"progress_{cfg.head_mode}", num_frames=num_frames)
     return RABCWeights(
         index,

@@ -28,6 +28,7 @@ class ACTConfig(PolicyConfig):
     type: ClassVar[str] = "act"
     spec: ClassVar[PolicySpec] = PolicySpec(
         model="lerobot_cli.policies.act.modeling:ACTPolicy",
+        in_lerobot=True,
         # One FSDP unit per transformer block; the backbone, projections and heads stay in the root unit.
         wrap_units=("ACTEncoderLayer", "ACTDecoderLayer"),
         # The feed-forward projections of every transformer block (VAE encoder, encoder, decoder). The

@@ -20,10 +20,10 @@ from typing import ClassVar
 
 from attrs import define, field
 
+from lerobot_cli.features import NormalizationMode, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.policies.backbone_weights import DEFAULT_BACKBONE_WEIGHTS
 from lerobot_cli.policies.config import PolicyConfig
-from lerobot_cli.policies.features import NormalizationMode, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 SUPPORTED_BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -51,6 +51,8 @@ class DiffusionConfig(PolicyConfig):
     type: ClassVar[str] = "diffusion"
     spec: ClassVar[PolicySpec] = PolicySpec(
         model="lerobot_cli.policies.diffusion.modeling:DiffusionPolicy",
+        in_lerobot=True,
+        lerobot_extras=("diffusion",),  # LeRobot's DiffusionPolicy needs diffusers' schedulers
         # Every U-Net residual block (the bulk of the parameters: 2048-channel stages hold most of the 263M)
         # and every camera encoder (a ResNet each); the timestep MLP, the down/up-sampling convolutions and
         # the head stay in the root unit. With gradient_checkpointing the residual blocks are also what is

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lerobot_cli.policies.common.index_draws import index_keyed_draws
 from lerobot_cli.policies.diffusion.config import DiffusionConfig
 from lerobot_cli.policies.diffusion.schedulers import make_noise_scheduler
 from lerobot_cli.policies.diffusion.unet import DiffusionConditionalUnet1d
@@ -210,18 +211,15 @@ class DiffusionPolicy(nn.Module):
             or index.numel() != actions.shape[0]
         ):
             return None, None
-        base = int(torch.randint(0, 2**62, ()))
-        noises, steps = [], []
-        for sample in index.reshape(-1).tolist():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
-                noises.append(torch.randn((1, *actions.shape[1:])))
-                steps.append(torch.randint(0, self.config.num_train_timesteps, (1,)))
-        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
-        return (
-            torch.cat(noises).to(actions.device, non_blocking=True),
-            torch.cat(steps).to(actions.device, non_blocking=True),
+        noise, steps = index_keyed_draws(
+            index,
+            lambda: (
+                torch.randn((1, *actions.shape[1:])),
+                torch.randint(0, self.config.num_train_timesteps, (1,)),
+            ),
+            actions.device,
         )
+        return noise, steps
 
     @torch.no_grad()
     def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:

@@ -48,6 +48,14 @@ from typing import Any, ClassVar
 import attrs
 from attrs import define, field
 
+from lerobot_cli.errors import ConfigError
+from lerobot_cli.features import (
+    FeatureType,
+    NormalizationMode,
+    PolicyFeature,
+    dataset_to_policy_features,
+    normalization_mapping,
+)
 from lerobot_cli.optim.config import OptimizerConfig
 from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.fastwam.dit_configs import (
@@ -58,7 +66,6 @@ from lerobot_cli.policies.fastwam.dit_configs import (
     require_positive_int,
     tiny_dit_configs,
 )
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.policies.spec import PolicySpec
 
 WAN22_MODEL_ID = "Wan-AI/Wan2.2-TI2V-5B"
@@ -125,6 +132,8 @@ FASTWAM_SPEC = PolicySpec(
     ),
     init_only_fields=("base_model_id",),
     extension_fields=("compile_action_infer", "precompute_task_contexts", "variant"),
+    in_lerobot=True,
+    lerobot_extras=("fastwam",),  # LeRobot 0.6.1's FastWAM needs its [fastwam] extra
     # diffusers (the Wan2.2 VAE) and transformers (UMT5 and its tokenizer), as lerobot[fastwam]
     extras=("fastwam",),
 )
@@ -449,13 +458,9 @@ class FastWAMConfig(PolicyConfig):
         ``video``) is refused: the policy would fail at its first batch. The state keeps the dataset's width
         (LeRobot writes ``proprio_dim`` whatever the data, then fails in the proprio encoder), so a mismatch
         is refused by :meth:`validate_features` before any weight is built."""
-        from lerobot_cli.datasets.features import dataset_to_policy_features
-
         if not self.load_text_encoder and not {"context", "context_mask"} <= set(dataset_features):
             # LeRobot fails at the first batch ("Prompt encoding requires loaded text encoder/tokenizer")
-            from lerobot_cli.cli.errors import UsageError  # torch-free; one line, also from the runner
-
-            raise UsageError(
+            raise ConfigError(
                 "--policy.load_text_encoder=false: FastWAM then reads each sample's text context from the "
                 "batch, but the dataset has no context/context_mask features; pass "
                 "--policy.load_text_encoder=true to encode the task text with UMT5"
@@ -473,10 +478,8 @@ class FastWAMConfig(PolicyConfig):
             return attrs.evolve(self, output_features=outputs)
         if not cameras:
             # LeRobot keeps its synthetic camera here and fails at the first batch (a KeyError)
-            from lerobot_cli.cli.errors import UsageError
-
             observed = sorted(k for k in dataset_features if k.startswith("observation."))
-            raise UsageError(
+            raise ConfigError(
                 f"fastwam needs a camera, but the dataset has no {CAMERA_PREFIX}* feature (its observations: "
                 f"{', '.join(observed) or 'none'}): FastWAM learns from and predicts the camera video; use a "
                 "dataset with a camera"

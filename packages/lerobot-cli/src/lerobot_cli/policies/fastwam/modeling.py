@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from lerobot_cli.policies.common.index_draws import index_keyed_draws
 from lerobot_cli.policies.fastwam.config import FastWAMConfig
 from lerobot_cli.policies.fastwam.contexts import TaskContexts
 from lerobot_cli.policies.fastwam.dtypes import TORCH_DTYPES
@@ -319,18 +320,15 @@ class FastWAMPolicy(nn.Module):
         index = batch.get("index")
         if not isinstance(index, Tensor) or index.numel() != latents.shape[0]:
             return draw_targets(latents, action, self.video_schedule, self.action_schedule, True)
-        base = int(torch.randint(0, 2**62, ()))
-        draws: list[list[Tensor]] = [[], [], [], []]
-        for sample in index.reshape(-1).tolist():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
-                draws[0].append(torch.randn((1, *latents.shape[1:]), dtype=latents.dtype))
-                draws[1].append(self.video_schedule.sample_timesteps(1, "cpu", latents.dtype))
-                draws[2].append(torch.randn((1, *action.shape[1:]), dtype=action.dtype))
-                draws[3].append(self.action_schedule.sample_timesteps(1, "cpu", action.dtype))
-        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
-        noise_video, timestep_video, noise_action, timestep_action = (
-            torch.cat(d).to(latents.device, non_blocking=True) for d in draws
+        noise_video, timestep_video, noise_action, timestep_action = index_keyed_draws(
+            index,
+            lambda: (
+                torch.randn((1, *latents.shape[1:]), dtype=latents.dtype),
+                self.video_schedule.sample_timesteps(1, "cpu", latents.dtype),
+                torch.randn((1, *action.shape[1:]), dtype=action.dtype),
+                self.action_schedule.sample_timesteps(1, "cpu", action.dtype),
+            ),
+            latents.device,
         )
         noisy_latents = self.video_schedule.noisy(latents, noise_video, timestep_video)
         noisy_latents[:, :, 0:1] = latents[:, :, 0:1]  # the clean first frame, as draw_targets keeps it

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.policies.features import FeatureType
+from lerobot_cli.features import FeatureType
 from lerobot_cli.policies.mlp.config import MLPConfig
 
 ACTION = "action"

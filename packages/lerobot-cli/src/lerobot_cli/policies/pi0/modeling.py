@@ -1,266 +1,27 @@
 """``PI0Policy``: the trainable pi0 module behind ``--policy.type=pi0``.
 
-It works on batches the pre-processor already normalised and tokenised (``observation.language.tokens``
-and ``observation.language.attention_mask``, as LeRobot's pipeline writes them). Images arrive in
-[0, 1]; they are resized with padding to ``image_resolution`` and scaled to SigLIP's [-1, 1] here, and
-cameras the config expects but the batch lacks become all -1 images masked out of attention (LeRobot's
-``empty_cameras``). ``forward`` returns the flow-matching loss; ``predict_action_chunk`` and
-``select_action`` return normalised actions for the post-processor.
-
-Sharding: SigLIP encoder layers are FSDP units, the token embedding is one, and PaliGemma layer i with
-expert layer i form one grouped unit whose forward is ``PaliGemmaLayer.joint`` (see :mod:`.gemma`).
+The shared pi0/pi05 policy (:class:`~lerobot_cli.policies.common.paligemma.policy.PiFlowPolicy`: images,
+language, loss, inference, freezing, file layouts) with pi0's config and flow model: the robot state is a
+token of the suffix and the flow time is mixed into each action token (see
+:mod:`lerobot_cli.policies.common.paligemma.flow`).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-
-from lerobot_cli.policies.features import FeatureType
-from lerobot_cli.policies.pi0.config import PI0Config, PiFlowConfig
-from lerobot_cli.policies.pi0.flow import PI0FlowModel
-
-ACTION = "action"
-OBS_STATE = "observation.state"
-LANGUAGE_TOKENS = "observation.language.tokens"
-LANGUAGE_MASK = "observation.language.attention_mask"
-# dtype=bfloat16 casts the towers (``paligemma_with_expert``) alone, and inside them keeps these parts fp32:
-# LeRobot's ``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params`` (names relative to the towers).
-# The flow model's own projections (action_in/out_proj, state_proj, the time MLPs) stay fp32, as there.
-FLOAT32_PARTS = (
-    "vision_tower",
-    "multi_modal_projector",
-    "input_layernorm",
-    "post_attention_layernorm",
-    "model.norm",
-)
+from lerobot_cli.policies.common.paligemma.config import PiFlowConfig
+from lerobot_cli.policies.common.paligemma.flow import PI0FlowModel
+from lerobot_cli.policies.common.paligemma.policy import PiFlowPolicy
+from lerobot_cli.policies.pi0.config import PI0Config
 
 
-def cast_towers_like_lerobot(towers: nn.Module) -> None:
-    """bf16 towers with LeRobot's fp32 parts: the same parameters bf16 as LeRobot's bf16 pi0/pi05, so the
-    same weights give the same forward and every key is saved in LeRobot's dtype."""
-    towers.to(torch.bfloat16)
-    for name, param in towers.named_parameters():
-        if any(part in name for part in FLOAT32_PARTS):
-            param.data = param.data.to(torch.float32)
-
-
-def pad_last_dim(x: Tensor, size: int) -> Tensor:
-    """Zero-pad the feature dimension to ``size`` (openpi: states and actions live in max_*_dim)."""
-    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
-
-
-def resize_with_pad(images: Tensor, height: int, width: int) -> Tensor:
-    """openpi's resize keeping the aspect ratio, then centred zero padding; ``(B, C, H, W)`` in [0, 1]."""
-    cur_h, cur_w = images.shape[-2:]
-    ratio = max(cur_w / width, cur_h / height)
-    new_h, new_w = int(cur_h / ratio), int(cur_w / ratio)
-    resized = F.interpolate(images, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
-    top, extra_h = divmod(height - new_h, 2)
-    left, extra_w = divmod(width - new_w, 2)
-    return F.pad(resized, (left, left + extra_w, top, top + extra_h), value=0.0)
-
-
-class PI0Policy(nn.Module):
+class PI0Policy(PiFlowPolicy):
     name: ClassVar[str] = "pi0"
     config_class: ClassVar[type[PiFlowConfig]] = PI0Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI0FlowModel
-    # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
-    _fsdp_wrap_modules: ClassVar[list[str]] = list(PI0Config.spec.wrap_units)
-    _fsdp_unit_groups: ClassVar[list[tuple[str, ...]]] = list(PI0Config.spec.unit_groups)
-    _fsdp_no_forward_modules: ClassVar[tuple[str, ...]] = PI0Config.spec.no_forward_modules
-
-    def __init__(self, config: PiFlowConfig) -> None:
-        super().__init__()
-        config.validate_features()
-        self.config = config
-        self.model = self.flow_class(config)
-        self._apply_dtype_and_freezing()
-        self.reset()
-
-    def _apply_dtype_and_freezing(self) -> None:
-        towers = self.model.paligemma_with_expert
-        if self.config.dtype == "bfloat16":
-            cast_towers_like_lerobot(towers)
-        frozen = []
-        if self.config.freeze_vision_encoder:
-            frozen.append(towers.paligemma.model.vision_tower)
-        if self.config.train_expert_only:
-            frozen.append(towers.paligemma)
-        # Parameters in LeRobot's files that nothing reads are frozen too: they take no gradient, optimizer
-        # state or DDP bucket (LeRobot's AdamW skips them for having no gradient, the same update).
-        for module in [*frozen, *towers.unread_modules()]:
-            module.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> PI0Policy:
-        super().train(mode)
-        towers = self.model.paligemma_with_expert
-        if self.config.freeze_vision_encoder:
-            towers.paligemma.model.vision_tower.eval()
-        if self.config.train_expert_only:
-            towers.paligemma.eval()
-        return self
-
-    # Older names of this policy's own modules in checkpoints LeRobot also loads (openpi's converted files).
+    # openpi's older time-MLP names, in converted files LeRobot also loads.
     _renamed_modules: ClassVar[dict[str, str]] = {
         "time_mlp_in.": "action_time_mlp_in.",
         "time_mlp_out.": "action_time_mlp_out.",
     }
-    _dropped_modules: ClassVar[tuple[str, ...]] = ()  # the other variant's modules this one lacks
-
-    def adapt_state_dict(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        """A pi0 file in another layout LeRobot accepts, in this module's names (what LeRobot's
-        ``from_pretrained`` fixes too): keys without the ``model.`` prefix, openpi's older time-MLP
-        names, a file without the token embedding (openpi ties it to PaliGemma's ``lm_head``), and a
-        SigLIP tower saved without its ``vision_model.`` level (transformers ≥ 5.6). A file already
-        in our layout passes unchanged."""
-        own = set(self.state_dict())
-        if own >= set(state):
-            return state
-        tower = "paligemma_with_expert.paligemma.model.vision_tower."
-        adapted: dict[str, Tensor] = {}
-        for key, value in state.items():
-            key = key.removeprefix("model.")
-            for old, new in self._renamed_modules.items():
-                if key.startswith(old):
-                    key = new + key[len(old) :]
-            if key.startswith(tower) and not key.startswith(tower + "vision_model."):
-                key = tower + "vision_model." + key[len(tower) :]
-            adapted[f"model.{key}"] = value
-        embed = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
-        head = "model.paligemma_with_expert.paligemma.lm_head.weight"
-        if embed not in adapted and head in adapted:
-            adapted[embed] = adapted[head].clone()
-        return {
-            k: v for k, v in adapted.items() if not k.removeprefix("model.").startswith(self._dropped_modules)
-        }
-
-    def get_optim_params(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def reset(self) -> None:
-        """Drop queued actions; call when an episode starts."""
-        self._action_queue: deque[Tensor] = deque(maxlen=self.config.n_action_steps)
-
-    # -- inputs -----------------------------------------------------------------------------------
-    def _images(self, batch: dict[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
-        """SigLIP inputs in [-1, 1] per expected camera, and which rows really have that camera.
-
-        The cameras are the VISUAL input features in the config's order, whatever their names (LeRobot's
-        ``config.image_features``; ``observation.wrist_rgb`` is as much a camera as
-        ``observation.images.top``): those in the batch first, then one all -1 image, masked out, per camera
-        the batch lacks (the ``empty_cameras`` placeholders among them), as LeRobot's ``_preprocess_images``
-        orders them."""
-        expected = [k for k, f in self.config.with_empty_cameras().items() if f.type == FeatureType.VISUAL]
-        cameras = [k for k in expected if k in batch]
-        if not cameras:
-            raise KeyError(f"{self.name} batch has none of its cameras {expected}; it has {sorted(batch)}")
-        size = tuple(self.config.image_resolution)
-        images, masks = [], []
-        for key in cameras:
-            image = batch[key].to(torch.float32)
-            if tuple(image.shape[-2:]) != size:
-                image = resize_with_pad(image, *size)
-            images.append(image * 2.0 - 1.0)
-            masks.append(torch.ones(image.shape[0], dtype=torch.bool, device=image.device))
-        for _ in range(len(expected) - len(cameras)):
-            images.append(torch.full_like(images[0], -1.0))
-            masks.append(torch.zeros_like(masks[0]))
-        return images, masks
-
-    def _language(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        if LANGUAGE_TOKENS not in batch:
-            raise KeyError(
-                f"{self.name} needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the "
-                "policy's pre-processor first"
-            )
-        return batch[LANGUAGE_TOKENS], batch[LANGUAGE_MASK].to(torch.bool)
-
-    def _state(self, batch: dict[str, Any]) -> Tensor | None:
-        return pad_last_dim(batch[OBS_STATE], self.config.max_state_dim)
-
-    def _action_dim(self) -> int:
-        return self.config.action_feature.shape[-1]
-
-    # -- training and inference -------------------------------------------------------------------
-    def forward(
-        self,
-        batch: dict[str, Any],
-        noise: Tensor | None = None,
-        time: Tensor | None = None,
-        reduction: str = "mean",
-    ) -> tuple[Tensor, dict[str, float]]:
-        """Mean flow-matching loss over the real action dimensions (LeRobot averages padded steps too);
-        ``reduction="none"``: each sample's mean over its steps and action dimensions, ``(B,)``, as LeRobot's
-        ``forward(batch, reduction="none")`` (what ``--sample_weighting.*`` weights)."""
-        if reduction not in ("mean", "none"):
-            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-        images, image_masks = self._images(batch)
-        tokens, token_masks = self._language(batch)
-        actions = pad_last_dim(batch[ACTION], self.config.max_action_dim)
-        if noise is None or time is None:
-            drawn_noise, drawn_time = self._draw_noise_and_time(batch, actions)
-            noise = drawn_noise if noise is None else noise
-            time = drawn_time if time is None else time
-        losses = self.model(
-            images, image_masks, tokens, token_masks, self._state(batch), actions, noise, time
-        )
-        losses = losses[:, :, : self._action_dim()]
-        if reduction == "none":
-            return losses.mean(dim=(1, 2)), {}
-        return losses.mean(), {}
-
-    def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
-        """The flow noise and time of each sample, from one draw of the global RNG plus the sample's
-        dataset ``index``: a sample gets the same noise whichever rank and micro-batch it lands in,
-        so DDP, FSDP and HSDP layouts of one global batch compute the same loss as one process (every
-        rank seeds the global RNG alike and draws in lockstep; a resume restores it). Without an
-        ``index`` (a foreign batch) the draws come from the global RNG directly, as in LeRobot."""
-        index = batch.get("index")
-        if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
-            return (
-                self.model.sample_noise(actions.shape, actions.device),
-                self.model.sample_time(actions.shape[0], actions.device),
-            )
-        base = int(torch.randint(0, 2**62, ()))
-        noises, times = [], []
-        for sample in index.reshape(-1).tolist():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
-                noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
-                times.append(self.model.sample_time(1, torch.device("cpu")))
-        # index is a host value (lerobot_trainloop HOST_KEYS): drawn on the host, copied without a sync
-        return (
-            torch.cat(noises).to(actions.device, non_blocking=True),
-            torch.cat(times).to(actions.device, non_blocking=True),
-        )
-
-    @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
-        """``(B, chunk_size, action_dim)`` normalised actions; puts the policy in eval mode."""
-        self.eval()
-        images, image_masks = self._images(batch)
-        tokens, token_masks = self._language(batch)
-        actions = self.model.sample_actions(
-            images, image_masks, tokens, token_masks, self._state(batch), noise
-        )
-        return actions[:, :, : self._action_dim()]
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, Any]) -> Tensor:
-        """The ``(B, A)`` action for this step,
-        from the queue refilled with ``n_action_steps`` of a new chunk."""
-        self.eval()
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(batch)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()
-
-
-def adapt_state_dict(policy: PI0Policy, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """pi0's and pi05's ``PolicySpec.state_dict_adapter``: ``policy.adapt_state_dict`` (per variant)."""
-    return policy.adapt_state_dict(state)

@@ -1,4 +1,5 @@
-"""pi05's flow-matching model: pi0's (:class:`~lerobot_cli.policies.pi0.flow.PI0FlowModel`) with two changes.
+"""pi05's flow-matching model: pi0's
+(:class:`~lerobot_cli.policies.common.paligemma.flow.PI0FlowModel`) with two changes.
 
 - No state token: the state is in the prompt (the pre-processor writes it there as 256-bin text), so
   the suffix is the ``chunk_size`` action tokens alone, one block that sees the prefix and itself.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.policies.pi0.flow import PI0FlowModel, _as_input_of
+from lerobot_cli.policies.common.paligemma.flow import PI0FlowModel, _as_input_of
 
 
 class PI05FlowModel(PI0FlowModel):

@@ -1,9 +1,9 @@
 """``PI05Policy``: the trainable pi05 module behind ``--policy.type=pi05``.
 
-pi0's policy (:class:`~lerobot_cli.policies.pi0.modeling.PI0Policy`: images, language, loss, inference,
-freezing, FSDP units) with pi05's flow model. The batch's ``observation.state`` is not an input of the
-model: the pre-processor already wrote it into the tokenised prompt, after normalising it with the
-dataset's quantiles.
+The shared pi0/pi05 policy (:class:`~lerobot_cli.policies.common.paligemma.policy.PiFlowPolicy`: images,
+language, loss, inference, freezing, FSDP units) with pi05's flow model. The batch's ``observation.state``
+is not an input of the model: the pre-processor already wrote it into the tokenised prompt, after
+normalising it with the dataset's quantiles.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from lerobot_cli.policies.pi0.config import PiFlowConfig
-from lerobot_cli.policies.pi0.flow import PI0FlowModel
-from lerobot_cli.policies.pi0.modeling import PI0Policy
+from lerobot_cli.policies.common.paligemma.config import PiFlowConfig
+from lerobot_cli.policies.common.paligemma.flow import PI0FlowModel
+from lerobot_cli.policies.common.paligemma.policy import PiFlowPolicy
 from lerobot_cli.policies.pi05.config import PI05Config
 from lerobot_cli.policies.pi05.flow import PI05FlowModel
 
 
-class PI05Policy(PI0Policy):
+class PI05Policy(PiFlowPolicy):
     name: ClassVar[str] = "pi05"
     config_class: ClassVar[type[PiFlowConfig]] = PI05Config
     flow_class: ClassVar[type[PI0FlowModel]] = PI05FlowModel

@@ -1,10 +1,11 @@
 """pi05's processor step lists, in LeRobot 0.6.1's order (``processor_pi05.py``); see
-``lerobot_cli.policies.pi0.processors`` for the order of both policies and the steps they share."""
+``lerobot_cli.policies.pi0.processors`` for the order of both policies, and
+``lerobot_cli.policies.common.paligemma.processors`` for the steps they build alike."""
 
 from __future__ import annotations
 
-from lerobot_cli.policies.pi0.config import PiFlowConfig
-from lerobot_cli.policies.pi0.processors import paligemma_tokenizer_step, relative_actions_steps
+from lerobot_cli.policies.common.paligemma.config import PiFlowConfig
+from lerobot_cli.policies.common.paligemma.processors import paligemma_tokenizer_step, relative_actions_steps
 from lerobot_cli.policies.pi05.prompts import Pi05StateTokensStep
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
 

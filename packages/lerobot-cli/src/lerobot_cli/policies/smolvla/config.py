@@ -5,10 +5,17 @@ no field of ours is missing from LeRobot's class (no ``config_extensions.json``)
 ``vlm_model_name``'s ``config.json`` (a Hub id found in the Hugging Face cache, or a local directory: tests
 write a tiny SmolVLM there), whose tokenizer the pre-processor loads too, as LeRobot's does.
 
+``load_vlm_weights=true`` (``lerobot/smolvla_base``'s config.json has it) builds the VLM as LeRobot's
+``from_pretrained(torch_dtype=bfloat16)`` does: the whole VLM and the action expert in bf16 (the expert's
+replaced cross-attention ``k_proj``/``v_proj`` and the flow projections fp32), and a fresh policy starts
+from ``vlm_model_name``'s weights (``model.safetensors``, or shards with an index; found offline like its
+config), read for the first ``num_vlm_layers`` text layers only. With ``--policy.path`` or a resume the
+checkpoint holds every tensor, so only the dtypes matter and the VLM's weights are not read
+(``vlm_weights.py`` says why that gives LeRobot's values).
+
 LeRobot fields this stack does not implement yet are kept so that LeRobot's files load, and refused
 when set to anything but their off value: ignoring them would train something else than asked
-(``load_vlm_weights``: LeRobot loads the VLM's weights in bfloat16, which this slice does not build yet;
-``add_image_special_tokens``, ``adapt_to_pi_aloha``, ``rtc_config``, ``compile_model``; ``use_cache=false``
+(``add_image_special_tokens``, ``adapt_to_pi_aloha``, ``rtc_config``, ``compile_model``; ``use_cache=false``
 crashes LeRobot's own cross-attention inference, and ``use_delta_joint_actions_aloha`` LeRobot refuses).
 """
 
@@ -18,21 +25,14 @@ from typing import Any, ClassVar
 
 from attrs import define, field
 
+from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
-from lerobot_cli.policies.config import PolicyConfig, Source
-from lerobot_cli.policies.features import FeatureType, NormalizationMode, PolicyFeature, normalization_mapping
+from lerobot_cli.policies.common.presets import adamw_preset, cosine_decay_with_warmup_preset
+from lerobot_cli.policies.common.rtc import check_rtc_config
+from lerobot_cli.policies.config import InitialWeights, PolicyConfig, Source
 from lerobot_cli.policies.spec import PolicySpec
 
 SMOLVLM2_500M = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
-# LeRobot's RTCConfig fields: config.json's rtc_config may hold no other key (LeRobot refuses the file).
-RTC_FIELDS = (
-    "enabled",
-    "prefix_attention_schedule",
-    "max_guidance_weight",
-    "execution_horizon",
-    "debug",
-    "debug_maxlen",
-)
 # LeRobot's validate_features gives each empty camera this shape (it never reads it: the blank image
 # takes the shape of the batch's resized cameras).
 EMPTY_CAMERA_SHAPE = (3, 480, 640)
@@ -78,6 +78,8 @@ SMOLVLA_SPEC = PolicySpec(
         r"(model\.vlm_with_expert\.lm_expert\..*\.(q|v)_proj|model\.(state_proj|action_in_proj|"
         r"action_out_proj|action_time_mlp_in|action_time_mlp_out))"
     ),
+    in_lerobot=True,
+    lerobot_extras=("smolvla",),  # LeRobot 0.6.1's SmolVLA needs its [smolvla] extra
     extras=("pi",),  # transformers: the SmolVLM and Llama classes, the SmolVLM tokenizer
 )
 
@@ -135,7 +137,11 @@ class SmolVLAConfig(PolicyConfig):
         },
     )
     load_vlm_weights: bool = field(
-        default=False, metadata={"help": "Start from the VLM's pretrained weights (not supported yet)."}
+        default=False,
+        metadata={
+            "help": "Start from the VLM's pretrained weights (vlm_model_name's model.safetensors, from the "
+            "cache or a local directory), with the VLM and the expert in bfloat16, as LeRobot."
+        },
     )
     add_image_special_tokens: bool = field(
         default=False, metadata={"help": "Image special tokens around each camera (not supported yet)."}
@@ -249,8 +255,6 @@ class SmolVLAConfig(PolicyConfig):
     def _refuse_unsupported(self) -> None:
         """LeRobot features this stack does not implement: on, they would be silently ignored."""
         refused = {
-            "load_vlm_weights": "the VLM's pretrained weights (LeRobot loads them in bfloat16) are not "
-            "supported yet; train from scratch or start from a SmolVLA checkpoint with --policy.path",
             "add_image_special_tokens": "image special tokens are not supported yet",
             "adapt_to_pi_aloha": "LeRobot's Aloha state/action conversion is not supported here",
             "compile_model": "torch.compile of the policy is not supported here; leave it false",
@@ -263,18 +267,7 @@ class SmolVLAConfig(PolicyConfig):
                 "--policy.use_cache=false is not supported (LeRobot's own cross-attention inference fails "
                 "without the prefix cache); leave it true"
             )
-        if self.rtc_config is not None:
-            unknown = sorted(set(self.rtc_config) - set(RTC_FIELDS))
-            if unknown:
-                raise ValueError(
-                    f"--policy.rtc_config: unknown keys {', '.join(unknown)} (LeRobot's RTCConfig has "
-                    f"{', '.join(RTC_FIELDS)})"
-                )
-            if self.rtc_config.get("enabled", True):
-                raise ValueError(
-                    "--policy.rtc_config with enabled=true (LeRobot's default when the key is missing) "
-                    "is not supported here; set it to null"
-                )
+        check_rtc_config(self.rtc_config)
 
     def validate_features(self) -> None:
         """Checked when the policy is built, after the features were filled in from the dataset."""
@@ -316,26 +309,30 @@ class SmolVLAConfig(PolicyConfig):
     def external_sources(self) -> tuple[Source, ...]:
         from lerobot_cli.policies.smolvla.vlm import vlm_config_source
 
-        return (vlm_config_source(self.vlm_model_name),)
+        sources = (vlm_config_source(self.vlm_model_name),)
+        if self._reads_vlm_weights():
+            from lerobot_cli.policies.smolvla.vlm_weights import vlm_weights_source
+
+            sources += (vlm_weights_source(self.vlm_model_name),)
+        return sources
+
+    def _reads_vlm_weights(self) -> bool:
+        """A fresh policy reads the VLM's weights; one from ``--policy.path`` (or a PEFT base) takes every
+        tensor from that checkpoint instead (a resume does not ask: see ``build_policy``)."""
+        return self.load_vlm_weights and not self.pretrained_path and not self.use_peft
+
+    def initial_weights(self) -> InitialWeights | None:
+        if not self._reads_vlm_weights():
+            return None
+        from lerobot_cli.policies.smolvla.vlm_weights import vlm_initial_weights
+
+        return vlm_initial_weights(self)
 
     def optimizer_preset(self) -> OptimizerConfig:
-        return OptimizerConfig(
-            type="adamw",
-            lr=self.optimizer_lr,
-            betas=self.optimizer_betas,
-            eps=self.optimizer_eps,
-            weight_decay=self.optimizer_weight_decay,
-            grad_clip_norm=self.optimizer_grad_clip_norm,
-        )
+        return adamw_preset(self)
 
     def scheduler_preset(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            type="cosine_decay_with_warmup",
-            num_warmup_steps=self.scheduler_warmup_steps,
-            num_decay_steps=self.scheduler_decay_steps,
-            peak_lr=self.optimizer_lr,
-            decay_lr=self.scheduler_decay_lr,
-        )
+        return cosine_decay_with_warmup_preset(self)
 
     @property
     def observation_delta_indices(self) -> list[int]:

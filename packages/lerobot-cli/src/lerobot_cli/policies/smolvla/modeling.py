@@ -17,29 +17,27 @@ and the steps inside the episode (``action_is_pad``); ``predict_action_chunk`` i
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.policies.features import FeatureType
-from lerobot_cli.policies.pi0.backbone import sinusoidal_time_embedding  # LeRobot's shared helper, as is
+from lerobot_cli.features import FeatureType
+from lerobot_cli.policies.common.chunked_policy import ACTION, OBS_STATE, ChunkedFlowPolicy
+from lerobot_cli.policies.common.flow_matching import (
+    euler_integrate,
+    sample_beta_time,
+    sample_flow_noise,
+    sinusoidal_time_embedding,
+)
+from lerobot_cli.policies.common.masks import attention_mask_2d
+from lerobot_cli.policies.common.tensors import pad_last_dim
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.policies.smolvla.expert import SmolVLMWithExpertModel
 from lerobot_cli.policies.smolvla.vlm import load_vlm_config
 
-ACTION = "action"
 ACTION_IS_PAD = "action_is_pad"
-OBS_STATE = "observation.state"
-LANGUAGE_TOKENS = "observation.language.tokens"
-LANGUAGE_MASK = "observation.language.attention_mask"
-
-
-def pad_last_dim(x: Tensor, size: int) -> Tensor:
-    """Zero-pad the last dimension to ``size`` (a wider one is kept as is, as LeRobot's ``pad_vector``)."""
-    return x if x.shape[-1] >= size else F.pad(x, (0, size - x.shape[-1]))
 
 
 def pad_sequence(x: Tensor, length: int, value: float = 0) -> Tensor:
@@ -63,12 +61,6 @@ def resize_with_pad_left_top(image: Tensor, height: int, width: int, pad_value: 
     return F.pad(resized, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
 
 
-def attention_mask_2d(pad_masks: Tensor, att_masks: Tensor) -> Tensor:
-    """big_vision's rule: token i sees token j when j's block (cumulative ``att_masks``) is ≤ i's."""
-    cumsum = torch.cumsum(att_masks, dim=1)
-    return (cumsum[:, None, :] <= cumsum[:, :, None]) & (pad_masks[:, None, :] * pad_masks[:, :, None])
-
-
 class SmolVLAFlowModel(nn.Module):
     def __init__(self, config: SmolVLAConfig) -> None:
         super().__init__()
@@ -80,6 +72,7 @@ class SmolVLAFlowModel(nn.Module):
             num_vlm_layers=config.num_vlm_layers,
             self_attn_every_n_layers=config.self_attn_every_n_layers,
             expert_width_multiplier=config.expert_width_multiplier,
+            load_vlm_weights=config.load_vlm_weights,
         )
         width = self.vlm_with_expert.config.text_config.hidden_size
         expert = self.vlm_with_expert.expert_hidden_size
@@ -90,13 +83,11 @@ class SmolVLAFlowModel(nn.Module):
         self.action_time_mlp_out = nn.Linear(expert, expert)
 
     def sample_noise(self, shape, device: torch.device) -> Tensor:
-        return torch.normal(mean=0.0, std=1.0, size=tuple(shape), dtype=torch.float32, device=device)
+        return sample_flow_noise(shape, device)
 
     def sample_time(self, batch_size: int, device: torch.device) -> Tensor:
         """``Beta(1.5, 1) * 0.999 + 0.001`` drawn on the CPU (LeRobot's constants for SmolVLA)."""
-        beta = torch.distributions.Beta(torch.tensor(1.5, dtype=torch.float32), torch.tensor(1.0))
-        time = beta.sample((batch_size,)).to(device) * 0.999 + 0.001
-        return time.to(dtype=torch.float32, device=device)
+        return sample_beta_time(batch_size, device, alpha=1.5, beta=1.0, scale=0.999, offset=0.001)
 
     def embed_prefix(
         self,
@@ -175,12 +166,9 @@ class SmolVLAFlowModel(nn.Module):
         mask = attention_mask_2d(prefix_pad, prefix_att)
         position_ids = torch.cumsum(prefix_pad, dim=1) - 1
         _, cache = self.vlm_with_expert.run([prefix, None], mask, position_ids, fill_cache=True)
-        dt = -1.0 / self.config.num_steps
-        x_t = noise
-        for step in range(self.config.num_steps):
-            time = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=device).expand(batch_size)
-            x_t = x_t + dt * self.denoise_step(prefix_pad, cache, x_t, time)
-        return x_t
+        return euler_integrate(
+            noise, self.config.num_steps, lambda x_t, time: self.denoise_step(prefix_pad, cache, x_t, time)
+        )
 
     def denoise_step(self, prefix_pad: Tensor, cache, x_t: Tensor, time: Tensor) -> Tensor:
         suffix, suffix_pad, suffix_att = self.embed_suffix(x_t, time)
@@ -192,7 +180,7 @@ class SmolVLAFlowModel(nn.Module):
         return self.action_out_proj(suffix_out[:, -self.config.chunk_size :].to(dtype=torch.float32))
 
 
-class SmolVLAPolicy(nn.Module):
+class SmolVLAPolicy(ChunkedFlowPolicy):
     name: ClassVar[str] = "smolvla"
     config_class: ClassVar[type[SmolVLAConfig]] = SmolVLAConfig
     # lerobot-parallel's own reading of a bare model (build_plan without defaults); the spec is the source.
@@ -233,13 +221,6 @@ class SmolVLAPolicy(nn.Module):
             towers.vlm.eval()
         return self
 
-    def get_optim_params(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def reset(self) -> None:
-        """Drop queued actions; call when an episode starts."""
-        self._action_queue: deque[Tensor] = deque(maxlen=self.config.n_action_steps)
-
     # -- inputs -----------------------------------------------------------------------------------
     def _images(self, batch: dict[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
         """LeRobot's ``prepare_images``: the config's cameras (its VISUAL features, empty cameras last) that
@@ -266,23 +247,12 @@ class SmolVLAPolicy(nn.Module):
             masks.append(torch.zeros_like(masks[-1]))
         return images, masks
 
-    def _language(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        if LANGUAGE_TOKENS not in batch:
-            raise KeyError(
-                f"smolvla needs the tokenised task ({LANGUAGE_TOKENS}); run the batch through the policy's "
-                "pre-processor first"
-            )
-        return batch[LANGUAGE_TOKENS], batch[LANGUAGE_MASK].to(torch.bool)
-
     def _state(self, batch: dict[str, Any]) -> Tensor:
         state = batch[OBS_STATE]
         state = state[:, -1, :] if state.ndim > 2 else state
         return pad_last_dim(state, self.config.max_state_dim)
 
-    def _action_dim(self) -> int:
-        return self.config.action_feature.shape[-1]
-
-    # -- training and inference -------------------------------------------------------------------
+    # -- training -------------------------------------------------------------------
     def forward(
         self, batch: dict[str, Any], noise: Tensor | None = None, time: Tensor | None = None
     ) -> tuple[Tensor, dict[str, float]]:
@@ -304,47 +274,3 @@ class SmolVLAPolicy(nn.Module):
         losses = losses * (~is_pad).unsqueeze(-1)
         valid = ((~is_pad).sum() * losses.shape[-1]).clamp_min(1)
         return losses.sum() / valid, {}
-
-    def _draw_noise_and_time(self, batch: dict[str, Any], actions: Tensor) -> tuple[Tensor, Tensor]:
-        """The flow noise, then the time, of each sample (LeRobot's order). With the samples' dataset
-        ``index`` (the trainer's batches) each sample's draws come from one draw of the global RNG plus its
-        index, as pi0's here, so every DDP/FSDP layout of one global batch computes the same loss; without
-        one (a foreign batch) straight from the global RNG, as LeRobot draws them."""
-        index = batch.get("index")
-        if not isinstance(index, Tensor) or index.numel() != actions.shape[0]:
-            return (
-                self.model.sample_noise(actions.shape, actions.device),
-                self.model.sample_time(actions.shape[0], actions.device),
-            )
-        base = int(torch.randint(0, 2**62, ()))
-        noises, times = [], []
-        for sample in index.reshape(-1).tolist():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((base + 0x9E3779B97F4A7C15 * (int(sample) + 1)) % 2**63)
-                noises.append(self.model.sample_noise((1, *actions.shape[1:]), torch.device("cpu")))
-                times.append(self.model.sample_time(1, torch.device("cpu")))
-        return (
-            torch.cat(noises).to(actions.device, non_blocking=True),
-            torch.cat(times).to(actions.device, non_blocking=True),
-        )
-
-    @torch.no_grad()
-    def predict_action_chunk(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
-        """``(B, chunk_size, action_dim)`` normalised actions; puts the policy in eval mode."""
-        self.eval()
-        images, image_masks = self._images(batch)
-        tokens, token_masks = self._language(batch)
-        actions = self.model.sample_actions(
-            images, image_masks, tokens, token_masks, self._state(batch), noise
-        )
-        return actions[:, :, : self._action_dim()]
-
-    @torch.no_grad()
-    def select_action(self, batch: dict[str, Any], noise: Tensor | None = None) -> Tensor:
-        """The ``(B, A)`` action for this step, from the queue refilled with ``n_action_steps`` of a new
-        chunk when empty."""
-        self.eval()
-        if not self._action_queue:
-            chunk = self.predict_action_chunk(batch, noise)[:, : self.config.n_action_steps]
-            self._action_queue.extend(chunk.transpose(0, 1))
-        return self._action_queue.popleft()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from lerobot_cli.policies.pi0.prompts import Pi0NewLineStep
+from lerobot_cli.policies.common.prompts import NewLineTaskStep
 from lerobot_cli.policies.smolvla.config import SmolVLAConfig
 from lerobot_cli.processors.factory import DefaultSteps, StepLists
 from lerobot_cli.processors.steps import register_step
@@ -22,8 +22,8 @@ from lerobot_cli.processors.tokenizer import TokenizerStep
 
 
 @register_step
-class SmolVLANewLineStep(Pi0NewLineStep):
-    """LeRobot's ``NewLineTaskProcessorStep``: pi0's newline rule under the name SmolVLA's files use."""
+class SmolVLANewLineStep(NewLineTaskStep):
+    """LeRobot's ``NewLineTaskProcessorStep``: the shared newline rule under the name SmolVLA's files use."""
 
     registry_name: ClassVar[str] = "smolvla_new_line_processor"
 

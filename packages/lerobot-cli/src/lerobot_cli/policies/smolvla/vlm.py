@@ -3,9 +3,9 @@ Hugging Face cache, never downloaded by a run.
 
 LeRobot builds the VLM with ``AutoConfig.from_pretrained(vlm_model_name)`` (and loads its processor), which
 reaches the Hub for a Hub id that is not cached. Here a Hub id is looked up in the cache only; one that is
-not there stops the run at start-up in one line naming the ``hf download`` command that fetches it. Only
-the config is read (``load_vlm_weights`` is refused for now), so the files needed are ``config.json`` and
-the tokenizer the pre-processor loads.
+not there stops the run at start-up in one line naming the ``hf download`` command that fetches it. The
+files needed are ``config.json`` and the tokenizer the pre-processor loads, and, for a fresh policy with
+``load_vlm_weights=true``, the weights (``vlm_weights.py``, from the same directory).
 """
 
 from __future__ import annotations

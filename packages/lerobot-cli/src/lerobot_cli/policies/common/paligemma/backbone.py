@@ -14,20 +14,18 @@ names without a renaming step anywhere.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 from transformers import GemmaConfig, GemmaForCausalLM, PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
-from lerobot_cli.policies.pi0.gemma import (
+from lerobot_cli.policies.common.paligemma.gemma import (
     ATTENTION_MASK_VALUE,
     AdaRMSNorm,
     ExpertLayer,
     KeyValues,
     PaliGemmaLayer,
 )
-from lerobot_cli.policies.pi0.variants import PALIGEMMA_VOCAB_SIZE, GemmaVariant, VisionVariant
+from lerobot_cli.policies.common.paligemma.variants import PALIGEMMA_VOCAB_SIZE, GemmaVariant, VisionVariant
 
 INIT_STD = 0.02  # Gemma's initializer_range, for the layers built here
 
@@ -221,15 +219,3 @@ def _norm(norm: nn.Module, h: Tensor, cond: Tensor | None) -> Tensor:
     """Final norm of a tower: transformers' GemmaRMSNorm (one output) or our adaptive one (pi05)."""
     out = norm(h, cond) if cond is not None else norm(h)
     return out[0] if isinstance(out, tuple) else out
-
-
-def sinusoidal_time_embedding(time: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
-    """openpi's sine-cosine embedding of the flow time ``(B,)`` → ``(B, dim)``,
-    computed in float64 off MPS."""
-    if dim % 2:
-        raise ValueError(f"the time embedding width must be even, got {dim}")
-    dtype = torch.float32 if time.device.type == "mps" else torch.float64
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=time.device)
-    period = min_period * (max_period / min_period) ** fraction
-    angle = (1.0 / period * 2 * math.pi)[None, :] * time[:, None]
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)

@@ -20,17 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lerobot_cli.policies.pi0.backbone import PaliGemmaWithExpert, sinusoidal_time_embedding
-from lerobot_cli.policies.pi0.config import PiFlowConfig
-from lerobot_cli.policies.pi0.variants import GEMMA_VARIANTS, VISION_VARIANTS
-
-
-def attention_mask_2d(pad_masks: Tensor, block_starts: Tensor) -> Tensor:
-    """``(B, T, T)`` may-attend mask: token q sees token k when k's block started no later than q's
-    (``cumsum(block_starts)``) and both are real tokens (``pad_masks``)."""
-    blocks = torch.cumsum(block_starts, dim=1)
-    causal = blocks[:, None, :] <= blocks[:, :, None]
-    return causal & (pad_masks[:, None, :] & pad_masks[:, :, None])
+from lerobot_cli.policies.common.flow_matching import (
+    euler_integrate,
+    sample_beta_time,
+    sample_flow_noise,
+    sinusoidal_time_embedding,
+)
+from lerobot_cli.policies.common.masks import attention_mask_2d
+from lerobot_cli.policies.common.paligemma.backbone import PaliGemmaWithExpert
+from lerobot_cli.policies.common.paligemma.config import PiFlowConfig
+from lerobot_cli.policies.common.paligemma.variants import GEMMA_VARIANTS, VISION_VARIANTS
 
 
 def _as_input_of(layer: nn.Linear, x: Tensor) -> Tensor:
@@ -67,17 +66,19 @@ class PI0FlowModel(nn.Module):
 
     # -- sampling the training noise and time -----------------------------------------------------
     def sample_noise(self, shape: Sequence[int], device: torch.device) -> Tensor:
-        return torch.normal(0.0, 1.0, size=tuple(shape), dtype=torch.float32, device=device)
+        return sample_flow_noise(shape, device)
 
     def sample_time(self, batch_size: int, device: torch.device) -> Tensor:
-        """``Beta(alpha, beta) * scale + offset``, drawn on the CPU (Beta has no kernel on some devices)."""
+        """``Beta(alpha, beta) * scale + offset`` with the config's ``time_sampling_*``."""
         c = self.config
-        beta = torch.distributions.Beta(
-            torch.tensor(c.time_sampling_beta_alpha, dtype=torch.float32),
-            torch.tensor(c.time_sampling_beta_beta, dtype=torch.float32),
+        return sample_beta_time(
+            batch_size,
+            device,
+            alpha=c.time_sampling_beta_alpha,
+            beta=c.time_sampling_beta_beta,
+            scale=c.time_sampling_scale,
+            offset=c.time_sampling_offset,
         )
-        time = beta.sample((batch_size,)).to(device) * c.time_sampling_scale + c.time_sampling_offset
-        return time.to(dtype=torch.float32, device=device)
 
     # -- token embeddings -------------------------------------------------------------------------
     def embed_prefix(
@@ -182,12 +183,9 @@ class PI0FlowModel(nn.Module):
             [prefix, None], prefix_mask, torch.cumsum(prefix_pads, dim=1) - 1
         )
 
-        dt = -1.0 / steps
-        x_t = noise
-        for step in range(steps):
-            time = torch.tensor(1.0 + step * dt, dtype=torch.float32, device=noise.device).expand(batch)
-            x_t = x_t + dt * self.denoise_step(state, prefix_pads, cache, x_t, time)
-        return x_t
+        return euler_integrate(
+            noise, steps, lambda x_t, time: self.denoise_step(state, prefix_pads, cache, x_t, time)
+        )
 
     def denoise_step(
         self, state: Tensor | None, prefix_pads: Tensor, cache, x_t: Tensor, time: Tensor

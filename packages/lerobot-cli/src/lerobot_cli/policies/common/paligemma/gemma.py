@@ -1,6 +1,6 @@
 """The decoder layers of the two Gemma towers and the joint attention that couples them.
 
-pi0 runs layer i of the PaliGemma language model and layer i of the action expert as one attention
+pi0 and pi05 run layer i of the PaliGemma language model and layer i of the action expert as one attention
 over the concatenated token sequence: each tower normalises and projects its own tokens, the
 queries/keys/values are concatenated, attention runs once, and each tower applies its own output
 projection and MLP to its slice. So a layer's ``forward`` is never what runs; :meth:`PaliGemmaLayer.joint`
