@@ -21,7 +21,7 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 def tiny_policy():
     import torch
-    from lerobot_cli.policies.features import PolicyFeature
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.mlp.config import MLPConfig
     from lerobot_cli.policies.mlp.modeling import MLPPolicy
     from lerobot_cli.processors import make_pre_post_processors

@@ -12,7 +12,7 @@ from lerobot_cli.envs import env_config
 from lerobot_cli.envs.config import PushtEnvConfig
 from lerobot_cli.envs.make import EnvUnavailableError, make_vector_env
 from lerobot_cli.envs.observation import ObservationError, preprocess_observation
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 
 gym = pytest.importorskip("gymnasium", reason="lerobot-cli[pusht] (uv sync installs it)")
 pytest.importorskip("gym_pusht", reason="lerobot-cli[pusht] (uv sync installs it)")

@@ -59,9 +59,11 @@ def test_configs_and_plan_import_neither_torch_nor_gymnasium():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_env_errors_are_usage_errors():
-    """The CLI prints a UsageError as one line and exits 2: a missing extra or task is one."""
-    from lerobot_cli.cli.errors import UsageError
+def test_env_errors_are_user_errors():
+    """The CLI prints a ConfigError (the domain error under its UsageError) as one line and exits 2: a
+    missing extra or task is one."""
+    from lerobot_cli import runner
     from lerobot_cli.envs.make import EnvUnavailableError
+    from lerobot_cli.errors import ConfigError
 
-    assert issubclass(EnvUnavailableError, UsageError)
+    assert issubclass(EnvUnavailableError, ConfigError) and ConfigError in runner.USER_ERRORS

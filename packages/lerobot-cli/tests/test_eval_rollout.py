@@ -297,7 +297,7 @@ def test_pusht_rollout_with_a_tiny_mlp_and_its_processors(tmp_path):
     pytest.importorskip("gym_pusht", reason="lerobot-cli[pusht] (uv sync installs it)")
     from lerobot_cli.envs import env_config
     from lerobot_cli.envs.make import make_vector_env
-    from lerobot_cli.policies.features import PolicyFeature
+    from lerobot_cli.features import PolicyFeature
     from lerobot_cli.policies.mlp.config import MLPConfig
     from lerobot_cli.policies.mlp.modeling import MLPPolicy
     from lerobot_cli.processors import make_pre_post_processors

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from attrs import define, field
 
-from lerobot_cli.policies.features import FeatureType, PolicyFeature
+from lerobot_cli.features import FeatureType, PolicyFeature
 
 ACTION = "action"
 OBS_STATE = "observation.state"

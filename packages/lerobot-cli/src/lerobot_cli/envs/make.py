@@ -14,15 +14,15 @@ import functools
 import importlib
 from typing import TYPE_CHECKING
 
-from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.envs.config import EnvConfig
+from lerobot_cli.errors import ConfigError
 from lerobot_cli.extras import missing_extra_message
 
 if TYPE_CHECKING:
     import gymnasium as gym
 
 
-class EnvUnavailableError(UsageError):
+class EnvUnavailableError(ConfigError):
     """The env cannot be built here: its extra is not installed, or its package has no such task."""
 
 
