@@ -63,8 +63,7 @@ VALUES = {
 }
 # Values that switch on a feature this stack does not have: each must be refused in one line.
 ACTIVATE = {
-    "env.type": "pusht",
-    "eval.n_episodes": None,  # inert without an env: accepted at any value
+    "eval.recording": "true",  # lerobot-eval's rollouts recorded as a dataset
     "image_transforms": "transforms.json",  # a config file for dataset.image_transforms: pass flags here
     "job.target": "a10g-small",
     "reward_model.type": "classifier",

@@ -11,6 +11,8 @@ from lerobot_cli.cli.build import build_train_config
 from lerobot_cli.cli.errors import UsageError
 from lerobot_cli.config import TrackioConfig, TrainConfig, WandBConfig
 from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.envs import PushtEnvConfig
+from lerobot_cli.evaluation.config import EvalConfig
 from lerobot_cli.features import FeatureType, NormalizationMode, PolicyFeature
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
@@ -269,6 +271,9 @@ def every_section_non_default() -> TrainConfig:
         ),
         eval_steps=50,
         max_eval_samples=100,
+        env=PushtEnvConfig(episode_length=40, obs_type="environment_state_agent_pos", fps=5),
+        env_eval_freq=7,
+        eval=EvalConfig(n_episodes=6, batch_size=3, use_async_envs=False),
         trackio=TrackioConfig(enable=True, project="p"),
         wandb=WandBConfig(
             enable=True,

@@ -48,7 +48,7 @@ def test_a_lerobot_flag_at_its_off_value_changes_nothing(flag):
     ("flag", "says"),
     [
         ("--wandb.enable=maybe", "--wandb.enable: expected a boolean"),
-        ("--env.type=pusht", "--dataset.eval_split=0.1 --eval_steps=N"),
+        ("--eval.recording=true", "the per-episode results are in eval_info.json"),
         ("--image_transforms=transforms.json", "pass their fields as flags (--dataset.image_transforms"),
         ("--job.target=a10g-small", "run the same command under torchrun or accelerate launch"),
         ("--reward_model.type=classifier", "reward model training"),
@@ -157,3 +157,45 @@ def test_help_shows_the_default_transforms_as_the_json_a_flag_takes():
         "kwargs": {"degrees": [-5.0, 5.0], "translate": [0.05, 0.05]},
     }
     assert list(default) == ["brightness", "contrast", "saturation", "hue", "sharpness", "affine"]
+
+
+def test_env_and_eval_flags_build_lerobots_sections_and_round_trip():
+    from lerobot_cli import configio
+
+    cfg = build("--env.type=pusht", "--env.episode_length=20", "--eval.n_episodes=4", "--env_eval_freq=5")
+    assert (cfg.env.type, cfg.env.episode_length, cfg.env.task) == ("pusht", 20, "PushT-v0")
+    assert (cfg.eval.n_episodes, cfg.eval.batch_size, cfg.env_eval_freq) == (4, 0, 5)
+    data = configio.unstructure_train_config(cfg)
+    assert data["env"]["type"] == "pusht" and configio.structure_train_config(data, "f") == cfg
+    assert build("--env.type=null").env is None and build("--env=null").env is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--env.task=PushT-v0"], "--env.task needs an env: pass --env.type=NAME (pusht)"),
+        (["--env.type=mujoco"], "--env.type: invalid choice 'mujoco' (choose from pusht)"),
+        (["--env=env.json"], "an env's own config file is not read here"),
+        (["--env.type=pusht", "--env.obs_type=state"], "--env.obs_type: invalid choice 'state'"),
+        (["--env.type=pusht", "--env.episode_length=0"], "--env.episode_length must be a positive integer"),
+        (["--env_eval_freq=-1"], "--env_eval_freq"),
+        (["--eval.n_episodes=0"], "--eval.n_episodes must be an integer >= 1"),
+    ],
+)
+def test_bad_env_and_eval_flags_are_one_line(flags, says):
+    with pytest.raises(UsageError) as err:
+        build(*flags)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_config_file_with_an_unknown_env_key_names_it(tmp_path):
+    import json
+
+    from lerobot_cli import configio
+
+    data = configio.unstructure_train_config(build("--env.type=pusht"))
+    data["env"]["bogus"] = 1
+    path = tmp_path / "train_config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"unknown key\(s\) env.bogus"):
+        build_train_config({"config_path": str(path)})

@@ -15,6 +15,8 @@ from lerobot_parallel.validators import count
 from lerobot_trainloop.config import EmaConfig
 
 from lerobot_cli.datasets.config import DatasetConfig
+from lerobot_cli.envs.config import EnvConfig
+from lerobot_cli.evaluation.config import EvalConfig
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies.config import PolicyConfig
@@ -240,6 +242,19 @@ class TrainConfig:
         validator=count("--max_eval_samples", minimum=0),
         metadata=_h("Cap on held-out frames evaluated (the first of each task, LeRobot's rule; 0: all)."),
     )
+    env: EnvConfig | None = field(
+        default=None,
+        metadata=_h("Simulation env to evaluate the policy in (choose with --env.type; none: no rollouts)."),
+    )
+    env_eval_freq: int = field(
+        default=20_000,
+        validator=count("--env_eval_freq", minimum=0),
+        metadata=_h(
+            "Roll the policy out in --env every N steps, episodes split over every rank (0: never; "
+            "LeRobot's default 20000)."
+        ),
+    )
+    eval: EvalConfig = field(factory=EvalConfig)
     trackio: TrackioConfig = field(factory=TrackioConfig)
     wandb: WandBConfig = field(factory=WandBConfig)
     ema: EmaConfig = field(factory=EmaConfig)

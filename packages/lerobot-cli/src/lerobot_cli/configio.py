@@ -15,9 +15,11 @@ from typing import Any
 import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 from lerobot_ckpt.layout import TRAIN_CONFIG
 
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.envs.config import EnvConfig, env_class
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
 from lerobot_cli.policies.serialization import configure_converter
@@ -49,8 +51,40 @@ def _strict_bool(value: Any, _type: type) -> bool:
     raise ValueError(f"JSON true or false, not {value!r}")
 
 
+def _is_env_config(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, EnvConfig)
+
+
+def _env_hooks(converter: cattrs.Converter) -> None:
+    """``env`` is polymorphic by its ``type`` key (``--env.type``), as the policy is: ``{"type": "pusht",
+    <PushtEnvConfig's fields>}``; unknown keys are errors (``forbid_extra_keys``)."""
+    unstructurers: dict[type, Any] = {}
+    structurers: dict[type, Any] = {}
+
+    def unstructure(config: EnvConfig) -> dict[str, Any]:
+        cls = type(config)
+        if cls not in unstructurers:
+            unstructurers[cls] = make_dict_unstructure_fn(cls, converter)
+        return {"type": cls.type, **unstructurers[cls](config)}
+
+    def structure(data: Any, _cls: type) -> EnvConfig:
+        if isinstance(data, EnvConfig):
+            return data
+        if not isinstance(data, dict):
+            raise TypeError(f"an env config must be a JSON object, got {type(data).__name__}")
+        cls = env_class(data.get("type"))
+        if cls not in structurers:
+            resolve_all_types(cls)
+            structurers[cls] = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
+        return structurers[cls]({k: v for k, v in data.items() if k != "type"}, cls)
+
+    converter.register_unstructure_hook_factory(_is_env_config, lambda _cls: unstructure)
+    converter.register_structure_hook_factory(_is_env_config, lambda _cls: structure)
+
+
 converter = configure_converter(cattrs.Converter(forbid_extra_keys=True), strict=True)
 converter.register_structure_hook(bool, _strict_bool)
+_env_hooks(converter)
 resolve_all_types(TrainConfig)
 
 

@@ -51,6 +51,9 @@ def format_log_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return f"step {step}/{total} " + " ".join(parts)
 
 
+SIM_EVAL_METRICS = ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "eval_ep_s")
+
+
 class Reporter:
     """Console and JSONL output of one run; a no-op on non-main ranks."""
 
@@ -126,6 +129,17 @@ class Reporter:
         named = {f"eval/{k}": v for k, v in metrics.items()}
         parts = " ".join(f"{k}={_fmt(v)}" for k, v in named.items())
         self.print(f"eval step {step}/{self.total} {parts} ({samples} held-out frames, {weights} weights)")
+        self._record(Record(step, time.perf_counter() - self._t0, "eval", metrics))
+
+    def log_sim_eval(self, step: int, overall: dict, weights: str) -> None:
+        """A simulation eval's LeRobot metrics as ``eval/<name>`` (console, metrics.jsonl, trackers)."""
+        if not self.enabled:
+            return
+        metrics = {k: float(overall[k]) for k in SIM_EVAL_METRICS}
+        parts = " ".join(f"eval/{k}={_fmt(v)}" for k, v in metrics.items())
+        self.print(
+            f"sim eval step {step}/{self.total} {parts} ({overall['n_episodes']} episodes, {weights} weights)"
+        )
         self._record(Record(step, time.perf_counter() - self._t0, "eval", metrics))
 
     def _record(self, record: Record) -> None:

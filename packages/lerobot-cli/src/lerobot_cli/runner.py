@@ -29,6 +29,7 @@ from lerobot_trainloop.worker_failures import DataLoaderWorkerDied, named_worker
 
 from lerobot_cli.banner import banner_lines
 from lerobot_cli.checkpointing import Checkpointer, pretrained_writer, run_info
+from lerobot_cli.cli.checks import simulates
 from lerobot_cli.cli.errors import PROG, UsageError, is_quiet_rank, leave_quietly
 from lerobot_cli.cli.render import as_flags
 from lerobot_cli.config import TrainConfig
@@ -39,6 +40,7 @@ from lerobot_cli.datasets.mixture import MixtureDataset
 from lerobot_cli.datasets.stream_location import pinned
 from lerobot_cli.datasets.streamed import StreamedDataset
 from lerobot_cli.errors import ConfigError
+from lerobot_cli.evaluation.ranks import PeerEvalFailed
 from lerobot_cli.fetching import decided_on_main, prefetch
 from lerobot_cli.frozen_parts import describe_frozen
 from lerobot_cli.interrupt import InterruptWatch, TrainingInterrupted
@@ -52,6 +54,7 @@ from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
+from lerobot_cli.sim_eval import SimEval, SimEvalFailed
 from lerobot_cli.trackers import RunContext, Trackers, TrackerStartError, enabled_kinds
 from lerobot_cli.workload import build_workload, sharding_plan
 
@@ -116,6 +119,14 @@ def run(plan: RunPlan, work: RunDirWork | None = None, release: Callable[[], Non
                 train(plan, runtime, work)
             except WorkerLostError as exc:
                 _exit_alone(str(exc), 1, release)
+            except SimEvalFailed:  # its line is out (from the rank it failed on)
+                if release is not None:
+                    release()
+                raise SystemExit(1) from None
+            except PeerEvalFailed:  # the failed rank said why
+                if release is not None:
+                    release()
+                leave_quietly(1)
             except (CheckpointSaveError, PublishError) as exc:
                 _exit(str(exc), 1, runtime, release)
             except ModelMismatchError as exc:
@@ -349,6 +360,11 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
                 every=cfg.save_freq or None,
                 at=[cfg.steps],
             )
+        if simulates(cfg):  # after the step's checkpoint, as LeRobot: a failed eval leaves it saved
+            sim = SimEval(cfg, runtime, policy, loop, workload.preprocessor, workload.postprocessor)
+            sim.check()
+            reporter.print(sim.describe())
+            loop.add_hook(lambda ev: sim.run(ev.step, reporter), every=cfg.env_eval_freq)
         # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
         # The watch's handlers stay through the interrupt's save: a repeat of the signal (the launcher

@@ -22,6 +22,17 @@ def _policy_class_for_help(flags: dict[str, str]):
     return None
 
 
+def _env_class_for_help(flags: dict[str, str]):
+    from lerobot_cli.envs.config import env_class
+
+    if "env.type" not in flags:
+        return None
+    try:
+        return env_class(flags["env.type"])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _format_for_resume(cfg, flags: dict[str, str]):
     """A sharded run's ``dcp``/``safetensors_dcp`` format, inherited from its ``train_config.json``,
     cannot apply when the resumed run is not sharded: write ``safetensors`` instead (and say so)
@@ -86,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if parsed.help:
             from lerobot_cli.cli.help import render_help
 
-            sys.stdout.write(render_help(_policy_class_for_help(parsed.flags)))
+            sys.stdout.write(
+                render_help(_policy_class_for_help(parsed.flags), _env_class_for_help(parsed.flags))
+            )
             return 0
         result = build_train_config(parsed.flags)
         for message in result.warnings:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -73,7 +73,7 @@ class EvalBatches:
         return len(self.indices)
 
 
-def _reshard(model: torch.nn.Module) -> None:
+def reshard_gathered(model: torch.nn.Module) -> None:
     """Free what FSDP2 gathered for an eval forward. A forward without backward leaves the root's
     parameters (never resharded after forward) and any ``reshard_after_forward=False`` unit gathered; the
     next training forward would reuse them as they are, i.e. with the EMA weights swapped in for the eval
@@ -83,6 +83,26 @@ def _reshard(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module, device: torch.device, ema: ModelEma | None = None) -> Iterator[None]:
+    """The weights an eval computes with, without disturbing training: ``model`` in eval mode (dropout
+    off), the RNG streams forked (an eval that draws noise leaves training's draws as they were), the EMA
+    weights swapped in when ``ema`` is given; on the way out FSDP2's gathered parameters are freed
+    (:func:`reshard_gathered`, before the live weights come back) and the mode restored. Local only: no
+    collective of its own (the caller's forwards are collective when sharded)."""
+    was_training = model.training
+    devices = [device] if device.type == "cuda" else []
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices), ema.swapped() if ema is not None else nullcontext():
+            try:
+                yield
+            finally:
+                reshard_gathered(model)
+    finally:
+        model.train(was_training)
 
 
 def _as_tensor(value, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -110,28 +130,21 @@ def evaluate(
     dtype = accumulation_dtype(device)
     sums: dict[str, torch.Tensor] = {}
     total = 0
-    was_training = model.training
-    devices = [device] if device.type == "cuda" else []
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=devices), ema.swapped() if ema is not None else nullcontext():
-            n_batches = 0
-            for batch, n in zip(batches, weights, strict=True):
-                n_batches += 1
-                if seed is not None:
-                    torch.manual_seed(seed)
-                with loop.precision.autocast():
-                    loss, info = model(move_to_device(batch, device))
-                parts = {"loss": loss, **(info or {})}
-                for name, value in parts.items():
-                    term = _as_tensor(value, device, dtype) * n
-                    sums[name] = sums[name] + term if name in sums else term
-                total += n
-            _reshard(model)  # before the live weights come back
-            if n_batches == 0:
-                raise ValueError("the eval batches were empty")
-    finally:
-        model.train(was_training)
+    n_batches = 0
+    with evaluating(model, device, ema):
+        for batch, n in zip(batches, weights, strict=True):
+            n_batches += 1
+            if seed is not None:
+                torch.manual_seed(seed)
+            with loop.precision.autocast():
+                loss, info = model(move_to_device(batch, device))
+            parts = {"loss": loss, **(info or {})}
+            for name, value in parts.items():
+                term = _as_tensor(value, device, dtype) * n
+                sums[name] = sums[name] + term if name in sums else term
+            total += n
+    if n_batches == 0:
+        raise ValueError("the eval batches were empty")
     names = sorted(sums)
     packed = torch.stack([torch.tensor(float(total), device=device, dtype=dtype), *(sums[k] for k in names)])
     if rt.dp_group is not None and rt.dp_world_size > 1:

@@ -23,6 +23,7 @@ from lerobot_cli.cli.lerobot_only import lerobot_only
 from lerobot_cli.cli.paths import resolve_config_path, resolve_policy_dir
 from lerobot_cli.cli.schema import FlagSpec, convert, field_specs
 from lerobot_cli.config import TrainConfig
+from lerobot_cli.envs.config import ENV_TYPES, EnvConfig, env_class
 from lerobot_cli.optim.config import OptimizerConfig, SchedulerConfig
 from lerobot_cli.peft.config import PeftConfig
 from lerobot_cli.policies import registry
@@ -32,7 +33,7 @@ from lerobot_cli.sample_weighting.config import SampleWeightingConfig
 
 log = logging.getLogger(__name__)
 
-SPECIAL_FLAGS = ("config_path", "policy.type", "policy.path")
+SPECIAL_FLAGS = ("config_path", "policy.type", "policy.path", "env.type")
 _OPTIONAL_SECTIONS: dict[str, type] = {
     "optimizer": OptimizerConfig,
     "scheduler": SchedulerConfig,
@@ -48,23 +49,38 @@ class BuildResult:
     warnings: tuple[str, ...] = ()
 
 
-def known_flags(policy_cls: type[PolicyConfig] | None) -> dict[str, FlagSpec]:
+def known_flags(
+    policy_cls: type[PolicyConfig] | None, env_cls: type[EnvConfig] | None = None
+) -> dict[str, FlagSpec]:
     specs = {s.path: s for s in field_specs(TrainConfig)}
     # Optional sections can also be set whole (--peft=null, --scheduler='{...}').
     for a in attrs.fields(TrainConfig):
         if a.name in _OPTIONAL_SECTIONS:
             specs.setdefault(a.name, FlagSpec(a.name, a.type, None, a.metadata.get("help", ""), None))
     specs.pop("policy", None)
+    specs.pop("env", None)
     if policy_cls is not None:
         specs.update({s.path: s for s in field_specs(policy_cls, "policy.")})
+    if env_cls is not None:
+        specs.update({s.path: s for s in field_specs(env_cls, "env.")})
     return specs
 
 
-def _unknown_flag(name: str, specs: dict[str, FlagSpec], policy_cls: type[PolicyConfig] | None) -> UsageError:
+def _unknown_flag(
+    name: str,
+    specs: dict[str, FlagSpec],
+    policy_cls: type[PolicyConfig] | None,
+    env_cls: type[EnvConfig] | None = None,
+) -> UsageError:
     if name.startswith("policy.") and policy_cls is None:
         return UsageError(
             f"--{name} needs a policy: pass --policy.type=NAME ({', '.join(registry.available())}) "
             f"or --policy.path=DIR before its fields can be set"
+        )
+    if name.startswith("env.") and env_cls is None:
+        return UsageError(
+            f"--{name} needs an env: pass --env.type=NAME ({', '.join(ENV_TYPES)}) "
+            "before its fields can be set"
         )
     candidates = list(specs) + list(SPECIAL_FLAGS)
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
@@ -113,6 +129,31 @@ def _structure(tree: dict[str, Any], source: str) -> TrainConfig:
         raise UsageError(str(exc)) from None
 
 
+def _choose_env(tree: dict[str, Any], flags: dict[str, str]) -> type[EnvConfig] | None:
+    """``--env.type`` (popped from ``flags``) chooses the env section's class, as ``--policy.type`` does the
+    policy's; ``--env=null`` removes an env the config file had. Returns the class whose ``--env.*`` fields
+    the flags may set (None: no env)."""
+    if "env" in flags:
+        raw = flags.pop("env")
+        if raw.strip().lower() not in ("null", "none", ""):
+            raise UsageError(
+                f"--env={raw}: an env's own config file is not read here: pass --env.type=NAME and its "
+                "fields as flags (--env.task=...), or the whole run's config with --config_path"
+            )
+        tree["env"] = None
+    etype = flags.pop("env.type", None)
+    if etype is not None and etype.strip().lower() in ("null", "none", ""):
+        tree["env"], etype = None, None  # LeRobot's spelling of no env
+    try:
+        if etype is not None:
+            env_class(etype)
+            if not (tree.get("env") and tree["env"].get("type") == etype):
+                tree["env"] = {"type": etype}
+        return env_class(tree["env"]["type"]) if tree.get("env") else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_train_config(flags: dict[str, str]) -> BuildResult:
     flags = dict(flags)
     messages: list[str] = []
@@ -145,14 +186,15 @@ def build_train_config(flags: dict[str, str]) -> BuildResult:
     except registry.UnknownPolicyError as exc:
         raise UsageError(str(exc)) from None
 
-    specs = known_flags(policy_cls)
+    env_cls = _choose_env(tree, flags)
+    specs = known_flags(policy_cls, env_cls)
     values: dict[str, Any] = {}
     for name, raw in flags.items():
         spec = specs.get(name)
         if spec is None:
             if lerobot_only(name, raw):
                 continue  # a LeRobot flag whose value keeps its feature off: nothing to set
-            raise _unknown_flag(name, specs, policy_cls)
+            raise _unknown_flag(name, specs, policy_cls, env_cls)
         values[name] = convert(spec, raw)
     presets = values.get("use_policy_training_preset", tree.get("use_policy_training_preset", True))
 

@@ -54,6 +54,7 @@ def check_runnable(cfg: TrainConfig, config_path: Path | None) -> None:
             "or --dataset.eval_split=0 to train on every episode"
         )
     check_extras(cfg)
+    check_sim_eval(cfg)
     check_custom_code(cfg)
     check_external_sources(cfg)
     check_policy_fits_local_dataset(cfg)
@@ -93,6 +94,20 @@ def check_sample_weighting(cfg: TrainConfig) -> None:
             f"{flag}: a dataset mixture is not weighted here: its frames' index is each dataset's own, the "
             "progress file is one dataset's; train on one --dataset.repo_id"
         )
+
+
+def simulates(cfg: TrainConfig) -> bool:
+    """Whether the run rolls the policy out in a simulation env (LeRobot's ``cfg.env and env_eval_freq``)."""
+    return cfg.env is not None and cfg.env_eval_freq > 0
+
+
+def check_sim_eval(cfg: TrainConfig) -> None:
+    """``--env.type``'s extra installed before any work."""
+    if not simulates(cfg):
+        return
+    message = missing_extra_message(cfg.env.extra, f"--env.type={cfg.env.type}")
+    if message:
+        raise UsageError(message)
 
 
 def check_extras(cfg: TrainConfig) -> None:

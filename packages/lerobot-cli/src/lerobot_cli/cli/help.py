@@ -9,6 +9,7 @@ import attrs
 
 from lerobot_cli.cli.build import _OPTIONAL_SECTIONS, known_flags
 from lerobot_cli.cli.schema import FlagSpec, type_name
+from lerobot_cli.envs.config import ENV_TYPES, EnvConfig
 from lerobot_cli.policies import registry
 from lerobot_cli.policies.config import PolicyConfig
 
@@ -56,8 +57,8 @@ def _section(path: str) -> str:
     return head
 
 
-def render_help(policy_cls: type[PolicyConfig] | None) -> str:
-    specs = known_flags(policy_cls)
+def render_help(policy_cls: type[PolicyConfig] | None, env_cls: type[EnvConfig] | None = None) -> str:
+    specs = known_flags(policy_cls, env_cls)
     width = 52
     groups: dict[str, list[FlagSpec]] = {}
     for spec in specs.values():
@@ -84,6 +85,19 @@ def render_help(policy_cls: type[PolicyConfig] | None) -> str:
     else:
         lines.append(f"  fields of --policy.type={policy_cls.type}:")
         lines += [_line(s, width) for s in policy_specs]
+    lines.append("")
+    lines.append("env:")
+    names = ",".join(ENV_TYPES)
+    lines.append(
+        f"  {'--env.type {' + names + '}':<{width - 2}} Simulation env the policy is rolled out in every "
+        "--env_eval_freq steps (default: none)."
+    )
+    env_specs = groups.pop("env", [])
+    if env_cls is None:
+        lines.append("  (add --env.type=NAME --help to list one env's fields)")
+    else:
+        lines.append(f"  fields of --env.type={env_cls.type}:")
+        lines += [_line(s, width) for s in env_specs]
     for name, group in groups.items():
         lines.append("")
         lines.append(f"{name}:")

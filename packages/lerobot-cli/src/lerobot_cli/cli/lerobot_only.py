@@ -2,7 +2,7 @@
 
 A LeRobot user arrives with the command they already run, and it must never end in ``unknown flag``. Each
 flag below is either accepted as is, when its value keeps the feature off (LeRobot's own default, e.g.
-``--wandb.enable=false``, ``--env_eval_freq`` without an env), or refused in one line
+``--wandb.enable=false``), or refused in one line
 that says why and what to use instead. Flags whose feature exists here are ordinary config fields, not
 listed here. ``tools/interop/flags_lerobot_interop.py`` reads LeRobot's own ``--help`` and checks every
 flag against this stack.
@@ -45,10 +45,6 @@ def _local_job(raw: str) -> bool:
     return _null(raw) or raw.strip() == "local"
 
 
-SIM_EVAL = (
-    "simulation evaluation (--env.*, --eval.*) is not available here yet; the held-out loss is: "
-    "--dataset.eval_split=0.1 --eval_steps=N"
-)
 IMAGE_TRANSFORMS = (
     "a config file for the image transforms (--image_transforms=<file>) is not read here: pass their fields "
     "as flags (--dataset.image_transforms.enable=true, --dataset.image_transforms.tfs='{...}', ...)"
@@ -87,11 +83,6 @@ class LeRobotOnly:
 
 
 TABLE: tuple[LeRobotOnly, ...] = (
-    LeRobotOnly("env", _null, SIM_EVAL),
-    LeRobotOnly("env", _null, SIM_EVAL, section=True),  # --env.type=pusht … : an env would be evaluated
-    LeRobotOnly("env_eval_freq", _always, SIM_EVAL),  # no env: LeRobot evaluates nothing either
-    LeRobotOnly("eval", _null, SIM_EVAL),
-    LeRobotOnly("eval", _always, SIM_EVAL, section=True),  # the eval settings of an env there is not
     LeRobotOnly("image_transforms", _null, IMAGE_TRANSFORMS),  # LeRobot's file for the dataset's section
     LeRobotOnly("job", _null, JOBS),
     LeRobotOnly("job.target", _local_job, JOBS),
@@ -102,7 +93,7 @@ TABLE: tuple[LeRobotOnly, ...] = (
     LeRobotOnly("dataset.depth_output_unit", lambda raw: raw.strip() == "mm", DEPTH),
 )
 # --<section>=<file> in LeRobot's parser (optimizer, scheduler, peft: ours)
-SECTIONS = ("dataset", "policy", "wandb")
+SECTIONS = ("dataset", "policy", "wandb", "eval")
 
 
 def lerobot_only(name: str, raw: str) -> bool:

@@ -77,9 +77,10 @@ def field_specs(cls: type, prefix: str = "", recurse: bool = True) -> list[FlagS
 
 
 def _is_polymorphic(cls: type) -> bool:
+    from lerobot_cli.envs.config import EnvConfig
     from lerobot_cli.policies.config import PolicyConfig
 
-    return issubclass(cls, PolicyConfig)
+    return issubclass(cls, PolicyConfig | EnvConfig)
 
 
 def type_name(t: Any) -> str:

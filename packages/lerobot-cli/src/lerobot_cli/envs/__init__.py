@@ -6,6 +6,6 @@ Split so that the config stays torch- and gym-free (parsed and validated before 
 ``observation`` (``pixels``/``agent_pos`` -> ``observation.image``/``observation.state``).
 """
 
-from lerobot_cli.envs.config import ENV_TYPES, EnvConfig, PushtEnvConfig, env_config
+from lerobot_cli.envs.config import ENV_TYPES, EnvConfig, PushtEnvConfig, env_class, env_config
 
-__all__ = ["ENV_TYPES", "EnvConfig", "PushtEnvConfig", "env_config"]
+__all__ = ["ENV_TYPES", "EnvConfig", "PushtEnvConfig", "env_class", "env_config"]

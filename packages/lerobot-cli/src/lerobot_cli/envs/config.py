@@ -51,7 +51,23 @@ def _task(inst, attribute, value) -> None:
 
 
 @define(frozen=True, kw_only=True)
-class PushtEnvConfig:
+class EnvConfig:
+    """The base of every ``--env.type``: a subclass names its ``type``, the package providing it and the
+    lerobot-cli extra installing it (class constants), and its fields are ``--env.<field>`` flags.
+    ``train_config.json`` holds it as ``{"type": ..., <fields>}`` (``configio``)."""
+
+    type: ClassVar[str] = ""
+    package_name: ClassVar[str] = ""
+    extra: ClassVar[str] = ""
+    default_task: ClassVar[str] = ""
+
+    @property
+    def gym_id(self) -> str:
+        return f"{self.package_name}/{self.task}"  # type: ignore[attr-defined]
+
+
+@define(frozen=True, kw_only=True)
+class PushtEnvConfig(EnvConfig):
     """gym-pusht's PushT (LeRobot's ``PushtEnv``): push a T-shaped block onto a target with a 2-D agent;
     the reward is the block's coverage of the target (success above 95 %)."""
 
@@ -60,21 +76,41 @@ class PushtEnvConfig:
     extra: ClassVar[str] = "pusht"  # lerobot-cli[pusht]
     default_task: ClassVar[str] = "PushT-v0"
 
-    task: str = field(default="PushT-v0", validator=_task)
-    fps: int = field(default=10, validator=_positive("fps"))
-    episode_length: int = field(default=300, validator=_positive("episode_length"))
-    obs_type: str = field(default="pixels_agent_pos", validator=_choice("obs_type", PUSHT_OBS_TYPES))
-    render_mode: str = field(default="rgb_array", validator=_choice("render_mode", RENDER_MODES))
-    visualization_width: int = field(default=384, validator=_positive("visualization_width"))
-    visualization_height: int = field(default=384, validator=_positive("visualization_height"))
-    observation_height: int = field(default=384, validator=_positive("observation_height"))
-    observation_width: int = field(default=384, validator=_positive("observation_width"))
-    max_parallel_tasks: int = field(default=1, validator=_positive("max_parallel_tasks"))
-    disable_env_checker: bool = True
-
-    @property
-    def gym_id(self) -> str:
-        return f"{self.package_name}/{self.task}"
+    task: str = field(default="PushT-v0", validator=_task, metadata={"help": "gym-pusht env id."})
+    fps: int = field(default=10, validator=_positive("fps"), metadata={"help": "Frames per second (videos)."})
+    episode_length: int = field(
+        default=300, validator=_positive("episode_length"), metadata={"help": "Steps before an episode ends."}
+    )
+    obs_type: str = field(
+        default="pixels_agent_pos",
+        validator=_choice("obs_type", PUSHT_OBS_TYPES),
+        metadata={"help": "What the env observes.", "choices": PUSHT_OBS_TYPES},
+    )
+    render_mode: str = field(
+        default="rgb_array",
+        validator=_choice("render_mode", RENDER_MODES),
+        metadata={"help": "Off-screen rendering.", "choices": RENDER_MODES},
+    )
+    visualization_width: int = field(
+        default=384, validator=_positive("visualization_width"), metadata={"help": "Video width."}
+    )
+    visualization_height: int = field(
+        default=384, validator=_positive("visualization_height"), metadata={"help": "Video height."}
+    )
+    observation_height: int = field(
+        default=384,
+        validator=_positive("observation_height"),
+        metadata={"help": "Declared only, as LeRobot's (gym-pusht observes 96x96)."},
+    )
+    observation_width: int = field(
+        default=384,
+        validator=_positive("observation_width"),
+        metadata={"help": "Declared only, as LeRobot's (gym-pusht observes 96x96)."},
+    )
+    max_parallel_tasks: int = field(
+        default=1, validator=_positive("max_parallel_tasks"), metadata={"help": "LeRobot's (one task here)."}
+    )
+    disable_env_checker: bool = field(default=True, metadata={"help": "Skip gymnasium's env checker."})
 
     @property
     def gym_kwargs(self) -> dict[str, Any]:
@@ -113,14 +149,18 @@ class PushtEnvConfig:
         }
 
 
-EnvConfig = PushtEnvConfig  # the union of every env config, as more types land
 ENV_TYPES: dict[str, type[EnvConfig]] = {PushtEnvConfig.type: PushtEnvConfig}
 
 
-def env_config(env_type: str, **fields: Any) -> EnvConfig:
-    """The config of ``--env.type=env_type`` with ``fields`` set; an unknown type is one line naming the
-    known ones (ValueError, as every config validator here raises)."""
-    cls = ENV_TYPES.get(env_type)
+def env_class(env_type: Any) -> type[EnvConfig]:
+    """The config class of ``--env.type=env_type``; an unknown type is one line naming the known ones
+    (ValueError, as every config validator here raises)."""
+    cls = ENV_TYPES.get(env_type) if isinstance(env_type, str) else None
     if cls is None:
         raise ValueError(f"--env.type: invalid choice {env_type!r} (choose from {', '.join(ENV_TYPES)})")
-    return cls(**fields)
+    return cls
+
+
+def env_config(env_type: str, **fields: Any) -> EnvConfig:
+    """The config of ``--env.type=env_type`` with ``fields`` set."""
+    return env_class(env_type)(**fields)

@@ -28,16 +28,41 @@ def _count(flag: str, low: int):
 class EvalConfig:
     """How many episodes an eval rolls out, in vector envs of how many envs, sync or async."""
 
-    n_episodes: int = field(default=50, validator=_count("n_episodes", 1))
-    batch_size: int = field(default=0, validator=_count("batch_size", 0))  # 0: automatic
-    use_async_envs: bool = True  # one env per process (forkserver); a vector env of one is always sync
-    recording: bool = False
-    recording_repo_id: str | None = None
-    recording_private: bool = False
+    n_episodes: int = field(
+        default=50,
+        validator=_count("n_episodes", 1),
+        metadata={"help": "Episodes per simulation eval, split over every data-parallel rank."},
+    )
+    batch_size: int = field(
+        default=0,
+        validator=_count("batch_size", 0),
+        metadata={
+            "help": "Envs in one vector env (each rank rolls out batches of this many; 0: LeRobot's "
+            "automatic size, min(0.7 x CPUs, n_episodes, 64), decided once by the main rank)."
+        },
+    )
+    use_async_envs: bool = field(
+        default=True,
+        metadata={"help": "One process per env (forkserver); a vector env of one is always synchronous."},
+    )
+    recording: bool = field(
+        default=False, metadata={"help": "LeRobot's: record rollouts as a dataset (refused here when true)."}
+    )
+    recording_repo_id: str | None = field(
+        default=None, metadata={"help": "LeRobot's: the Hub repo of the recordings (needs --eval.recording)."}
+    )
+    recording_private: bool = field(
+        default=False, metadata={"help": "LeRobot's: whether the recordings' repo is private."}
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.recording_repo_id is not None and not self.recording:
             raise ValueError("--eval.recording_repo_id requires --eval.recording=true")
+        if self.recording:
+            raise ValueError(
+                "--eval.recording=true (rollouts recorded as a dataset) is not available here: leave it "
+                "false; the per-episode results are in eval_info.json"
+            )
 
     def resolved_batch_size(self, cpu_count: int | None = None) -> int:
         """The number of envs per vector env: LeRobot's ``__post_init__`` arithmetic. ``cpu_count``

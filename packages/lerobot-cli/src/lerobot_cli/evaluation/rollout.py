@@ -4,7 +4,8 @@ the same policy, seeds and env give the same actions, rewards and successes.
 
 Per step, as LeRobot: the observation mapped by :func:`~lerobot_cli.envs.observation.preprocess_observation`,
 ``task`` from the envs (``task_description``, else ``task``, else ``""``), the policy's pre-processor,
-``select_action`` under ``torch.inference_mode``, the post-processor, the action to a CPU numpy
+``select_action`` under ``torch.inference_mode`` (``grad_mode``: ``no_grad`` for a sharded policy), the
+post-processor, the action to a CPU numpy
 ``(batch, action_dim)`` array, ``env.step``. ``done`` is latched per env; a done env is still stepped
 (the vector env resets it in the same step) until all are done or ``max_episode_steps`` is reached, the
 last step forcing every env done. Success is read from ``info["final_info"]["is_success"]`` when an env
@@ -24,6 +25,7 @@ chunking policy's queue refills (its forward passes) fall on the same steps on e
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -96,12 +98,18 @@ def _successes(info: dict[str, Any], n: int) -> list[bool]:
 
 
 def _act(
-    policy: EvalPolicy, pre: Processor, post: Processor, observation: Any, env: Any, tasks: tuple[str, ...]
+    policy: EvalPolicy,
+    pre: Processor,
+    post: Processor,
+    observation: Any,
+    env: Any,
+    tasks: tuple[str, ...],
+    grad_mode: Callable[[], AbstractContextManager],
 ) -> np.ndarray:
     batch = preprocess_observation(observation)
     batch["task"] = _tasks(env, tasks)
     batch = pre(batch)
-    with torch.inference_mode():
+    with grad_mode():
         action = policy.select_action(batch)
     action = post(action).to("cpu").numpy()
     if action.ndim != 2:
@@ -118,6 +126,7 @@ def rollout_batch(
     *,
     keep_stepping: Callable[[bool], bool] | None = None,
     render_callback: Callable[[Any], None] | None = None,
+    grad_mode: Callable[[], AbstractContextManager] = torch.inference_mode,
 ) -> BatchRollout:
     """Roll ``env`` (a gymnasium vector env of ``len(seeds)`` envs) out once with ``policy``; see the
     module docstring. ``render_callback(env)`` runs after the reset and after each env step (video)."""
@@ -135,7 +144,7 @@ def rollout_batch(
     actions, rewards, successes, dones = [], [], [], []
     step = 0
     while step < max_steps and go_on(bool(done.all())):
-        action = _act(policy, preprocessor, postprocessor, observation, env, tasks)
+        action = _act(policy, preprocessor, postprocessor, observation, env, tasks, grad_mode)
         step += 1
         if done.all():  # only keeping the other ranks' collectives company: nothing to step or record
             continue

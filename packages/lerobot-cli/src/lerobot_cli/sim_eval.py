@@ -1,0 +1,174 @@
+"""Simulation evaluation during training (``--env.type``, ``--env_eval_freq``, ``--eval.*``) on every
+data-parallel rank.
+
+Every ``--env_eval_freq`` steps (after that step's checkpoint, as LeRobot orders them), each rank rolls
+out its share of the episode plan (``evaluation.plan``: LeRobot's batches and env seeds, batch ``b`` on
+rank ``b % N``) in its own vector env of ``--eval.batch_size`` envs, with the weights the run evaluates
+with (the EMA's under ``--ema.use_for_eval``), the run's mixed precision and the policy in eval mode; the
+RNG is forked, so training goes on exactly as without the eval. Under FSDP2/HSDP the ranks step in
+lockstep (``evaluation.ranks``). The results are gathered by episode index, so 1 process and N ranks
+report the same episodes; the main rank writes ``<output_dir>/eval/step_<step>/eval_info.json`` (LeRobot's
+schema plus each episode's seed) and logs LeRobot's ``eval/pc_success``, ``eval/avg_sum_reward``,
+``eval/avg_max_reward``, ``eval/eval_s`` (metrics.jsonl and the trackers).
+
+LeRobot 0.6.1 evaluates on the main process only while the others wait at a barrier, and refuses to under
+FSDP; here the work is split, so no rank waits longer than its share and the collective timeout is
+never approached by one rank working alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lerobot_ckpt.layout import step_dir_name
+from lerobot_trainloop.evaluation import evaluating
+
+from lerobot_cli.errors import ConfigError
+from lerobot_cli.evaluation.plan import EpisodePlan
+from lerobot_cli.evaluation.ranks import PeerEvalFailed, gather_results, in_lockstep
+from lerobot_cli.evaluation.results import eval_info, write_eval_info
+from lerobot_cli.evaluation.run import evaluate_batches
+from lerobot_cli.fetching import decided_on_main
+
+EVAL_DIR = "eval"
+
+
+class EnvPolicyMismatch(ConfigError):
+    """The policy's inputs or action are not what the env observes or takes."""
+
+
+class SimEvalFailed(RuntimeError):
+    """This rank's simulation eval raised (the env, most likely); its one line is already printed."""
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(value.shape[1:])
+
+
+def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation: dict, action_shape) -> None:
+    """Every input the policy reads must be one the env observes, with the same shape (after
+    ``--rename_map``), and its action the env's: a mismatch would fail at the first eval, hours in (or,
+    worse, feed a camera of another size), so the run refuses at the start in one line."""
+    seen = {rename_map.get(k, k): _shape(v) for k, v in observation.items() if hasattr(v, "shape")}
+    skip = set(policy_config.placeholder_inputs())
+    for key, feature in policy_config.input_features.items():
+        if key in skip:
+            continue
+        if key not in seen:
+            raise EnvPolicyMismatch(
+                f"--env.type: the policy reads {key}, which the env does not observe (it gives "
+                f"{', '.join(sorted(seen))}); evaluate in the env the dataset was recorded in, or map the "
+                "names with --rename_map"
+            )
+        if tuple(feature.shape) != seen[key]:
+            raise EnvPolicyMismatch(
+                f"--env.type: the policy reads {key} of shape {tuple(feature.shape)}, the env gives "
+                f"{seen[key]}"
+            )
+    action = policy_config.output_features.get("action")
+    if action is not None and tuple(action.shape) != tuple(action_shape):
+        raise EnvPolicyMismatch(
+            f"--env.type: the policy's action has shape {tuple(action.shape)}, the env takes "
+            f"{tuple(action_shape)}"
+        )
+
+
+class SimEval:
+    """One run's simulation evals: what the run decided once (the batch size) and how to roll out."""
+
+    def __init__(self, cfg, runtime, policy: torch.nn.Module, loop, preprocessor, postprocessor) -> None:
+        self.cfg, self.runtime, self.policy, self.loop = cfg, runtime, policy, loop
+        self.pre, self.post = preprocessor, postprocessor
+        self.ema = loop.ema if loop.ema is not None and cfg.ema.use_for_eval else None
+        self.sharded = runtime.parallelism.is_sharded
+        # LeRobot's automatic size depends on the machine's CPUs: one rank decides, all use it
+        self.batch_size = decided_on_main(
+            runtime, "the eval batch size", lambda: cfg.eval.resolved_batch_size()
+        )
+        self.plan = EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=self.batch_size, seed=cfg.seed)
+
+    def check(self) -> None:
+        """Build one env, reset it once and check the policy fits it (every rank: they agree)."""
+        from lerobot_cli.envs.make import make_vector_env
+        from lerobot_cli.envs.observation import preprocess_observation
+
+        env = make_vector_env(self.cfg.env, 1, use_async_envs=False)
+        try:
+            observation, _ = env.reset(seed=self.cfg.seed)
+            batch = preprocess_observation(observation)
+            action_shape = env.single_action_space.shape
+        finally:
+            env.close()
+        check_policy_fits_env(self.policy.config, self.cfg.rename_map, batch, action_shape)
+
+    def describe(self) -> str:
+        n_batches, world = self.plan.n_batches, self.runtime.dp_world_size
+        per_rank = -(-n_batches // world)
+        weights = "EMA" if self.ema is not None else "live"
+        return (
+            f"Sim eval: {self.plan.n_episodes} episodes of {self.cfg.env.type} ({self.cfg.env.task}) every "
+            f"{self.cfg.env_eval_freq} steps, {n_batches} batch{'es' if n_batches != 1 else ''} of "
+            f"{self.batch_size} envs over {world} rank{'s' if world != 1 else ''} ({per_rank} each), "
+            f"{weights} weights, seeds from {self.cfg.seed}"
+        )
+
+    def directory(self, step: int) -> Path:
+        return Path(self.cfg.output_dir) / EVAL_DIR / f"step_{step_dir_name(step)}"
+
+    def run(self, step: int, reporter) -> dict | None:
+        """Every rank: roll out this rank's batches, gather; the main rank writes and logs. Returns the
+        ``eval_info`` on the main rank."""
+        from lerobot_cli.envs.make import make_vector_env
+
+        rt = self.runtime
+        mine = self.plan.for_rank(rt.dp_rank, rt.dp_world_size)
+        vote = in_lockstep(self.sharded, rt.dp_group, rt.device) if rt.dp_world_size > 1 else None
+        grad_mode = torch.no_grad if self.sharded else torch.inference_mode
+        start = time.perf_counter()
+        try:
+            env = make_vector_env(self.cfg.env, self.batch_size, self.cfg.eval.use_async_envs)
+            try:
+                with evaluating(self.loop.model, rt.device, self.ema):
+                    results = evaluate_batches(
+                        env,
+                        self.policy,
+                        self.pre,
+                        self.post,
+                        mine,
+                        keep_stepping=vote,
+                        seed=self.cfg.seed,
+                        grad_mode=grad_mode,
+                        autocast=self.loop.precision.autocast,
+                    )
+            finally:
+                env.close()
+        except PeerEvalFailed:
+            raise
+        except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
+            where = f" on rank {rt.rank}" if rt.is_distributed else ""
+            print(
+                f"lerobot-train: error: the simulation eval at step {step} failed{where}: "
+                f"{type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if vote is not None:
+                vote.fail()
+            elif rt.dp_world_size > 1:  # the peers wait in the gather: let them stop there
+                try:
+                    gather_results(None, rt.dp_group, rt.dp_world_size)
+                except PeerEvalFailed:
+                    pass
+            raise SimEvalFailed(str(exc)) from exc
+        episodes = gather_results(results, rt.dp_group, rt.dp_world_size)
+        eval_s = time.perf_counter() - start
+        if not rt.is_main:
+            return None
+        info = eval_info(episodes, task_group=self.cfg.env.type, eval_s=eval_s)
+        write_eval_info(self.directory(step), info)
+        reporter.log_sim_eval(step, info["overall"], weights="EMA" if self.ema is not None else "live")
+        return info
