@@ -5,6 +5,7 @@ gym-pusht itself with a tiny real policy. Needs lerobot-cli[pusht] (gymnasium, g
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import ClassVar
 
@@ -188,16 +189,19 @@ def test_action_of_the_wrong_rank_is_one_line():
 
 def test_episode_results_keep_one_step_past_done_as_lerobot():
     """LeRobot's mask is arange(n) <= done_index + 1: the step after an env's done still counts."""
+    actions = torch.arange(16, dtype=torch.float32).reshape(2, 4, 2)
     rollout = BatchRollout(
-        actions=torch.zeros(2, 4, 2),
+        actions=actions,
         rewards=torch.tensor([[1.0, 2.0, 4.0, 8.0], [0.5, 0.25, 0.125, 16.0]], dtype=torch.float64),
         successes=torch.tensor([[False, True, False, False], [False, False, False, True]]),
         dones=torch.tensor([[False, True, True, True], [False, False, False, True]]),
     )
     batch = RolloutBatch(index=3, seeds=(40, 41), episodes=(6, 7))
+    # the actions' digest covers the steps through the done one: episode 6 acted twice, 7 four times
+    digest = [hashlib.sha256(actions[0, :2].numpy().tobytes()), hashlib.sha256(actions[1].numpy().tobytes())]
     assert episode_results(batch, rollout) == [
-        EpisodeResult(episode_ix=6, sum_reward=7.0, max_reward=4.0, success=True, seed=40),
-        EpisodeResult(episode_ix=7, sum_reward=16.875, max_reward=16.0, success=True, seed=41),
+        EpisodeResult(6, 7.0, 4.0, True, 40, digest[0].hexdigest()),
+        EpisodeResult(7, 16.875, 16.0, True, 41, digest[1].hexdigest()),
     ]
     padded = RolloutBatch(index=3, seeds=(40, 41), episodes=(6,))  # the last batch's extra env is dropped
     assert [r.episode_ix for r in episode_results(padded, rollout)] == [6]
@@ -236,8 +240,12 @@ def test_evaluate_restores_the_policy_mode():
 
 def _results():
     return [
-        EpisodeResult(episode_ix=1, sum_reward=3.0, max_reward=1.0, success=False, seed=11),
-        EpisodeResult(episode_ix=0, sum_reward=5.0, max_reward=2.0, success=True, seed=10),
+        EpisodeResult(
+            episode_ix=1, sum_reward=3.0, max_reward=1.0, success=False, seed=11, actions_sha256="b"
+        ),
+        EpisodeResult(
+            episode_ix=0, sum_reward=5.0, max_reward=2.0, success=True, seed=10, actions_sha256="a"
+        ),
     ]
 
 
@@ -257,8 +265,22 @@ def test_eval_info_is_lerobots_schema(tmp_path):
         "per_group": {"pusht": metrics | no_videos},
         "overall": metrics | {"eval_s": 4.0, "eval_ep_s": 2.0} | no_videos,
         "per_episode": [
-            {"episode_ix": 0, "sum_reward": 5.0, "max_reward": 2.0, "success": True, "seed": 10},
-            {"episode_ix": 1, "sum_reward": 3.0, "max_reward": 1.0, "success": False, "seed": 11},
+            {
+                "episode_ix": 0,
+                "sum_reward": 5.0,
+                "max_reward": 2.0,
+                "success": True,
+                "seed": 10,
+                "actions_sha256": "a",
+            },
+            {
+                "episode_ix": 1,
+                "sum_reward": 3.0,
+                "max_reward": 1.0,
+                "success": False,
+                "seed": 11,
+                "actions_sha256": "b",
+            },
         ],
         "aggregated": {
             "avg_sum_reward": 4.0,
@@ -328,8 +350,8 @@ def test_pusht_rollout_with_a_tiny_mlp_and_its_processors(tmp_path):
         env.close()
     assert [(r.episode_ix, r.seed) for r in one] == [(0, 1000), (1, 1001), (2, 1002)]
     both = sorted(two[0] + two[1], key=lambda r: r.episode_ix)
-    assert [(r.episode_ix, r.seed, r.success) for r in both] == [
-        (r.episode_ix, r.seed, r.success) for r in one
+    assert [(r.episode_ix, r.seed, r.success, r.actions_sha256) for r in both] == [
+        (r.episode_ix, r.seed, r.success, r.actions_sha256) for r in one
     ]
     # gym-pusht's rewards vary in their last bits between env instances and resets (test_env_pusht.py)
     for a, b in zip(both, one, strict=True):

@@ -9,12 +9,13 @@ LeRobot's to the bit.
 
 ``eval_info.json`` is LeRobot 0.6.1's ``lerobot-eval`` file (``eval_policy_all``'s ``per_task``,
 ``per_group`` and ``overall``) plus ``per_episode`` and ``aggregated`` as its ``eval_policy`` returns them
-(``episode_ix``, ``sum_reward``, ``max_reward``, ``success``, ``seed``): the seeds are what makes a run's
-episodes reproducible, and LeRobot's own file drops them.
+(``episode_ix``, ``sum_reward``, ``max_reward``, ``success``, ``seed``, and ``actions_sha256``): the
+seeds are what makes a run's episodes reproducible, and LeRobot's own file drops them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,21 @@ EVAL_INFO = "eval_info.json"
 
 @define(frozen=True)
 class EpisodeResult:
+    """One episode's LeRobot numbers, its env seed, and ``actions_sha256``: the SHA-256 of the actions the
+    env took in it (little-endian, through its done step), so two runs can show they acted alike bit for
+    bit without storing every action."""
+
     episode_ix: int
     sum_reward: float
     max_reward: float
     success: bool
     seed: int | None
+    actions_sha256: str = ""
+
+
+def _actions_digest(actions: torch.Tensor) -> str:
+    data = actions.detach().to("cpu").contiguous().numpy()
+    return hashlib.sha256(data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes()).hexdigest()
 
 
 def episode_results(batch: RolloutBatch, rollout: BatchRollout) -> list[EpisodeResult]:
@@ -48,9 +59,15 @@ def episode_results(batch: RolloutBatch, rollout: BatchRollout) -> list[EpisodeR
     sums = (rollout.rewards * mask).sum(dim=1).tolist()
     maxes = (rollout.rewards * mask).amax(dim=1).tolist()
     successes = (rollout.successes * mask).any(dim=1).tolist()
+    ends = done_indices.tolist()
     return [
         EpisodeResult(
-            episode_ix=ep, sum_reward=sums[i], max_reward=maxes[i], success=successes[i], seed=batch.seeds[i]
+            episode_ix=ep,
+            sum_reward=sums[i],
+            max_reward=maxes[i],
+            success=successes[i],
+            seed=batch.seeds[i],
+            actions_sha256=_actions_digest(rollout.actions[i, : ends[i] + 1]),
         )
         for i, ep in enumerate(batch.episodes)
     ]

@@ -1,0 +1,173 @@
+"""Simulation evaluation inside ``lerobot-train`` on every rank: one process, DDP x2 and FSDP2 x2 roll out
+the same PushT episodes (gym-pusht, a tiny Diffusion Policy whose weights stay at their seeded init: lr 0)
+and report the same per-episode results: successes, the actions of each episode bit for bit (their
+SHA-256), rewards to gym-pusht's reproducibility (1e-12; test_env_pusht.py). Five episodes in batches of
+2 make three batches: rank 0 rolls out batches 0 and 2, rank 1 batch 1 and a filler, in lockstep under
+FSDP2. And faults: an env that raises on one rank stops the job in one line naming it, with the step's
+checkpoint saved, under DDP (the gather) and FSDP2 (the lockstep vote); nothing hangs.
+Needs lerobot-cli[pusht]."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gym_pusht", reason="lerobot-cli[pusht] (uv sync installs it)")
+
+pytestmark = pytest.mark.slow
+
+TINY_DIFFUSION = [
+    "--num_workers=0",
+    "--policy.type=diffusion",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.use_group_norm=true",
+    "--policy.down_dims=[16,32]",
+    "--policy.horizon=8",
+    "--policy.n_action_steps=4",
+    "--policy.spatial_softmax_num_keypoints=8",
+    "--policy.diffusion_step_embed_dim=16",
+    "--policy.num_train_timesteps=10",
+    "--policy.scheduler_warmup_steps=0",
+    "--policy.optimizer_lr=0",
+    "--policy.push_to_hub=false",
+]
+EVAL = [
+    "--env.type=pusht",
+    "--env.episode_length=10",
+    "--eval.n_episodes=5",
+    "--eval.batch_size=2",
+    "--env_eval_freq=1",
+    "--steps=1",
+    "--batch_size=2",
+]
+# rank 1's env raises on its 3rd step (a sitecustomize the launched processes import)
+FAULT = """
+import os
+if os.environ.get("RANK") == "1":
+    import gym_pusht.envs.pusht as pusht
+    step = pusht.PushTEnv.step
+    def failing(self, action):
+        self._sim_eval_test_steps = getattr(self, "_sim_eval_test_steps", 0) + 1
+        if self._sim_eval_test_steps == 3:
+            raise RuntimeError("injected env failure")
+        return step(self, action)
+    pusht.PushTEnv.step = failing
+"""
+
+
+def write_pusht_like(root: Path) -> Path:
+    """Four random episodes with PushT's features (96x96 ``observation.image``, 2-D state and action)."""
+    from lerobot_cli.datasets.writer import EpisodeData, write_dataset
+
+    rng = np.random.default_rng(0)
+    features = {
+        "observation.image": {
+            "dtype": "video",
+            "shape": [96, 96, 3],
+            "names": ["height", "width", "channels"],
+        },
+        "observation.state": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
+        "action": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
+    }
+    episodes = (
+        EpisodeData(
+            task="Push the T-shaped block onto the target.",
+            frames={
+                "observation.image": rng.integers(0, 255, (16, 96, 96, 3), dtype=np.uint8),
+                "observation.state": rng.uniform(0, 512, (16, 2)).astype(np.float32),
+                "action": rng.uniform(0, 512, (16, 2)).astype(np.float32),
+            },
+        )
+        for _ in range(4)
+    )
+    return write_dataset(root, 10, features, episodes)
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def per_episode(out: Path) -> list[dict]:
+    info = json.loads((out / "eval" / "step_000001" / "eval_info.json").read_text())
+    return info["per_episode"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> list[str]:
+    root = write_pusht_like(tmp_path_factory.mktemp("pusht_like") / "pusht_like")
+    return ["--dataset.repo_id=local/pusht_like", f"--dataset.root={root}"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, launch, dataset) -> dict[str, tuple[Path, str]]:
+    root = tmp_path_factory.mktemp("sim_eval")
+    out = {name: root / name for name in ("single", "ddp", "fsdp")}
+    common = [*dataset, *TINY_DIFFUSION, *EVAL, "--save_checkpoint=false", "--log_freq=1"]
+    one = launch.lerobot_train(*common, f"--output_dir={out['single']}")  # async envs (LeRobot's default)
+    two = launch.lerobot_train_runs(
+        [*common, "--eval.use_async_envs=false", f"--output_dir={out['ddp']}"],
+        [*common, "--parallelism.dp_shard=2", f"--output_dir={out['fsdp']}"],
+        nproc=2,
+    )
+    stdout = {"single": one.stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout}
+    return {name: (out[name], stdout[name]) for name in out}
+
+
+def test_every_layout_rolls_out_the_same_episodes(runs):
+    reference = per_episode(runs["single"][0])
+    assert [e["episode_ix"] for e in reference] == [0, 1, 2, 3, 4]
+    assert [e["seed"] for e in reference] == [1000, 1001, 1002, 1003, 1004]  # LeRobot's: start_seed=--seed
+    assert len({e["actions_sha256"] for e in reference}) == 5  # the episodes differ
+    for name in ("ddp", "fsdp"):
+        got = per_episode(runs[name][0])
+        assert [(e["episode_ix"], e["seed"], e["success"], e["actions_sha256"]) for e in got] == [
+            (e["episode_ix"], e["seed"], e["success"], e["actions_sha256"]) for e in reference
+        ], name
+        for a, b in zip(got, reference, strict=True):
+            assert (
+                abs(a["sum_reward"] - b["sum_reward"]) <= 1e-12
+                and abs(a["max_reward"] - b["max_reward"]) <= 1e-12
+            )
+
+
+def test_the_eval_is_split_over_the_ranks_and_logged_under_lerobots_names(runs):
+    assert "3 batches of 2 envs over 1 rank (3 each)" in runs["single"][1]
+    assert "3 batches of 2 envs over 2 ranks (2 each)" in runs["fsdp"][1]
+    for name, (out, stdout) in runs.items():
+        evals = [r for r in records(out) if "eval/pc_success" in r]
+        assert len(evals) == 1 and evals[0]["step"] == 1, name
+        info = json.loads((out / "eval" / "step_000001" / "eval_info.json").read_text())
+        overall = info["overall"]
+        for key in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s"):
+            assert evals[0][f"eval/{key}"] == overall[key], (name, key)
+        assert overall["n_episodes"] == 5 and "sim eval step 1/1 eval/pc_success=" in stdout
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, launch, dataset, layout):
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(FAULT)
+    out = tmp_path / "out"
+    flags = [*dataset, *TINY_DIFFUSION, *EVAL, "--eval.use_async_envs=false", f"--output_dir={out}"]
+    if layout == "fsdp":
+        flags.append("--parallelism.dp_shard=2")
+    import os
+
+    path = os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    res = launch.torchrun(launch.LEROBOT_TRAIN, *flags, nproc=2, timeout_s=240, env={"PYTHONPATH": path})
+    assert not res.timed_out and res.returncode != 0, res.describe()
+    errors = [line for line in res.stderr.splitlines() if "lerobot-train: error:" in line]
+    said = "the simulation eval at step 1 failed on rank 1: RuntimeError: injected env failure"
+    assert errors == [f"lerobot-train: error: {said}"], res.describe()
+    # no traceback of ours: only torchrun's agent's own ChildFailedError (tests/test_bad_inputs.py)
+    tracebacks = res.output.split("Traceback (most recent call last):")[1:]
+    assert all("torch/distributed/run.py" in tb and "ChildFailedError" in tb for tb in tracebacks), (
+        res.describe()
+    )
+    assert (
+        out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors"
+    ).is_file()  # saved first
+    assert not (out / "eval").exists()
