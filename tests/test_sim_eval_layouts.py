@@ -146,6 +146,23 @@ def test_the_eval_is_split_over_the_ranks_and_logged_under_lerobots_names(runs):
         assert overall["n_episodes"] == 5 and "sim eval step 1/1 eval/pc_success=" in stdout
 
 
+def test_rank_0_writes_the_videos_of_the_first_episodes_it_rolls_out(runs):
+    """LeRobot's 4 first episodes on one process; on 2 ranks rank 0's (batches 0 and 2: episodes 0, 1, 4)."""
+    import av
+
+    for name, episodes in (("single", [0, 1, 2, 3]), ("ddp", [0, 1, 4]), ("fsdp", [0, 1, 4])):
+        step = runs[name][0] / "eval" / "step_000001"
+        paths = [str(step / "videos" / f"eval_episode_{i}.mp4") for i in episodes]
+        info = json.loads((step / "eval_info.json").read_text())
+        assert info["overall"]["video_paths"] == paths, name
+        assert sorted(p.name for p in (step / "videos").iterdir()) == sorted(Path(p).name for p in paths)
+        with av.open(
+            paths[0]
+        ) as video:  # the reset's frame and each step's until the done one (LeRobot's cut)
+            stream = video.streams.video[0]
+            assert (stream.frames, stream.width, stream.height) == (10, 384, 384), name
+
+
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
 def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, launch, dataset, layout):
     (tmp_path / "inject").mkdir()

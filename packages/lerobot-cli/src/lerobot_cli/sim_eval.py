@@ -8,7 +8,7 @@ with (the EMA's under ``--ema.use_for_eval``), the run's mixed precision and the
 RNG is forked, so training goes on exactly as without the eval. Under FSDP2/HSDP the ranks step in
 lockstep (``evaluation.ranks``). The results are gathered by episode index, so 1 process and N ranks
 report the same episodes; the main rank writes ``<output_dir>/eval/step_<step>/eval_info.json`` (LeRobot's
-schema plus each episode's seed) and logs LeRobot's ``eval/pc_success``, ``eval/avg_sum_reward``,
+schema plus each episode's seed; videos of the first 4 episodes beside it, from rank 0) and logs LeRobot's ``eval/pc_success``, ``eval/avg_sum_reward``,
 ``eval/avg_max_reward``, ``eval/eval_s`` (metrics.jsonl and the trackers).
 
 LeRobot 0.6.1 evaluates on the main process only while the others wait at a barrier, and refuses to under
@@ -32,9 +32,11 @@ from lerobot_cli.evaluation.plan import EpisodePlan
 from lerobot_cli.evaluation.ranks import PeerEvalFailed, gather_results, in_lockstep
 from lerobot_cli.evaluation.results import eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
+from lerobot_cli.evaluation.videos import EpisodeRecorder
 from lerobot_cli.fetching import decided_on_main
 
 EVAL_DIR = "eval"
+VIDEO_EPISODES = 4  # LeRobot's lerobot-train renders the first 4 episodes of each eval
 
 
 class EnvPolicyMismatch(ConfigError):
@@ -128,6 +130,12 @@ class SimEval:
         mine = self.plan.for_rank(rt.dp_rank, rt.dp_world_size)
         vote = in_lockstep(self.sharded, rt.dp_group, rt.device) if rt.dp_world_size > 1 else None
         grad_mode = torch.no_grad if self.sharded else torch.inference_mode
+        # batch 0 is rank 0's: it alone renders the plan's first episodes
+        recorder = (
+            EpisodeRecorder(self.directory(step) / "videos", VIDEO_EPISODES, self.cfg.env.fps)
+            if rt.dp_rank == 0
+            else None
+        )
         start = time.perf_counter()
         try:
             env = make_vector_env(self.cfg.env, self.batch_size, self.cfg.eval.use_async_envs)
@@ -143,6 +151,7 @@ class SimEval:
                         seed=self.cfg.seed,
                         grad_mode=grad_mode,
                         autocast=self.loop.precision.autocast,
+                        recorder=recorder,
                     )
             finally:
                 env.close()
@@ -168,7 +177,8 @@ class SimEval:
         eval_s = time.perf_counter() - start
         if not rt.is_main:
             return None
-        info = eval_info(episodes, task_group=self.cfg.env.type, eval_s=eval_s)
+        videos = recorder.paths if recorder is not None else []
+        info = eval_info(episodes, task_group=self.cfg.env.type, eval_s=eval_s, video_paths=videos)
         write_eval_info(self.directory(step), info)
         reporter.log_sim_eval(step, info["overall"], weights="EMA" if self.ema is not None else "live")
         return info

@@ -24,6 +24,7 @@ import torch
 from lerobot_cli.evaluation.plan import RolloutBatch
 from lerobot_cli.evaluation.results import EpisodeResult, episode_results
 from lerobot_cli.evaluation.rollout import Processor, rollout_batch
+from lerobot_cli.evaluation.videos import EpisodeRecorder
 
 
 def evaluate_batches(
@@ -37,14 +38,14 @@ def evaluate_batches(
     seed: int | None = None,
     grad_mode: Callable[[], AbstractContextManager] = torch.inference_mode,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
-    render: Callable[[RolloutBatch], Callable[[Any], None] | None] | None = None,
+    recorder: EpisodeRecorder | None = None,
 ) -> list[EpisodeResult]:
     """Roll out ``batches`` (this rank's, from ``EpisodePlan.for_rank``) in ``env``, whose number of envs
     is the plan's batch size; fillers are rolled out (lockstep) and keep nothing. ``grad_mode`` wraps
     each ``select_action`` (LeRobot's ``inference_mode``; a sharded policy needs ``no_grad``: FSDP2's
     gathered parameters must not become inference tensors the next training step would reuse),
     ``autocast`` the whole rollout (the run's mixed precision, as LeRobot's ``accelerator.autocast()``).
-    ``render(batch)`` gives the batch's video callback, if any."""
+    ``recorder`` renders and writes the videos of the episodes it records."""
     was_training = policy.training
     policy.eval()
     results: list[EpisodeResult] = []
@@ -62,8 +63,10 @@ def evaluate_batches(
                         batch.seeds,
                         keep_stepping=keep_stepping,
                         grad_mode=grad_mode,
-                        render_callback=render(batch) if render is not None else None,
+                        render_callback=recorder.start(batch) if recorder is not None else None,
                     )
+                if recorder is not None:
+                    recorder.finish(batch, rollout)
                 results.extend(episode_results(batch, rollout))
     finally:
         policy.train(was_training)
