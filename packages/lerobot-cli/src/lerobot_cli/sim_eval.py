@@ -7,9 +7,10 @@ rank ``b % N``) in its own vector env of ``--eval.batch_size`` envs, with the we
 with (the EMA's under ``--ema.use_for_eval``), the run's mixed precision and the policy in eval mode; the
 RNG is forked, so training goes on exactly as without the eval. Under FSDP2/HSDP the ranks step in
 lockstep (``evaluation.ranks``). The results are gathered by episode index, so 1 process and N ranks
-report the same episodes; the main rank writes ``<output_dir>/eval/step_<step>/eval_info.json`` (LeRobot's
-schema plus each episode's seed; videos of the first 4 episodes beside it, from rank 0) and logs LeRobot's ``eval/pc_success``, ``eval/avg_sum_reward``,
-``eval/avg_max_reward``, ``eval/eval_s`` (metrics.jsonl and the trackers).
+report the same episodes; the main rank writes ``<output_dir>/eval/step_<step>/eval_info.json``
+(LeRobot's schema plus each episode's seed and action digest) and logs LeRobot's ``eval/pc_success``,
+``eval/avg_sum_reward``, ``eval/avg_max_reward``, ``eval/eval_s`` (metrics.jsonl and the trackers); rank 0
+writes the videos of the first 4 episodes it rolls out beside it (``evaluation.videos``).
 
 LeRobot 0.6.1 evaluates on the main process only while the others wait at a barrier, and refuses to under
 FSDP; here the work is split, so no rank waits longer than its share and the collective timeout is
