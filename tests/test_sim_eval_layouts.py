@@ -10,6 +10,8 @@ Needs lerobot-cli[pusht]."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -171,8 +173,6 @@ def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, laun
     flags = [*dataset, *TINY_DIFFUSION, *EVAL, "--eval.use_async_envs=false", f"--output_dir={out}"]
     if layout == "fsdp":
         flags.append("--parallelism.dp_shard=2")
-    import os
-
     path = os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     res = launch.torchrun(launch.LEROBOT_TRAIN, *flags, nproc=2, timeout_s=240, env={"PYTHONPATH": path})
     assert not res.timed_out and res.returncode != 0, res.describe()
@@ -188,3 +188,53 @@ def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, laun
         out / "checkpoints" / "000001" / "pretrained_model" / "model.safetensors"
     ).is_file()  # saved first
     assert not (out / "eval").exists()
+
+
+def _drill_job():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "sim_eval_drill_job", Path(__file__).parent / "drill_job.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sigterm_during_an_eval_stops_it_on_every_rank_and_the_run_saves(tmp_path, launch, dataset):
+    """SIGTERM to torchrun (forwarded to each rank) while the ranks roll out a long eval (200 episodes of
+    300 steps, about a minute here): the eval is abandoned at the next env step on both ranks, the run stops
+    at the following step as during training and saves it; nothing is left running."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    port = launch.free_port()
+    cmd = [
+        launch.PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}",
+        "--monitor-interval=0.2", launch.LEROBOT_TRAIN, *dataset, "--num_workers=0", "--policy.type=mlp",
+        "--policy.hidden_dim=16", "--policy.push_to_hub=false", "--env.type=pusht", "--eval.n_episodes=200",
+        "--eval.batch_size=2", "--eval.use_async_envs=false", "--env_eval_freq=1", "--steps=100",
+        "--batch_size=2", "--save_freq=1000", "--log_freq=1", f"--output_dir={out}",
+    ]  # fmt: skip
+    drill_job = _drill_job()
+    job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port, launch)
+    try:
+        job.wait_for(lambda: "Sim eval:" in job.stdout_path.read_text(), 180, "the sim eval banner")
+        job.wait_for(lambda: drill_job.metrics_lines(out) >= 1, 60, "the first step")
+        time.sleep(1.0)  # inside the eval of step 1 (its first batches take seconds)
+        signalled = time.monotonic()
+        os.kill(job.proc.pid, signal.SIGTERM)
+        ended = job.wait_end(60)
+        stdout, output = job.stdout_path.read_text(), job.output()
+        left = job.alive_workers()
+    finally:
+        job.close()
+    assert ended is not None and not left, output
+    assert time.monotonic() - signalled < 45, output  # far less than the eval's minute
+    assert "sim eval step 1 abandoned: SIGTERM during the eval" in stdout, output
+    stops = re.findall(r"interrupted by SIGTERM at step (\d+)", stdout)
+    assert len(stops) == 1, output
+    step = json.loads((out / "checkpoints" / "last" / "training_state" / "training_step.json").read_text())
+    assert step["step"] == int(stops[0]) and not (out / "eval" / "step_000001" / "eval_info.json").exists()
+    assert "error:" not in output, output

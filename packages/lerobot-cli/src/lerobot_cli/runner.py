@@ -361,10 +361,18 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
                 at=[cfg.steps],
             )
         if simulates(cfg):  # after the step's checkpoint, as LeRobot: a failed eval leaves it saved
-            sim = SimEval(cfg, runtime, policy, loop, workload.preprocessor, workload.postprocessor)
+            sim = SimEval(
+                cfg,
+                runtime,
+                policy,
+                loop,
+                workload.preprocessor,
+                workload.postprocessor,
+                signalled=lambda: watch.signum,
+            )
             sim.check()
             reporter.print(sim.describe())
-            loop.add_hook(lambda ev: sim.run(ev.step, reporter), every=cfg.env_eval_freq)
+            loop.add_hook(lambda ev: sim.run_or_stop(ev.step, reporter), every=cfg.env_eval_freq)
         # An interrupt waits for the end of the accumulation window, so its checkpoint resumes exactly.
         loop.add_hook(lambda ev: watch.check(defer=not loop.at_window_boundary), every=1, check_finite=False)
         # The watch's handlers stay through the interrupt's save: a repeat of the signal (the launcher

@@ -19,8 +19,10 @@ never approached by one rank working alone.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from lerobot_trainloop.evaluation import evaluating
 
 from lerobot_cli.errors import ConfigError
 from lerobot_cli.evaluation.plan import EpisodePlan
-from lerobot_cli.evaluation.ranks import PeerEvalFailed, gather_results, in_lockstep
+from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep, PeerEvalFailed, gather_results
 from lerobot_cli.evaluation.results import eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
 from lerobot_cli.evaluation.videos import EpisodeRecorder
@@ -83,8 +85,18 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
 class SimEval:
     """One run's simulation evals: what the run decided once (the batch size) and how to roll out."""
 
-    def __init__(self, cfg, runtime, policy: torch.nn.Module, loop, preprocessor, postprocessor) -> None:
+    def __init__(
+        self,
+        cfg,
+        runtime,
+        policy: torch.nn.Module,
+        loop,
+        preprocessor,
+        postprocessor,
+        signalled: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.cfg, self.runtime, self.policy, self.loop = cfg, runtime, policy, loop
+        self.signalled = signalled
         self.pre, self.post = preprocessor, postprocessor
         self.ema = loop.ema if loop.ema is not None and cfg.ema.use_for_eval else None
         self.sharded = runtime.parallelism.is_sharded
@@ -124,14 +136,14 @@ class SimEval:
 
     def run(self, step: int, reporter) -> dict | None:
         """Every rank: roll out this rank's batches, gather; the main rank writes and logs. Returns the
-        ``eval_info`` on the main rank."""
+        ``eval_info`` on the main rank (None elsewhere, and when a signal stopped the eval)."""
         from lerobot_cli.envs.make import make_vector_env
 
         rt = self.runtime
         mine = self.plan.for_rank(rt.dp_rank, rt.dp_world_size)
-        vote = in_lockstep(self.sharded, rt.dp_group, rt.device) if rt.dp_world_size > 1 else None
+        vote = Lockstep(rt.dp_group, rt.device, rt.dp_world_size, self.signalled)
         grad_mode = torch.no_grad if self.sharded else torch.inference_mode
-        # batch 0 is rank 0's: it alone renders the plan's first episodes
+        # batch 0 is rank 0's: it alone renders (its first episodes)
         recorder = (
             EpisodeRecorder(self.directory(step) / "videos", VIDEO_EPISODES, self.cfg.env.fps)
             if rt.dp_rank == 0
@@ -156,7 +168,8 @@ class SimEval:
                     )
             finally:
                 env.close()
-        except PeerEvalFailed:
+            vote.finish()
+        except (PeerEvalFailed, EvalInterrupted):
             raise
         except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
             where = f" on rank {rt.rank}" if rt.is_distributed else ""
@@ -166,13 +179,7 @@ class SimEval:
                 file=sys.stderr,
                 flush=True,
             )
-            if vote is not None:
-                vote.fail()
-            elif rt.dp_world_size > 1:  # the peers wait in the gather: let them stop there
-                try:
-                    gather_results(None, rt.dp_group, rt.dp_world_size)
-                except PeerEvalFailed:
-                    pass
+            vote.fail()
             raise SimEvalFailed(str(exc)) from exc
         episodes = gather_results(results, rt.dp_group, rt.dp_world_size)
         eval_s = time.perf_counter() - start
@@ -183,3 +190,13 @@ class SimEval:
         write_eval_info(self.directory(step), info)
         reporter.log_sim_eval(step, info["overall"], weights="EMA" if self.ema is not None else "live")
         return info
+
+    def run_or_stop(self, step: int, reporter) -> None:
+        """:meth:`run`, except that a signal during the eval abandons it (said once, nothing written):
+        the interrupt watch then stops the run and saves, as during training."""
+        try:
+            self.run(step, reporter)
+        except EvalInterrupted as exc:
+            reporter.print(
+                f"sim eval step {step} abandoned: {signal.Signals(exc.signum).name} during the eval"
+            )

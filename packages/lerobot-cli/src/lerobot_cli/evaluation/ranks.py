@@ -1,17 +1,22 @@
-"""What an evaluation needs of the data-parallel group: the lockstep vote of a sharded rollout and the
-per-episode results gathered from every rank.
+"""What an evaluation needs of the data-parallel group: a vote before every env step, and the per-episode
+results gathered from every rank.
 
-Lockstep: under FSDP2/HSDP every forward all-gathers each unit's weights, so every rank must call the
-policy the same number of times. Before each env step, each rank says whether it still has an env running;
-one all-reduce (max) tells all of them whether *any* has, and a rank whose envs are all done keeps
-calling the policy (``evaluation.rollout``) until none has. Unsharded (one process, DDP), the policy's
-forward is local and no vote is taken: a rank with shorter episodes reaches the gather first and waits
-there, never longer than the slowest rank's share.
+The vote (:class:`Lockstep`, the rollout's ``keep_stepping``): before each env step every rank says
+whether it still has an env running, whether it got SIGINT/SIGTERM, and whether its eval failed; one
+all-reduce (max) of the three tells every rank the same. So:
 
-Failure: a rank whose rollout raises still owes its peers the collectives they wait in. A failed rank
-votes once more with a failure mark, so the others stop in the same step and raise
-:class:`PeerEvalFailed` instead of waiting in a collective no one will join; the gather carries the
-failure the same way where no vote is taken.
+- under FSDP2/HSDP, where every forward all-gathers each unit's weights, every rank calls the policy the
+  same number of times: a rank whose envs are all done keeps calling it (``evaluation.rollout``) until no
+  rank has an env running;
+- a signal stops the eval on every rank at the same step (:class:`EvalInterrupted`), however long the
+  eval would still take; the run then stops and saves as it does during training;
+- a rank whose eval raised votes once more, marked failed, and the others raise :class:`PeerEvalFailed`
+  at that vote instead of waiting in a collective no one will join. A last vote after the rollouts
+  (:meth:`Lockstep.finish`) keeps a failure after the last step (a video write) on the same channel.
+
+On one process the vote is local: it reads the signal flag and says whether an env is running. The vote
+costs one small all-reduce per env step; every rank waits for the slowest at each step instead of at the
+end, which takes as long in total.
 """
 
 from __future__ import annotations
@@ -27,36 +32,61 @@ from lerobot_cli.evaluation.results import EpisodeResult
 
 
 class PeerEvalFailed(RuntimeError):
-    """Another rank's rollout failed (its own error is the job's)."""
+    """Another rank's eval failed (its own error is the job's)."""
+
+
+class EvalInterrupted(RuntimeError):
+    """A rank got SIGINT/SIGTERM during the eval: every rank stops it at the same vote."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 class Lockstep:
-    """``keep_stepping`` for :func:`~lerobot_cli.evaluation.rollout.rollout_batch`: one all-reduce per
-    env step over ``group``; :meth:`fail` is the failed rank's last vote."""
+    """``keep_stepping`` for :func:`~lerobot_cli.evaluation.rollout.rollout_batch` (see the module
+    docstring). ``signalled()`` returns this rank's pending signal number (0: none)."""
 
-    RUNNING, FAILED = 1, 2
-
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device) -> None:
-        self.group, self.device = group, device
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        world_size: int,
+        signalled: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.group, self.device, self.world_size, self.signalled = group, device, world_size, signalled
         self.votes = 0
 
-    def _vote(self, value: int) -> int:
-        flag = torch.tensor([value], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+    def _vote(self, running: bool, failed: bool = False) -> tuple[bool, int, bool]:
+        values = [int(running), int(self.signalled()), int(failed)]
+        if self.world_size > 1:
+            flags = torch.tensor(values, dtype=torch.int64, device=self.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            values = flags.tolist()
         self.votes += 1
-        return int(flag.item())
+        return bool(values[0]), values[1], bool(values[2])
+
+    def _checked(self, running: bool) -> bool:
+        running, signum, failed = self._vote(running)
+        if failed:
+            raise PeerEvalFailed("another rank's evaluation failed")
+        if signum:
+            raise EvalInterrupted(signum)
+        return running
 
     def __call__(self, all_done_here: bool) -> bool:
-        result = self._vote(0 if all_done_here else self.RUNNING)
-        if result >= self.FAILED:
-            raise PeerEvalFailed("another rank's simulation eval failed")
-        return result == self.RUNNING
+        return self._checked(not all_done_here)
+
+    def finish(self) -> None:
+        """The vote after this rank's last rollout: every rank reaches it unless one failed."""
+        self._checked(False)
 
     def fail(self) -> None:
-        """Tell the ranks waiting in this step's vote that this rank failed (best effort: a peer already
-        gone is the launcher's to end)."""
-        with contextlib.suppress(Exception):  # the rank's own error is the one to report
-            self._vote(self.FAILED)
+        """Tell the ranks waiting in a vote that this rank failed (best effort: a peer already gone is
+        the launcher's to end)."""
+        if self.world_size > 1:
+            with contextlib.suppress(Exception):  # this rank's own error is the one to report
+                self._vote(False, failed=True)
 
 
 def gather_results(
@@ -71,14 +101,6 @@ def gather_results(
         gathered = [None] * world_size
         dist.all_gather_object(gathered, mine, group=group)
     if any(part is None for part in gathered):
-        raise PeerEvalFailed("another rank's simulation eval failed")
+        raise PeerEvalFailed("another rank's evaluation failed")
     out = [EpisodeResult(**r) for part in gathered for r in part]
     return sorted(out, key=lambda r: r.episode_ix)
-
-
-def in_lockstep(sharded: bool, group: dist.ProcessGroup | None, device: torch.device) -> Lockstep | None:
-    """The vote a rollout needs: only when the policy is sharded (its forward is a collective)."""
-    return Lockstep(group, device) if sharded else None
-
-
-KeepStepping = Callable[[bool], bool]
