@@ -50,4 +50,11 @@ def dry_run(cfg: TrainConfig) -> int:
         print(frozen)
     for line in cfg.policy.dry_run_notes():
         print(as_flags(line))
+    from lerobot_cli.cli.checks import simulates
+
+    if simulates(cfg):  # the batch size as this machine's main rank would decide it
+        from lerobot_cli.sim_eval import describe_sim_eval
+
+        world = resolved.dp_replicate * resolved.dp_shard
+        print(describe_sim_eval(cfg, cfg.eval.resolved_batch_size(), world))
     return 0

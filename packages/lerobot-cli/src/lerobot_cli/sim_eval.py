@@ -82,6 +82,19 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
         )
 
 
+def describe_sim_eval(cfg, batch_size: int, world: int) -> str:
+    """The banner's (and the dry run's) line: episodes, batches, ranks, weights, seeds."""
+    plan = EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=batch_size, seed=cfg.seed)
+    per_rank = -(-plan.n_batches // world)
+    weights = "EMA" if cfg.ema.enable and cfg.ema.use_for_eval else "live"
+    return (
+        f"Sim eval: {plan.n_episodes} episodes of {cfg.env.type} ({cfg.env.task}) every "
+        f"{cfg.env_eval_freq} steps, {plan.n_batches} batch{'es' if plan.n_batches != 1 else ''} of "
+        f"{batch_size} envs over {world} rank{'s' if world != 1 else ''} ({per_rank} each), "
+        f"{weights} weights, seeds from {cfg.seed}"
+    )
+
+
 class SimEval:
     """One run's simulation evals: what the run decided once (the batch size) and how to roll out."""
 
@@ -121,15 +134,7 @@ class SimEval:
         check_policy_fits_env(self.policy.config, self.cfg.rename_map, batch, action_shape)
 
     def describe(self) -> str:
-        n_batches, world = self.plan.n_batches, self.runtime.dp_world_size
-        per_rank = -(-n_batches // world)
-        weights = "EMA" if self.ema is not None else "live"
-        return (
-            f"Sim eval: {self.plan.n_episodes} episodes of {self.cfg.env.type} ({self.cfg.env.task}) every "
-            f"{self.cfg.env_eval_freq} steps, {n_batches} batch{'es' if n_batches != 1 else ''} of "
-            f"{self.batch_size} envs over {world} rank{'s' if world != 1 else ''} ({per_rank} each), "
-            f"{weights} weights, seeds from {self.cfg.seed}"
-        )
+        return describe_sim_eval(self.cfg, self.batch_size, self.runtime.dp_world_size)
 
     def directory(self, step: int) -> Path:
         return Path(self.cfg.output_dir) / EVAL_DIR / f"step_{step_dir_name(step)}"
