@@ -82,6 +82,22 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
         )
 
 
+def check_env_fit(cfg, policy_config) -> None:
+    """Build one env of ``cfg.env``, reset it once and check the policy fits it (every rank, before any
+    work: they all agree, and a refusal leaves the run directory as it was)."""
+    from lerobot_cli.envs.make import make_vector_env
+    from lerobot_cli.envs.observation import preprocess_observation
+
+    env = make_vector_env(cfg.env, 1, use_async_envs=False)
+    try:
+        observation, _ = env.reset(seed=cfg.seed)
+        batch = preprocess_observation(observation)
+        action_shape = env.single_action_space.shape
+    finally:
+        env.close()
+    check_policy_fits_env(policy_config, cfg.rename_map, batch, action_shape)
+
+
 def describe_sim_eval(cfg, batch_size: int, world: int) -> str:
     """The banner's (and the dry run's) line: episodes, batches, ranks, weights, seeds."""
     plan = EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=batch_size, seed=cfg.seed)
@@ -118,20 +134,6 @@ class SimEval:
             runtime, "the eval batch size", lambda: cfg.eval.resolved_batch_size()
         )
         self.plan = EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=self.batch_size, seed=cfg.seed)
-
-    def check(self) -> None:
-        """Build one env, reset it once and check the policy fits it (every rank: they agree)."""
-        from lerobot_cli.envs.make import make_vector_env
-        from lerobot_cli.envs.observation import preprocess_observation
-
-        env = make_vector_env(self.cfg.env, 1, use_async_envs=False)
-        try:
-            observation, _ = env.reset(seed=self.cfg.seed)
-            batch = preprocess_observation(observation)
-            action_shape = env.single_action_space.shape
-        finally:
-            env.close()
-        check_policy_fits_env(self.policy.config, self.cfg.rename_map, batch, action_shape)
 
     def describe(self) -> str:
         return describe_sim_eval(self.cfg, self.batch_size, self.runtime.dp_world_size)
