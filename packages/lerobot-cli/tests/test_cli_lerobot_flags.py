@@ -173,8 +173,8 @@ def test_env_and_eval_flags_build_lerobots_sections_and_round_trip():
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--env.task=PushT-v0"], "--env.task needs an env: pass --env.type=NAME (pusht)"),
-        (["--env.type=mujoco"], "--env.type: invalid choice 'mujoco' (choose from pusht)"),
+        (["--env.task=PushT-v0"], "--env.task needs an env: pass --env.type=NAME (pusht, aloha)"),
+        (["--env.type=mujoco"], "--env.type: invalid choice 'mujoco' (choose from pusht, aloha)"),
         (["--env=env.json"], "an env's own config file is not read here"),
         (["--env.type=pusht", "--env.obs_type=state"], "--env.obs_type: invalid choice 'state'"),
         (["--env.type=pusht", "--env.episode_length=0"], "--env.episode_length must be a positive integer"),

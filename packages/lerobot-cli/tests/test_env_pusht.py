@@ -64,7 +64,7 @@ def test_defaults_are_lerobots():
 @pytest.mark.parametrize(
     ("env_type", "fields", "line"),
     [
-        ("cartpole", {}, "--env.type: invalid choice 'cartpole' (choose from pusht)"),
+        ("cartpole", {}, "--env.type: invalid choice 'cartpole' (choose from pusht, aloha)"),
         ("pusht", {"episode_length": 0}, "--env.episode_length must be a positive integer, got 0"),
         ("pusht", {"obs_type": "pixels"}, "--env.obs_type: invalid choice 'pixels'"),
         ("pusht", {"render_mode": "human"}, "--env.render_mode: invalid choice 'human'"),

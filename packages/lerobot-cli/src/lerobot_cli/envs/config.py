@@ -8,6 +8,13 @@ PushT as LeRobot has it: ``observation_height``/``observation_width`` (384) only
 ``pixels`` feature; they are not passed to gym-pusht, whose pixel observation stays 96x96 (the size LeRobot's
 PushT datasets hold). Only the two dict observation types work with LeRobot's observation mapping (a bare
 ``state`` or ``pixels`` array is not a dict of keys), so only they are accepted here.
+
+ALOHA as LeRobot has it: gym-aloha's two bimanual tasks (14-D joint positions and actions, one 480x640
+``top`` camera); ``observation_height``/``observation_width`` again only shape the declared feature (gym-aloha
+is not passed them). Only ``pixels_agent_pos`` is accepted: LeRobot's mapping turns it into
+``observation.images.top`` and ``observation.state``, but gym-aloha's ``pixels`` type observes a bare
+``{"top": ...}``, which LeRobot's mapping passes on as a float ``observation.top`` that no policy reads (not
+the ``observation.image.top`` its ``features_map`` declares), and ``state`` is not implemented in gym-aloha.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ ACTION = "action"
 OBS_STATE = "observation.state"
 OBS_ENV_STATE = "observation.environment_state"
 OBS_IMAGE = "observation.image"
+OBS_IMAGES = "observation.images"
 
 PUSHT_OBS_TYPES = ("pixels_agent_pos", "environment_state_agent_pos")
+ALOHA_TASKS = ("AlohaInsertion-v0", "AlohaTransferCube-v0")  # what gym-aloha 0.1.x registers
+ALOHA_OBS_TYPES = ("pixels_agent_pos",)
 RENDER_MODES = ("rgb_array",)  # evaluation renders off screen; "human" opens a window
 
 
@@ -149,7 +159,87 @@ class PushtEnvConfig(EnvConfig):
         }
 
 
-ENV_TYPES: dict[str, type[EnvConfig]] = {PushtEnvConfig.type: PushtEnvConfig}
+@define(frozen=True, kw_only=True)
+class AlohaEnvConfig(EnvConfig):
+    """gym-aloha's ALOHA (LeRobot's ``AlohaEnv``): two ViperX arms in MuJoCo insert a peg into a socket or
+    hand a cube over; the reward counts the task's stages (success at 4). Rendered off screen through
+    MuJoCo, with ``MUJOCO_GL=egl`` when ``MUJOCO_GL`` is unset (``lerobot_cli.envs.make``)."""
+
+    type: ClassVar[str] = "aloha"
+    package_name: ClassVar[str] = "gym_aloha"  # LeRobot's f"gym_{type}"
+    extra: ClassVar[str] = "aloha"  # lerobot-cli[aloha]
+    default_task: ClassVar[str] = "AlohaInsertion-v0"
+
+    task: str = field(
+        default="AlohaInsertion-v0",
+        validator=_choice("task", ALOHA_TASKS),
+        metadata={"help": "gym-aloha env id.", "choices": ALOHA_TASKS},
+    )
+    fps: int = field(default=50, validator=_positive("fps"), metadata={"help": "Frames per second (videos)."})
+    episode_length: int = field(
+        default=400, validator=_positive("episode_length"), metadata={"help": "Steps before an episode ends."}
+    )
+    obs_type: str = field(
+        default="pixels_agent_pos",
+        validator=_choice("obs_type", ALOHA_OBS_TYPES),
+        metadata={"help": "What the env observes.", "choices": ALOHA_OBS_TYPES},
+    )
+    render_mode: str = field(
+        default="rgb_array",
+        validator=_choice("render_mode", RENDER_MODES),
+        metadata={"help": "Off-screen rendering.", "choices": RENDER_MODES},
+    )
+    observation_height: int = field(
+        default=480,
+        validator=_positive("observation_height"),
+        metadata={"help": "Declared only, as LeRobot's (gym-aloha observes 480x640)."},
+    )
+    observation_width: int = field(
+        default=640,
+        validator=_positive("observation_width"),
+        metadata={"help": "Declared only, as LeRobot's (gym-aloha observes 480x640)."},
+    )
+    max_parallel_tasks: int = field(
+        default=1, validator=_positive("max_parallel_tasks"), metadata={"help": "LeRobot's (one task here)."}
+    )
+    disable_env_checker: bool = field(default=True, metadata={"help": "Skip gymnasium's env checker."})
+
+    @property
+    def gym_kwargs(self) -> dict[str, Any]:
+        """What LeRobot passes to ``gym.make`` besides ``disable_env_checker`` (``AlohaEnv.gym_kwargs``)."""
+        return {
+            "obs_type": self.obs_type,
+            "render_mode": self.render_mode,
+            "max_episode_steps": self.episode_length,
+        }
+
+    @property
+    def features(self) -> dict[str, PolicyFeature]:
+        """The env's features by its own keys (LeRobot's ``features`` after ``__post_init__``)."""
+        return {
+            ACTION: PolicyFeature(FeatureType.ACTION, (14,)),
+            "agent_pos": PolicyFeature(FeatureType.STATE, (14,)),
+            "pixels/top": PolicyFeature(
+                FeatureType.VISUAL, (self.observation_height, self.observation_width, 3)
+            ),
+        }
+
+    @property
+    def features_map(self) -> dict[str, str]:
+        """Env key -> policy key (LeRobot's ``features_map``, its ``top`` entry for the ``pixels`` type
+        included)."""
+        return {
+            ACTION: ACTION,
+            "agent_pos": OBS_STATE,
+            "top": f"{OBS_IMAGE}.top",
+            "pixels/top": f"{OBS_IMAGES}.top",
+        }
+
+
+ENV_TYPES: dict[str, type[EnvConfig]] = {
+    PushtEnvConfig.type: PushtEnvConfig,
+    AlohaEnvConfig.type: AlohaEnvConfig,
+}
 
 
 def env_class(env_type: Any) -> type[EnvConfig]:
