@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "wandb": ("wandb",),
     "fastwam": ("diffusers", "transformers"),  # the Wan2.2 VAE; the UMT5 text encoder and its tokenizer
     "pusht": ("gym_pusht", "pymunk"),  # --env.type=pusht: simulation evaluation in gym-pusht
+    "aloha": ("gym_aloha", "dm_control", "mujoco"),  # --env.type=aloha: gym-aloha, rendered by MuJoCo
 }
 
 
