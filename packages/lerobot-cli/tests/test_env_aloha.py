@@ -18,6 +18,8 @@ from lerobot_cli.envs.config import ALOHA_TASKS, AlohaEnvConfig
 from lerobot_cli.envs.make import EnvUnavailableError, make_vector_env
 from lerobot_cli.envs.observation import preprocess_observation
 from lerobot_cli.features import FeatureType, PolicyFeature
+from lerobot_cli.policies.mlp.config import MLPConfig
+from lerobot_cli.sim_eval import check_policy_fits_env
 
 gym = pytest.importorskip("gymnasium", reason="lerobot-cli[aloha] (uv sync installs it)")
 pytest.importorskip("gym_aloha", reason="lerobot-cli[aloha] (uv sync installs it)")
@@ -127,6 +129,7 @@ def test_rollout_with_egl_when_mujoco_gl_is_unset(monkeypatch):
         policy = Zeros()
         run = rollout_batch(env, policy, lambda x: x, lambda x: x, [3, 4])
         first = policy.batches[0]
+        action_shape = env.single_action_space.shape
         again = preprocess_observation(env.reset(seed=[3, 4])[0])
     finally:
         env.close()
@@ -148,6 +151,15 @@ def test_rollout_with_egl_when_mujoco_gl_is_unset(monkeypatch):
     assert torch.equal(alone["observation.images.top"][0], image[1])
     assert torch.equal(alone["observation.state"][0], state[1])
     assert not torch.equal(image[0], image[1])
+    # a policy trained on LeRobot's aloha_sim_* datasets (their camera, state and action) fits the env
+    aloha_sim = MLPConfig(
+        input_features={
+            "observation.images.top": PolicyFeature(FeatureType.VISUAL, (3, 480, 640)),
+            "observation.state": PolicyFeature(FeatureType.STATE, (14,)),
+        },
+        output_features={"action": PolicyFeature(FeatureType.ACTION, (14,))},
+    )
+    check_policy_fits_env(aloha_sim, {}, first, action_shape)
 
 
 def _run(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
