@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,11 @@ import torch
 from lerobot_ckpt.layout import step_dir_name
 from lerobot_trainloop.evaluation import evaluating
 
+from lerobot_cli.cli.errors import PROG
 from lerobot_cli.errors import ConfigError
 from lerobot_cli.evaluation.plan import EpisodePlan
 from lerobot_cli.evaluation.ranks import PeerEvalFailed, gather_results, in_lockstep
-from lerobot_cli.evaluation.results import eval_info, write_eval_info
+from lerobot_cli.evaluation.results import EpisodeResult, eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
 from lerobot_cli.fetching import decided_on_main
 
@@ -77,6 +80,86 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
         )
 
 
+def check_env_fits(env_cfg, seed: int | None, policy_config, rename_map: dict[str, str]) -> None:
+    """Build one env of ``env_cfg``, reset it once (``seed``) and check the policy fits what it observes
+    and takes (:func:`check_policy_fits_env`)."""
+    from lerobot_cli.envs.make import make_vector_env
+    from lerobot_cli.envs.observation import preprocess_observation
+
+    env = make_vector_env(env_cfg, 1, use_async_envs=False)
+    try:
+        observation, _ = env.reset(seed=seed)
+        batch = preprocess_observation(observation)
+        action_shape = env.single_action_space.shape
+    finally:
+        env.close()
+    check_policy_fits_env(policy_config, rename_map, batch, action_shape)
+
+
+def roll_out_share(
+    rt,
+    env_cfg,
+    batch_size: int,
+    use_async_envs: bool,
+    policy: torch.nn.Module,
+    preprocessor,
+    postprocessor,
+    batches,
+    *,
+    seed: int | None,
+    sharded: bool,
+    failure: str,
+    prog: str = PROG,
+    around: Callable[[], AbstractContextManager] = nullcontext,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
+) -> list[EpisodeResult]:
+    """Every rank: roll out ``batches`` (this rank's share of the plan) in a vector env of ``batch_size``
+    envs, inside ``around()``, then gather every rank's results (sorted by episode index).
+
+    When the rollout raises here, this rank prints ``<prog>: error: <failure> failed[ on rank N]: ...``
+    and raises :class:`SimEvalFailed`, after telling the peers (the lockstep vote or the gather), which
+    raise :class:`PeerEvalFailed`."""
+    from lerobot_cli.envs.make import make_vector_env
+
+    vote = in_lockstep(sharded, rt.dp_group, rt.device) if rt.dp_world_size > 1 else None
+    grad_mode = torch.no_grad if sharded else torch.inference_mode
+    try:
+        env = make_vector_env(env_cfg, batch_size, use_async_envs)
+        try:
+            with around():
+                results = evaluate_batches(
+                    env,
+                    policy,
+                    preprocessor,
+                    postprocessor,
+                    batches,
+                    keep_stepping=vote,
+                    seed=seed,
+                    grad_mode=grad_mode,
+                    autocast=autocast,
+                )
+        finally:
+            env.close()
+    except PeerEvalFailed:
+        raise
+    except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
+        where = f" on rank {rt.rank}" if rt.is_distributed else ""
+        print(
+            f"{prog}: error: {failure} failed{where}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if vote is not None:
+            vote.fail()
+        elif rt.dp_world_size > 1:  # the peers wait in the gather: let them stop there
+            try:
+                gather_results(None, rt.dp_group, rt.dp_world_size)
+            except PeerEvalFailed:
+                pass
+        raise SimEvalFailed(str(exc)) from exc
+    return gather_results(results, rt.dp_group, rt.dp_world_size)
+
+
 class SimEval:
     """One run's simulation evals: what the run decided once (the batch size) and how to roll out."""
 
@@ -93,17 +176,7 @@ class SimEval:
 
     def check(self) -> None:
         """Build one env, reset it once and check the policy fits it (every rank: they agree)."""
-        from lerobot_cli.envs.make import make_vector_env
-        from lerobot_cli.envs.observation import preprocess_observation
-
-        env = make_vector_env(self.cfg.env, 1, use_async_envs=False)
-        try:
-            observation, _ = env.reset(seed=self.cfg.seed)
-            batch = preprocess_observation(observation)
-            action_shape = env.single_action_space.shape
-        finally:
-            env.close()
-        check_policy_fits_env(self.policy.config, self.cfg.rename_map, batch, action_shape)
+        check_env_fits(self.cfg.env, self.cfg.seed, self.policy.config, self.cfg.rename_map)
 
     def describe(self) -> str:
         n_batches, world = self.plan.n_batches, self.runtime.dp_world_size
@@ -122,49 +195,23 @@ class SimEval:
     def run(self, step: int, reporter) -> dict | None:
         """Every rank: roll out this rank's batches, gather; the main rank writes and logs. Returns the
         ``eval_info`` on the main rank."""
-        from lerobot_cli.envs.make import make_vector_env
-
         rt = self.runtime
-        mine = self.plan.for_rank(rt.dp_rank, rt.dp_world_size)
-        vote = in_lockstep(self.sharded, rt.dp_group, rt.device) if rt.dp_world_size > 1 else None
-        grad_mode = torch.no_grad if self.sharded else torch.inference_mode
         start = time.perf_counter()
-        try:
-            env = make_vector_env(self.cfg.env, self.batch_size, self.cfg.eval.use_async_envs)
-            try:
-                with evaluating(self.loop.model, rt.device, self.ema):
-                    results = evaluate_batches(
-                        env,
-                        self.policy,
-                        self.pre,
-                        self.post,
-                        mine,
-                        keep_stepping=vote,
-                        seed=self.cfg.seed,
-                        grad_mode=grad_mode,
-                        autocast=self.loop.precision.autocast,
-                    )
-            finally:
-                env.close()
-        except PeerEvalFailed:
-            raise
-        except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
-            where = f" on rank {rt.rank}" if rt.is_distributed else ""
-            print(
-                f"lerobot-train: error: the simulation eval at step {step} failed{where}: "
-                f"{type(exc).__name__}: {exc}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if vote is not None:
-                vote.fail()
-            elif rt.dp_world_size > 1:  # the peers wait in the gather: let them stop there
-                try:
-                    gather_results(None, rt.dp_group, rt.dp_world_size)
-                except PeerEvalFailed:
-                    pass
-            raise SimEvalFailed(str(exc)) from exc
-        episodes = gather_results(results, rt.dp_group, rt.dp_world_size)
+        episodes = roll_out_share(
+            rt,
+            self.cfg.env,
+            self.batch_size,
+            self.cfg.eval.use_async_envs,
+            self.policy,
+            self.pre,
+            self.post,
+            self.plan.for_rank(rt.dp_rank, rt.dp_world_size),
+            seed=self.cfg.seed,
+            sharded=self.sharded,
+            failure=f"the simulation eval at step {step}",
+            around=lambda: evaluating(self.loop.model, rt.device, self.ema),
+            autocast=self.loop.precision.autocast,
+        )
         eval_s = time.perf_counter() - start
         if not rt.is_main:
             return None
