@@ -1,0 +1,105 @@
+"""``lerobot-eval`` (``lerobot_cli.eval.main``, the console script's entry point, in process) on a tiny
+PushT checkpoint written by ``lerobot-train``: it writes LeRobot's ``eval_info.json`` where LeRobot would,
+reports exactly the episodes the training-time eval of the same step reported, and refuses bad input in
+one line with exit code 2, writing nothing. Rolled out on 2 ranks: tests/test_lerobot_eval_ranks.py.
+Needs lerobot-cli[pusht]."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gym_pusht", reason="lerobot-cli[pusht] (uv sync installs it)")
+
+from lerobot_cli.eval import main
+
+_spec = importlib.util.spec_from_file_location(  # the tests are not a package: loaded by path
+    "lerobot_cli_tests_pusht_checkpoint", Path(__file__).with_name("pusht_checkpoint.py")
+)
+helper = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(helper)
+EVAL = helper.EVAL
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A one-step training run of a tiny MLP with its checkpoint and the eval of that step."""
+    return helper.train_tiny_mlp(tmp_path_factory.mktemp("lerobot_eval"))
+
+
+def test_writes_lerobots_eval_info_under_lerobots_default_directory(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([f"--policy.path={run / 'checkpoints' / 'last' / 'pretrained_model'}", *EVAL]) == 0
+    # LeRobot's defaults: outputs/eval/<date>/<time>_<job_name>, job_name <env type>_<policy type>
+    (written,) = tmp_path.glob("outputs/eval/*/*_pusht_mlp/eval_info.json")
+    info = json.loads(written.read_text())
+    assert [e["seed"] for e in info["per_episode"]] == [1000, 1001, 1002]  # --seed's default, LeRobot's
+    assert [e["episode_ix"] for e in info["per_episode"]] == [0, 1, 2]
+    overall = info["overall"]
+    for key in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s", "eval_ep_s", "n_episodes"):
+        assert key in overall, key
+    assert overall["n_episodes"] == 3 and list(info["per_group"]) == ["pusht"]
+    assert info["per_task"][0]["task_group"] == "pusht"
+    out = capsys.readouterr().out
+    assert "2 batches of 2 envs over 1 rank, seeds from 1000" in out
+    assert f"pc_success={overall['pc_success']:.1f} avg_sum_reward={overall['avg_sum_reward']:.4f}" in out
+    assert f"eval_info.json: {written.relative_to(tmp_path)}\n" in out
+
+
+def test_reports_the_episodes_the_training_time_eval_reported(run, tmp_path):
+    """The same checkpoint (named by its step directory this time), the same eval flags: the same
+    episodes, action for action; an eval_info.json already there is replaced."""
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "eval_info.json").write_text("{}")
+    assert main([f"--policy.path={run / 'checkpoints' / '000001'}", *EVAL, f"--output_dir={out}"]) == 0
+    got = helper.read_eval_info(out)["per_episode"]
+    want = helper.training_eval(run)["per_episode"]
+    assert len({e["actions_sha256"] for e in want}) == 3  # the episodes differ
+    helper.same_episodes(got, want)
+
+
+def _no_config(run: Path, tmp: Path) -> str:
+    bare = tmp / "bare"
+    shutil.copytree(run / "checkpoints" / "000001" / "pretrained_model", bare)
+    (bare / "config.json").unlink()
+    return f"--policy.path={bare}"
+
+
+BAD = {
+    "no policy": (lambda run, tmp: [*EVAL], "--policy.path is required"),
+    "no config.json": (lambda run, tmp: [_no_config(run, tmp), *EVAL], "no config.json there"),
+    "unknown env": (
+        lambda run, tmp: [f"--policy.path={run}/checkpoints/last", "--env.type=nope"],
+        "--env.type: invalid choice 'nope' (choose from pusht)",
+    ),
+    "unknown flag": (
+        lambda run, tmp: [f"--policy.path={run}/checkpoints/last", *EVAL, "--eval.n_episode=2"],
+        "unknown flag --eval.n_episode; did you mean --eval.n_episodes?",
+    ),
+    "env it does not fit": (
+        lambda run, tmp: [
+            f"--policy.path={run}/checkpoints/last",
+            *EVAL,
+            "--env.obs_type=environment_state_agent_pos",
+        ],
+        "the policy reads observation.image, which the env does not observe",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_and_writes_nothing(run, tmp_path, capsys, case):
+    argv, said = BAD[case]
+    out = tmp_path / "eval"
+    with pytest.raises(SystemExit) as exited:
+        main([*argv(run, tmp_path), f"--output_dir={out}"])
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lerobot-eval: error: ") and said in lines[0], captured.err
+    assert "Traceback" not in captured.err and not out.exists()
