@@ -63,6 +63,21 @@ def test_reports_the_episodes_the_training_time_eval_reported(run, tmp_path):
     helper.same_episodes(got, want)
 
 
+def test_use_amp_rolls_out_under_autocast(run, tmp_path, capsys):
+    """``--policy.use_amp=true`` (LeRobot's flag): the rollout runs under ``torch.autocast`` (bfloat16 on
+    the CPU), so the actions differ from the float32 ones, and a bfloat16 action still reaches the env."""
+    out = tmp_path / "amp"
+    assert (
+        main([f"--policy.path={run}/checkpoints/last", *EVAL, "--policy.use_amp=true", f"--output_dir={out}"])
+        == 0
+    )
+    assert "device cpu, amp" in capsys.readouterr().out
+    got = helper.read_eval_info(out)["per_episode"]
+    want = helper.training_eval(run)["per_episode"]
+    assert [e["seed"] for e in got] == [e["seed"] for e in want]
+    assert all(a["actions_sha256"] != b["actions_sha256"] for a, b in zip(got, want, strict=True))
+
+
 def _no_config(run: Path, tmp: Path) -> str:
     bare = tmp / "bare"
     shutil.copytree(run / "checkpoints" / "000001" / "pretrained_model", bare)
