@@ -78,16 +78,38 @@ def test_use_amp_rolls_out_under_autocast(run, tmp_path, capsys):
     assert all(a["actions_sha256"] != b["actions_sha256"] for a, b in zip(got, want, strict=True))
 
 
-def _no_config(run: Path, tmp: Path) -> str:
-    bare = tmp / "bare"
-    shutil.copytree(run / "checkpoints" / "000001" / "pretrained_model", bare)
-    (bare / "config.json").unlink()
-    return f"--policy.path={bare}"
+def _spoilt(run: Path, tmp: Path, spoil) -> str:
+    """``--policy.path`` of a copy of the checkpoint's ``pretrained_model/``, spoilt by ``spoil(dir)``."""
+    copy = tmp / "spoilt"
+    shutil.copytree(run / "checkpoints" / "000001" / "pretrained_model", copy)
+    spoil(copy)
+    return f"--policy.path={copy}"
+
+
+def _unknown_type(directory: Path) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "type": "nope"}))
+
+
+def _truncated_weights(directory: Path) -> None:
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
 
 
 BAD = {
     "no policy": (lambda run, tmp: [*EVAL], "--policy.path is required"),
-    "no config.json": (lambda run, tmp: [_no_config(run, tmp), *EVAL], "no config.json there"),
+    "no config.json": (
+        lambda run, tmp: [_spoilt(run, tmp, lambda d: (d / "config.json").unlink()), *EVAL],
+        "no config.json there",
+    ),
+    "unknown policy type": (
+        lambda run, tmp: [_spoilt(run, tmp, _unknown_type), *EVAL],
+        "config.json: --policy.type: invalid choice 'nope'",
+    ),
+    "truncated weights": (  # found when the policy is loaded, in the process group
+        lambda run, tmp: [_spoilt(run, tmp, _truncated_weights), *EVAL],
+        "model.safetensors: not a readable safetensors file",
+    ),
     "unknown env": (
         lambda run, tmp: [f"--policy.path={run}/checkpoints/last", "--env.type=nope"],
         "--env.type: invalid choice 'nope' (choose from pusht)",

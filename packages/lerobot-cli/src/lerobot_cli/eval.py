@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attrs import define, evolve, field
-from lerobot_ckpt import CheckpointError
+from lerobot_ckpt import CheckpointError, CheckpointWriteError
 
 from lerobot_cli.cli.errors import UsageError, exit_usage, leave_quietly
 from lerobot_cli.cli.render import as_flags
@@ -168,6 +168,7 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
     """Torch-free checks of everything a user can get wrong, before any process group or file: the env's
     extra, the policy directory and its files, the seeds, the output directory. Returns the finalized
     config and the policy directory."""
+    import cattrs
     from lerobot_ckpt.layout import POLICY_CONFIG, POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 
     from lerobot_cli import configio
@@ -175,13 +176,16 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
     from lerobot_cli.envs.make import check_env_installed
     from lerobot_cli.evaluation.plan import EpisodePlan
     from lerobot_cli.evaluation.results import EVAL_INFO
+    from lerobot_cli.policies.serialization import load_policy_config
 
     check_env_installed(cfg.env)
     directory = resolve_policy_dir(cfg.policy.path)
-    saved = configio.read_json(directory / POLICY_CONFIG, "--policy.path config")
-    policy_type = saved.get("type")
-    if not isinstance(policy_type, str) or not policy_type:
-        raise UsageError(f"--policy.path {directory / POLICY_CONFIG} names no policy type")
+    file = directory / POLICY_CONFIG
+    configio.read_json(file, "--policy.path config")  # missing / not JSON: one sentence naming the file
+    try:
+        policy_type = load_policy_config(file).type
+    except (ValueError, TypeError, cattrs.BaseValidationError) as exc:  # an unknown type, a bad field
+        raise UsageError(f"--policy.path {file}: {exc}") from None
     for name in (PREPROCESSOR_CONFIG, POSTPROCESSOR_CONFIG):
         if not (directory / name).is_file():
             raise UsageError(
@@ -304,8 +308,8 @@ def _run(cfg: EvalRunConfig, directory: Path) -> int:
                 raise SystemExit(1) from None
             except PeerEvalFailed:  # the failed rank said why
                 leave_quietly(1)
-            except (ConfigError, CheckpointError) as exc:  # every rank alike: the policy, the env, a write
-                code = 1 if isinstance(exc, CheckpointError) and runtime.is_main else 2
+            except (ConfigError, CheckpointError) as exc:  # the policy's files, the env: every rank alike
+                code = 1 if isinstance(exc, CheckpointWriteError) else 2  # eval_info.json not written: 1
                 lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
                 print_once_per_job(f"{PROG}: error: {as_flags(lines[0] if lines else exc)}", runtime)
                 raise SystemExit(code) from None
