@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,21 @@ def test_bad_input_is_one_line_and_writes_nothing(run, tmp_path, capsys, case):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lerobot-eval: error: ") and said in lines[0], captured.err
     assert "Traceback" not in captured.err and not out.exists()
+
+
+def test_a_config_key_it_does_not_know_is_one_warning(run, tmp_path, capsys):
+    """A newer LeRobot's config field: said once, as lerobot-train says it, and the eval runs."""
+
+    def newer(directory: Path) -> None:
+        config = json.loads((directory / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({**config, "future_field": 3}))
+
+    out = tmp_path / "eval"
+    with warnings.catch_warnings(record=True) as caught:  # none left as a Python warning (said twice)
+        warnings.simplefilter("always")
+        assert main([_spoilt(run, tmp_path, newer), *EVAL, f"--output_dir={out}"]) == 0
+    assert not [w for w in caught if "future_field" in str(w.message)]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lerobot-eval: warning: --policy.path "), err
+    assert err[0].endswith("ignoring keys it does not define: future_field")
+    assert (out / "eval_info.json").is_file()

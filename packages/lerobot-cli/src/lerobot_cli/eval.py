@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,12 @@ class EvalRunConfig:
             now = now or dt.datetime.now()
             cfg = evolve(cfg, output_dir=f"outputs/eval/{now:%Y-%m-%d}/{now:%H-%M-%S}_{cfg.job_name}")
         return cfg
+
+
+def warn(message: str) -> None:
+    """One warning, from the main rank only (every rank reads the same flags and files)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{PROG}: warning: {as_flags(message)}", file=sys.stderr)
 
 
 def eval_flags(env_cls: type[EnvConfig] | None) -> dict[str, FlagSpec]:
@@ -176,16 +184,23 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
     from lerobot_cli.envs.make import check_env_installed
     from lerobot_cli.evaluation.plan import EpisodePlan
     from lerobot_cli.evaluation.results import EVAL_INFO
-    from lerobot_cli.policies.serialization import load_policy_config
+    from lerobot_cli.policies.serialization import UnknownConfigKeysWarning, load_policy_config
 
     check_env_installed(cfg.env)
     directory = resolve_policy_dir(cfg.policy.path)
     file = directory / POLICY_CONFIG
     configio.read_json(file, "--policy.path config")  # missing / not JSON: one sentence naming the file
-    try:
-        policy_type = load_policy_config(file).type
-    except (ValueError, TypeError, cattrs.BaseValidationError) as exc:  # an unknown type, a bad field
-        raise UsageError(f"--policy.path {file}: {exc}") from None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnknownConfigKeysWarning)
+        try:
+            policy_type = load_policy_config(file).type
+        except (ValueError, TypeError, cattrs.BaseValidationError) as exc:  # an unknown type, a bad field
+            raise UsageError(f"--policy.path {file}: {exc}") from None
+    for w in caught:  # LeRobot's newer fields: said once here, not again when the policy loads
+        if issubclass(w.category, UnknownConfigKeysWarning):
+            warn(f"--policy.path {file}: {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     for name in (PREPROCESSOR_CONFIG, POSTPROCESSOR_CONFIG):
         if not (directory / name).is_file():
             raise UsageError(
@@ -234,6 +249,7 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
     from lerobot_cli.evaluation.results import eval_info, write_eval_info
     from lerobot_cli.fetching import decided_on_main
     from lerobot_cli.policies.pretrained import load_pretrained
+    from lerobot_cli.policies.serialization import UnknownConfigKeysWarning
     from lerobot_cli.processors.factory import load_processors
     from lerobot_cli.seeding import set_seed
     from lerobot_cli.sim_eval import check_env_fits, roll_out_share
@@ -243,7 +259,9 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
         set_seed(cfg.seed)  # LeRobot's, once before anything draws
     batch_size = decided_on_main(rt, "the eval batch size", cfg.eval.resolved_batch_size)
     plan = EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=batch_size, seed=cfg.seed)
-    policy_cfg, policy = load_pretrained(directory, device=rt.device)
+    with warnings.catch_warnings():  # its unknown keys were said before the process group
+        warnings.simplefilter("ignore", UnknownConfigKeysWarning)
+        policy_cfg, policy = load_pretrained(directory, device=rt.device)
     pre, post = load_processors(directory, device=str(rt.device))
     _set_rename_map(pre, cfg.rename_map, directory)
     check_env_fits(cfg.env, cfg.seed, policy_cfg, cfg.rename_map)
