@@ -79,6 +79,55 @@ def test_use_amp_rolls_out_under_autocast(run, tmp_path, capsys):
     assert all(a["actions_sha256"] != b["actions_sha256"] for a, b in zip(got, want, strict=True))
 
 
+def _state_renamed(directory: Path) -> None:
+    """The same policy reading its state (the MLP's only input: it ignores the camera) as
+    ``observation.robot_state`` (its config, its normalizer's features and statistics), its pre-processor
+    saved with the ``--rename_map`` of the dataset it was fine-tuned on (``observation.joints`` ->
+    ``observation.robot_state``)."""
+    from safetensors.torch import load_file, save_file
+
+    old, new = "observation.state", "observation.robot_state"
+
+    def renamed(features: dict) -> dict:
+        return {new if k == old else k: v for k, v in features.items()}
+
+    config = json.loads((directory / "config.json").read_text())
+    config["input_features"] = renamed(config["input_features"])
+    (directory / "config.json").write_text(json.dumps(config))
+    for pipeline in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        data = json.loads((directory / pipeline).read_text())
+        for step in data["steps"]:
+            if "features" in step["config"]:
+                step["config"]["features"] = renamed(step["config"]["features"])
+            if step["registry_name"] == "rename_observations_processor":
+                step["config"]["rename_map"] = {"observation.joints": new}
+            if "state_file" in step:
+                stats = load_file(directory / step["state_file"])
+                save_file(
+                    {new + k[len(old) :] if k.startswith(old + ".") else k: v for k, v in stats.items()},
+                    directory / step["state_file"],
+                )
+        (directory / pipeline).write_text(json.dumps(data))
+
+
+def test_rename_map_is_lerobots_override_of_the_saved_one(run, tmp_path, capsys):
+    """A policy whose state is ``observation.robot_state``, saved with a map from another name: without
+    ``--rename_map`` the env's ``observation.state`` feeds nothing and the eval is refused in one line;
+    with the map, it replaces the saved one (LeRobot's override) and the episodes are those of the same
+    weights under the env's name."""
+    policy = _spoilt(run, tmp_path, _state_renamed)
+    out = tmp_path / "eval"
+    with pytest.raises(SystemExit) as exited:
+        main([policy, *EVAL, f"--output_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1, err
+    assert "the policy reads observation.robot_state, which the env does not observe" in err[0]
+    assert not out.exists()
+    rename = '--rename_map={"observation.state": "observation.robot_state"}'
+    assert main([policy, *EVAL, rename, f"--output_dir={out}"]) == 0
+    helper.same_episodes(helper.read_eval_info(out)["per_episode"], helper.training_eval(run)["per_episode"])
+
+
 def _spoilt(run: Path, tmp: Path, spoil) -> str:
     """``--policy.path`` of a copy of the checkpoint's ``pretrained_model/``, spoilt by ``spoil(dir)``."""
     copy = tmp / "spoilt"
