@@ -40,28 +40,27 @@ if os.environ.get("RANK") == "1":
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return helper.train_tiny_mlp(tmp_path_factory.mktemp("lerobot_eval_ranks")) / "checkpoints" / "last"
+def run(tmp_path_factory) -> Path:
+    """A one-step training run of a tiny MLP, its checkpoint and the (one-process) eval of that step."""
+    return helper.train_tiny(tmp_path_factory.mktemp("lerobot_eval_ranks"), helper.MLP)
 
 
-def test_two_ranks_report_the_episodes_one_process_reports(checkpoint, tmp_path, launch):
-    from lerobot_cli.eval import main
-
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert main([f"--policy.path={checkpoint}", *helper.EVAL, f"--output_dir={one}"]) == 0
+def test_two_ranks_report_the_episodes_one_process_reports(run, tmp_path, launch):
+    """Against the training-time eval of the checkpoint's step, on one process: the same rollout code,
+    and the one-process ``lerobot-eval`` reports its episodes (test_lerobot_eval.py)."""
+    out = tmp_path / "two"
     script = launch.MULTIPROC / "lerobot_eval.py"
-    res = launch.torchrun(
-        script, f"--policy.path={checkpoint}", *helper.EVAL, f"--output_dir={two}", timeout_s=180
-    )
+    checkpoint = f"--policy.path={run / 'checkpoints' / 'last'}"
+    res = launch.torchrun(script, checkpoint, *helper.EVAL, f"--output_dir={out}", timeout_s=180)
     assert not res.timed_out and res.returncode == 0, res.describe()
     assert "2 batches of 2 envs over 2 ranks" in res.stdout
     assert res.stdout.count("eval_info.json: ") == 1  # the main rank reports, once
-    want = helper.read_eval_info(one)["per_episode"]
+    want = helper.training_eval(run)["per_episode"]
     assert [e["seed"] for e in want] == [1000, 1001, 1002]
-    helper.same_episodes(helper.read_eval_info(two)["per_episode"], want)
+    helper.same_episodes(helper.read_eval_info(out)["per_episode"], want)
 
 
-def test_an_env_that_raises_on_one_rank_ends_the_job_in_one_line(checkpoint, tmp_path, launch):
+def test_an_env_that_raises_on_one_rank_ends_the_job_in_one_line(run, tmp_path, launch):
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(FAULT)
     path = os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -69,7 +68,7 @@ def test_an_env_that_raises_on_one_rank_ends_the_job_in_one_line(checkpoint, tmp
     script = launch.MULTIPROC / "lerobot_eval.py"
     res = launch.torchrun(
         script,
-        f"--policy.path={checkpoint}",
+        f"--policy.path={run / 'checkpoints' / 'last'}",
         *helper.EVAL,
         f"--output_dir={out}",
         timeout_s=180,

@@ -1,5 +1,6 @@
 """A tiny PushT policy checkpoint for the ``lerobot-eval`` tests: a PushT-shaped dataset (96x96 camera,
-2-D state and action) and one ``lerobot-train`` step of a 16-wide MLP on it, with the training-time
+2-D state and action) and one ``lerobot-train`` step of a tiny policy on it: ``ACT`` (it reads the camera
+and the state: both reach its actions) or the cheaper ``MLP`` (state only), with the training-time
 simulation eval of that step (``EVAL``) beside the checkpoint. Loaded by path (the tests are not a
 package) by test_lerobot_eval.py and tests/test_lerobot_eval_ranks.py."""
 
@@ -18,6 +19,21 @@ EVAL = [
     "--eval.batch_size=2",
     "--eval.use_async_envs=false",
 ]
+
+
+ACT = [
+    "--policy.type=act",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.dim_model=32",
+    "--policy.dim_feedforward=64",
+    "--policy.n_heads=2",
+    "--policy.n_encoder_layers=1",
+    "--policy.n_decoder_layers=1",
+    "--policy.n_vae_encoder_layers=1",
+    "--policy.chunk_size=4",
+    "--policy.n_action_steps=4",
+]
+MLP = ["--policy.type=mlp", "--policy.hidden_dim=16"]
 
 
 def write_pusht_like(root: Path) -> Path:
@@ -48,9 +64,9 @@ def write_pusht_like(root: Path) -> Path:
     return write_dataset(root, 10, features, episodes)
 
 
-def train_tiny_mlp(root: Path) -> Path:
-    """``<root>/run``: one training step of a tiny MLP, its checkpoint, and the simulation eval of that
-    step (``training_eval``)."""
+def train_tiny(root: Path, policy: list[str]) -> Path:
+    """``<root>/run``: one training step of ``policy`` (``ACT`` or ``MLP``), its checkpoint, and the
+    simulation eval of that step (``training_eval``)."""
     from lerobot_cli.train import main
 
     data = write_pusht_like(root / "pusht_like")
@@ -58,8 +74,7 @@ def train_tiny_mlp(root: Path) -> Path:
     flags = [
         "--dataset.repo_id=local/pusht_like",
         f"--dataset.root={data}",
-        "--policy.type=mlp",
-        "--policy.hidden_dim=16",
+        *policy,
         "--policy.device=cpu",
         "--policy.push_to_hub=false",
         "--save_checkpoint=true",

@@ -28,15 +28,15 @@ EVAL = helper.EVAL
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    """A one-step training run of a tiny MLP with its checkpoint and the eval of that step."""
-    return helper.train_tiny_mlp(tmp_path_factory.mktemp("lerobot_eval"))
+    """A one-step training run of a tiny ACT with its checkpoint and the eval of that step."""
+    return helper.train_tiny(tmp_path_factory.mktemp("lerobot_eval"), helper.ACT)
 
 
 def test_writes_lerobots_eval_info_under_lerobots_default_directory(run, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main([f"--policy.path={run / 'checkpoints' / 'last' / 'pretrained_model'}", *EVAL]) == 0
     # LeRobot's defaults: outputs/eval/<date>/<time>_<job_name>, job_name <env type>_<policy type>
-    (written,) = tmp_path.glob("outputs/eval/*/*_pusht_mlp/eval_info.json")
+    (written,) = tmp_path.glob("outputs/eval/*/*_pusht_act/eval_info.json")
     info = json.loads(written.read_text())
     assert [e["seed"] for e in info["per_episode"]] == [1000, 1001, 1002]  # --seed's default, LeRobot's
     assert [e["episode_ix"] for e in info["per_episode"]] == [0, 1, 2]
@@ -66,27 +66,26 @@ def test_reports_the_episodes_the_training_time_eval_reported(run, tmp_path):
 
 def test_use_amp_rolls_out_under_autocast(run, tmp_path, capsys):
     """``--policy.use_amp=true`` (LeRobot's flag): the rollout runs under ``torch.autocast`` (bfloat16 on
-    the CPU), so the actions differ from the float32 ones, and a bfloat16 action still reaches the env."""
-    out = tmp_path / "amp"
-    assert (
-        main([f"--policy.path={run}/checkpoints/last", *EVAL, "--policy.use_amp=true", f"--output_dir={out}"])
-        == 0
-    )
+    the CPU), so the actions differ from the float32 ones, and a bfloat16 action still reaches the env.
+    One short episode each (bfloat16 convolutions are slow on a CPU)."""
+    short = [*EVAL, "--eval.n_episodes=1", "--eval.batch_size=1", "--env.episode_length=2"]
+    policy = f"--policy.path={run}/checkpoints/last"
+    assert main([policy, *short, f"--output_dir={tmp_path / 'fp32'}"]) == 0
+    assert main([policy, *short, "--policy.use_amp=true", f"--output_dir={tmp_path / 'amp'}"]) == 0
     assert "device cpu, amp" in capsys.readouterr().out
-    got = helper.read_eval_info(out)["per_episode"]
-    want = helper.training_eval(run)["per_episode"]
-    assert [e["seed"] for e in got] == [e["seed"] for e in want]
-    assert all(a["actions_sha256"] != b["actions_sha256"] for a, b in zip(got, want, strict=True))
+    (fp32,) = helper.read_eval_info(tmp_path / "fp32")["per_episode"]
+    (amp,) = helper.read_eval_info(tmp_path / "amp")["per_episode"]
+    assert amp["seed"] == fp32["seed"] == 1000 and amp["actions_sha256"] != fp32["actions_sha256"]
 
 
-def _state_renamed(directory: Path) -> None:
-    """The same policy reading its state (the MLP's only input: it ignores the camera) as
-    ``observation.robot_state`` (its config, its normalizer's features and statistics), its pre-processor
-    saved with the ``--rename_map`` of the dataset it was fine-tuned on (``observation.joints`` ->
-    ``observation.robot_state``)."""
+def _camera_renamed(directory: Path) -> None:
+    """The same policy reading its camera as ``observation.images.top`` (its config, its normalizer's
+    features and statistics; ACT takes its cameras by type, whatever their names), its pre-processor saved
+    with the ``--rename_map`` of the dataset it was fine-tuned on (``observation.images.front`` ->
+    ``observation.images.top``)."""
     from safetensors.torch import load_file, save_file
 
-    old, new = "observation.state", "observation.robot_state"
+    old, new = "observation.image", "observation.images.top"
 
     def renamed(features: dict) -> dict:
         return {new if k == old else k: v for k, v in features.items()}
@@ -100,7 +99,7 @@ def _state_renamed(directory: Path) -> None:
             if "features" in step["config"]:
                 step["config"]["features"] = renamed(step["config"]["features"])
             if step["registry_name"] == "rename_observations_processor":
-                step["config"]["rename_map"] = {"observation.joints": new}
+                step["config"]["rename_map"] = {"observation.images.front": new}
             if "state_file" in step:
                 stats = load_file(directory / step["state_file"])
                 save_file(
@@ -111,19 +110,19 @@ def _state_renamed(directory: Path) -> None:
 
 
 def test_rename_map_is_lerobots_override_of_the_saved_one(run, tmp_path, capsys):
-    """A policy whose state is ``observation.robot_state``, saved with a map from another name: without
-    ``--rename_map`` the env's ``observation.state`` feeds nothing and the eval is refused in one line;
+    """A policy whose camera is ``observation.images.top``, saved with a map from another name: without
+    ``--rename_map`` the env's ``observation.image`` feeds nothing and the eval is refused in one line;
     with the map, it replaces the saved one (LeRobot's override) and the episodes are those of the same
     weights under the env's name."""
-    policy = _spoilt(run, tmp_path, _state_renamed)
+    policy = _spoilt(run, tmp_path, _camera_renamed)
     out = tmp_path / "eval"
     with pytest.raises(SystemExit) as exited:
         main([policy, *EVAL, f"--output_dir={out}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and len(err) == 1, err
-    assert "the policy reads observation.robot_state, which the env does not observe" in err[0]
+    assert "the policy reads observation.images.top, which the env does not observe" in err[0]
     assert not out.exists()
-    rename = '--rename_map={"observation.state": "observation.robot_state"}'
+    rename = '--rename_map={"observation.image": "observation.images.top"}'
     assert main([policy, *EVAL, rename, f"--output_dir={out}"]) == 0
     helper.same_episodes(helper.read_eval_info(out)["per_episode"], helper.training_eval(run)["per_episode"])
 
