@@ -58,6 +58,8 @@ def test_two_ranks_report_the_episodes_one_process_reports(run, tmp_path, launch
     want = helper.training_eval(run)["per_episode"]
     assert [e["seed"] for e in want] == [1000, 1001, 1002]
     helper.same_episodes(helper.read_eval_info(out)["per_episode"], want)
+    for i in range(3):  # each rank wrote its own episodes' videos (episode 2: rank 1's)
+        assert helper.video_frames(out / "videos" / "pusht_0" / f"eval_episode_{i}.mp4") == [(384, 384)] * 8
 
 
 def test_an_env_that_raises_on_one_rank_ends_the_job_in_one_line(run, tmp_path, launch):

@@ -105,3 +105,11 @@ def same_episodes(got: list[dict], want: list[dict]) -> None:
     for a, b in zip(got, want, strict=True):
         assert abs(a["sum_reward"] - b["sum_reward"]) <= 1e-12
         assert abs(a["max_reward"] - b["max_reward"]) <= 1e-12
+
+
+def video_frames(path: Path) -> list[tuple[int, int]]:
+    """The (height, width) of every frame of the mp4 at ``path``."""
+    import av
+
+    with av.open(str(path)) as container:
+        return [(frame.height, frame.width) for frame in container.decode(video=0)]

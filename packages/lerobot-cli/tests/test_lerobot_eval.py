@@ -45,6 +45,14 @@ def test_writes_lerobots_eval_info_under_lerobots_default_directory(run, tmp_pat
         assert key in overall, key
     assert overall["n_episodes"] == 3 and list(info["per_group"]) == ["pusht"]
     assert info["per_task"][0]["task_group"] == "pusht"
+    # LeRobot's videos: <output_dir>/videos/<task group>_<task id>/eval_episode_<i>.mp4, the frames the env
+    # rendered after its reset and each step up to the done one (8 steps: the last is the time limit's)
+    videos = [
+        str(written.parent.relative_to(tmp_path) / f"videos/pusht_0/eval_episode_{i}.mp4") for i in range(3)
+    ]
+    assert overall["video_paths"] == info["per_task"][0]["metrics"]["video_paths"] == videos
+    for video in videos:
+        assert helper.video_frames(tmp_path / video) == [(384, 384)] * 8, video
     out = capsys.readouterr().out
     assert "2 batches of 2 envs over 1 rank, seeds from 1000" in out
     assert f"pc_success={overall['pc_success']:.1f} avg_sum_reward={overall['avg_sum_reward']:.4f}" in out

@@ -13,10 +13,12 @@ seeded per batch, exactly as ``lerobot-train``'s simulation eval (``sim_eval``) 
 gathered by episode, so N ranks report the episodes one process does, and a checkpoint evaluated here
 reports what the training-time eval of the same weights reported. The main rank writes
 ``<output_dir>/eval_info.json`` (LeRobot's schema plus each episode's seed and actions digest; an existing
-one is replaced atomically) and prints LeRobot's overall metrics.
+one is replaced atomically) and prints LeRobot's overall metrics. The first 10 episodes are rendered to
+LeRobot's ``<output_dir>/videos/<env type>_0/eval_episode_<i>.mp4``, each by the rank that rolled it out
+(``evaluation.videos``).
 
-Not here: videos (LeRobot's ``<output_dir>/videos``), ``--eval.recording``, and overriding the policy's
-own fields (``--policy.n_action_steps``): the policy is evaluated as it was saved.
+Not here: ``--eval.recording``, and overriding the policy's own fields (``--policy.n_action_steps``): the
+policy is evaluated as it was saved.
 """
 
 from __future__ import annotations
@@ -247,6 +249,7 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
 
     from lerobot_cli.evaluation.plan import EpisodePlan
     from lerobot_cli.evaluation.results import eval_info, write_eval_info
+    from lerobot_cli.evaluation.videos import EpisodeVideos, video_paths
     from lerobot_cli.fetching import decided_on_main
     from lerobot_cli.policies.pretrained import load_pretrained
     from lerobot_cli.policies.serialization import UnknownConfigKeysWarning
@@ -277,6 +280,7 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
             f"{', amp' if use_amp else ''}",
             flush=True,
         )
+    videos_dir = Path(cfg.output_dir) / "videos" / f"{cfg.env.type}_0"  # LeRobot's <task_group>_<task_id>
     start = time.perf_counter()
     episodes = roll_out_share(
         rt,
@@ -292,11 +296,14 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
         failure="the simulation eval",
         prog=PROG,
         autocast=autocast,
+        videos=EpisodeVideos(videos_dir),
     )
     eval_s = time.perf_counter() - start
     if not rt.is_main:
         return None
-    info = eval_info(episodes, task_group=cfg.env.type, eval_s=eval_s)
+    info = eval_info(
+        episodes, task_group=cfg.env.type, eval_s=eval_s, video_paths=video_paths(videos_dir, len(episodes))
+    )
     path = write_eval_info(cfg.output_dir, info)
     overall = info["overall"]
     print(

@@ -35,6 +35,7 @@ from lerobot_cli.evaluation.plan import EpisodePlan
 from lerobot_cli.evaluation.ranks import PeerEvalFailed, gather_results, in_lockstep
 from lerobot_cli.evaluation.results import EpisodeResult, eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
+from lerobot_cli.evaluation.videos import EpisodeVideos
 from lerobot_cli.fetching import decided_on_main
 
 EVAL_DIR = "eval"
@@ -112,9 +113,11 @@ def roll_out_share(
     prog: str = PROG,
     around: Callable[[], AbstractContextManager] = nullcontext,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
+    videos: EpisodeVideos | None = None,
 ) -> list[EpisodeResult]:
     """Every rank: roll out ``batches`` (this rank's share of the plan) in a vector env of ``batch_size``
-    envs, inside ``around()``, then gather every rank's results (sorted by episode index).
+    envs, inside ``around()``, then gather every rank's results (sorted by episode index). ``videos``:
+    where this rank's first episodes are rendered to (LeRobot's eval videos), if anywhere.
 
     When the rollout raises here, this rank prints ``<prog>: error: <failure> failed[ on rank N]: ...``
     and raises :class:`SimEvalFailed`, after telling the peers (the lockstep vote or the gather), which
@@ -137,6 +140,8 @@ def roll_out_share(
                     seed=seed,
                     grad_mode=grad_mode,
                     autocast=autocast,
+                    render=videos.render if videos is not None else None,
+                    after_batch=videos.write if videos is not None else None,
                 )
         finally:
             env.close()
