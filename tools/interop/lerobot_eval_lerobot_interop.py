@@ -16,7 +16,9 @@ LeRobot's side needs gym-pusht (``lerobot[pusht]``; or ``--lerobot-site DIR``, a
    convolutions differently in the last bits, and gym-pusht turns that into rewards a few 1e-7 apart. ACT
    acts deterministically, so every batch must agree, not only the first (a noise-drawing policy would
    match in batch 0 only: ``lerobot_cli.evaluation.run``). Five episodes in batches of two: three batches,
-   the last keeping one of its two envs.
+   the last keeping one of its two envs. Each episode's video against LeRobot's of the same name: as many
+   frames, the same size, the same scene (lossy encodings: mean absolute difference under ``VIDEO_ATOL``).
+   LeRobot also writes a video of the env a last partial batch throws away; ours does not.
 
 Exit status 0 (``PASS``) means every comparison held.
 """
@@ -31,10 +33,12 @@ import tempfile
 from pathlib import Path
 
 ATOL = 1e-4
+VIDEO_ATOL = 2.0
+N_EPISODES = 5
 EVAL = [
     "--env.type=pusht",
     "--env.episode_length=20",
-    "--eval.n_episodes=5",
+    f"--eval.n_episodes={N_EPISODES}",
     "--eval.batch_size=2",
     "--eval.use_async_envs=false",
     "--seed=1000",
@@ -127,6 +131,32 @@ def compare(mine: dict, theirs: dict) -> list[str]:
     return problems
 
 
+def decoded(path: Path):
+    """The frames of an mp4, (T, H, W, 3) uint8."""
+    import av
+    import numpy as np
+
+    with av.open(str(path)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+
+
+def compare_videos(work: Path, n_episodes: int) -> list[str]:
+    """Each kept episode's video against LeRobot's of the same name: as many frames (LeRobot's cut at the
+    first done), the same size, the same scene (mean absolute difference under ``VIDEO_ATOL`` of 255: both
+    are lossy encodings of the env's renders)."""
+    problems = []
+    for i in range(min(10, n_episodes)):
+        name = Path("videos") / "pusht_0" / f"eval_episode_{i}.mp4"
+        mine, theirs = decoded(work / "ours" / name), decoded(work / "lerobot" / name)
+        if mine.shape != theirs.shape:
+            problems.append(f"{name}: ours {mine.shape}, LeRobot's {theirs.shape}")
+            continue
+        diff = float(abs(mine.astype(float) - theirs.astype(float)).mean())
+        if diff > VIDEO_ATOL:
+            problems.append(f"{name}: mean absolute difference {diff:.2f} of 255")
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lerobot-python", required=True, help="python of an env with lerobot 0.6.x")
@@ -172,7 +202,7 @@ def main() -> int:
             return 1
         mine = json.loads((work / "ours" / "eval_info.json").read_text())
         theirs = json.loads((work / "lerobot" / "eval_info.json").read_text())
-        problems = compare(mine, theirs)
+        problems = compare(mine, theirs) + compare_videos(work, N_EPISODES)
         their_m = theirs["per_task"][0]["metrics"]
         print(
             f"LeRobot's lerobot-eval: sum_rewards {their_m['sum_rewards']}, successes {their_m['successes']}"
