@@ -86,6 +86,19 @@ def test_use_amp_rolls_out_under_autocast(run, tmp_path, capsys):
     assert amp["seed"] == fp32["seed"] == 1000 and amp["actions_sha256"] != fp32["actions_sha256"]
 
 
+def test_policy_fields_are_lerobots_overrides_of_the_saved_config(run, tmp_path):
+    """``--policy.n_action_steps`` (LeRobot's override of a ``--policy.path`` config): the saved value
+    changes nothing, another one changes the actions (ACT re-plans every step instead of every 4)."""
+    short = [f"--policy.path={run}/checkpoints/last", *EVAL, "--eval.n_episodes=1", "--eval.batch_size=1"]
+    digests = []
+    for steps in ("", "4", "1"):
+        out = tmp_path / f"steps{steps}"
+        flags = [f"--policy.n_action_steps={steps}"] if steps else []
+        assert main([*short, *flags, "--env.episode_length=4", f"--output_dir={out}"]) == 0
+        digests.append(helper.read_eval_info(out)["per_episode"][0]["actions_sha256"])
+    assert digests[0] == digests[1] != digests[2]
+
+
 def _camera_renamed(directory: Path) -> None:
     """The same policy reading its camera as ``observation.images.top`` (its config, its normalizer's
     features and statistics; ACT takes its cameras by type, whatever their names), its pre-processor saved
@@ -174,6 +187,14 @@ BAD = {
     "unknown flag": (
         lambda run, tmp: [f"--policy.path={run}/checkpoints/last", *EVAL, "--eval.n_episode=2"],
         "unknown flag --eval.n_episode; did you mean --eval.n_episodes?",
+    ),
+    "unknown policy field": (
+        lambda run, tmp: [f"--policy.path={run}/checkpoints/last", *EVAL, "--policy.n_action_step=2"],
+        "has no such field; did you mean --policy.n_action_steps?",
+    ),
+    "policy field its weights do not fit": (  # found when the weights load, in the process group
+        lambda run, tmp: [f"--policy.path={run}/checkpoints/last", *EVAL, "--policy.dim_model=64"],
+        "model.safetensors does not match the model (ACTPolicy)",
     ),
     "env it does not fit": (
         lambda run, tmp: [

@@ -17,8 +17,9 @@ one is replaced atomically) and prints LeRobot's overall metrics. The first 10 e
 LeRobot's ``<output_dir>/videos/<env type>_0/eval_episode_<i>.mp4``, each by the rank that rolled it out
 (``evaluation.videos``).
 
-Not here: ``--eval.recording``, and overriding the policy's own fields (``--policy.n_action_steps``): the
-policy is evaluated as it was saved.
+``--policy.<field>`` sets a field of the saved policy's config, as LeRobot's overrides do (e.g.
+``--policy.n_action_steps``); one its weights do not fit is refused when they load. Not here:
+``--eval.recording``.
 """
 
 from __future__ import annotations
@@ -116,18 +117,15 @@ def eval_flags(env_cls: type[EnvConfig] | None) -> dict[str, FlagSpec]:
 
 
 def _unknown_flag(name: str, specs: dict[str, FlagSpec]) -> UsageError:
-    if name.startswith("policy."):
-        return UsageError(
-            f"unknown flag --{name}: {PROG} takes --policy.path, --policy.device and --policy.use_amp; the "
-            "policy's own fields are evaluated as saved"
-        )
     close = difflib.get_close_matches(name, [*specs, *REQUIRED], n=1, cutoff=0.6)
     hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
     return UsageError(f"unknown flag --{name}{hint}")
 
 
-def build_eval_config(flags: dict[str, str]) -> EvalRunConfig:
-    """The flags (``split_argv``'s) as one validated config; a bad one is a one-line ``UsageError``."""
+def build_eval_config(flags: dict[str, str]) -> tuple[EvalRunConfig, dict[str, str]]:
+    """The flags (``split_argv``'s) as one validated config, and the ``--policy.<field>`` flags of the saved
+    policy's own fields (raw: its class is known once its directory is read); a bad one is a one-line
+    ``UsageError``."""
     flags = dict(flags)
     for name in REQUIRED:
         if name not in flags:
@@ -141,8 +139,12 @@ def build_eval_config(flags: dict[str, str]) -> EvalRunConfig:
         raise UsageError(str(exc)) from None
     specs = eval_flags(env_cls)
     tree: dict[str, Any] = {"policy": {}, "env": {}, "eval": {}}
+    policy_fields: dict[str, str] = {}
     for name, raw in flags.items():
         spec = specs.get(name)
+        if spec is None and name.startswith("policy."):
+            policy_fields[name] = raw
+            continue
         if spec is None:
             raise _unknown_flag(name, specs)
         section, dot, leaf = name.partition(".")
@@ -151,7 +153,7 @@ def build_eval_config(flags: dict[str, str]) -> EvalRunConfig:
         else:
             tree[name] = convert(spec, raw)
     try:
-        return EvalRunConfig(
+        cfg = EvalRunConfig(
             policy=EvalPolicyFlags(**tree.pop("policy")),
             env=env_cls(**tree.pop("env")),
             eval=EvalConfig(**tree.pop("eval")),
@@ -159,6 +161,33 @@ def build_eval_config(flags: dict[str, str]) -> EvalRunConfig:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    return cfg, policy_fields
+
+
+def _with_fields(policy_cfg, policy_fields: dict[str, str], file: Path):
+    """The saved config with ``--policy.<field>`` flags applied (LeRobot's overrides of a
+    ``--policy.path`` config), each converted by the field's type; an unknown field is one line."""
+    if not policy_fields:
+        return policy_cfg
+    import cattrs
+
+    from lerobot_cli import configio
+    from lerobot_cli.policies.serialization import policy_config_from_dict
+
+    specs = {s.path: s for s in field_specs(type(policy_cfg), "policy.")}
+    data = configio.unstructure_policy_config(policy_cfg)
+    for name, raw in policy_fields.items():
+        if name not in specs:
+            close = difflib.get_close_matches(name, list(specs), n=1, cutoff=0.6)
+            hint = f"; did you mean --{close[0]}?" if close else ""
+            raise UsageError(
+                f"unknown flag --{name}: the {policy_cfg.type} policy of {file} has no such field{hint}"
+            )
+        data[name.removeprefix("policy.")] = convert(specs[name], raw)
+    try:
+        return policy_config_from_dict(data, type(policy_cfg))
+    except (ValueError, TypeError, cattrs.BaseValidationError) as exc:
+        raise UsageError(f"--policy.* on {file}: {exc}") from None
 
 
 def render_help(env_cls: type[EnvConfig] | None) -> str:
@@ -174,10 +203,11 @@ def render_help(env_cls: type[EnvConfig] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
+def _check_inputs(cfg: EvalRunConfig, policy_fields: dict[str, str]):
     """Torch-free checks of everything a user can get wrong, before any process group or file: the env's
-    extra, the policy directory and its files, the seeds, the output directory. Returns the finalized
-    config and the policy directory."""
+    extra, the policy directory and its files (``policy_fields`` applied to its config), the seeds, the
+    output directory. Returns the finalized config, the policy directory and the policy's config when
+    ``--policy.<field>`` flags changed it (else None: the saved one is loaded)."""
     import cattrs
     from lerobot_ckpt.layout import POLICY_CONFIG, POSTPROCESSOR_CONFIG, PREPROCESSOR_CONFIG
 
@@ -195,7 +225,7 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnknownConfigKeysWarning)
         try:
-            policy_type = load_policy_config(file).type
+            saved = load_policy_config(file)
         except (ValueError, TypeError, cattrs.BaseValidationError) as exc:  # an unknown type, a bad field
             raise UsageError(f"--policy.path {file}: {exc}") from None
     for w in caught:  # LeRobot's newer fields: said once here, not again when the policy loads
@@ -203,6 +233,7 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
             warn(f"--policy.path {file}: {w.message}")
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    policy_cfg = _with_fields(saved, policy_fields, file) if policy_fields else None
     for name in (PREPROCESSOR_CONFIG, POSTPROCESSOR_CONFIG):
         if not (directory / name).is_file():
             raise UsageError(
@@ -211,7 +242,7 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
             )
     # the seeds fit an env (the main rank may decide another automatic batch size; the check is re-run)
     EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=cfg.eval.resolved_batch_size(), seed=cfg.seed)
-    cfg = cfg.finalized(policy_type)
+    cfg = cfg.finalized(saved.type)
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output_dir={cfg.output_dir} is a file, not a directory")
@@ -220,7 +251,7 @@ def _check_inputs(cfg: EvalRunConfig) -> tuple[EvalRunConfig, Path]:
             f"--output_dir={cfg.output_dir}: {out / EVAL_INFO} is a symlink or a directory, so it is not "
             "replaced; remove it or choose another --output_dir"
         )
-    return cfg, directory
+    return cfg, directory, policy_cfg
 
 
 def _set_rename_map(pre, rename_map: dict[str, str], directory: Path) -> None:
@@ -238,9 +269,10 @@ def _set_rename_map(pre, rename_map: dict[str, str], directory: Path) -> None:
         step.rename_map = dict(rename_map)
 
 
-def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
-    """Every rank: load the policy, check it fits the env, roll out this rank's batches, gather; the main
-    rank writes ``eval_info.json`` and prints the metrics. Returns the ``eval_info`` on the main rank."""
+def evaluate(cfg: EvalRunConfig, directory: Path, runtime, policy_config=None) -> dict | None:
+    """Every rank: load the policy (with ``policy_config`` instead of its saved one, if given), check it
+    fits the env, roll out this rank's batches, gather; the main rank writes ``eval_info.json`` and prints
+    the metrics. Returns the ``eval_info`` on the main rank."""
     import contextlib
     import functools
     import time
@@ -264,7 +296,7 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
     plan = EpisodePlan(n_episodes=cfg.eval.n_episodes, batch_size=batch_size, seed=cfg.seed)
     with warnings.catch_warnings():  # its unknown keys were said before the process group
         warnings.simplefilter("ignore", UnknownConfigKeysWarning)
-        policy_cfg, policy = load_pretrained(directory, device=rt.device)
+        policy_cfg, policy = load_pretrained(directory, config=policy_config, device=rt.device)
     pre, post = load_processors(directory, device=str(rt.device))
     _set_rename_map(pre, cfg.rename_map, directory)
     check_env_fits(cfg.env, cfg.seed, policy_cfg, cfg.rename_map)
@@ -316,7 +348,7 @@ def evaluate(cfg: EvalRunConfig, directory: Path, runtime) -> dict | None:
     return info
 
 
-def _run(cfg: EvalRunConfig, directory: Path) -> int:
+def _run(cfg: EvalRunConfig, directory: Path, policy_config=None) -> int:
     from lerobot_parallel import ParallelismError
     from lerobot_parallel.job_message import print_once_per_job
     from lerobot_parallel.teardown import parallel_session
@@ -328,7 +360,7 @@ def _run(cfg: EvalRunConfig, directory: Path) -> int:
     try:
         with parallel_session(device=cfg.policy.device) as runtime:
             try:
-                evaluate(cfg, directory, runtime)
+                evaluate(cfg, directory, runtime, policy_config)
             except SimEvalFailed:  # its line is out (from the rank it failed on)
                 raise SystemExit(1) from None
             except PeerEvalFailed:  # the failed rank said why
@@ -353,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             env_cls = env_class(parsed.flags["env.type"]) if "env.type" in parsed.flags else None
             sys.stdout.write(render_help(env_cls))
             return 0
-        cfg, directory = _check_inputs(build_eval_config(parsed.flags))
+        cfg, directory, policy_config = _check_inputs(*build_eval_config(parsed.flags))
     except (ValueError, CheckpointError) as exc:  # UsageError, the env's missing extra, an unsafe directory
         exit_usage(PROG, as_flags(str(exc)))
-    return _run(cfg, directory)
+    return _run(cfg, directory, policy_config)
 
 
 if __name__ == "__main__":
