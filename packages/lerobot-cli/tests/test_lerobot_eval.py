@@ -236,3 +236,19 @@ def test_a_config_key_it_does_not_know_is_one_warning(run, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("lerobot-eval: warning: --policy.path "), err
     assert err[0].endswith("ignoring keys it does not define: future_field")
     assert (out / "eval_info.json").is_file()
+
+
+def test_help_lists_ours_the_envs_and_the_policys_flags(run, capsys):
+    assert main(["--help"]) == 0
+    plain = capsys.readouterr().out
+    assert "--eval.n_episodes" in plain and "--env.episode_length" not in plain
+    assert main(["--help", "--env.type=pusht", f"--policy.path={run}/checkpoints/last"]) == 0
+    full = capsys.readouterr().out
+    for flag in (
+        "--policy.path",
+        "--seed",
+        "--rename_map",
+        "--env.episode_length",
+        "--policy.n_action_steps",
+    ):
+        assert f"  {flag}  " in full, flag

@@ -190,17 +190,34 @@ def _with_fields(policy_cfg, policy_fields: dict[str, str], file: Path):
         raise UsageError(f"--policy.* on {file}: {exc}") from None
 
 
-def render_help(env_cls: type[EnvConfig] | None) -> str:
+def render_help(env_cls: type[EnvConfig] | None, policy_cls: type | None = None) -> str:
+    """The flags: ours, the env's once ``--env.type`` is given, the policy's once ``--policy.path`` is."""
     lines = [
         f"usage: {PROG} --policy.path=DIR --env.type={{{','.join(ENV_TYPES)}}} [--flag=value ...]",
         "",
-        "Roll a saved policy out in a simulation env; writes <output_dir>/eval_info.json.",
+        "Roll a saved policy out in a simulation env; writes <output_dir>/eval_info.json and videos.",
         "",
         f"  --env.type  {{{','.join(ENV_TYPES)}}}  The env (its fields: --env.type=NAME --help).",
+        "  --policy.<field>  The saved config's own fields, overridden (them all: --policy.path=DIR --help).",
     ]
-    for spec in eval_flags(env_cls).values():
+    specs = list(eval_flags(env_cls).values())
+    if policy_cls is not None:
+        ours = {s.path for s in specs}
+        specs += [s for s in field_specs(policy_cls, "policy.") if s.path not in ours]
+    for spec in specs:
         lines.append(f"  --{spec.path}  {type_name(spec.type)}  {spec.help}")
     return "\n".join(lines) + "\n"
+
+
+def _policy_class_for_help(flags: dict[str, str]) -> type | None:
+    if "policy.path" not in flags:
+        return None
+    from lerobot_ckpt.layout import POLICY_CONFIG
+
+    from lerobot_cli.cli.paths import resolve_policy_dir
+    from lerobot_cli.policies.serialization import load_policy_config
+
+    return type(load_policy_config(resolve_policy_dir(flags["policy.path"]) / POLICY_CONFIG))
 
 
 def _check_inputs(cfg: EvalRunConfig, policy_fields: dict[str, str]):
@@ -383,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         parsed = split_argv(argv)
         if parsed.help:
             env_cls = env_class(parsed.flags["env.type"]) if "env.type" in parsed.flags else None
-            sys.stdout.write(render_help(env_cls))
+            sys.stdout.write(render_help(env_cls, _policy_class_for_help(parsed.flags)))
             return 0
         cfg, directory, policy_config = _check_inputs(*build_eval_config(parsed.flags))
     except (ValueError, CheckpointError) as exc:  # UsageError, the env's missing extra, an unsafe directory
