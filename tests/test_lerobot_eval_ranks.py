@@ -46,20 +46,24 @@ def run(tmp_path_factory) -> Path:
 
 
 def test_two_ranks_report_the_episodes_one_process_reports(run, tmp_path, launch):
-    """Against the training-time eval of the checkpoint's step, on one process: the same rollout code,
-    and the one-process ``lerobot-eval`` reports its episodes (test_lerobot_eval.py)."""
-    out = tmp_path / "two"
-    script = launch.MULTIPROC / "lerobot_eval.py"
+    """The same episodes as ``lerobot-eval`` on one process, and as the training-time eval of the
+    checkpoint's step (one process too)."""
+    from lerobot_cli.eval import main
+
+    one, two = tmp_path / "one", tmp_path / "two"
     checkpoint = f"--policy.path={run / 'checkpoints' / 'last'}"
-    res = launch.torchrun(script, checkpoint, *helper.EVAL, f"--output_dir={out}", timeout_s=180)
+    assert main([checkpoint, *helper.EVAL, f"--output_dir={one}"]) == 0
+    script = launch.MULTIPROC / "lerobot_eval.py"
+    res = launch.torchrun(script, checkpoint, *helper.EVAL, f"--output_dir={two}", timeout_s=180)
     assert not res.timed_out and res.returncode == 0, res.describe()
     assert "2 batches of 2 envs over 2 ranks" in res.stdout
     assert res.stdout.count("eval_info.json: ") == 1  # the main rank reports, once
-    want = helper.training_eval(run)["per_episode"]
+    want = helper.read_eval_info(one)["per_episode"]
     assert [e["seed"] for e in want] == [1000, 1001, 1002]
-    helper.same_episodes(helper.read_eval_info(out)["per_episode"], want)
+    helper.same_episodes(want, helper.training_eval(run)["per_episode"])
+    helper.same_episodes(helper.read_eval_info(two)["per_episode"], want)
     for i in range(3):  # each rank wrote its own episodes' videos (episode 2: rank 1's)
-        assert helper.video_frames(out / "videos" / "pusht_0" / f"eval_episode_{i}.mp4") == [(384, 384)] * 8
+        assert helper.video_frames(two / "videos" / "pusht_0" / f"eval_episode_{i}.mp4") == [(384, 384)] * 8
 
 
 def test_an_env_that_raises_on_one_rank_ends_the_job_in_one_line(run, tmp_path, launch):
