@@ -1,6 +1,7 @@
 """``lerobot-eval`` (``lerobot_cli.eval.main``, the console script's entry point, in process) on a tiny
-PushT checkpoint written by ``lerobot-train``: it writes LeRobot's ``eval_info.json`` where LeRobot would,
-reports exactly the episodes the training-time eval of the same step reported, and refuses bad input in
+PushT ACT checkpoint written by ``lerobot-train``: it writes LeRobot's ``eval_info.json`` and videos where
+LeRobot would, reports exactly the episodes the training-time eval of the same step reported, takes
+``--rename_map``, ``--policy.use_amp`` and ``--policy.<field>`` as LeRobot does, and refuses bad input in
 one line with exit code 2, writing nothing. Rolled out on 2 ranks: tests/test_lerobot_eval_ranks.py.
 Needs lerobot-cli[pusht]."""
 
