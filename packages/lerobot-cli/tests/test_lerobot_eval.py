@@ -249,6 +249,7 @@ def test_help_lists_ours_the_envs_and_the_policys_flags(run, capsys):
         "--policy.path",
         "--seed",
         "--rename_map",
+        "--trust_remote_code",
         "--env.episode_length",
         "--policy.n_action_steps",
     ):

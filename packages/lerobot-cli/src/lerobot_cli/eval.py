@@ -89,6 +89,10 @@ class EvalRunConfig:
         validator=lambda _inst, _attr, value: check_map_value(value),
         metadata={"help": "Rename the env's observations to the policy's inputs, as JSON (LeRobot's flag)."},
     )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "LeRobot's consent to run a Hub env's code; the envs here have none to run."},
+    )
 
     def finalized(self, policy_type: str, now: dt.datetime | None = None) -> EvalRunConfig:
         """LeRobot's defaults: ``job_name`` ``<env type>_<policy type>``, ``output_dir``
