@@ -54,7 +54,7 @@ from lerobot_cli.reporting import Reporter
 from lerobot_cli.rundir import RunDirWork
 from lerobot_cli.runplan import RunPlan
 from lerobot_cli.seeding import set_seed
-from lerobot_cli.sim_eval import SimEval, SimEvalFailed, check_env_fit
+from lerobot_cli.sim_eval import SimEval, SimEvalFailed, check_env_fits
 from lerobot_cli.trackers import RunContext, Trackers, TrackerStartError, enabled_kinds
 from lerobot_cli.workload import build_workload, sharding_plan
 
@@ -236,7 +236,7 @@ def train(plan: RunPlan, runtime: ParallelRuntime, work: RunDirWork | None = Non
         cfg, device=str(runtime.device), processors_from=processors_from, resuming=resume is not None
     )
     if simulates(cfg):  # the policy's inputs and action are the env's: refused before any work
-        check_env_fit(cfg, workload.policy_config)
+        check_env_fits(cfg.env, cfg.seed, workload.policy_config, cfg.rename_map)
     # the training and held-out batches; checks a global batch fits (cheap) and starts no worker yet
     data = make_data_sources(workload, cfg, runtime)
     plan_ = sharding_plan(cfg, workload.policy, runtime)

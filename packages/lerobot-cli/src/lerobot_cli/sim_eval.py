@@ -9,8 +9,8 @@ RNG is forked, so training goes on exactly as without the eval. Under FSDP2/HSDP
 lockstep (``evaluation.ranks``). The results are gathered by episode index, so 1 process and N ranks
 report the same episodes; the main rank writes ``<output_dir>/eval/step_<step>/eval_info.json``
 (LeRobot's schema plus each episode's seed and action digest) and logs LeRobot's ``eval/pc_success``,
-``eval/avg_sum_reward``, ``eval/avg_max_reward``, ``eval/eval_s`` (metrics.jsonl and the trackers); rank 0
-writes the videos of the first 4 episodes it rolls out beside it (``evaluation.videos``).
+``eval/avg_sum_reward``, ``eval/avg_max_reward``, ``eval/eval_s`` (metrics.jsonl and the trackers); the
+videos of the first 4 episodes go beside it, each from the rank that rolled it out (``evaluation.videos``).
 
 LeRobot 0.6.1 evaluates on the main process only while the others wait at a barrier, and refuses to under
 FSDP; here the work is split, so no rank waits longer than its share and the collective timeout is
@@ -22,7 +22,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,17 @@ import torch
 from lerobot_ckpt.layout import step_dir_name
 from lerobot_trainloop.evaluation import evaluating
 
+from lerobot_cli.cli.errors import PROG
 from lerobot_cli.errors import ConfigError
 from lerobot_cli.evaluation.plan import EpisodePlan
 from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep, PeerEvalFailed, gather_results
-from lerobot_cli.evaluation.results import eval_info, write_eval_info
+from lerobot_cli.evaluation.results import EpisodeResult, eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
-from lerobot_cli.evaluation.videos import EpisodeRecorder
+from lerobot_cli.evaluation.videos import EpisodeVideos, video_paths
 from lerobot_cli.fetching import decided_on_main
 
 EVAL_DIR = "eval"
-VIDEO_EPISODES = 4  # LeRobot's lerobot-train renders the first 4 episodes of each eval
+VIDEO_EPISODES = 4  # LeRobot's lerobot-train renders the first 4 episodes of each eval (lerobot-eval 10)
 
 
 class EnvPolicyMismatch(ConfigError):
@@ -82,20 +84,87 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
         )
 
 
-def check_env_fit(cfg, policy_config) -> None:
-    """Build one env of ``cfg.env``, reset it once and check the policy fits it (every rank, before any
-    work: they all agree, and a refusal leaves the run directory as it was)."""
+def check_env_fits(env_cfg, seed: int | None, policy_config, rename_map: dict[str, str]) -> None:
+    """Build one env of ``env_cfg``, reset it once (``seed``) and check the policy fits what it observes
+    and takes (:func:`check_policy_fits_env`): every rank, before any work (they all agree, and a refusal
+    leaves the run directory as it was)."""
     from lerobot_cli.envs.make import make_vector_env
     from lerobot_cli.envs.observation import preprocess_observation
 
-    env = make_vector_env(cfg.env, 1, use_async_envs=False)
+    env = make_vector_env(env_cfg, 1, use_async_envs=False)
     try:
-        observation, _ = env.reset(seed=cfg.seed)
+        observation, _ = env.reset(seed=seed)
         batch = preprocess_observation(observation)
         action_shape = env.single_action_space.shape
     finally:
         env.close()
-    check_policy_fits_env(policy_config, cfg.rename_map, batch, action_shape)
+    check_policy_fits_env(policy_config, rename_map, batch, action_shape)
+
+
+def roll_out_share(
+    rt,
+    env_cfg,
+    batch_size: int,
+    use_async_envs: bool,
+    policy: torch.nn.Module,
+    preprocessor,
+    postprocessor,
+    batches: Sequence,
+    *,
+    seed: int | None,
+    sharded: bool,
+    failure: str,
+    prog: str = PROG,
+    around: Callable[[], AbstractContextManager] = nullcontext,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
+    videos: EpisodeVideos | None = None,
+    signalled: Callable[[], int] = lambda: 0,
+) -> list[EpisodeResult]:
+    """Every rank (``lerobot-train`` and ``lerobot-eval``): roll out ``batches`` (this rank's share of the
+    plan) in a vector env of ``batch_size`` envs, inside ``around()``, voting before every env step
+    (:class:`~lerobot_cli.evaluation.ranks.Lockstep`), then gather every rank's results (sorted by episode
+    index). ``videos``: where this rank renders the first episodes it rolls out (LeRobot's eval videos).
+
+    When the rollout raises here, this rank prints ``<prog>: error: <failure> failed[ on rank N]: ...``
+    and raises :class:`SimEvalFailed` after its failed vote, which makes the peers raise
+    :class:`~lerobot_cli.evaluation.ranks.PeerEvalFailed`; a signal (``signalled()``) makes every rank raise
+    :class:`~lerobot_cli.evaluation.ranks.EvalInterrupted` at the same vote."""
+    from lerobot_cli.envs.make import make_vector_env
+
+    vote = Lockstep(rt.dp_group, rt.device, rt.dp_world_size, signalled)
+    grad_mode = torch.no_grad if sharded else torch.inference_mode
+    try:
+        env = make_vector_env(env_cfg, batch_size, use_async_envs)
+        try:
+            with around():
+                results = evaluate_batches(
+                    env,
+                    policy,
+                    preprocessor,
+                    postprocessor,
+                    batches,
+                    keep_stepping=vote,
+                    seed=seed,
+                    grad_mode=grad_mode,
+                    autocast=autocast,
+                    render=videos.render if videos is not None else None,
+                    after_batch=videos.write if videos is not None else None,
+                )
+        finally:
+            env.close()
+        vote.finish()
+    except (PeerEvalFailed, EvalInterrupted):
+        raise
+    except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
+        where = f" on rank {rt.rank}" if rt.is_distributed else ""
+        print(
+            f"{prog}: error: {failure} failed{where}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        vote.fail()
+        raise SimEvalFailed(str(exc)) from exc
+    return gather_results(results, rt.dp_group, rt.dp_world_size)
 
 
 def describe_sim_eval(cfg, batch_size: int, world: int) -> str:
@@ -143,56 +212,31 @@ class SimEval:
 
     def run(self, step: int, reporter) -> dict | None:
         """Every rank: roll out this rank's batches, gather; the main rank writes and logs. Returns the
-        ``eval_info`` on the main rank (None elsewhere, and when a signal stopped the eval)."""
-        from lerobot_cli.envs.make import make_vector_env
-
+        ``eval_info`` on the main rank (None elsewhere)."""
         rt = self.runtime
-        mine = self.plan.for_rank(rt.dp_rank, rt.dp_world_size)
-        vote = Lockstep(rt.dp_group, rt.device, rt.dp_world_size, self.signalled)
-        grad_mode = torch.no_grad if self.sharded else torch.inference_mode
-        # batch 0 is rank 0's: it alone renders (its first episodes)
-        recorder = (
-            EpisodeRecorder(self.directory(step) / "videos", VIDEO_EPISODES, self.cfg.env.fps)
-            if rt.dp_rank == 0
-            else None
-        )
+        videos_dir = self.directory(step) / "videos"
         start = time.perf_counter()
-        try:
-            env = make_vector_env(self.cfg.env, self.batch_size, self.cfg.eval.use_async_envs)
-            try:
-                with evaluating(self.loop.model, rt.device, self.ema):
-                    results = evaluate_batches(
-                        env,
-                        self.policy,
-                        self.pre,
-                        self.post,
-                        mine,
-                        keep_stepping=vote,
-                        seed=self.cfg.seed,
-                        grad_mode=grad_mode,
-                        autocast=self.loop.precision.autocast,
-                        recorder=recorder,
-                    )
-            finally:
-                env.close()
-            vote.finish()
-        except (PeerEvalFailed, EvalInterrupted):
-            raise
-        except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
-            where = f" on rank {rt.rank}" if rt.is_distributed else ""
-            print(
-                f"lerobot-train: error: the simulation eval at step {step} failed{where}: "
-                f"{type(exc).__name__}: {exc}",
-                file=sys.stderr,
-                flush=True,
-            )
-            vote.fail()
-            raise SimEvalFailed(str(exc)) from exc
-        episodes = gather_results(results, rt.dp_group, rt.dp_world_size)
+        episodes = roll_out_share(
+            rt,
+            self.cfg.env,
+            self.batch_size,
+            self.cfg.eval.use_async_envs,
+            self.policy,
+            self.pre,
+            self.post,
+            self.plan.for_rank(rt.dp_rank, rt.dp_world_size),
+            seed=self.cfg.seed,
+            sharded=self.sharded,
+            failure=f"the simulation eval at step {step}",
+            around=lambda: evaluating(self.loop.model, rt.device, self.ema),
+            autocast=self.loop.precision.autocast,
+            videos=EpisodeVideos(videos_dir, VIDEO_EPISODES),
+            signalled=self.signalled,
+        )
         eval_s = time.perf_counter() - start
         if not rt.is_main:
             return None
-        videos = recorder.paths if recorder is not None else []
+        videos = video_paths(videos_dir, len(episodes), VIDEO_EPISODES)
         info = eval_info(episodes, task_group=self.cfg.env.type, eval_s=eval_s, video_paths=videos)
         write_eval_info(self.directory(step), info)
         reporter.log_sim_eval(step, info["overall"], weights="EMA" if self.ema is not None else "live")

@@ -5,7 +5,7 @@ the same policy, seeds and env give the same actions, rewards and successes.
 Per step, as LeRobot: the observation mapped by :func:`~lerobot_cli.envs.observation.preprocess_observation`,
 ``task`` from the envs (``task_description``, else ``task``, else ``""``), the policy's pre-processor,
 ``select_action`` under ``torch.inference_mode`` (``grad_mode``: ``no_grad`` for a sharded policy), the
-post-processor, the action to a CPU numpy
+post-processor, the action to a CPU numpy (float32 where it is bfloat16, which numpy lacks; LeRobot fails)
 ``(batch, action_dim)`` array, ``env.step``. ``done`` is latched per env; a done env is still stepped
 (the vector env resets it in the same step) until all are done or ``max_episode_steps`` is reached, the
 last step forcing every env done. Success is read from ``info["final_info"]["is_success"]`` when an env
@@ -111,7 +111,10 @@ def _act(
     batch = pre(batch)
     with grad_mode():
         action = policy.select_action(batch)
-    action = post(action).to("cpu").numpy()
+    action = post(action).to("cpu")
+    if action.dtype == torch.bfloat16:  # an autocast policy's action: numpy has no bfloat16
+        action = action.float()
+    action = action.numpy()
     if action.ndim != 2:
         raise RolloutError(f"the policy's action must be (batch, action_dim) for the env, got {action.shape}")
     return action

@@ -23,8 +23,7 @@ import torch
 
 from lerobot_cli.evaluation.plan import RolloutBatch
 from lerobot_cli.evaluation.results import EpisodeResult, episode_results
-from lerobot_cli.evaluation.rollout import Processor, rollout_batch
-from lerobot_cli.evaluation.videos import EpisodeRecorder
+from lerobot_cli.evaluation.rollout import BatchRollout, Processor, rollout_batch
 
 
 def evaluate_batches(
@@ -38,14 +37,16 @@ def evaluate_batches(
     seed: int | None = None,
     grad_mode: Callable[[], AbstractContextManager] = torch.inference_mode,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
-    recorder: EpisodeRecorder | None = None,
+    render: Callable[[RolloutBatch], Callable[[Any], None] | None] | None = None,
+    after_batch: Callable[[RolloutBatch, BatchRollout], None] | None = None,
 ) -> list[EpisodeResult]:
     """Roll out ``batches`` (this rank's, from ``EpisodePlan.for_rank``) in ``env``, whose number of envs
     is the plan's batch size; fillers are rolled out (lockstep) and keep nothing. ``grad_mode`` wraps
     each ``select_action`` (LeRobot's ``inference_mode``; a sharded policy needs ``no_grad``: FSDP2's
     gathered parameters must not become inference tensors the next training step would reuse),
     ``autocast`` the whole rollout (the run's mixed precision, as LeRobot's ``accelerator.autocast()``).
-    ``recorder`` renders and writes the videos of the episodes it records."""
+    ``render(batch)`` gives the batch's video callback, if any; ``after_batch(batch, rollout)`` is
+    called after each batch (its videos are written then)."""
     was_training = policy.training
     policy.eval()
     results: list[EpisodeResult] = []
@@ -63,11 +64,11 @@ def evaluate_batches(
                         batch.seeds,
                         keep_stepping=keep_stepping,
                         grad_mode=grad_mode,
-                        render_callback=recorder.start(batch) if recorder is not None else None,
+                        render_callback=render(batch) if render is not None else None,
                     )
-                if recorder is not None:
-                    recorder.finish(batch, rollout)
                 results.extend(episode_results(batch, rollout))
+                if after_batch is not None:
+                    after_batch(batch, rollout)
     finally:
         policy.train(was_training)
     return results
