@@ -23,7 +23,8 @@ policy_extras="$(uv run --frozen python -m lerobot_cli.policies.manifest lerobot
   echo "interop: FAILED: our policy registry did not list LeRobot's extras (python -m lerobot_cli.policies.manifest)" >&2
   exit 1
 }
-LEROBOT_EXTRAS="${policy_extras:+${policy_extras},}dataset"
+# pusht: pusht_eval_lerobot_interop.py runs LeRobot's own PushT evaluation
+LEROBOT_EXTRAS="${policy_extras:+${policy_extras},}dataset,pusht"
 
 find_python312() {
   local candidate

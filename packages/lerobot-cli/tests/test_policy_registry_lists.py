@@ -157,19 +157,25 @@ def _ci(venv: Path) -> tuple[str, int, str]:
     return extras, int(status), res.stderr
 
 
+# LeRobot extras ci.sh adds for the tools rather than the policies: its datasets, its PushT evaluation
+TOOL_EXTRAS = ["dataset", "pusht"]
+
+
 def test_ci_sh_installs_the_lerobot_extras_the_registry_names(tmp_path):
     """ci.sh builds LeRobot's env with the registry's LeRobot extras (no list of its own), and reuses an env
     only when every requirement of each is installed: a new policy's extra is not silently missing."""
     extras = manifest.lerobot_extras()
     text = (INTEROP / "ci.sh").read_text()
     assert "lerobot[pi" not in text and "lerobot[${LEROBOT_EXTRAS}]==" in text
-    deps = {f"dep-{extra}": "1.0" for extra in [*extras, "dataset"]}
-    full = _fake_lerobot_env(tmp_path / "full", [*extras, "dataset"], {**deps, "transformers": "5.5.4"})
-    assert _ci(full)[:2] == (",".join([*extras, "dataset"]), 0)
+    deps = {f"dep-{extra}": "1.0" for extra in [*extras, *TOOL_EXTRAS]}
+    full = _fake_lerobot_env(tmp_path / "full", [*extras, *TOOL_EXTRAS], {**deps, "transformers": "5.5.4"})
+    assert _ci(full)[:2] == (",".join([*extras, *TOOL_EXTRAS]), 0)
 
     lacking = extras[-1]
     partial = {name: v for name, v in deps.items() if name != f"dep-{lacking}"}
-    env = _fake_lerobot_env(tmp_path / "partial", [*extras, "dataset"], {**partial, "transformers": "5.5.4"})
+    env = _fake_lerobot_env(
+        tmp_path / "partial", [*extras, *TOOL_EXTRAS], {**partial, "transformers": "5.5.4"}
+    )
     _, status, err = _ci(env)
     assert status == 3 and f"lacks dep-{lacking} (lerobot[{lacking}])" in err
 
@@ -178,12 +184,12 @@ def test_ci_sh_installs_the_lerobot_extras_the_registry_names(tmp_path):
     assert status == 4 and "has no extras" in err
 
     env = _fake_lerobot_env(
-        tmp_path / "nested", [*extras, "dataset"], deps
+        tmp_path / "nested", [*extras, *TOOL_EXTRAS], deps
     )  # [pi]'s lerobot[transformers-dep]
     _, status, err = _ci(env)
     assert status == 3 and "lacks transformers (lerobot[transformers-dep])" in err
 
-    env = _fake_lerobot_env(tmp_path / "new", [*extras, "dataset"], {**deps, "transformers": "5.6.0"})
+    env = _fake_lerobot_env(tmp_path / "new", [*extras, *TOOL_EXTRAS], {**deps, "transformers": "5.6.0"})
     assert _ci(env)[1] == 1  # a transformers pi0 cannot use: rebuilt
 
 

@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "trackio": ("trackio",),
     "wandb": ("wandb",),
     "fastwam": ("diffusers", "transformers"),  # the Wan2.2 VAE; the UMT5 text encoder and its tokenizer
+    "pusht": ("gym_pusht", "pymunk"),  # --env.type=pusht: simulation evaluation in gym-pusht
 }
 
 
