@@ -116,12 +116,9 @@ def _batch(config, batch_size: int, rank: int, device):
 
 def frozen_bytes(model) -> int:
     """Bytes of this rank's frozen parameter storages (a DTensor's local shard), each storage once."""
-    seen: dict[int, int] = {}
-    for p in model.parameters():
-        if not p.requires_grad:
-            storage = (p.to_local() if hasattr(p, "to_local") else p).untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+    from lerobot_parallel.memory import storage_bytes
+
+    return storage_bytes(p for p in model.parameters() if not p.requires_grad)
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -140,22 +140,22 @@ def estimate_memory(
     )
 
 
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storages behind ``tensors`` on this rank, each storage once (a DTensor counts its local
+    shard's storage: FSDP's padded buffer, which is what is allocated)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+        seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(seen.values())
+
+
 def measure_rank_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes this rank actually holds now: parameter, gradient and optimizer-state storages.
 
     Counts each storage once (a DTensor's local shard is a view into FSDP's padded buffer, so the
     storage is what is allocated). Used by the memory benchmark and tests to check the estimate.
     """
-
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-        seen: dict[int, int] = {}
-        for t in tensors:
-            storage = local(t).untyped_storage()
-            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
-        return sum(seen.values())
 
     params = list(model.parameters())
     out = {
