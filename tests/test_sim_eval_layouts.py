@@ -3,8 +3,9 @@ the same PushT episodes (gym-pusht, a tiny Diffusion Policy whose weights stay a
 and report the same per-episode results: successes, the actions of each episode bit for bit (their
 SHA-256), rewards to gym-pusht's reproducibility (1e-12; test_env_pusht.py). Five episodes in batches of
 2 make three batches: rank 0 rolls out batches 0 and 2, rank 1 batch 1 and a filler, in lockstep under
-FSDP2. And faults: an env that raises on one rank stops the job in one line naming it, with the step's
-checkpoint saved, under DDP (the gather) and FSDP2 (the lockstep vote); nothing hangs.
+FSDP2. With an EMA the sharded eval acts with the EMA's weights (as lerobot-eval on the step's
+pretrained_model_ema/). Faults: an env that raises on one rank stops the job in one line naming it, with
+the step's checkpoint saved; SIGTERM during an eval stops it on every rank; nothing hangs.
 Needs lerobot-cli[pusht]."""
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def per_episode(out: Path) -> list[dict]:
-    info = json.loads((out / "eval" / "step_000001" / "eval_info.json").read_text())
+def per_episode(out: Path, step: str = "000001") -> list[dict]:
+    info = json.loads((out / "eval" / f"step_{step}" / "eval_info.json").read_text())
     return info["per_episode"]
 
 
@@ -106,15 +107,28 @@ def dataset(tmp_path_factory) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, launch, dataset) -> dict[str, tuple[Path, str]]:
     root = tmp_path_factory.mktemp("sim_eval")
-    out = {name: root / name for name in ("single", "ddp", "fsdp")}
+    out = {name: root / name for name in ("single", "ddp", "fsdp", "ema")}
     common = [*dataset, *TINY_DIFFUSION, *EVAL, "--save_checkpoint=false", "--log_freq=1"]
     one = launch.lerobot_train(*common, f"--output_dir={out['single']}")  # async envs (LeRobot's default)
+    # learning, with an EMA, under FSDP2: the eval of step 2 must use the EMA's weights
+    learning = [f for f in common if f not in ("--policy.optimizer_lr=0", "--steps=1", "--env_eval_freq=1")]
+    learning = [f.replace("--save_checkpoint=false", "--save_freq=2") for f in learning]
     two = launch.lerobot_train_runs(
         [*common, "--eval.use_async_envs=false", f"--output_dir={out['ddp']}"],
         [*common, "--parallelism.dp_shard=2", f"--output_dir={out['fsdp']}"],
+        [
+            *learning,
+            "--policy.optimizer_lr=1e-3",
+            "--steps=2",
+            "--env_eval_freq=2",
+            "--ema.enable=true",
+            "--parallelism.dp_shard=2",
+            "--eval.use_async_envs=false",
+            f"--output_dir={out['ema']}",
+        ],
         nproc=2,
     )
-    stdout = {"single": one.stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout}
+    stdout = {"single": one.stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout, "ema": two[2].stdout}
     return {name: (out[name], stdout[name]) for name in out}
 
 
@@ -139,6 +153,8 @@ def test_the_eval_is_split_over_the_ranks_and_logged_under_lerobots_names(runs):
     assert "3 batches of 2 envs over 1 rank (3 each)" in runs["single"][1]
     assert "3 batches of 2 envs over 2 ranks (2 each)" in runs["fsdp"][1]
     for name, (out, stdout) in runs.items():
+        if name == "ema":
+            continue
         evals = [r for r in records(out) if "eval/pc_success" in r]
         assert len(evals) == 1 and evals[0]["step"] == 1, name
         info = json.loads((out / "eval" / "step_000001" / "eval_info.json").read_text())
@@ -166,14 +182,41 @@ def test_the_first_4_episodes_have_videos_on_every_layout(runs):
             assert (stream.frames, stream.width, stream.height) == (10, 384, 384), name
 
 
-@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
-def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, launch, dataset, layout):
+def test_the_eval_uses_the_ema_weights_under_fsdp2(runs, tmp_path, launch):
+    """--ema.enable (use_for_eval by default): the sharded eval of step 2 acted as lerobot-eval, on one
+    process, acts with that step's pretrained_model_ema/, and not as it acts with pretrained_model/. (In a
+    launched process, as the training ran: one intra-op thread each, so the reductions' order is the same.)"""
+    out, stdout = runs["ema"]
+    assert "live weights" not in stdout and "EMA weights" in stdout
+    want = [(e["episode_ix"], e["actions_sha256"]) for e in per_episode(out, "000002")]
+    got = {}
+    flags = [f for f in EVAL if f.startswith(("--env.", "--eval."))] + ["--eval.use_async_envs=false"]
+    for name in ("pretrained_model_ema", "pretrained_model"):
+        path, target = out / "checkpoints" / "000002" / name, tmp_path / name
+        cmd = [
+            launch.PYTHON,
+            "-m",
+            "lerobot_cli.eval",
+            f"--policy.path={path}",
+            *flags,
+            f"--output_dir={target}",
+        ]
+        res = launch.run_command(cmd, timeout_s=120)
+        assert res.returncode == 0 and not res.timed_out, res.describe()
+        info = json.loads((target / "eval_info.json").read_text())
+        got[name] = [(e["episode_ix"], e["actions_sha256"]) for e in info["per_episode"]]
+    assert got["pretrained_model_ema"] == want
+    assert all(a != b for a, b in zip(got["pretrained_model"], want, strict=True))
+
+
+def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, launch, dataset):
+    """Under FSDP2 (the vote is the same on every layout; lerobot-eval's torchrun test fails an unsharded
+    rank the same way)."""
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(FAULT)
     out = tmp_path / "out"
-    flags = [*dataset, *TINY_DIFFUSION, *EVAL, "--eval.use_async_envs=false", f"--output_dir={out}"]
-    if layout == "fsdp":
-        flags.append("--parallelism.dp_shard=2")
+    flags = [*dataset, *TINY_DIFFUSION, *EVAL, "--eval.use_async_envs=false", "--parallelism.dp_shard=2"]
+    flags.append(f"--output_dir={out}")
     path = os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     res = launch.torchrun(launch.LEROBOT_TRAIN, *flags, nproc=2, timeout_s=240, env={"PYTHONPATH": path})
     assert not res.timed_out and res.returncode != 0, res.describe()
