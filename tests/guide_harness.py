@@ -321,6 +321,10 @@ def _train_kind(args: list[str]) -> str:
     return "dry_run" if "--dry_run=true" in args else "train"
 
 
+def _eval_kind(args: list[str]) -> str:
+    return "help" if "--help" in args or "-h" in args else "eval"
+
+
 def _split_launcher(tokens: list[str], what: str) -> tuple[list[str], str, list[str]]:
     for i, tok in enumerate(tokens):
         if not tok.startswith("-"):
@@ -354,7 +358,12 @@ def build_command(line: str, spec: dict, ctx: Context) -> Command:
     name = Path(prog).name
 
     def script_command(script: str, args: list[str]) -> tuple[list[str], str]:
-        assert Path(script).name == "lerobot-train", f"launchers here run lerobot-train, got {script!r}"
+        launched = Path(script).name
+        assert launched in ("lerobot-train", "lerobot-eval"), (
+            f"launchers here run lerobot-train, got {script!r}"
+        )
+        if launched == "lerobot-eval":
+            return args, _eval_kind(args)
         return _train_args(args, spec, cwd), _train_kind(args)
 
     if name == "torchrun":
@@ -367,7 +376,7 @@ def build_command(line: str, spec: dict, ctx: Context) -> Command:
         world = int(_opt(opts, "--nproc-per-node", "--nproc_per_node") or 1) * int(
             _opt(opts, "--nnodes") or 1
         )
-        argv = [PYTHON, "-m", "torch.distributed.run", *opts, str(BIN / "lerobot-train"), *args]
+        argv = [PYTHON, "-m", "torch.distributed.run", *opts, str(BIN / Path(script).name), *args]
         return Command(line, argv, env, cwd, kind, LAUNCH_TIMEOUT_S, world, args)
     if name == "accelerate":
         assert rest[:1] == ["launch"], f"only `accelerate launch` is supported: {line}"
@@ -387,6 +396,9 @@ def build_command(line: str, spec: dict, ctx: Context) -> Command:
         args, kind = script_command(prog, rest)
         timeout = LAUNCH_TIMEOUT_S if kind == "train" else TOOL_TIMEOUT_S
         return Command(line, [str(BIN / "lerobot-train"), *args], env, cwd, kind, timeout, 1, args)
+    if name == "lerobot-eval":
+        kind = _eval_kind(rest)
+        return Command(line, [str(BIN / "lerobot-eval"), *rest], env, cwd, kind, LAUNCH_TIMEOUT_S, 1, rest)
     if name == "lerobot-convert-dcp":
         kind = "help" if "--help" in rest else "convert"
         return Command(

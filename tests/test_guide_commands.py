@@ -171,6 +171,11 @@ def check_command(cmd: Command, out: str, ctx: Context, where: str) -> None:
             ]
             assert commits and "model.safetensors" in commits[-1]["files"], f"{what}: nothing uploaded"
             assert not any("pytorch_model_fsdp_0" in f for f in commits[-1]["files"])
+    elif cmd.kind == "eval":  # lerobot-eval: LeRobot's summary line and eval_info.json
+        assert "Overall Aggregated Metrics: pc_success=" in out, f"{what}: no metrics line:\n{out}"
+        out_dir = cmd.flag("output_dir")
+        if out_dir:
+            assert (ctx.workdir / out_dir / "eval_info.json").is_file(), f"{what}: no eval_info.json"
     elif cmd.kind == "train":
         assert f"world size {cmd.world};" in out, f"{what}: expected a world size of {cmd.world}:\n{out}"
         assert "Effective batch size: " in out and "\ncheckpoint: " in out, (
