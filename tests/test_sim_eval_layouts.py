@@ -46,10 +46,10 @@ EVAL = [
     "--steps=1",
     "--batch_size=2",
 ]
-# rank 1's env raises on its 3rd step (a sitecustomize the launched processes import)
+# the env of the ranks in {failing} raises on its 3rd step (a sitecustomize the launched processes import)
 FAULT = """
 import os
-if os.environ.get("RANK") == "1":
+if os.environ.get("RANK") in {failing}:
     import gym_pusht.envs.pusht as pusht
     step = pusht.PushTEnv.step
     def failing(self, action):
@@ -209,11 +209,13 @@ def test_the_eval_uses_the_ema_weights_under_fsdp2(runs, tmp_path, launch):
     assert all(a != b for a, b in zip(got["pretrained_model"], want, strict=True))
 
 
-def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, launch, dataset):
+@pytest.mark.parametrize(("failing", "named"), [(("1",), 1), (("0", "1"), 0)], ids=["rank-1", "every-rank"])
+def test_an_env_that_raises_stops_the_job_in_one_line(tmp_path, launch, dataset, failing, named):
     """Under FSDP2 (the vote is the same on every layout; lerobot-eval's torchrun test fails an unsharded
-    rank the same way)."""
+    rank the same way). On one rank, that rank says why; on every rank alike (a policy's bug would fail
+    so), the lowest one says it, once."""
     (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(FAULT)
+    (tmp_path / "inject" / "sitecustomize.py").write_text(FAULT.replace("{failing}", repr(set(failing))))
     out = tmp_path / "out"
     flags = [*dataset, *TINY_DIFFUSION, *EVAL, "--eval.use_async_envs=false", "--parallelism.dp_shard=2"]
     flags.append(f"--output_dir={out}")
@@ -221,7 +223,7 @@ def test_an_env_that_raises_on_one_rank_stops_the_job_in_one_line(tmp_path, laun
     res = launch.torchrun(launch.LEROBOT_TRAIN, *flags, nproc=2, timeout_s=240, env={"PYTHONPATH": path})
     assert not res.timed_out and res.returncode != 0, res.describe()
     errors = [line for line in res.stderr.splitlines() if "lerobot-train: error:" in line]
-    said = "the simulation eval at step 1 failed on rank 1: RuntimeError: injected env failure"
+    said = f"the simulation eval at step 1 failed on rank {named}: RuntimeError: injected env failure"
     assert errors == [f"lerobot-train: error: {said}"], res.describe()
     # no traceback of ours: only torchrun's agent's own ChildFailedError (tests/test_bad_inputs.py)
     tracebacks = res.output.split("Traceback (most recent call last):")[1:]
@@ -282,3 +284,41 @@ def test_sigterm_during_an_eval_stops_it_on_every_rank_and_the_run_saves(tmp_pat
     step = json.loads((out / "checkpoints" / "last" / "training_state" / "training_step.json").read_text())
     assert step["step"] == int(stops[0]) and not (out / "eval" / "step_000001" / "eval_info.json").exists()
     assert "error:" not in output, output
+
+
+def test_a_rank_killed_during_an_eval_stops_the_job_in_one_line(tmp_path, launch, dataset):
+    """SIGKILL to rank 1 (the OOM killer's way) while both ranks roll out a long eval under FSDP2: rank 0
+    stops at its next vote with one line saying a rank was lost, torchrun ends the job, nothing hangs."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    port = launch.free_port()
+    cmd = [
+        launch.PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={port}",
+        "--monitor-interval=0.2", launch.LEROBOT_TRAIN, *dataset, "--num_workers=0", "--policy.type=mlp",
+        "--policy.hidden_dim=16", "--policy.push_to_hub=false", "--env.type=pusht", "--eval.n_episodes=200",
+        "--eval.batch_size=2", "--eval.use_async_envs=false", "--env_eval_freq=1", "--steps=100",
+        "--batch_size=2", "--save_freq=1000", "--log_freq=1", "--parallelism.dp_shard=2",
+        f"--output_dir={out}",
+    ]  # fmt: skip
+    drill_job = _drill_job()
+    job = drill_job.DrillJob(cmd, tmp_path, launch.clean_env(), port, launch)
+    try:
+        job.wait_for(lambda: drill_job.metrics_lines(out) >= 1, 180, "the first step")
+        ranks = job.find_workers(2)
+        time.sleep(1.0)  # inside the eval of step 1
+        killed = time.monotonic()
+        os.kill(ranks[1], signal.SIGKILL)
+        ended = job.wait_end(60)
+        output = job.output()
+        left = job.alive_workers()
+    finally:
+        job.close()
+    assert ended is not None and not left, output
+    assert time.monotonic() - killed < 45, output
+    errors = [line for line in job.stderr_path.read_text().splitlines() if "lerobot-train: error:" in line]
+    assert len(errors) == 1, output
+    assert "the simulation eval at step 1 stopped on rank 0: another rank was lost" in errors[0], output
+    tracebacks = output.split("Traceback (most recent call last):")[1:]
+    assert all("torch/distributed/run.py" in tb and "ChildFailedError" in tb for tb in tracebacks), output

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lerobot_ckpt.layout import step_dir_name
 from lerobot_trainloop.evaluation import evaluating
 
 from lerobot_cli.cli.errors import PROG
 from lerobot_cli.errors import ConfigError
 from lerobot_cli.evaluation.plan import EpisodePlan
-from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep, PeerEvalFailed, gather_results
+from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep, PeerEvalFailed, PeerLost, gather_results
 from lerobot_cli.evaluation.results import EpisodeResult, eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
 from lerobot_cli.evaluation.videos import EpisodeVideos, video_paths
@@ -84,6 +85,11 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
         )
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def check_env_fits(env_cfg, seed: int | None, policy_config, rename_map: dict[str, str]) -> None:
     """Build one env of ``env_cfg``, reset it once (``seed``) and check the policy fits what it observes
     and takes (:func:`check_policy_fits_env`): every rank, before any work (they all agree, and a refusal
@@ -125,13 +131,14 @@ def roll_out_share(
     (:class:`~lerobot_cli.evaluation.ranks.Lockstep`), then gather every rank's results (sorted by episode
     index). ``videos``: where this rank renders the first episodes it rolls out (LeRobot's eval videos).
 
-    When the rollout raises here, this rank prints ``<prog>: error: <failure> failed[ on rank N]: ...``
-    and raises :class:`SimEvalFailed` after its failed vote, which makes the peers raise
-    :class:`~lerobot_cli.evaluation.ranks.PeerEvalFailed`; a signal (``signalled()``) makes every rank raise
+    When the rollout raises here, this rank votes failed (the peers raise
+    :class:`~lerobot_cli.evaluation.ranks.PeerEvalFailed`), the lowest rank that failed prints
+    ``<prog>: error: <failure> failed[ on rank N]: ...`` and it raises :class:`SimEvalFailed`; a peer lost
+    (killed) is one line from the main rank; a signal (``signalled()``) makes every rank raise
     :class:`~lerobot_cli.evaluation.ranks.EvalInterrupted` at the same vote."""
     from lerobot_cli.envs.make import make_vector_env
 
-    vote = Lockstep(rt.dp_group, rt.device, rt.dp_world_size, signalled)
+    vote = Lockstep(rt.dp_group, rt.device, rt.dp_world_size, signalled, rank=rt.dp_rank)
     grad_mode = torch.no_grad if sharded else torch.inference_mode
     try:
         env = make_vector_env(env_cfg, batch_size, use_async_envs)
@@ -155,14 +162,18 @@ def roll_out_share(
         vote.finish()
     except (PeerEvalFailed, EvalInterrupted):
         raise
-    except Exception as exc:  # the env's (or the policy's) own error: this rank says it, then the others
-        where = f" on rank {rt.rank}" if rt.is_distributed else ""
-        print(
-            f"{prog}: error: {failure} failed{where}: {type(exc).__name__}: {exc}",
-            file=sys.stderr,
-            flush=True,
-        )
-        vote.fail()
+    except (PeerLost, dist.DistError) as exc:  # a peer killed mid-eval (in a vote or a sharded forward)
+        if rt.is_main:
+            lost = f"another rank was lost ({_first_line(exc)})"
+            line = f"{prog}: error: {failure} stopped on rank {rt.rank}: {lost}"
+            print(line, file=sys.stderr, flush=True)
+        raise SimEvalFailed(str(exc)) from exc
+    except Exception as exc:  # the env's (or the policy's) own error: the lowest failed rank says it
+        lowest = vote.fail()
+        if lowest is None or lowest == rt.dp_rank:
+            where = f" on rank {rt.rank}" if rt.is_distributed else ""
+            line = f"{prog}: error: {failure} failed{where}: {type(exc).__name__}: {exc}"
+            print(line, file=sys.stderr, flush=True)
         raise SimEvalFailed(str(exc)) from exc
     return gather_results(results, rt.dp_group, rt.dp_world_size)
 

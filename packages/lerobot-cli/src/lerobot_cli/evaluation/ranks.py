@@ -11,8 +11,12 @@ all-reduce (max) of the three tells every rank the same. So:
 - a signal stops the eval on every rank at the same step (:class:`EvalInterrupted`), however long the
   eval would still take; the run then stops and saves as it does during training;
 - a rank whose eval raised votes once more, marked failed, and the others raise :class:`PeerEvalFailed`
-  at that vote instead of waiting in a collective no one will join. A last vote after the rollouts
-  (:meth:`Lockstep.finish`) keeps a failure after the last step (a video write) on the same channel.
+  at that vote instead of waiting in a collective no one will join; the vote also names the lowest failed
+  rank, so when every rank fails alike (a policy bug) one of them says why. A last vote after the
+  rollouts (:meth:`Lockstep.finish`) keeps a failure after the last step (a video write) on the same
+  channel. The failed rank waits for its vote a few seconds at most (:data:`FAIL_WAIT_S`): a peer stuck
+  elsewhere (inside a sharded forward) is the launcher's to end once this rank exits;
+- a vote that fails (a peer killed: the connection closed) raises :class:`PeerLost`.
 
 On one process the vote is local: it reads the signal flag and says whether an env is running. The vote
 costs one small all-reduce per env step; every rank waits for the slowest at each step instead of at the
@@ -21,7 +25,7 @@ end, which takes as long in total.
 
 from __future__ import annotations
 
-import contextlib
+import datetime
 from collections.abc import Callable, Sequence
 
 import torch
@@ -33,6 +37,13 @@ from lerobot_cli.evaluation.results import EpisodeResult
 
 class PeerEvalFailed(RuntimeError):
     """Another rank's eval failed (its own error is the job's)."""
+
+
+class PeerLost(RuntimeError):
+    """A vote failed: another rank is gone (killed or crashed; the launcher's report names it)."""
+
+
+FAIL_WAIT_S = 10.0  # how long a failed rank waits for its last vote
 
 
 class EvalInterrupted(RuntimeError):
@@ -53,18 +64,32 @@ class Lockstep:
         device: torch.device,
         world_size: int,
         signalled: Callable[[], int] = lambda: 0,
+        rank: int = 0,
     ) -> None:
         self.group, self.device, self.world_size, self.signalled = group, device, world_size, signalled
+        self.rank = rank
         self.votes = 0
 
-    def _vote(self, running: bool, failed: bool = False) -> tuple[bool, int, bool]:
-        values = [int(running), int(self.signalled()), int(failed)]
+    def _vote(
+        self, running: bool, failed: bool = False, wait_s: float | None = None
+    ) -> tuple[bool, int, int]:
+        """(any rank running, the largest pending signal, ``world - lowest failed rank`` or 0)."""
+        values = [int(running), int(self.signalled()), self.world_size - self.rank if failed else 0]
         if self.world_size > 1:
             flags = torch.tensor(values, dtype=torch.int64, device=self.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            try:
+                work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+                if wait_s is None:
+                    work.wait()
+                else:
+                    work.wait(timeout=datetime.timedelta(seconds=wait_s))
+            except RuntimeError as exc:  # gloo: "Connection closed by peer"; a collective timeout
+                raise PeerLost(
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                ) from exc
             values = flags.tolist()
         self.votes += 1
-        return bool(values[0]), values[1], bool(values[2])
+        return bool(values[0]), values[1], values[2]
 
     def _checked(self, running: bool) -> bool:
         running, signum, failed = self._vote(running)
@@ -81,12 +106,15 @@ class Lockstep:
         """The vote after this rank's last rollout: every rank reaches it unless one failed."""
         self._checked(False)
 
-    def fail(self) -> None:
-        """Tell the ranks waiting in a vote that this rank failed (best effort: a peer already gone is
-        the launcher's to end)."""
-        if self.world_size > 1:
-            with contextlib.suppress(Exception):  # this rank's own error is the one to report
-                self._vote(False, failed=True)
+    def fail(self) -> int | None:
+        """Tell the ranks waiting in a vote that this rank failed; returns the lowest rank that failed in
+        this vote (this one, alone), or None when the vote did not complete within :data:`FAIL_WAIT_S`
+        (a peer gone or stuck: the launcher's to end)."""
+        try:
+            failed = self._vote(False, failed=True, wait_s=FAIL_WAIT_S)[2]
+        except PeerLost:
+            return None
+        return self.world_size - failed
 
 
 def gather_results(

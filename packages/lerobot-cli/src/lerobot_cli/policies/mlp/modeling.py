@@ -97,5 +97,6 @@ class MLPPolicy(nn.Module):
 
     @torch.no_grad()
     def select_action(self, batch: dict[str, Any]) -> Tensor:
-        self.eval()
-        return self._predict(batch)
+        """Through ``predict_action_chunk``, as every chunking policy's: under FSDP2 that is the registered
+        entry point that gathers the root's parameters (``lerobot_parallel.sharding``)."""
+        return self.predict_action_chunk(batch)[:, 0]
