@@ -1,11 +1,12 @@
-"""Simulation evaluation inside ``lerobot-train`` on every rank: one process, DDP x2 and FSDP2 x2 roll out
-the same PushT episodes (gym-pusht, a tiny Diffusion Policy whose weights stay at their seeded init: lr 0)
-and report the same per-episode results: successes, the actions of each episode bit for bit (their
-SHA-256), rewards to gym-pusht's reproducibility (1e-12; test_env_pusht.py). Five episodes in batches of
-2 make three batches: rank 0 rolls out batches 0 and 2, rank 1 batch 1 and a filler, in lockstep under
-FSDP2. With an EMA the sharded eval acts with the EMA's weights (as lerobot-eval on the step's
-pretrained_model_ema/). Faults: an env that raises on one rank stops the job in one line naming it, with
-the step's checkpoint saved; SIGTERM during an eval stops it on every rank; nothing hangs.
+"""Simulation evaluation inside ``lerobot-train`` on every rank: one process, DDP x2, FSDP2 x2 and HSDP 2x2
+roll out the same PushT episodes (gym-pusht, a tiny Diffusion Policy whose weights stay at their seeded
+init: lr 0) and report the same per-episode results: successes, the actions of each episode bit for bit
+(their SHA-256), rewards to gym-pusht's reproducibility (1e-12; test_env_pusht.py). Five episodes in
+batches of 2 make three batches: on 2 ranks rank 0 rolls out batches 0 and 2, rank 1 batch 1 and a filler;
+on 4, rank 3 a filler only; every rank votes at every env step. With an EMA the sharded eval acts with the
+EMA's weights (as lerobot-eval on the step's pretrained_model_ema/). Faults: an env that raises stops the
+job in one line naming the rank, with the step's checkpoint saved; SIGTERM during an eval stops it on
+every rank and the run saves; a rank killed during an eval is one line; nothing hangs.
 Needs lerobot-cli[pusht]."""
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def dataset(tmp_path_factory) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, launch, dataset) -> dict[str, tuple[Path, str]]:
     root = tmp_path_factory.mktemp("sim_eval")
-    out = {name: root / name for name in ("single", "ddp", "fsdp", "ema")}
+    out = {name: root / name for name in ("single", "ddp", "fsdp", "ema", "hsdp")}
     common = [*dataset, *TINY_DIFFUSION, *EVAL, "--save_checkpoint=false", "--log_freq=1"]
     one = launch.lerobot_train(*common, f"--output_dir={out['single']}")  # async envs (LeRobot's default)
     # learning, with an EMA, under FSDP2: the eval of step 2 must use the EMA's weights
@@ -128,7 +129,21 @@ def runs(tmp_path_factory, launch, dataset) -> dict[str, tuple[Path, str]]:
         ],
         nproc=2,
     )
-    stdout = {"single": one.stdout, "ddp": two[0].stdout, "fsdp": two[1].stdout, "ema": two[2].stdout}
+    # HSDP 2x2: 3 batches over 4 ranks, rank 3 rolls out a filler only
+    hsdp = [
+        *common,
+        "--parallelism.dp_replicate=2",
+        "--parallelism.dp_shard=2",
+        "--eval.use_async_envs=false",
+    ]
+    four = launch.lerobot_train(*hsdp, f"--output_dir={out['hsdp']}", nproc=4)
+    stdout = {
+        "single": one.stdout,
+        "ddp": two[0].stdout,
+        "fsdp": two[1].stdout,
+        "ema": two[2].stdout,
+        "hsdp": four.stdout,
+    }
     return {name: (out[name], stdout[name]) for name in out}
 
 
@@ -137,7 +152,7 @@ def test_every_layout_rolls_out_the_same_episodes(runs):
     assert [e["episode_ix"] for e in reference] == [0, 1, 2, 3, 4]
     assert [e["seed"] for e in reference] == [1000, 1001, 1002, 1003, 1004]  # LeRobot's: start_seed=--seed
     assert len({e["actions_sha256"] for e in reference}) == 5  # the episodes differ
-    for name in ("ddp", "fsdp"):
+    for name in ("ddp", "fsdp", "hsdp"):
         got = per_episode(runs[name][0])
         assert [(e["episode_ix"], e["seed"], e["success"], e["actions_sha256"]) for e in got] == [
             (e["episode_ix"], e["seed"], e["success"], e["actions_sha256"]) for e in reference
@@ -152,6 +167,8 @@ def test_every_layout_rolls_out_the_same_episodes(runs):
 def test_the_eval_is_split_over_the_ranks_and_logged_under_lerobots_names(runs):
     assert "3 batches of 2 envs over 1 rank (3 each)" in runs["single"][1]
     assert "3 batches of 2 envs over 2 ranks (2 each)" in runs["fsdp"][1]
+    assert "3 batches of 2 envs over 4 ranks (1 each)" in runs["hsdp"][1]
+    assert "topology dp_replicate=2 x dp_shard=2 (HSDP)" in runs["hsdp"][1]
     for name, (out, stdout) in runs.items():
         if name == "ema":
             continue
@@ -169,7 +186,8 @@ def test_the_first_4_episodes_have_videos_on_every_layout(runs):
     ranks rank 0 writes episodes 0 and 1 (batch 0), rank 1 episodes 2 and 3 (batch 1); episode 4 has none."""
     import av
 
-    for name, episodes in (("single", [0, 1, 2, 3]), ("ddp", [0, 1, 2, 3]), ("fsdp", [0, 1, 2, 3])):
+    for name in ("single", "ddp", "fsdp", "hsdp"):
+        episodes = [0, 1, 2, 3]
         step = runs[name][0] / "eval" / "step_000001"
         paths = [str(step / "videos" / f"eval_episode_{i}.mp4") for i in episodes]
         info = json.loads((step / "eval_info.json").read_text())
