@@ -209,6 +209,44 @@ def test_wandb_offline_run_holds_what_metrics_jsonl_says_and_a_resume_continues_
     ]
 
 
+@pytest.mark.slow
+def test_wandb_gets_the_sim_eval_under_lerobots_names_and_its_first_video(launch, tmp_path):
+    """--env.type: the eval's LeRobot metrics (eval/pc_success, eval/avg_sum_reward, ...) with the values
+    metrics.jsonl holds, and the first episode's video as eval/video (LeRobot's log_video), at its step."""
+    pytest.importorskip("gym_pusht", reason="lerobot-cli[pusht] (uv sync installs it)")
+    out = tmp_path / "run"
+    demo_pusht = DEMO.parent / "demo_pusht"
+    flags = [
+        "--dataset.repo_id=lerobot/demo_pusht",
+        f"--dataset.root={demo_pusht}",
+        "--num_workers=0",
+        "--policy.type=mlp",
+        "--steps=1",
+        "--save_checkpoint=false",
+        "--env.type=pusht",
+        "--env.episode_length=5",
+        "--eval.n_episodes=2",
+        "--eval.batch_size=2",
+        "--eval.use_async_envs=false",
+        "--env_eval_freq=1",
+        "--wandb.enable=true",
+        "--wandb.mode=offline",
+        f"--output_dir={out}",
+    ]
+    res = launch.run_command([SCRIPT, *flags], timeout_s=240, env=wandb_env(tmp_path))
+    assert res.returncode == 0, res.describe()
+    (run,) = read_offline_runs(out)
+    (record,) = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/" in line
+    ]
+    (row,) = [h for h in run["history"] if "eval/pc_success" in h]
+    assert row["_step"] == record["step"] == 1
+    for name in ("pc_success", "avg_sum_reward", "avg_max_reward", "eval_s"):
+        assert row[f"eval/{name}"] == record[f"eval/{name}"], name
+    # the video in the same row (wandb's reader flattens it: eval/video/_type, eval/video/path, ...)
+    assert row["eval/video/_type"] == "video-file" and row["eval/video/path"].endswith(".mp4"), row
+
+
 def test_wandb_that_cannot_start_is_one_line_and_leaves_no_run(tmp_path):
     """Online without a login: the job stops before step 1 with one line saying what to do."""
     argv = [a for a in ARGS if not a.startswith("--trackio")] + [

@@ -142,6 +142,11 @@ class Reporter:
         )
         self._record(Record(step, time.perf_counter() - self._t0, "eval", metrics))
 
+    def video(self, key: str, path: str | Path, step: int, fps: int) -> None:
+        """A video for the trackers that keep one (wandb: LeRobot's ``eval/video``)."""
+        if self.trackers is not None:
+            self.trackers.video(key, Path(path), step, fps)
+
     def _record(self, record: Record) -> None:
         if self.trackers is not None:
             self.trackers.log(record)

@@ -251,6 +251,8 @@ class SimEval:
         info = eval_info(episodes, task_group=self.cfg.env.type, eval_s=eval_s, video_paths=videos)
         write_eval_info(self.directory(step), info)
         reporter.log_sim_eval(step, info["overall"], weights="EMA" if self.ema is not None else "live")
+        if videos and Path(videos[0]).is_file():  # LeRobot logs the first episode's video to wandb
+            reporter.video("eval/video", videos[0], step, self.cfg.env.fps)
         return info
 
     def run_or_stop(self, step: int, reporter) -> None:

@@ -113,6 +113,9 @@ class Trackers:
     def checkpoint(self, directory: Path) -> None:
         self._each(f"record checkpoint {Path(directory).name}", lambda t: t.checkpoint(directory))
 
+    def video(self, key: str, path: Path, step: int, fps: int) -> None:
+        self._each(f"log the video {Path(path).name}", lambda t: t.video(key, Path(path), step, fps))
+
     def finish(self, failed: bool = False) -> None:
         trackers, self._all = self._all, []
         errors = []

@@ -50,6 +50,9 @@ class Tracker(Protocol):
     def checkpoint(self, directory: Path) -> None:
         """A committed checkpoint (``checkpoints/<step>``), e.g. to keep its weights as an artifact."""
 
+    def video(self, key: str, path: Path, step: int, fps: int) -> None:
+        """An mp4 the run wrote (a simulation eval's first episode, LeRobot's ``eval/video``)."""
+
     def saved_config(self) -> dict[str, dict[str, Any]]:
         """Config fields to save with the run so that a resume continues it: ``{section: {field: value}}``
         (wandb's run id); empty for most."""

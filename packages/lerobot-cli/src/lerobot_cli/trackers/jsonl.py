@@ -62,6 +62,9 @@ class MetricsFile:
     def checkpoint(self, directory: Path) -> None:
         pass
 
+    def video(self, key: str, path: Path, step: int, fps: int) -> None:
+        pass  # eval_info.json lists the videos
+
     def saved_config(self) -> dict:
         return {}
 

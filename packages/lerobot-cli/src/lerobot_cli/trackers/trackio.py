@@ -40,6 +40,9 @@ class TrackioTracker:
     def checkpoint(self, directory: Path) -> None:
         pass
 
+    def video(self, key: str, path: Path, step: int, fps: int) -> None:
+        pass  # trackio keeps scalars here
+
     def saved_config(self) -> dict:
         return {}
 

@@ -141,6 +141,10 @@ class WandbTracker:
             artifact.add_file(str(path))
         self._wandb.log_artifact(artifact)
 
+    def video(self, key: str, path: Path, step: int, fps: int) -> None:
+        """LeRobot's ``log_video``: ``wandb.Video(path, fps=<env fps>, format="mp4")`` under ``key``."""
+        self._wandb.log({key: self._wandb.Video(str(path), fps=fps, format="mp4")}, step=step)
+
     def saved_config(self) -> dict:
         return {"wandb": {"run_id": self.run.id}}
 
