@@ -16,12 +16,13 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("gym_pusht", reason="lerobot-cli[pusht] (uv sync installs it)")
 
 pytestmark = pytest.mark.slow
+
+DEMO_PUSHT = Path(__file__).resolve().parents[1] / "data" / "lerobot" / "demo_pusht"
 
 TINY_DIFFUSION = [
     "--num_workers=0",
@@ -62,34 +63,6 @@ if os.environ.get("RANK") in {failing}:
 """
 
 
-def write_pusht_like(root: Path) -> Path:
-    """Four random episodes with PushT's features (96x96 ``observation.image``, 2-D state and action)."""
-    from lerobot_cli.datasets.writer import EpisodeData, write_dataset
-
-    rng = np.random.default_rng(0)
-    features = {
-        "observation.image": {
-            "dtype": "video",
-            "shape": [96, 96, 3],
-            "names": ["height", "width", "channels"],
-        },
-        "observation.state": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
-        "action": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
-    }
-    episodes = (
-        EpisodeData(
-            task="Push the T-shaped block onto the target.",
-            frames={
-                "observation.image": rng.integers(0, 255, (16, 96, 96, 3), dtype=np.uint8),
-                "observation.state": rng.uniform(0, 512, (16, 2)).astype(np.float32),
-                "action": rng.uniform(0, 512, (16, 2)).astype(np.float32),
-            },
-        )
-        for _ in range(4)
-    )
-    return write_dataset(root, 10, features, episodes)
-
-
 def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -100,9 +73,9 @@ def per_episode(out: Path, step: str = "000001") -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> list[str]:
-    root = write_pusht_like(tmp_path_factory.mktemp("pusht_like") / "pusht_like")
-    return ["--dataset.repo_id=local/pusht_like", f"--dataset.root={root}"]
+def dataset() -> list[str]:
+    """The bundled PushT demo (tools/make_demo_pusht.py): gym-pusht's observation.image and state."""
+    return ["--dataset.repo_id=lerobot/demo_pusht", f"--dataset.root={DEMO_PUSHT}"]
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ same episodes and the same ``eval_info.json``.
 LeRobot's side needs gym-pusht (``lerobot[pusht]``; or ``--lerobot-site DIR``, a directory added to its
 ``sys.path``, as tools/interop/pusht_eval_lerobot_interop.py takes it).
 
-1. ours (this env): a tiny ACT (random backbone) trained one step by ``lerobot-train`` on a PushT-shaped
-   dataset; its ``pretrained_model/`` evaluated by our ``lerobot-eval`` (``lerobot_cli.eval.main``).
+1. ours (this env): a tiny ACT (random backbone) trained one step by ``lerobot-train`` on the bundled
+   PushT demo (``data/lerobot/demo_pusht``); its ``pretrained_model/`` evaluated by our ``lerobot-eval``
+   (``lerobot_cli.eval.main``).
 2. LeRobot (its env): the same directory and flags through ``python -m lerobot.scripts.lerobot_eval``
    (``--policy.device=cpu``).
 3. compared: every key of LeRobot's ``eval_info.json`` is in ours (``per_task``, ``per_group``,
@@ -31,6 +32,8 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+
+DEMO_PUSHT = Path(__file__).resolve().parents[2] / "data" / "lerobot" / "demo_pusht"  # the bundled demo
 
 ATOL = 1e-4
 VIDEO_ATOL = 2.0
@@ -57,43 +60,18 @@ ACT = [
 ]
 
 
-def write_pusht_like(root: Path) -> Path:
-    """Four random episodes with PushT's features (96x96 ``observation.image``, 2-D state and action)."""
-    import numpy as np
-    from lerobot_cli.datasets.writer import EpisodeData, write_dataset
-
-    rng = np.random.default_rng(0)
-    features = {
-        "observation.image": {
-            "dtype": "video",
-            "shape": [96, 96, 3],
-            "names": ["height", "width", "channels"],
-        },
-        "observation.state": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
-        "action": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
-    }
-    episodes = (
-        EpisodeData(
-            task="Push the T-shaped block onto the target.",
-            frames={
-                "observation.image": rng.integers(0, 255, (16, 96, 96, 3), dtype=np.uint8),
-                "observation.state": rng.uniform(0, 512, (16, 2)).astype(np.float32),
-                "action": rng.uniform(0, 512, (16, 2)).astype(np.float32),
-            },
-        )
-        for _ in range(4)
-    )
-    return write_dataset(root, 10, features, episodes)
-
-
 def ours(work: Path) -> Path:
     """Train the tiny ACT, evaluate it with our ``lerobot-eval``; returns its ``pretrained_model/``."""
     from lerobot_cli.eval import main as lerobot_eval
     from lerobot_cli.train import main as lerobot_train
 
-    data = write_pusht_like(work / "pusht_like")
     run = work / "run"
-    train = ["--dataset.repo_id=local/pusht_like", f"--dataset.root={data}", *ACT, "--policy.device=cpu"]
+    train = [
+        "--dataset.repo_id=lerobot/demo_pusht",
+        f"--dataset.root={DEMO_PUSHT}",
+        *ACT,
+        "--policy.device=cpu",
+    ]
     train += ["--policy.push_to_hub=false", "--steps=1", "--batch_size=2", "--num_workers=0"]
     assert lerobot_train([*train, f"--output_dir={run}"]) == 0
     model = run / "checkpoints" / "last" / "pretrained_model"

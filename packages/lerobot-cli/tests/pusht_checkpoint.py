@@ -1,4 +1,4 @@
-"""A tiny PushT policy checkpoint for the ``lerobot-eval`` tests: a PushT-shaped dataset (96x96 camera,
+"""A tiny PushT policy checkpoint for the ``lerobot-eval`` tests: the bundled PushT demo (96x96 camera,
 2-D state and action) and one ``lerobot-train`` step of a tiny policy on it: ``ACT`` (it reads the camera
 and the state: both reach its actions) or the cheaper ``MLP`` (state only), with the training-time
 simulation eval of that step (``EVAL``) beside the checkpoint. Loaded by path (the tests are not a
@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
+DEMO_PUSHT = Path(__file__).resolve().parents[3] / "data" / "lerobot" / "demo_pusht"  # the bundled demo
 # The eval both sides run: 3 episodes of 8 steps in batches of 2 (batch 1 keeps one of its two envs).
 EVAL = [
     "--env.type=pusht",
@@ -36,44 +35,15 @@ ACT = [
 MLP = ["--policy.type=mlp", "--policy.hidden_dim=16"]
 
 
-def write_pusht_like(root: Path) -> Path:
-    """Four random episodes with PushT's features (96x96 ``observation.image``, 2-D state and action)."""
-    from lerobot_cli.datasets.writer import EpisodeData, write_dataset
-
-    rng = np.random.default_rng(0)
-    features = {
-        "observation.image": {
-            "dtype": "video",
-            "shape": [96, 96, 3],
-            "names": ["height", "width", "channels"],
-        },
-        "observation.state": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
-        "action": {"dtype": "float32", "shape": [2], "names": ["x", "y"]},
-    }
-    episodes = (
-        EpisodeData(
-            task="Push the T-shaped block onto the target.",
-            frames={
-                "observation.image": rng.integers(0, 255, (16, 96, 96, 3), dtype=np.uint8),
-                "observation.state": rng.uniform(0, 512, (16, 2)).astype(np.float32),
-                "action": rng.uniform(0, 512, (16, 2)).astype(np.float32),
-            },
-        )
-        for _ in range(4)
-    )
-    return write_dataset(root, 10, features, episodes)
-
-
 def train_tiny(root: Path, policy: list[str]) -> Path:
     """``<root>/run``: one training step of ``policy`` (``ACT`` or ``MLP``), its checkpoint, and the
     simulation eval of that step (``training_eval``)."""
     from lerobot_cli.train import main
 
-    data = write_pusht_like(root / "pusht_like")
     out = root / "run"
     flags = [
-        "--dataset.repo_id=local/pusht_like",
-        f"--dataset.root={data}",
+        "--dataset.repo_id=lerobot/demo_pusht",
+        f"--dataset.root={DEMO_PUSHT}",
         *policy,
         "--policy.device=cpu",
         "--policy.push_to_hub=false",
