@@ -68,7 +68,6 @@ class Lockstep:
     ) -> None:
         self.group, self.device, self.world_size, self.signalled = group, device, world_size, signalled
         self.rank = rank
-        self.votes = 0
 
     def _vote(
         self, running: bool, failed: bool = False, wait_s: float | None = None
@@ -88,7 +87,6 @@ class Lockstep:
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 ) from exc
             values = flags.tolist()
-        self.votes += 1
         return bool(values[0]), values[1], values[2]
 
     def _checked(self, running: bool) -> bool:
@@ -118,17 +116,14 @@ class Lockstep:
 
 
 def gather_results(
-    results: Sequence[EpisodeResult] | None, group: dist.ProcessGroup | None, world_size: int
+    results: Sequence[EpisodeResult], group: dist.ProcessGroup | None, world_size: int
 ) -> list[EpisodeResult]:
-    """Every rank's results (``None``: this rank failed) on every rank, sorted by episode index; raises
-    :class:`PeerEvalFailed` on the ranks that did not fail when one did."""
-    mine = None if results is None else [asdict(r) for r in results]
-    if world_size == 1:
-        gathered = [mine]
-    else:
+    """Every rank's results on every rank, sorted by episode index. Called once every rank passed the last
+    vote (:meth:`Lockstep.finish`): a failure has already been told through the votes."""
+    mine = [asdict(r) for r in results]
+    gathered = [mine]
+    if world_size > 1:
         gathered = [None] * world_size
         dist.all_gather_object(gathered, mine, group=group)
-    if any(part is None for part in gathered):
-        raise PeerEvalFailed("another rank's evaluation failed")
     out = [EpisodeResult(**r) for part in gathered for r in part]
     return sorted(out, key=lambda r: r.episode_ix)
