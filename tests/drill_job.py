@@ -6,6 +6,12 @@ Output goes to files, not pipes, so a job nobody reads cannot block on a full pi
 worker in a session of its own, so killing the launcher's session is not enough: a worker outlives a SIGKILLed
 agent and trains on, orphaned (seen while writing these drills). Workers are therefore found by their
 environment (``RANK``, and this job's unique ``MASTER_PORT``) and killed by pid at the end.
+
+A job that hangs where it should have ended shows where: it runs with ``PYTHONFAULTHANDLER=1``, and
+``wait_end(..., dump_after_s=…)`` sends SIGABRT to every process of the job still running by then (its
+ranks and their DataLoader workers, which inherit the handler through the fork), so each prints every
+thread's Python stack to the job's stderr before it dies. A drill's hang that only shows up under load
+(once, in CI) is otherwise a bare "it did not stop".
 """
 
 from __future__ import annotations
@@ -34,6 +40,14 @@ def metrics_lines(out: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+def _state(pid: int) -> str | None:
+    """A process's state letter (``Z``: dead, not yet reaped), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _parent_of(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -48,6 +62,7 @@ class DrillJob:
         self.master_port = str(master_port)
         self.stdout_path, self.stderr_path = workdir / "job.stdout", workdir / "job.stderr"
         self._out, self._err = self.stdout_path.open("w"), self.stderr_path.open("w")
+        env = {**env, "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints the stacks (dump_stacks)
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._out, stderr=self._err, start_new_session=True)
         self.workers: dict[int, int] = {}
 
@@ -76,14 +91,38 @@ class DrillJob:
             assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s:\n{self.output()}"
             time.sleep(0.2)
 
-    def wait_end(self, timeout_s: float) -> float | None:
-        """Seconds until the launcher exited, or None when it was still running after ``timeout_s``."""
+    def wait_end(self, timeout_s: float, dump_after_s: float | None = None) -> float | None:
+        """Seconds until the launcher exited, or None when it was still running after ``timeout_s``.
+        ``dump_after_s``: a job still running by then is hung (a healthy one has long ended): its
+        processes print their stacks and die (:meth:`dump_stacks`), and the wait goes on."""
         t0 = time.monotonic()
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s if dump_after_s is None else min(dump_after_s, timeout_s))
         except subprocess.TimeoutExpired:
-            return None
+            if dump_after_s is None or dump_after_s >= timeout_s:
+                return None
+            self.dump_stacks()
+            try:
+                self.proc.wait(timeout=timeout_s - dump_after_s)
+            except subprocess.TimeoutExpired:
+                return None
         return time.monotonic() - t0
+
+    def dump_stacks(self) -> list[int]:
+        """SIGABRT to every process of the job (ranks and workers, found by their environment): with
+        the faulthandler on, each writes all its threads' stacks to stderr, then dies. Returns the pids."""
+        pids = sorted(self._running())
+        self._err.write(f"\n[drill] still running: SIGABRT to {pids} for their stacks\n")
+        self._err.flush()  # the file description the job writes to: one offset, nothing overwritten
+        for pid in pids:  # one at a time: dumps written at once interleave line by line
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                continue
+            deadline = time.monotonic() + 2.0
+            while _state(pid) not in (None, "Z") and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return pids
 
     def output(self) -> str:
         self._out.flush()

@@ -262,7 +262,7 @@ def test_sigterm_during_an_eval_stops_it_on_every_rank_and_the_run_saves(tmp_pat
         time.sleep(1.0)  # inside the eval of step 1 (its first batches take seconds)
         signalled = time.monotonic()
         os.kill(job.proc.pid, signal.SIGTERM)
-        ended = job.wait_end(60)
+        ended = job.wait_end(60, dump_after_s=30)  # still running by then: hung, its stacks shown
         stdout, output = job.stdout_path.read_text(), job.output()
         left = job.alive_workers()
     finally:
@@ -301,7 +301,7 @@ def test_a_rank_killed_during_an_eval_stops_the_job_in_one_line(tmp_path, launch
         time.sleep(1.0)  # inside the eval of step 1
         killed = time.monotonic()
         os.kill(ranks[1], signal.SIGKILL)
-        ended = job.wait_end(60)
+        ended = job.wait_end(60, dump_after_s=30)
         output = job.output()
         left = job.alive_workers()
     finally:
