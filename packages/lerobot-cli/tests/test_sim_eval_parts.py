@@ -1,5 +1,6 @@
 """The parts of the training-time simulation eval that need no env: the banner line, the check that the
-policy fits the env, and the vote on one process (a signal stops the eval at the next env step)."""
+policy fits the env, the vote on one process (a signal stops the eval at the next env step), and how a
+failure is told from a lost peer."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from lerobot_cli.cli.argv import split_argv
 from lerobot_cli.cli.build import build_train_config
-from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep
+from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep, raised_in_a_collective
 from lerobot_cli.features import PolicyFeature
 from lerobot_cli.policies.mlp.config import MLPConfig
 from lerobot_cli.sim_eval import EnvPolicyMismatch, check_policy_fits_env, describe_sim_eval
@@ -99,3 +101,21 @@ def test_one_process_votes_locally_and_a_signal_stops_at_the_next_step():
     with pytest.raises(EvalInterrupted) as err:
         vote(False)
     assert err.value.signum == 15
+
+
+def test_an_error_out_of_a_collective_is_told_from_the_evals_own():
+    """gloo reports a peer that died during a sharded forward's all-gather as a plain RuntimeError; the
+    eval names it a lost rank (when its failure vote cannot complete either) by where it was raised."""
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError) as err:  # raised inside torch.distributed, as gloo's errors are
+        dist.all_reduce(torch.zeros(1))
+    assert raised_in_a_collective(err.value)
+    assert raised_in_a_collective(dist.DistNetworkError("connection closed"))
+
+    def env_step():
+        raise RuntimeError("injected env failure")
+
+    with pytest.raises(RuntimeError) as err:
+        env_step()
+    assert not raised_in_a_collective(err.value)
+    assert not raised_in_a_collective(RuntimeError("Connection reset by peer"))  # its text is not enough

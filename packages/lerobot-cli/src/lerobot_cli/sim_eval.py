@@ -35,7 +35,14 @@ from lerobot_trainloop.evaluation import evaluating
 from lerobot_cli.cli.errors import PROG
 from lerobot_cli.errors import ConfigError
 from lerobot_cli.evaluation.plan import EpisodePlan
-from lerobot_cli.evaluation.ranks import EvalInterrupted, Lockstep, PeerEvalFailed, PeerLost, gather_results
+from lerobot_cli.evaluation.ranks import (
+    EvalInterrupted,
+    Lockstep,
+    PeerEvalFailed,
+    PeerLost,
+    gather_results,
+    raised_in_a_collective,
+)
 from lerobot_cli.evaluation.results import EpisodeResult, eval_info, write_eval_info
 from lerobot_cli.evaluation.run import evaluate_batches
 from lerobot_cli.evaluation.videos import EpisodeVideos, video_paths
@@ -163,19 +170,26 @@ def roll_out_share(
     except (PeerEvalFailed, EvalInterrupted):
         raise
     except (PeerLost, dist.DistError) as exc:  # a peer killed mid-eval (in a vote or a sharded forward)
-        if rt.is_main:
-            lost = f"another rank was lost ({_first_line(exc)})"
-            line = f"{prog}: error: {failure} stopped on rank {rt.rank}: {lost}"
-            print(line, file=sys.stderr, flush=True)
+        _say_peer_lost(rt, prog, failure, exc)
         raise SimEvalFailed(str(exc)) from exc
     except Exception as exc:  # the env's (or the policy's) own error: the lowest failed rank says it
         lowest = vote.fail()
+        if lowest is None and raised_in_a_collective(exc):  # gloo's "Connection reset" in an all-gather
+            _say_peer_lost(rt, prog, failure, exc)
+            raise SimEvalFailed(str(exc)) from exc
         if lowest is None or lowest == rt.dp_rank:
             where = f" on rank {rt.rank}" if rt.is_distributed else ""
             line = f"{prog}: error: {failure} failed{where}: {type(exc).__name__}: {exc}"
             print(line, file=sys.stderr, flush=True)
         raise SimEvalFailed(str(exc)) from exc
     return gather_results(results, rt.dp_group, rt.dp_world_size)
+
+
+def _say_peer_lost(rt, prog: str, failure: str, exc: BaseException) -> None:
+    """The main rank's one line for a peer gone mid-eval (the launcher's report names which)."""
+    if rt.is_main:
+        lost = f"another rank was lost ({_first_line(exc)})"
+        print(f"{prog}: error: {failure} stopped on rank {rt.rank}: {lost}", file=sys.stderr, flush=True)
 
 
 def describe_sim_eval(cfg, batch_size: int, world: int) -> str:

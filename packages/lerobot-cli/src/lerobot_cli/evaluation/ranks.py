@@ -16,7 +16,9 @@ all-reduce (max) of the three tells every rank the same. So:
   rollouts (:meth:`Lockstep.finish`) keeps a failure after the last step (a video write) on the same
   channel. The failed rank waits for its vote a few seconds at most (:data:`FAIL_WAIT_S`): a peer stuck
   elsewhere (inside a sharded forward) is the launcher's to end once this rank exits;
-- a vote that fails (a peer killed: the connection closed) raises :class:`PeerLost`.
+- a vote that fails (a peer killed: the connection closed) raises :class:`PeerLost`; so does, in effect,
+  a sharded forward's collective that fails when the failure vote after it cannot complete either
+  (:func:`raised_in_a_collective`): the peer is gone, whichever collective saw it first.
 
 On one process the vote is local: it reads the signal flag and says whether an env is running. The vote
 costs one small all-reduce per env step; every rank waits for the slowest at each step instead of at the
@@ -26,6 +28,7 @@ end, which takes as long in total.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -44,6 +47,22 @@ class PeerLost(RuntimeError):
 
 
 FAIL_WAIT_S = 10.0  # how long a failed rank waits for its last vote
+_DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"
+
+
+def raised_in_a_collective(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of torch.distributed: a ``DistError``, or an error whose innermost Python
+    frame is torch.distributed's (gloo reports a peer's closed connection inside a sharded forward's
+    all-gather as a plain ``RuntimeError``). Read with a vote that could not complete, it means a peer is
+    gone, not that this rank's eval went wrong."""
+    if isinstance(exc, dist.DistError):
+        return True
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return _DISTRIBUTED in tb.tb_frame.f_code.co_filename
 
 
 class EvalInterrupted(RuntimeError):
