@@ -40,20 +40,23 @@ def metrics_lines(out: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after ``(comm)``: state, ppid, …; None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _state(pid: int) -> str | None:
     """A process's state letter (``Z``: dead, not yet reaped), None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[0] if fields else None
 
 
 def _parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state ppid …
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
 
 
 class DrillJob:

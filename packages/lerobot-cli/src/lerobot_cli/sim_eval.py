@@ -40,6 +40,7 @@ from lerobot_cli.evaluation.ranks import (
     Lockstep,
     PeerEvalFailed,
     PeerLost,
+    first_line,
     gather_results,
     raised_in_a_collective,
 )
@@ -90,11 +91,6 @@ def check_policy_fits_env(policy_config, rename_map: dict[str, str], observation
             f"--env.type: the policy's action has shape {tuple(action.shape)}, the env takes "
             f"{tuple(action_shape)}"
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_env_fits(env_cfg, seed: int | None, policy_config, rename_map: dict[str, str]) -> None:
@@ -188,7 +184,7 @@ def roll_out_share(
 def _say_peer_lost(rt, prog: str, failure: str, exc: BaseException) -> None:
     """The main rank's one line for a peer gone mid-eval (the launcher's report names which)."""
     if rt.is_main:
-        lost = f"another rank was lost ({_first_line(exc)})"
+        lost = f"another rank was lost ({first_line(exc)})"
         print(f"{prog}: error: {failure} stopped on rank {rt.rank}: {lost}", file=sys.stderr, flush=True)
 
 

@@ -50,6 +50,12 @@ FAIL_WAIT_S = 10.0  # how long a failed rank waits for its last vote
 _DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"
 
 
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its type's name when it says nothing): what a one-line report quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def raised_in_a_collective(exc: BaseException) -> bool:
     """Whether ``exc`` came out of torch.distributed: a ``DistError``, or an error whose innermost Python
     frame is torch.distributed's (gloo reports a peer's closed connection inside a sharded forward's
@@ -102,9 +108,7 @@ class Lockstep:
                 else:
                     work.wait(timeout=datetime.timedelta(seconds=wait_s))
             except RuntimeError as exc:  # gloo: "Connection closed by peer"; a collective timeout
-                raise PeerLost(
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                ) from exc
+                raise PeerLost(first_line(exc)) from exc
             values = flags.tolist()
         return bool(values[0]), values[1], values[2]
 
